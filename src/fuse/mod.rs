@@ -29,7 +29,11 @@ impl LayerFs {
     /// Opens every layer root and the work dir; fails with a message naming
     /// the layer and the problem.
     pub fn new(_cfg: &Config) -> Result<LayerFs, String> {
-        Ok(LayerFs { handle: FsHandle { _inner: Arc::new(()) } })
+        Ok(LayerFs {
+            handle: FsHandle {
+                _inner: Arc::new(()),
+            },
+        })
     }
     pub fn handle(&self) -> FsHandle {
         self.handle.clone()
@@ -43,6 +47,10 @@ pub fn session_config(cfg: &Config) -> fuser::Config {
     let mut c = fuser::Config::default();
     c.n_threads = Some(cfg.threads.max(1));
     c.clone_fd = true;
-    c.acl = if cfg.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
+    c.acl = if cfg.allow_other {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
     c
 }

@@ -1,0 +1,242 @@
+//! Test harness: temporary workspaces (lowers, upper, work, mountpoint) and a
+//! mount guard that always unmounts and reaps its daemon, even on panic.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The layerfs binary under test.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_layerfs"))
+}
+
+/// A temporary directory tree: `lower0..lowerN`, `upper`, `work`, `mnt`.
+pub struct Workspace {
+    pub dir: tempfile::TempDir,
+    pub lowers: Vec<PathBuf>,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub mnt: PathBuf,
+}
+
+impl Workspace {
+    /// One lower layer.
+    pub fn new() -> Workspace {
+        Workspace::with_lowers(1)
+    }
+
+    /// `n` lower layers; `lowers[0]` is the topmost.
+    pub fn with_lowers(n: usize) -> Workspace {
+        let dir = tempfile::Builder::new()
+            .prefix("layerfs-test.")
+            .tempdir_in(test_root())
+            .expect("create test workspace");
+        let lowers: Vec<PathBuf> = (0..n)
+            .map(|i| dir.path().join(format!("lower{i}")))
+            .collect();
+        for l in &lowers {
+            fs::create_dir(l).unwrap();
+        }
+        let upper = dir.path().join("upper");
+        let work = dir.path().join("work");
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&upper).unwrap();
+        fs::create_dir(&mnt).unwrap();
+        Workspace {
+            dir,
+            lowers,
+            upper,
+            work,
+            mnt,
+        }
+    }
+
+    pub fn lower(&self) -> &Path {
+        &self.lowers[0]
+    }
+
+    /// Mount with the default policy and no extra options.
+    pub fn mount(&self) -> Mount {
+        self.mount_with(&[])
+    }
+
+    /// Mount with extra `layerfs mount` arguments (e.g. `["--policy", path]`).
+    pub fn mount_with(&self, extra: &[&str]) -> Mount {
+        self.try_mount_with(extra)
+            .unwrap_or_else(|e| panic!("mount failed: {e}"))
+    }
+
+    /// Mount in the foreground as a child process and wait until it is live.
+    pub fn try_mount_with(&self, extra: &[&str]) -> Result<Mount, String> {
+        let mut cmd = Command::new(bin());
+        cmd.arg("mount").arg("--foreground");
+        for l in &self.lowers {
+            cmd.arg("--lower").arg(l);
+        }
+        cmd.arg("--upper")
+            .arg(&self.upper)
+            .arg("--work")
+            .arg(&self.work);
+        cmd.args(extra).arg(&self.mnt);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "warn");
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", bin().display()))?;
+        let mut m = Mount {
+            path: self.mnt.clone(),
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if is_mounted(&m.path) {
+                return Ok(m);
+            }
+            if let Some(child) = m.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        use std::io::Read;
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    m.child = None;
+                    return Err(format!("daemon exited with {status}: {err}"));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err("mount did not become live within 20 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Where test workspaces live (override with LAYERFS_TEST_DIR).
+pub fn test_root() -> PathBuf {
+    std::env::var_os("LAYERFS_TEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// Whether `path` is a layerfs mountpoint right now.
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.to_string_lossy().to_string();
+    info.lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let Some(sep) = f.iter().position(|x| *x == "-") else {
+            return false;
+        };
+        f.get(4).map(|p| unescape(p)) == Some(want.clone())
+            && f.get(sep + 1).is_some_and(|t| t.starts_with("fuse"))
+    })
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// A live mount. Dropping it unmounts (lazily if busy) and reaps the daemon.
+pub struct Mount {
+    pub path: PathBuf,
+    child: Option<Child>,
+}
+
+impl Mount {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `path` inside the mount.
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.path.join(rel)
+    }
+
+    /// Daemon pid (the foreground child).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Unmount now and wait for the daemon; returns its exit status success.
+    pub fn unmount(mut self) -> bool {
+        self.cleanup()
+    }
+
+    fn cleanup(&mut self) -> bool {
+        if is_mounted(&self.path) {
+            let ok = Command::new("umount")
+                .arg(&self.path)
+                .stderr(Stdio::null())
+                .status();
+            if !matches!(ok, Ok(s) if s.success()) {
+                let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+            }
+        }
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match child.try_wait() {
+                Ok(Some(s)) => return s.success(),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+/// Run a shell command (bash -c) in `dir`; panics with its output if it fails.
+pub fn sh(dir: &Path, script: &str) -> String {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .expect("run bash");
+    assert!(
+        out.status.success(),
+        "`{script}` failed in {}: {}\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The errno of an io::Error (panics if it has none).
+pub fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error()
+        .unwrap_or_else(|| panic!("no errno in {e}"))
+}
+
+/// Write a policy file into the workspace dir and return its path.
+pub fn policy_file(ws: &Workspace, text: &str) -> PathBuf {
+    let p = ws.dir.path().join("policy");
+    fs::write(&p, text).unwrap();
+    p
+}
