@@ -1,56 +1,563 @@
 //! The FUSE adapter: `fuser::Filesystem` as thin delegations to the overlay
-//! core, errno and TTL replies, kernel cache flags and passthrough.
-//! STUB: the core author replaces this file; the public items are the contract.
+//! core, plus what only the kernel interface knows about: errno replies,
+//! cache timeouts, init flags and passthrough (`io_mode`).
 
-use std::sync::Arc;
+mod convert;
+mod io_mode;
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use fuser::{
+    CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
 
 use crate::config::Config;
+use crate::overlay::attr::SetAttr;
+use crate::overlay::dir::NewKind;
+use crate::overlay::{Ctx, Entry, Overlay};
 use crate::policy::Policy;
+
+struct Shared {
+    ov: Overlay,
+    notifier: OnceLock<fuser::Notifier>,
+}
 
 /// Handle the daemon keeps after the filesystem moved into the session:
 /// policy reloads (SIGHUP) and the kernel notifier go through it.
 #[derive(Clone)]
 pub struct FsHandle {
-    _inner: Arc<()>,
+    inner: Arc<Shared>,
 }
 
 impl FsHandle {
     /// Swap the policy in effect; requests already running finish with the old one.
-    pub fn reload_policy(&self, _policy: Policy) {}
+    pub fn reload_policy(&self, policy: Policy) {
+        self.inner.ov.set_policy(policy);
+    }
     /// Give the filesystem the session's notifier, for cache invalidations.
-    pub fn set_notifier(&self, _notifier: fuser::Notifier) {}
+    pub fn set_notifier(&self, notifier: fuser::Notifier) {
+        let _ = self.inner.notifier.set(notifier);
+    }
 }
 
 pub struct LayerFs {
-    handle: FsHandle,
+    inner: Arc<Shared>,
+    /// Cache timeout for anything that involves a lower layer.
+    lower_ttl: Duration,
+    /// Cache timeout for objects that live only in the upper, which only
+    /// this daemon changes.
+    upper_ttl: Duration,
+    io: io_mode::IoModes,
+}
+
+fn ctx(req: &Request, umask: u32) -> Ctx {
+    Ctx { uid: req.uid(), gid: req.gid(), pid: req.pid(), umask }
+}
+
+fn errno(e: crate::overlay::Errno) -> Errno {
+    Errno::from_i32(e.0)
 }
 
 impl LayerFs {
     /// Opens every layer root and the work dir; fails with a message naming
     /// the layer and the problem.
-    pub fn new(_cfg: &Config) -> Result<LayerFs, String> {
+    pub fn new(cfg: &Config) -> Result<LayerFs, String> {
+        let ov = Overlay::new(cfg)?;
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
         Ok(LayerFs {
-            handle: FsHandle {
-                _inner: Arc::new(()),
-            },
+            inner: Arc::new(Shared { ov, notifier: OnceLock::new() }),
+            lower_ttl: cfg.lower_timeout,
+            upper_ttl: cfg.lower_timeout.max(Duration::from_secs(60)),
+            io: io_mode::IoModes::new(root),
         })
     }
+
     pub fn handle(&self) -> FsHandle {
-        self.handle.clone()
+        FsHandle { inner: self.inner.clone() }
+    }
+
+    fn ov(&self) -> &Overlay {
+        &self.inner.ov
+    }
+
+    fn ttl(&self, lower: bool) -> Duration {
+        if lower {
+            self.lower_ttl
+        } else {
+            self.upper_ttl
+        }
+    }
+
+    fn reply_entry(&self, r: crate::overlay::Result<Entry>, reply: ReplyEntry) {
+        match r {
+            Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 }
 
-impl fuser::Filesystem for LayerFs {}
+impl fuser::Filesystem for LayerFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let wanted = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_MAX_PAGES;
+        if let Err(missing) = config.add_capabilities(wanted) {
+            tracing::debug!("kernel lacks {missing:?}");
+        }
+        if self.io.passthrough_wanted() {
+            let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            self.io.set_passthrough(ok && !self.ov().quota.bytes_limited());
+        }
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.ov().lookup(&ctx(req, 0), parent.0, name) {
+            Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
+            // A negative entry, trusted as long as lower entries are.
+            Err(e) if e.0 == libc::ENOENT && !self.lower_ttl.is_zero() => {
+                let mut attr = convert::attr(&crate::overlay::attr::zero_stat());
+                attr.ino = INodeNo(0);
+                reply.entry(&self.lower_ttl, &attr, Generation(0))
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.ov().forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.ov().getattr(ino.0) {
+            Ok((st, lower)) => reply.attr(&self.ttl(lower), &convert::attr(&st)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(convert::timespec),
+            mtime: mtime.map(convert::timespec),
+            fh: fh.map(|f| f.0),
+        };
+        match self.ov().setattr(&ctx(req, 0), ino.0, &a) {
+            Ok(st) => {
+                let lower = self.ov().inode(ino.0).map(|i| i.real.read().has_lower()).unwrap_or(true);
+                reply.attr(&self.ttl(lower), &convert::attr(&st))
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.ov().readlink(ino.0) {
+            Ok(t) => reply.data(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str())),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let kind = NewKind::Node { mode, rdev: rdev as u64 };
+        let r = self.ov().create_object(&ctx(req, umask), parent.0, name, kind).map(|(e, _)| e);
+        self.reply_entry(r, reply)
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let r = self.ov().create_object(&ctx(req, umask), parent.0, name, NewKind::Dir { mode }).map(|(e, _)| e);
+        self.reply_entry(r, reply)
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.ov().unlink(&ctx(req, 0), parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.ov().rmdir(&ctx(req, 0), parent.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let kind = NewKind::Symlink { target: target.as_os_str() };
+        let r = self.ov().create_object(&ctx(req, 0), parent.0, link_name, kind).map(|(e, _)| e);
+        self.reply_entry(r, reply)
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        match self.ov().rename(&ctx(req, 0), parent.0, name, newparent.0, newname, flags.bits()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let source = match self.ov().inode(ino.0) {
+            Ok(s) => s,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let kind = NewKind::Link { source: &source };
+        let r = self.ov().create_object(&ctx(req, 0), newparent.0, newname, kind).map(|(e, _)| e);
+        self.reply_entry(r, reply)
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.ov().open(&ctx(req, 0), ino.0, flags.0) {
+            Ok(o) => self.io.reply_open(self.ov(), ino.0, o, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.ov().read(fh.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.ov().write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.io.release(self.ov(), ino.0, fh.0);
+        self.ov().release(fh.0);
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        match self.ov().fsync(fh.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.ov().opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let (dir, h) = match self.ov().dir_entries(fh.0) {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let crate::overlay::file::Handle::Dir { entries, .. } = h.as_ref() else {
+            return reply.error(Errno::ENOTDIR);
+        };
+        // Offsets: `.` is 1, `..` is 2, entry i is i + 3.
+        let mut off = offset;
+        if off == 0 {
+            if reply.add(ino, 1, fuser::FileType::Directory, ".") {
+                return reply.ok();
+            }
+            off = 1;
+        }
+        if off == 1 {
+            let pid = dir.parent().map(|p| p.id).unwrap_or(ino.0);
+            if reply.add(INodeNo(pid), 2, fuser::FileType::Directory, "..") {
+                return reply.ok();
+            }
+            off = 2;
+        }
+        for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
+            if reply.add(INodeNo(e.id), i as u64 + 3, convert::kind(e.kind), &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let (dir, h) = match self.ov().dir_entries(fh.0) {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let crate::overlay::file::Handle::Dir { entries, .. } = h.as_ref() else {
+            return reply.error(Errno::ENOTDIR);
+        };
+        let zero = Duration::ZERO;
+        let mut off = offset;
+        if off == 0 {
+            if let Ok((st, _)) = self.ov().getattr(ino.0) {
+                if reply.add(ino, 1, ".", &zero, &convert::attr(&st), Generation(0)) {
+                    return reply.ok();
+                }
+            }
+            off = 1;
+        }
+        if off == 1 {
+            let pid = dir.parent().map(|p| p.id).unwrap_or(ino.0);
+            if let Ok((st, _)) = self.ov().getattr(pid) {
+                if reply.add(INodeNo(pid), 2, "..", &zero, &convert::attr(&st), Generation(0)) {
+                    return reply.ok();
+                }
+            }
+            off = 2;
+        }
+        let c = ctx(req, 0);
+        for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
+            // Each entry sent counts one lookup, like a LOOKUP reply.
+            let Ok(ent) = self.ov().lookup(&c, ino.0, &e.name) else { continue };
+            let full = reply.add(
+                INodeNo(ent.id),
+                i as u64 + 3,
+                &e.name,
+                &self.ttl(ent.lower),
+                &convert::attr(&ent.st),
+                Generation(0),
+            );
+            if full {
+                // Not sent after all: give the lookup back.
+                self.ov().forget(ent.id, 1);
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.ov().release(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        match self.ov().fsyncdir(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.ov().statfs() {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                255,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        match self.ov().setxattr(&ctx(req, 0), ino.0, name, value, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.ov().getxattr(ino.0, name) {
+            Ok(v) => xattr_reply(&v, size, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.ov().listxattr(ino.0) {
+            Ok(v) => xattr_reply(&v, size, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.ov().removexattr(&ctx(req, 0), ino.0, name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let c = ctx(req, umask);
+        let (entry, fd) = match self.ov().create_object(&c, parent.0, name, NewKind::File { mode, flags }) {
+            Ok((e, Some(fd))) => (e, fd),
+            Ok((_, None)) => return reply.error(Errno::EIO),
+            Err(e) => return reply.error(errno(e)),
+        };
+        match self.ov().adopt(entry.id, fd, flags) {
+            Ok(o) => self.io.reply_create(self.ov(), &entry, self.ttl(entry.lower), o, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        match self.ov().fallocate(fh.0, mode, offset, length) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        match self.ov().lseek(fh.0, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        match self.ov().copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+fn xattr_reply(v: &[u8], size: u32, reply: ReplyXattr) {
+    if size == 0 {
+        reply.size(v.len() as u32)
+    } else if v.len() > size as usize {
+        reply.error(Errno::ERANGE)
+    } else {
+        reply.data(v)
+    }
+}
 
 /// The fuser session settings for a config: worker threads, clone_fd, ACL.
 pub fn session_config(cfg: &Config) -> fuser::Config {
     let mut c = fuser::Config::default();
     c.n_threads = Some(cfg.threads.max(1));
     c.clone_fd = true;
-    c.acl = if cfg.allow_other {
-        fuser::SessionACL::All
-    } else {
-        fuser::SessionACL::Owner
-    };
+    c.acl = if cfg.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
     c
 }

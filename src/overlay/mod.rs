@@ -1,1 +1,177 @@
+//! The union core: lookup across layers, merged readdir, copy-up,
+//! whiteouts and opaque directories, rename and links. It knows nothing
+//! about FUSE: every operation takes a caller context and node ids and
+//! returns plain data or an errno, so it runs without a mount.
 
+pub mod attr;
+pub mod copy_up;
+pub mod dir;
+pub mod file;
+pub mod guard;
+pub mod inode;
+pub mod namei;
+pub mod quota;
+pub mod readdir;
+pub mod xattr;
+
+#[cfg(test)]
+mod tests;
+
+use std::ffi::OsStr;
+use std::io;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::config::Config;
+use crate::layer::ops::Upper;
+use crate::layer::{sys, Layer};
+use crate::policy::Policy;
+
+pub use inode::{Inode, ROOT_ID};
+
+/// An errno, the currency of every core operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl From<io::Error> for Errno {
+    fn from(e: io::Error) -> Errno {
+        Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+impl std::fmt::Display for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", io::Error::from_raw_os_error(self.0))
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Errno>;
+
+pub fn err<T>(errno: i32) -> Result<T> {
+    Err(Errno(errno))
+}
+
+/// Who asks: the caller's credentials and pid from the request.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+    pub umask: u32,
+}
+
+impl Ctx {
+    pub fn root() -> Ctx {
+        Ctx { uid: 0, gid: 0, pid: 0, umask: 0o022 }
+    }
+}
+
+/// What the kernel gets back for an object: its id and attributes, and
+/// whether it involves a lower layer (for cache timeouts).
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub id: u64,
+    pub st: sys::Stat,
+    pub lower: bool,
+}
+
+pub struct Overlay {
+    pub upper: Upper,
+    pub lowers: Vec<Layer>,
+    pub inodes: inode::InodeTable,
+    pub ids: inode::IdMap,
+    pub policy: RwLock<Arc<Policy>>,
+    pub quota: quota::Usage,
+    pub read_only: bool,
+    pub files: file::Handles,
+}
+
+impl Overlay {
+    /// Opens the layers named by the config (the message names the layer
+    /// and the problem) and sets up the root object.
+    pub fn new(cfg: &Config) -> std::result::Result<Overlay, String> {
+        let upper_layer = Layer::open(&cfg.upper, "upper dir")?;
+        let work = sys::open_root(&cfg.work).map_err(|e| format!("cannot open work dir {}: {e}", cfg.work.display()))?;
+        let work_st = sys::fstat(&work).map_err(|e| format!("cannot stat work dir {}: {e}", cfg.work.display()))?;
+        if work_st.st_dev != upper_layer.dev {
+            return Err(format!(
+                "work dir {} is not on the same filesystem as upper dir {}",
+                cfg.work.display(),
+                cfg.upper.display()
+            ));
+        }
+        let mut lowers = Vec::new();
+        for (i, l) in cfg.lowers.iter().enumerate() {
+            lowers.push(Layer::open(l, &format!("lower dir #{}", i + 1))?);
+        }
+        // SAFETY: geteuid has no preconditions.
+        let privileged = unsafe { libc::geteuid() } == 0;
+        let upper = Upper::new(upper_layer, work, privileged);
+        upper.clean_work().map_err(|e| format!("cannot clean work dir {}: {e}", cfg.work.display()))?;
+        let policy = Arc::new(cfg.policy.clone());
+        let quota = quota::Usage::new(policy.quota());
+        let ov = Overlay {
+            upper,
+            lowers,
+            inodes: Default::default(),
+            ids: Default::default(),
+            policy: RwLock::new(policy),
+            quota,
+            read_only: cfg.read_only,
+            files: Default::default(),
+        };
+        ov.init_root()?;
+        if ov.quota.limited() {
+            ov.quota.scan(&ov.upper).map_err(|e| format!("cannot measure upper usage: {e}"))?;
+        }
+        Ok(ov)
+    }
+
+    fn init_root(&self) -> std::result::Result<(), String> {
+        let upper = sys::open_path(&self.upper.layer.root, OsStr::new("."))
+            .map_err(|e| format!("cannot open upper root: {e}"))?;
+        let opaque = self.upper.is_opaque(&upper);
+        let mut lowers = Vec::new();
+        if !opaque {
+            for (i, l) in self.lowers.iter().enumerate() {
+                let fd = sys::open_path(&l.root, OsStr::new("."))
+                    .map_err(|e| format!("cannot open {}: {e}", l.path.display()))?;
+                lowers.push((i, Arc::new(fd)));
+            }
+        }
+        let real = inode::Real {
+            upper: Some(Arc::new(upper)),
+            lowers,
+            opaque,
+            lower_path: Some(String::new()),
+        };
+        self.inodes.insert_root(Inode::new(ROOT_ID, libc::S_IFDIR, real, None, Default::default()));
+        Ok(())
+    }
+
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.read().clone()
+    }
+
+    pub fn set_policy(&self, p: Policy) {
+        self.quota.set_limits(p.quota());
+        *self.policy.write() = Arc::new(p);
+    }
+
+    /// The inode for a node id the kernel holds; ESTALE if it was forgotten.
+    pub fn inode(&self, id: u64) -> Result<Arc<Inode>> {
+        self.inodes.get(id).ok_or(Errno(libc::ESTALE))
+    }
+
+    pub fn forget(&self, id: u64, n: u64) {
+        self.inodes.forget(id, n);
+    }
+
+    pub fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return err(libc::EROFS);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,434 @@
+//! Every unsafe system call layerfs makes, each wrapped to take fds and
+//! single names and to return `io::Result`. Names passed here are single
+//! path components that the caller has already checked (`check_name`).
+
+use std::ffi::{CStr, CString, OsStr, OsString};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+
+pub type Stat = libc::stat;
+
+fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `/proc/self/fd/N`: the magic link that reaches the file behind an fd.
+/// Used to reopen an `O_PATH` fd with real access modes and for calls that
+/// have no fd form; it names the very inode the fd holds, so no path
+/// resolution in any layer happens.
+pub fn proc_path(fd: &impl AsRawFd) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL in a number")
+}
+
+/// Opens a layer root directory as an `O_PATH` fd (the one place a full
+/// path is resolved, at mount time, by the administrator's choice).
+pub fn open_root(path: &Path) -> io::Result<OwnedFd> {
+    let p = cstr(path.as_os_str())?;
+    // SAFETY: p is a valid NUL-terminated string; the returned fd is owned below.
+    let fd = check(unsafe { libc::open(p.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) })?;
+    // SAFETY: fd was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+/// Opens `name` beneath `dir` with `openat2(RESOLVE_BENEATH |
+/// RESOLVE_NO_SYMLINKS)`: a symlink or `..` can never lead the daemon out of
+/// the directory. With `O_PATH | O_NOFOLLOW` a trailing symlink yields an fd
+/// of the link itself.
+pub fn open_beneath(dir: &impl AsFd, name: &OsStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let n = cstr(name)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u32 as u64,
+        mode: if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 { mode as u64 } else { 0 },
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    };
+    loop {
+        // SAFETY: n and how outlive the call; the size passed is that of `how`.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir.as_fd().as_raw_fd(),
+                n.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        if ret < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EAGAIN) || e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: the kernel returned a new fd that nobody else owns.
+        return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
+    }
+}
+
+/// An `O_PATH` fd of `name` in `dir` (not following a trailing symlink).
+pub fn open_path(dir: &impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
+    open_beneath(dir, name, libc::O_PATH, 0)
+}
+
+/// Reopens the file behind an `O_PATH` fd with real access flags.
+pub fn reopen(fd: &impl AsRawFd, flags: i32) -> io::Result<OwnedFd> {
+    let p = proc_path(fd);
+    let flags = (flags | libc::O_CLOEXEC) & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+    // SAFETY: p is a valid C string; the returned fd is owned below.
+    let ret = check(unsafe { libc::open(p.as_ptr(), flags) })?;
+    // SAFETY: a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret) })
+}
+
+/// Opens a directory fd (readable) of the directory behind an `O_PATH` fd.
+pub fn open_dir(fd: &impl AsFd) -> io::Result<OwnedFd> {
+    open_beneath(fd, OsStr::new("."), libc::O_RDONLY | libc::O_DIRECTORY, 0)
+}
+
+pub fn fstatat(dir: &impl AsFd, name: &OsStr) -> io::Result<Stat> {
+    let n = cstr(name)?;
+    let mut st = MaybeUninit::<Stat>::uninit();
+    // SAFETY: n is valid; st is written by the kernel on success.
+    check(unsafe { libc::fstatat(dir.as_fd().as_raw_fd(), n.as_ptr(), st.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
+    // SAFETY: fstatat succeeded, so st is initialized.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// stat of the file an fd (also `O_PATH`) refers to.
+pub fn fstat(fd: &impl AsFd) -> io::Result<Stat> {
+    let mut st = MaybeUninit::<Stat>::uninit();
+    // SAFETY: the empty path with AT_EMPTY_PATH names the fd itself.
+    check(unsafe {
+        libc::fstatat(
+            fd.as_fd().as_raw_fd(),
+            c"".as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat succeeded.
+    Ok(unsafe { st.assume_init() })
+}
+
+pub fn fstatfs(fd: &impl AsFd) -> io::Result<libc::statvfs> {
+    let mut st = MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: fstatvfs fills st on success; O_PATH fds are accepted.
+    check(unsafe { libc::fstatvfs(fd.as_fd().as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: the call succeeded.
+    Ok(unsafe { st.assume_init() })
+}
+
+pub fn mkdirat(dir: &impl AsFd, name: &OsStr, mode: u32) -> io::Result<()> {
+    let n = cstr(name)?;
+    // SAFETY: n is a valid C string.
+    check(unsafe { libc::mkdirat(dir.as_fd().as_raw_fd(), n.as_ptr(), mode) }).map(drop)
+}
+
+pub fn mknodat(dir: &impl AsFd, name: &OsStr, mode: u32, rdev: u64) -> io::Result<()> {
+    let n = cstr(name)?;
+    // SAFETY: n is a valid C string.
+    check(unsafe { libc::mknodat(dir.as_fd().as_raw_fd(), n.as_ptr(), mode, rdev) }).map(drop)
+}
+
+pub fn symlinkat(target: &OsStr, dir: &impl AsFd, name: &OsStr) -> io::Result<()> {
+    let t = cstr(target)?;
+    let n = cstr(name)?;
+    // SAFETY: both are valid C strings.
+    check(unsafe { libc::symlinkat(t.as_ptr(), dir.as_fd().as_raw_fd(), n.as_ptr()) }).map(drop)
+}
+
+/// Makes a new name `name` in `dir` for the file behind `fd` (any fd).
+pub fn link_fd(fd: &impl AsRawFd, dir: &impl AsFd, name: &OsStr) -> io::Result<()> {
+    let p = proc_path(fd);
+    let n = cstr(name)?;
+    // SAFETY: valid C strings; AT_SYMLINK_FOLLOW resolves the magic link to the inode.
+    check(unsafe {
+        libc::linkat(libc::AT_FDCWD, p.as_ptr(), dir.as_fd().as_raw_fd(), n.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+    })
+    .map(drop)
+}
+
+pub fn linkat(odir: &impl AsFd, oname: &OsStr, ndir: &impl AsFd, nname: &OsStr) -> io::Result<()> {
+    let o = cstr(oname)?;
+    let n = cstr(nname)?;
+    // SAFETY: valid C strings; no symlink following.
+    check(unsafe { libc::linkat(odir.as_fd().as_raw_fd(), o.as_ptr(), ndir.as_fd().as_raw_fd(), n.as_ptr(), 0) })
+        .map(drop)
+}
+
+pub fn unlinkat(dir: &impl AsFd, name: &OsStr, is_dir: bool) -> io::Result<()> {
+    let n = cstr(name)?;
+    let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: n is a valid C string.
+    check(unsafe { libc::unlinkat(dir.as_fd().as_raw_fd(), n.as_ptr(), flags) }).map(drop)
+}
+
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+pub const RENAME_WHITEOUT: u32 = 4;
+
+pub fn renameat2(odir: &impl AsFd, oname: &OsStr, ndir: &impl AsFd, nname: &OsStr, flags: u32) -> io::Result<()> {
+    let o = cstr(oname)?;
+    let n = cstr(nname)?;
+    // SAFETY: valid C strings; renameat2 never follows symlinks in the last component.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            odir.as_fd().as_raw_fd(),
+            o.as_ptr(),
+            ndir.as_fd().as_raw_fd(),
+            n.as_ptr(),
+            flags,
+        ) as libc::c_int
+    })
+    .map(drop)
+}
+
+/// Target of the symlink behind an `O_PATH` fd.
+pub fn readlink_fd(fd: &impl AsFd) -> io::Result<OsString> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: buf is writable for its length; the empty path names the fd (a symlink).
+    let n = unsafe {
+        libc::readlinkat(fd.as_fd().as_raw_fd(), c"".as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len())
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(OsString::from_vec(buf))
+}
+
+/// chown of the file behind any fd, never following a symlink.
+pub fn fchown(fd: &impl AsFd, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    let u = uid.unwrap_or(u32::MAX);
+    let g = gid.unwrap_or(u32::MAX);
+    // SAFETY: the empty path with AT_EMPTY_PATH names the fd itself.
+    check(unsafe {
+        libc::fchownat(fd.as_fd().as_raw_fd(), c"".as_ptr(), u, g, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+    })
+    .map(drop)
+}
+
+/// chmod of the (non-symlink) file behind any fd.
+pub fn fchmod(fd: &impl AsRawFd, mode: u32) -> io::Result<()> {
+    let p = proc_path(fd);
+    // SAFETY: p names the inode behind fd.
+    check(unsafe { libc::chmod(p.as_ptr(), mode) }).map(drop)
+}
+
+/// Sets atime/mtime of the (non-symlink) file behind any fd.
+pub fn futimens(fd: &impl AsRawFd, times: &[libc::timespec; 2]) -> io::Result<()> {
+    let p = proc_path(fd);
+    // SAFETY: p is valid; times points at two timespecs.
+    check(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), times.as_ptr(), 0) }).map(drop)
+}
+
+/// Sets times of `name` in `dir` without following a symlink.
+pub fn utimensat_nofollow(dir: &impl AsFd, name: &OsStr, times: &[libc::timespec; 2]) -> io::Result<()> {
+    let n = cstr(name)?;
+    // SAFETY: n is valid; times points at two timespecs.
+    check(unsafe {
+        libc::utimensat(dir.as_fd().as_raw_fd(), n.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+    })
+    .map(drop)
+}
+
+pub fn ftruncate(fd: &impl AsFd, size: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an owned fd.
+    check(unsafe { libc::ftruncate(fd.as_fd().as_raw_fd(), size as libc::off_t) }).map(drop)
+}
+
+pub fn fsync(fd: &impl AsFd, datasync: bool) -> io::Result<()> {
+    // SAFETY: plain syscalls on an owned fd.
+    check(unsafe {
+        if datasync {
+            libc::fdatasync(fd.as_fd().as_raw_fd())
+        } else {
+            libc::fsync(fd.as_fd().as_raw_fd())
+        }
+    })
+    .map(drop)
+}
+
+pub fn pread(fd: &impl AsFd, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    // SAFETY: buf is writable for its length.
+    let n = unsafe { libc::pread(fd.as_fd().as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), off as i64) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+pub fn pwrite(fd: &impl AsFd, buf: &[u8], off: u64) -> io::Result<usize> {
+    // SAFETY: buf is readable for its length.
+    let n = unsafe { libc::pwrite(fd.as_fd().as_raw_fd(), buf.as_ptr() as *const libc::c_void, buf.len(), off as i64) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// write(2) at the file position (for `O_APPEND` files).
+pub fn write(fd: &impl AsFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: buf is readable for its length.
+    let n = unsafe { libc::write(fd.as_fd().as_raw_fd(), buf.as_ptr() as *const libc::c_void, buf.len()) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+pub fn copy_file_range(src: &impl AsFd, soff: &mut i64, dst: &impl AsFd, doff: &mut i64, len: usize) -> io::Result<usize> {
+    // SAFETY: the offsets point at live i64s; the fds are owned.
+    let n = unsafe {
+        libc::copy_file_range(src.as_fd().as_raw_fd(), soff, dst.as_fd().as_raw_fd(), doff, len, 0)
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+pub fn fallocate(fd: &impl AsFd, mode: i32, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall.
+    check(unsafe { libc::fallocate(fd.as_fd().as_raw_fd(), mode, off as i64, len as i64) }).map(drop)
+}
+
+pub fn lseek(fd: &impl AsFd, off: i64, whence: i32) -> io::Result<i64> {
+    // SAFETY: plain syscall.
+    let r = unsafe { libc::lseek(fd.as_fd().as_raw_fd(), off, whence) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Reads an xattr of the (non-symlink) file behind any fd.
+pub fn getxattr(fd: &impl AsRawFd, name: &CStr) -> io::Result<Vec<u8>> {
+    let p = proc_path(fd);
+    let mut buf = vec![0u8; 256];
+    loop {
+        // SAFETY: buf is writable for its length; p and name are valid.
+        let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+        if n >= 0 {
+            buf.truncate(n as usize);
+            return Ok(buf);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) {
+            return Err(e);
+        }
+        // SAFETY: a size query with a null buffer.
+        let need = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+        if need < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.resize(need as usize + 1, 0);
+    }
+}
+
+pub fn setxattr(fd: &impl AsRawFd, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+    let p = proc_path(fd);
+    // SAFETY: valid pointers and lengths.
+    check(unsafe {
+        libc::setxattr(p.as_ptr(), name.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), flags)
+    })
+    .map(drop)
+}
+
+pub fn removexattr(fd: &impl AsRawFd, name: &CStr) -> io::Result<()> {
+    let p = proc_path(fd);
+    // SAFETY: valid C strings.
+    check(unsafe { libc::removexattr(p.as_ptr(), name.as_ptr()) }).map(drop)
+}
+
+/// The raw NUL-separated xattr name list of the file behind any fd.
+pub fn listxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
+    let p = proc_path(fd);
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: buf is writable for its length.
+        let n = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+        if n >= 0 {
+            buf.truncate(n as usize);
+            return Ok(buf);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) {
+            return Err(e);
+        }
+        // SAFETY: a size query with a null buffer.
+        let need = unsafe { libc::listxattr(p.as_ptr(), std::ptr::null_mut(), 0) };
+        if need < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.resize(need as usize + 1, 0);
+    }
+}
+
+/// One directory entry as read from a layer.
+pub struct DirEntry {
+    pub name: OsString,
+    pub ino: u64,
+    pub dtype: u8,
+}
+
+/// All entries of the directory behind `dir` (an `O_PATH` fd), without `.`/`..`.
+pub fn read_dir(dir: &impl AsFd) -> io::Result<Vec<DirEntry>> {
+    let fd = open_dir(dir)?;
+    let raw = fd.as_raw_fd();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // SAFETY: buf is writable for its length; getdents64 fills it with records.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, raw, buf.as_mut_ptr(), buf.len()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            break;
+        }
+        let mut off = 0usize;
+        while off < n as usize {
+            // Record layout of linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name.
+            let rec = &buf[off..];
+            let ino = u64::from_ne_bytes(rec[0..8].try_into().expect("8 bytes"));
+            let reclen = u16::from_ne_bytes(rec[16..18].try_into().expect("2 bytes")) as usize;
+            let dtype = rec[18];
+            let name_bytes = &rec[19..reclen];
+            let len = name_bytes.iter().position(|&b| b == 0).unwrap_or(name_bytes.len());
+            let name = &name_bytes[..len];
+            if name != b"." && name != b".." {
+                out.push(DirEntry { name: OsStr::from_bytes(name).to_os_string(), ino, dtype });
+            }
+            off += reclen;
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,98 @@
+//! Attributes: getattr from the highest layer holding the object, and
+//! setattr (chown, chmod, truncate, utimens), which copies up first.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::copy_up::Data;
+use super::guard::Op;
+use super::inode::Inode;
+use super::{err, Ctx, Errno, Overlay, Result};
+use crate::layer::sys::{self, Stat};
+
+/// The changes of one setattr request. Times use `UTIME_NOW` /
+/// `UTIME_OMIT` in `tv_nsec` as utimensat(2) does.
+#[derive(Debug, Default, Clone)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<libc::timespec>,
+    pub mtime: Option<libc::timespec>,
+    /// An open handle the change comes through (ftruncate, fchmod).
+    pub fh: Option<u64>,
+}
+
+impl Overlay {
+    /// The real file that currently answers for an object.
+    pub fn real_fd(&self, inode: &Inode) -> Result<Arc<OwnedFd>> {
+        let real = inode.real.read();
+        if let Some(u) = &real.upper {
+            return Ok(u.clone());
+        }
+        real.lowers.first().map(|(_, fd)| fd.clone()).ok_or(Errno(libc::EIO))
+    }
+
+    pub fn getattr(&self, id: u64) -> Result<(Stat, bool)> {
+        let inode = self.inode(id)?;
+        let fd = self.real_fd(&inode)?;
+        let st = sys::fstat(fd.as_ref())?;
+        let lower = inode.real.read().has_lower();
+        Ok((self.fix_stat(&inode, st), lower))
+    }
+
+    pub fn setattr(&self, ctx: &Ctx, id: u64, a: &SetAttr) -> Result<Stat> {
+        let inode = self.inode(id)?;
+        self.guard_inode(ctx, Op::SetAttr, &inode)?;
+        let only_truncate_to_zero =
+            a.size == Some(0) && a.mode.is_none() && a.uid.is_none() && a.gid.is_none();
+        let data = if only_truncate_to_zero { Data::Empty } else { Data::All };
+        let upper = self.copy_up_with(&inode, data)?;
+        let is_link = inode.kind == libc::S_IFLNK;
+        if a.uid.is_some() || a.gid.is_some() {
+            sys::fchown(upper.as_ref(), a.uid, a.gid)?;
+        }
+        if let Some(mode) = a.mode {
+            if is_link {
+                return err(libc::EOPNOTSUPP);
+            }
+            sys::fchmod(upper.as_ref(), self.allowed_mode(mode & 0o7777, inode.is_dir()))?;
+        }
+        if let Some(size) = a.size {
+            if inode.is_dir() {
+                return err(libc::EISDIR);
+            }
+            let before = sys::fstat(upper.as_ref())?;
+            self.quota.charge_resize(before.st_size as u64, size)?;
+            let done = match a.fh.and_then(|fh| self.files.writable_fd(fh)) {
+                Some(fd) => sys::ftruncate(fd.as_ref(), size),
+                None => sys::reopen(upper.as_ref(), libc::O_WRONLY).and_then(|fd| sys::ftruncate(&fd, size)),
+            };
+            if let Err(e) = done {
+                self.quota.charge_resize(size, before.st_size as u64).ok();
+                return Err(e.into());
+            }
+        }
+        if a.atime.is_some() || a.mtime.is_some() {
+            let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
+            let times = [a.atime.unwrap_or(omit), a.mtime.unwrap_or(omit)];
+            if is_link {
+                let parent = inode.parent().ok_or(Errno(libc::EIO))?;
+                let pu = self.copy_up(&parent)?;
+                let name = inode.loc.read().name.clone();
+                sys::utimensat_nofollow(pu.as_ref(), &name, &times)?;
+            } else {
+                sys::futimens(upper.as_ref(), &times)?;
+            }
+        }
+        let st = sys::fstat(upper.as_ref())?;
+        Ok(self.fix_stat(&inode, st))
+    }
+}
+
+/// An all-zero stat (for negative entries).
+pub fn zero_stat() -> Stat {
+    // SAFETY: libc::stat is plain old data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}

@@ -1,0 +1,465 @@
+//! Directory operations: create, mkdir, mknod, symlink, link, unlink,
+//! rmdir and rename, each ending in the upper with the kernel-overlayfs
+//! marks (whiteouts for removed lower names, opaque directories over
+//! whiteouts, redirects for renamed lower directories).
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use super::guard::{check_name, Op, Removal};
+use super::inode::{Inode, Real};
+use super::{err, Ctx, Entry, Errno, Overlay, Result};
+use crate::layer::ops::is_whiteout;
+use crate::layer::sys::{self, Stat};
+
+/// What a new object is.
+pub enum NewKind<'a> {
+    File { mode: u32, flags: i32 },
+    Dir { mode: u32 },
+    Node { mode: u32, rdev: u64 },
+    Symlink { target: &'a OsStr },
+    Link { source: &'a Arc<Inode> },
+}
+
+/// Where a new name goes in the upper.
+struct Slot {
+    parent_upper: Arc<OwnedFd>,
+    /// A whiteout of a deleted lower entry holds the name in the upper.
+    over_whiteout: bool,
+}
+
+fn is_dir(st: &Stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+impl Overlay {
+    /// Resolves an existing child and returns the inode for it (the one the
+    /// kernel holds, or a detached one) without counting a lookup.
+    pub fn child(&self, parent: &Arc<Inode>, name: &OsStr) -> Result<Arc<Inode>> {
+        if self.is_hidden_child(parent, name) {
+            return err(libc::ENOENT);
+        }
+        let r = self.resolve(parent, name)?.ok_or(Errno(libc::ENOENT))?;
+        let id = self.ids.id(r.st.st_dev, r.st.st_ino);
+        let kind = r.st.st_mode & libc::S_IFMT;
+        if let Some(i) = self.inodes.get(id) {
+            if i.kind == kind {
+                {
+                    let mut cur = i.real.write();
+                    let mut real = r.real;
+                    if real.upper.is_none() {
+                        real.upper = cur.upper.clone();
+                    }
+                    *cur = real;
+                }
+                let mut loc = i.loc.write();
+                loc.parent = Some(parent.clone());
+                loc.name = name.to_os_string();
+                drop(loc);
+                return Ok(i);
+            }
+        }
+        Ok(Arc::new(Inode::new(id, kind, r.real, Some(parent.clone()), name.to_os_string())))
+    }
+
+    /// Whether some lower layer shows `name` in the directory `parent`
+    /// (so removing the upper name needs a whiteout).
+    pub fn lower_has(&self, parent: &Inode, name: &OsStr) -> bool {
+        let real = parent.real.read();
+        if real.opaque {
+            return false;
+        }
+        for (_, fd) in &real.lowers {
+            match sys::fstatat(fd.as_ref(), name) {
+                Ok(s) if is_whiteout(&s) => return false,
+                Ok(_) => return true,
+                Err(_) => continue,
+            }
+        }
+        false
+    }
+
+    /// Checks that `name` is free in `parent` and prepares its upper slot.
+    fn slot(&self, ctx: &Ctx, op: Op, parent: &Arc<Inode>, name: &OsStr) -> Result<Slot> {
+        check_name(name)?;
+        if !parent.is_dir() {
+            return err(libc::ENOTDIR);
+        }
+        self.guard_child(ctx, op, parent, name)?;
+        if self.resolve(parent, name)?.is_some() {
+            return err(libc::EEXIST);
+        }
+        let parent_upper = self.copy_up(parent)?;
+        let over_whiteout = matches!(sys::fstatat(parent_upper.as_ref(), name), Ok(s) if is_whiteout(&s));
+        Ok(Slot { parent_upper, over_whiteout })
+    }
+
+    /// Creates a new object; for files also returns the open fd.
+    pub fn create_object(
+        &self,
+        ctx: &Ctx,
+        parent_id: u64,
+        name: &OsStr,
+        kind: NewKind<'_>,
+    ) -> Result<(Entry, Option<OwnedFd>)> {
+        let parent = self.inode(parent_id)?;
+        let op = match kind {
+            NewKind::File { .. } => Op::Create,
+            NewKind::Dir { .. } => Op::Create,
+            NewKind::Node { .. } => Op::Mknod,
+            NewKind::Symlink { .. } => Op::Symlink,
+            NewKind::Link { .. } => Op::Link,
+        };
+        let slot = self.slot(ctx, op, &parent, name)?;
+        let path = self.child_path(&parent, name);
+        let pst = sys::fstat(slot.parent_upper.as_ref())?;
+        let sgid_parent = pst.st_mode & libc::S_ISGID != 0;
+        let gid = if sgid_parent { pst.st_gid } else { ctx.gid };
+        if let NewKind::Link { source } = &kind {
+            if source.is_dir() {
+                return err(libc::EPERM);
+            }
+            self.guard_inode(ctx, Op::Link, source)?;
+        } else {
+            self.quota.charge_inode()?;
+        }
+        // New objects are built at their name, or in the work dir and
+        // renamed over a whiteout holding the name.
+        let (dir, tmp): (&OwnedFd, OsString) = if slot.over_whiteout {
+            (&self.upper.work, self.upper.tmp_name())
+        } else {
+            (slot.parent_upper.as_ref(), name.to_os_string())
+        };
+        let mut file = None;
+        let built: Result<()> = (|| {
+            match &kind {
+                NewKind::File { mode, flags } => {
+                    let mode = self.allowed_mode(*mode & 0o7777, false);
+                    let acc = flags & libc::O_ACCMODE;
+                    let extra = flags & (libc::O_APPEND | libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME);
+                    let fd = sys::open_beneath(dir, &tmp, libc::O_CREAT | libc::O_EXCL | acc | extra, mode)?;
+                    sys::fchown(&fd, Some(ctx.uid), Some(gid))?;
+                    if mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                        sys::fchmod(&fd, mode)?;
+                    }
+                    file = Some(fd);
+                }
+                NewKind::Dir { mode } => {
+                    let mut mode = *mode & 0o7777;
+                    if sgid_parent {
+                        mode |= libc::S_ISGID;
+                    }
+                    sys::mkdirat(dir, &tmp, 0o700)?;
+                    let fd = sys::open_path(dir, &tmp)?;
+                    sys::fchown(&fd, Some(ctx.uid), Some(gid))?;
+                    sys::fchmod(&fd, mode)?;
+                    if slot.over_whiteout {
+                        self.upper.set_opaque(&fd)?;
+                    }
+                }
+                NewKind::Node { mode, rdev } => {
+                    let fmt = mode & libc::S_IFMT;
+                    if fmt == libc::S_IFCHR || fmt == libc::S_IFBLK {
+                        self.guard_device(ctx, &path)?;
+                    }
+                    let m = fmt | self.allowed_mode(*mode & 0o7777, false);
+                    sys::mknodat(dir, &tmp, m, *rdev)?;
+                    let fd = sys::open_path(dir, &tmp)?;
+                    sys::fchown(&fd, Some(ctx.uid), Some(gid))?;
+                    if m & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                        sys::fchmod(&fd, m & 0o7777)?;
+                    }
+                }
+                NewKind::Symlink { target } => {
+                    self.guard_symlink(ctx, &path, target)?;
+                    sys::symlinkat(target, dir, &tmp)?;
+                    let fd = sys::open_path(dir, &tmp)?;
+                    sys::fchown(&fd, Some(ctx.uid), Some(gid))?;
+                }
+                NewKind::Link { source } => {
+                    let src = self.copy_up(source)?;
+                    sys::link_fd(src.as_ref(), dir, &tmp)?;
+                }
+            }
+            if slot.over_whiteout {
+                let is_dir = matches!(kind, NewKind::Dir { .. });
+                let flags = if is_dir { sys::RENAME_EXCHANGE } else { 0 };
+                sys::renameat2(&self.upper.work, &tmp, slot.parent_upper.as_ref(), name, flags)?;
+                if is_dir {
+                    // The whiteout was swapped into the work dir.
+                    sys::unlinkat(&self.upper.work, &tmp, false)?;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = built {
+            if slot.over_whiteout {
+                let _ = self.upper.remove_tree(&self.upper.work, &tmp);
+            } else if !matches!(e.0, libc::EEXIST) {
+                let is_dir = matches!(kind, NewKind::Dir { .. });
+                let _ = sys::unlinkat(slot.parent_upper.as_ref(), name, is_dir);
+            }
+            if !matches!(kind, NewKind::Link { .. }) {
+                self.quota.refund_inode();
+            }
+            return Err(e);
+        }
+        let fd = sys::open_path(slot.parent_upper.as_ref(), name)?;
+        let st = sys::fstat(&fd)?;
+        if let NewKind::Link { source } = &kind {
+            let entry_st = self.fix_stat(source, st);
+            source.lookups.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            // The kernel now holds one more lookup of the source.
+            if self.inodes.get(source.id).is_none() {
+                return err(libc::ESTALE);
+            }
+            return Ok((Entry { id: source.id, st: entry_st, lower: false }, None));
+        }
+        let lower_path = parent.real.read().lower_path.as_ref().map(|p| format!("{p}/{}", name.to_string_lossy()));
+        let real = Real {
+            upper: Some(Arc::new(fd)),
+            lowers: Vec::new(),
+            opaque: slot.over_whiteout && is_dir(&st),
+            lower_path: if is_dir(&st) { lower_path } else { None },
+        };
+        let entry = self.instantiate(&parent, name, super::namei::Resolved { st, real });
+        Ok((entry, file))
+    }
+
+    pub fn unlink(&self, ctx: &Ctx, parent_id: u64, name: &OsStr) -> Result<()> {
+        self.remove(ctx, parent_id, name, false)
+    }
+
+    pub fn rmdir(&self, ctx: &Ctx, parent_id: u64, name: &OsStr) -> Result<()> {
+        self.remove(ctx, parent_id, name, true)
+    }
+
+    fn remove(&self, ctx: &Ctx, parent_id: u64, name: &OsStr, want_dir: bool) -> Result<()> {
+        check_name(name)?;
+        let parent = self.inode(parent_id)?;
+        let victim = self.child(&parent, name)?;
+        match (want_dir, victim.is_dir()) {
+            (true, false) => return err(libc::ENOTDIR),
+            (false, true) => return err(libc::EISDIR),
+            _ => {}
+        }
+        let op = Op::Unlink;
+        let removal = self.guard_removal(ctx, op, &parent, name, &victim)?;
+        if want_dir && !self.dir_is_empty(&victim)? {
+            return err(libc::ENOTEMPTY);
+        }
+        let parent_upper = self.copy_up(&parent)?;
+        let upper = victim.upper();
+        let needs_whiteout = removal == Removal::Normal && self.lower_has(&parent, name);
+        let upper_st = upper.as_ref().and_then(|u| sys::fstat(u.as_ref()).ok());
+        match (&upper, needs_whiteout) {
+            (Some(_), true) if want_dir => self.upper.whiteout_over_dir(parent_upper.as_ref(), name)?,
+            (Some(_), true) => self.upper.whiteout_over(parent_upper.as_ref(), name)?,
+            (Some(_), false) if want_dir => self.upper.remove_dir(parent_upper.as_ref(), name)?,
+            (Some(_), false) => sys::unlinkat(parent_upper.as_ref(), name, false)?,
+            (None, true) => self.upper.whiteout(parent_upper.as_ref(), name)?,
+            (None, false) => return err(libc::ENOENT),
+        }
+        if let Some(st) = upper_st {
+            self.quota.release(&st);
+        }
+        if removal == Removal::RevertToLower {
+            victim.real.write().upper = None;
+        }
+        Ok(())
+    }
+
+    /// Whether a directory is empty as seen through the mount (hidden
+    /// entries count: they exist).
+    pub fn dir_is_empty(&self, dir: &Inode) -> Result<bool> {
+        Ok(self.merged_entries(dir)?.is_empty())
+    }
+
+    /// rename(2) and renameat2 with `RENAME_NOREPLACE` / `RENAME_EXCHANGE`.
+    pub fn rename(
+        &self,
+        ctx: &Ctx,
+        parent_id: u64,
+        name: &OsStr,
+        newparent_id: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
+        check_name(name)?;
+        check_name(newname)?;
+        if flags & !(sys::RENAME_NOREPLACE | sys::RENAME_EXCHANGE) != 0 {
+            return err(libc::EINVAL);
+        }
+        let exchange = flags & sys::RENAME_EXCHANGE != 0;
+        let parent = self.inode(parent_id)?;
+        let newparent = self.inode(newparent_id)?;
+        if !newparent.is_dir() || !parent.is_dir() {
+            return err(libc::ENOTDIR);
+        }
+        let src = self.child(&parent, name)?;
+        let dst = match self.child(&newparent, newname) {
+            Ok(d) => Some(d),
+            Err(Errno(libc::ENOENT)) => None,
+            Err(e) => return Err(e),
+        };
+        if exchange && dst.is_none() {
+            return err(libc::ENOENT);
+        }
+        if let Some(d) = &dst {
+            if d.id == src.id {
+                // Two names of one object (or the same name): nothing to do.
+                return Ok(());
+            }
+            if flags & sys::RENAME_NOREPLACE != 0 {
+                return err(libc::EEXIST);
+            }
+            if !exchange {
+                match (src.is_dir(), d.is_dir()) {
+                    (true, false) => return err(libc::ENOTDIR),
+                    (false, true) => return err(libc::EISDIR),
+                    (true, true) if !self.dir_is_empty(d)? => return err(libc::ENOTEMPTY),
+                    _ => {}
+                }
+            }
+        }
+        // Policy: the source leaves its place, the target name is created
+        // or replaced; with exchange both do both.
+        self.guard_removal(ctx, Op::Rename, &parent, name, &src)
+            .and_then(|r| if r == Removal::Normal { Ok(()) } else { err(libc::EPERM) })?;
+        self.guard_child(ctx, Op::Rename, &newparent, newname)?;
+        if src.is_dir() && self.policy().has_path_rules() {
+            if let Some(r) = self.policy().subtree_rule(&self.child_path(&newparent, newname)) {
+                let errno = if r.text.starts_with("readonly") { libc::EROFS } else { libc::EPERM };
+                return Err(super::guard::deny(ctx, Op::Rename, &self.child_path(&newparent, newname), &r, errno));
+            }
+        }
+        if let Some(d) = &dst {
+            if exchange {
+                self.guard_removal(ctx, Op::Rename, &newparent, newname, d)
+                    .and_then(|r| if r == Removal::Normal { Ok(()) } else { err(libc::EPERM) })?;
+                self.guard_child(ctx, Op::Rename, &parent, name)?;
+            } else if d.real.read().has_lower() {
+                self.guard_removal(ctx, Op::Rename, &newparent, newname, d)
+                    .and_then(|r| if r == Removal::Normal { Ok(()) } else { err(libc::EPERM) })?;
+            }
+        }
+        // A directory may not move beneath itself.
+        if src.is_dir() {
+            let mut cur = Some(newparent.clone());
+            while let Some(c) = cur {
+                if c.id == src.id {
+                    return err(libc::EINVAL);
+                }
+                cur = c.parent();
+            }
+        }
+        if exchange {
+            if let Some(d) = &dst {
+                if d.is_dir() {
+                    let mut cur = Some(parent.clone());
+                    while let Some(c) = cur {
+                        if c.id == d.id {
+                            return err(libc::EINVAL);
+                        }
+                        cur = c.parent();
+                    }
+                }
+            }
+        }
+        let old_upper = self.copy_up(&parent)?;
+        let new_upper = self.copy_up(&newparent)?;
+        let src_upper = self.prepare_move(&src, &parent, name)?;
+        let src_lower_here = self.lower_has(&parent, name);
+        let dst_lower_here = self.lower_has(&newparent, newname);
+        if exchange {
+            let d = dst.as_ref().ok_or(Errno(libc::ENOENT))?;
+            let d_upper = self.prepare_move(d, &newparent, newname)?;
+            sys::renameat2(old_upper.as_ref(), name, new_upper.as_ref(), newname, sys::RENAME_EXCHANGE)?;
+            // Each directory now stands where the other was: it must not
+            // merge with lower entries of its new name.
+            if src.is_dir() {
+                self.seal_moved_dir(&src, &src_upper, dst_lower_here)?;
+            }
+            if d.is_dir() {
+                self.seal_moved_dir(d, &d_upper, src_lower_here)?;
+            }
+            self.moved(d, &parent, name);
+            self.moved(&src, &newparent, newname);
+            return Ok(());
+        }
+        // Replacing a directory: its upper may only hold whiteouts.
+        if let Some(d) = &dst {
+            if d.is_dir() {
+                if let Some(du) = d.upper() {
+                    self.upper.clear_whiteouts(du.as_ref())?;
+                }
+            }
+        }
+        // A directory cannot be renamed over a whiteout: drop the whiteout
+        // first; the moved directory is sealed against the lower below.
+        if src.is_dir() && dst.is_none() {
+            if matches!(sys::fstatat(new_upper.as_ref(), newname), Ok(s) if is_whiteout(&s)) {
+                sys::unlinkat(new_upper.as_ref(), newname, false)?;
+            }
+        }
+        let replaced_st = dst.as_ref().and_then(|d| d.upper()).and_then(|u| sys::fstat(u.as_ref()).ok());
+        let whiteout_flag = if src_lower_here { sys::RENAME_WHITEOUT } else { 0 };
+        match sys::renameat2(old_upper.as_ref(), name, new_upper.as_ref(), newname, whiteout_flag) {
+            Ok(()) => {}
+            Err(e) if whiteout_flag != 0 && matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)) => {
+                // No RENAME_WHITEOUT here (unprivileged): rename, then mark.
+                sys::renameat2(old_upper.as_ref(), name, new_upper.as_ref(), newname, 0)?;
+                self.upper.whiteout(old_upper.as_ref(), name)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(st) = replaced_st {
+            if st.st_nlink <= 1 && !is_dir(&st) {
+                self.quota.release(&st);
+            }
+        }
+        if src.is_dir() {
+            self.seal_moved_dir(&src, &src_upper, dst_lower_here)?;
+        }
+        self.moved(&src, &newparent, newname);
+        Ok(())
+    }
+
+    /// Gives a rename source its upper copy; a directory with lower parts
+    /// gets a redirect mark naming where they live, so they follow it.
+    fn prepare_move(&self, inode: &Arc<Inode>, _parent: &Arc<Inode>, _name: &OsStr) -> Result<Arc<OwnedFd>> {
+        let upper = self.copy_up(inode)?;
+        if inode.is_dir() {
+            let real = inode.real.read().clone();
+            if real.has_lower() && !real.opaque && self.upper.redirect(upper.as_ref()).is_none() {
+                let path = real.lower_path.clone().ok_or(Errno(libc::EIO))?;
+                let path = if path.is_empty() { "/".to_string() } else { path };
+                self.upper.set_redirect(upper.as_ref(), &path)?;
+            }
+        }
+        Ok(upper)
+    }
+
+    /// After a directory moved to a name where a lower has something: if it
+    /// does not carry a redirect, it must be opaque so the lower entries of
+    /// its new name do not merge into it.
+    fn seal_moved_dir(&self, inode: &Inode, upper: &Arc<OwnedFd>, lower_at_target: bool) -> Result<()> {
+        if !lower_at_target {
+            return Ok(());
+        }
+        let mut real = inode.real.write();
+        if !real.has_lower() && !real.opaque {
+            self.upper.set_opaque(upper.as_ref())?;
+            real.opaque = true;
+        }
+        Ok(())
+    }
+
+    /// Records an object's new place after a rename.
+    fn moved(&self, inode: &Arc<Inode>, parent: &Arc<Inode>, name: &OsStr) {
+        let mut loc = inode.loc.write();
+        loc.parent = Some(parent.clone());
+        loc.name = name.to_os_string();
+    }
+}

@@ -1,0 +1,296 @@
+//! Open files and directories: handles, read/write, fsync, fallocate,
+//! lseek, copy_file_range, directory listings, readlink and statfs.
+//!
+//! A read-only open never copies up; an open for writing (or with
+//! `O_TRUNC`) copies up first. A handle opened on a lower file switches to
+//! the upper copy once one exists, so readers see writes made through
+//! other handles after a copy-up.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::copy_up::Data;
+use super::guard::Op;
+use super::inode::Inode;
+use super::readdir::DirEntry;
+use super::{err, Ctx, Errno, Overlay, Result};
+use crate::layer::sys;
+
+pub struct FileHandle {
+    pub inode: Arc<Inode>,
+    /// The real open file; replaced by the upper copy for lower readers.
+    fd: RwLock<Arc<OwnedFd>>,
+    on_upper: std::sync::atomic::AtomicBool,
+    pub writable: bool,
+}
+
+pub enum Handle {
+    File(FileHandle),
+    Dir { inode: Arc<Inode>, entries: Vec<DirEntry> },
+}
+
+const SHARDS: usize = 32;
+
+/// Open handles by number.
+pub struct Handles {
+    next: AtomicU64,
+    shards: Vec<Mutex<HashMap<u64, Arc<Handle>>>>,
+}
+
+impl Default for Handles {
+    fn default() -> Self {
+        Handles { next: AtomicU64::new(1), shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect() }
+    }
+}
+
+impl Handles {
+    fn insert(&self, h: Handle) -> u64 {
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        self.shards[fh as usize % SHARDS].lock().insert(fh, Arc::new(h));
+        fh
+    }
+
+    pub fn get(&self, fh: u64) -> Result<Arc<Handle>> {
+        self.shards[fh as usize % SHARDS].lock().get(&fh).cloned().ok_or(Errno(libc::EBADF))
+    }
+
+    fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.shards[fh as usize % SHARDS].lock().remove(&fh)
+    }
+
+    /// The real fd of a handle open for writing (for ftruncate).
+    pub fn writable_fd(&self, fh: u64) -> Option<Arc<OwnedFd>> {
+        match self.get(fh).ok()?.as_ref() {
+            Handle::File(f) if f.writable => Some(f.fd.read().clone()),
+            _ => None,
+        }
+    }
+}
+
+/// What an open produced, for the adapter's caching decisions.
+pub struct Opened {
+    pub fh: u64,
+    /// The real file lives in the upper (eligible for passthrough).
+    pub upper: bool,
+    pub fd: Arc<OwnedFd>,
+}
+
+fn wants_write(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0
+}
+
+/// Flags for opening the real file: the kernel computes append offsets
+/// itself, so the real fd is opened without `O_APPEND` (Linux pwrite on an
+/// `O_APPEND` fd ignores the offset).
+fn real_flags(flags: i32) -> i32 {
+    flags
+        & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC | libc::O_NONBLOCK)
+}
+
+impl Overlay {
+    pub fn open(&self, ctx: &Ctx, id: u64, flags: i32) -> Result<Opened> {
+        let inode = self.inode(id)?;
+        if inode.is_dir() && wants_write(flags) {
+            return err(libc::EISDIR);
+        }
+        let (fd, upper) = if wants_write(flags) {
+            self.guard_inode(ctx, Op::Write, &inode)?;
+            let trunc = flags & libc::O_TRUNC != 0;
+            let upper = self.copy_up_with(&inode, if trunc { Data::Empty } else { Data::All })?;
+            if trunc {
+                if let Ok(st) = sys::fstat(upper.as_ref()) {
+                    let _ = self.quota.charge_resize(st.st_size as u64, 0);
+                }
+            }
+            (sys::reopen(upper.as_ref(), real_flags(flags))?, true)
+        } else {
+            let real = self.real_fd(&inode)?;
+            let upper = inode.upper().is_some();
+            let f = real_flags(flags);
+            let fd = if upper {
+                sys::reopen(real.as_ref(), f)?
+            } else {
+                sys::reopen(real.as_ref(), f | libc::O_NOATIME).or_else(|_| sys::reopen(real.as_ref(), f))?
+            };
+            (fd, upper)
+        };
+        let fd = Arc::new(fd);
+        let fh = self.files.insert(Handle::File(FileHandle {
+            inode,
+            fd: RwLock::new(fd.clone()),
+            on_upper: upper.into(),
+            writable: wants_write(flags),
+        }));
+        Ok(Opened { fh, upper, fd })
+    }
+
+    /// Registers a file just created (`create`) as an open handle.
+    pub fn adopt(&self, id: u64, fd: OwnedFd, flags: i32) -> Result<Opened> {
+        let inode = self.inode(id)?;
+        let fd = Arc::new(fd);
+        let fh = self.files.insert(Handle::File(FileHandle {
+            inode,
+            fd: RwLock::new(fd.clone()),
+            on_upper: true.into(),
+            writable: wants_write(flags),
+        }));
+        Ok(Opened { fh, upper: true, fd })
+    }
+
+    fn file(&self, fh: u64) -> Result<(Arc<Handle>, Arc<OwnedFd>)> {
+        let h = self.files.get(fh)?;
+        let fd = match h.as_ref() {
+            Handle::File(f) => {
+                if !f.on_upper.load(Ordering::Acquire) {
+                    if let Some(u) = f.inode.upper() {
+                        // The file was copied up since this handle opened.
+                        if let Ok(nfd) = sys::reopen(u.as_ref(), libc::O_RDONLY) {
+                            *f.fd.write() = Arc::new(nfd);
+                            f.on_upper.store(true, Ordering::Release);
+                        }
+                    }
+                }
+                f.fd.read().clone()
+            }
+            Handle::Dir { .. } => return err(libc::EISDIR),
+        };
+        Ok((h, fd))
+    }
+
+    pub fn read(&self, fh: u64, off: u64, size: u32) -> Result<Vec<u8>> {
+        let (_h, fd) = self.file(fh)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            let n = sys::pread(fd.as_ref(), &mut buf[done..], off + done as u64)?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> Result<u32> {
+        let (_h, fd) = self.file(fh)?;
+        let charged = if self.quota.bytes_limited() {
+            let size = sys::fstat(fd.as_ref())?.st_size as u64;
+            let end = off + data.len() as u64;
+            if end > size {
+                self.quota.charge_resize(size, end)?;
+                Some((size, end))
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        match sys::pwrite(fd.as_ref(), data, off) {
+            Ok(n) => Ok(n as u32),
+            Err(e) => {
+                if let Some((a, b)) = charged {
+                    let _ = self.quota.charge_resize(b, a);
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    pub fn release(&self, fh: u64) {
+        self.files.remove(fh);
+    }
+
+    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        let (_h, fd) = self.file(fh)?;
+        Ok(sys::fsync(fd.as_ref(), datasync)?)
+    }
+
+    pub fn fallocate(&self, fh: u64, mode: i32, off: u64, len: u64) -> Result<()> {
+        let (_h, fd) = self.file(fh)?;
+        if self.quota.bytes_limited() && mode & libc::FALLOC_FL_KEEP_SIZE == 0 && mode & libc::FALLOC_FL_PUNCH_HOLE == 0 {
+            let size = sys::fstat(fd.as_ref())?.st_size as u64;
+            if off + len > size {
+                self.quota.charge_resize(size, off + len)?;
+            }
+        }
+        Ok(sys::fallocate(fd.as_ref(), mode, off, len)?)
+    }
+
+    pub fn lseek(&self, fh: u64, off: i64, whence: i32) -> Result<i64> {
+        let (_h, fd) = self.file(fh)?;
+        Ok(sys::lseek(fd.as_ref(), off, whence)?)
+    }
+
+    pub fn copy_file_range(&self, fh_in: u64, off_in: u64, fh_out: u64, off_out: u64, len: u64) -> Result<u32> {
+        let (_a, src) = self.file(fh_in)?;
+        let (_b, dst) = self.file(fh_out)?;
+        let len = len.min(1 << 30) as usize;
+        if self.quota.bytes_limited() {
+            let size = sys::fstat(dst.as_ref())?.st_size as u64;
+            if off_out + len as u64 > size {
+                self.quota.charge_resize(size, off_out + len as u64)?;
+            }
+        }
+        let mut si = off_in as i64;
+        let mut so = off_out as i64;
+        Ok(sys::copy_file_range(src.as_ref(), &mut si, dst.as_ref(), &mut so, len)? as u32)
+    }
+
+    /// Opens a directory: its merged listing is taken now, once.
+    pub fn opendir(&self, id: u64) -> Result<u64> {
+        let inode = self.inode(id)?;
+        if !inode.is_dir() {
+            return err(libc::ENOTDIR);
+        }
+        let mut entries = self.merged_entries(&inode)?;
+        let policy = self.policy();
+        if policy.has_path_rules() {
+            let base = self.path_of(&inode);
+            entries.retain(|e| {
+                let p = if base.is_empty() {
+                    e.name.to_string_lossy().into_owned()
+                } else {
+                    format!("{base}/{}", e.name.to_string_lossy())
+                };
+                policy.classify(&p).hidden.is_none()
+            });
+        }
+        Ok(self.files.insert(Handle::Dir { inode, entries }))
+    }
+
+    /// Entries of an open directory from position `offset` on; each entry's
+    /// offset is its position + 1 (so `.` and `..` come first, then these).
+    pub fn dir_entries(&self, fh: u64) -> Result<(Arc<Inode>, Arc<Handle>)> {
+        let h = self.files.get(fh)?;
+        match h.as_ref() {
+            Handle::Dir { inode, .. } => Ok((inode.clone(), h.clone())),
+            Handle::File(_) => err(libc::ENOTDIR),
+        }
+    }
+
+    pub fn fsyncdir(&self, id: u64) -> Result<()> {
+        let inode = self.inode(id)?;
+        if let Some(u) = inode.upper() {
+            let d = sys::open_dir(u.as_ref())?;
+            sys::fsync(&d, false)?;
+        }
+        Ok(())
+    }
+
+    pub fn readlink(&self, id: u64) -> Result<std::ffi::OsString> {
+        let inode = self.inode(id)?;
+        if inode.kind != libc::S_IFLNK {
+            return err(libc::EINVAL);
+        }
+        Ok(sys::readlink_fd(self.real_fd(&inode)?.as_ref())?)
+    }
+
+    pub fn statfs(&self) -> Result<libc::statvfs> {
+        Ok(sys::fstatfs(&self.upper.layer.root)?)
+    }
+}

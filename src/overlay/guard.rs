@@ -1,0 +1,147 @@
+//! Policy glue: where each core operation asks the path policy, and the
+//! always-on name checks. Every denial is logged at `info` with the
+//! operation, the path, the rule and the caller's pid.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use super::inode::Inode;
+use super::{Ctx, Errno, Overlay, Result};
+use crate::policy::RuleRef;
+
+/// A name is one path component: never empty, `.`, `..`, nor containing
+/// `/` or NUL, whatever the policy says.
+pub fn check_name(name: &OsStr) -> Result<()> {
+    let b = name.as_bytes();
+    if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0) {
+        return Err(Errno(libc::EINVAL));
+    }
+    if b.len() > 255 {
+        return Err(Errno(libc::ENAMETOOLONG));
+    }
+    Ok(())
+}
+
+/// The kind of change an operation makes, for messages.
+#[derive(Debug, Clone, Copy)]
+pub enum Op {
+    Create,
+    Write,
+    SetAttr,
+    SetXattr,
+    Unlink,
+    Rename,
+    Link,
+    Symlink,
+    Mknod,
+}
+
+pub fn deny(ctx: &Ctx, op: Op, path: &str, rule: &RuleRef, errno: i32) -> Errno {
+    tracing::info!(op = ?op, path, rule = %rule, pid = ctx.pid, errno, "policy denied");
+    Errno(errno)
+}
+
+impl Overlay {
+    /// Whether `name` in `parent` is hidden by the policy.
+    pub fn is_hidden_child(&self, parent: &Inode, name: &OsStr) -> bool {
+        let policy = self.policy();
+        if !policy.has_path_rules() {
+            return false;
+        }
+        policy.classify(&self.child_path(parent, name)).hidden.is_some()
+    }
+
+    /// May `path` (an existing or new entry) be changed by `op`? Hidden
+    /// names cannot be created (EACCES); read-only paths are EROFS.
+    pub fn guard_change(&self, ctx: &Ctx, op: Op, path: &str) -> Result<()> {
+        self.check_writable()?;
+        let policy = self.policy();
+        if !policy.has_path_rules() {
+            return Ok(());
+        }
+        let c = policy.classify(path);
+        if let Some(r) = &c.hidden {
+            return Err(deny(ctx, op, path, r, libc::EACCES));
+        }
+        if let Some(r) = &c.readonly {
+            return Err(deny(ctx, op, path, r, libc::EROFS));
+        }
+        Ok(())
+    }
+
+    /// `guard_change` for an existing object.
+    pub fn guard_inode(&self, ctx: &Ctx, op: Op, inode: &Inode) -> Result<()> {
+        self.check_writable()?;
+        if !self.policy().has_path_rules() {
+            return Ok(());
+        }
+        self.guard_change(ctx, op, &self.path_of(inode))
+    }
+
+    /// `guard_change` for a new or existing name in a directory.
+    pub fn guard_child(&self, ctx: &Ctx, op: Op, parent: &Inode, name: &OsStr) -> Result<()> {
+        self.check_writable()?;
+        if !self.policy().has_path_rules() {
+            return Ok(());
+        }
+        self.guard_change(ctx, op, &self.child_path(parent, name))
+    }
+
+    /// May this object leave its place (unlink, rmdir, rename away)? A
+    /// protected entry that comes from a lower may not; a directory holding
+    /// read-only or protected entries may not move as a whole.
+    pub fn guard_removal(&self, ctx: &Ctx, op: Op, parent: &Inode, name: &OsStr, victim: &Inode) -> Result<Removal> {
+        self.guard_child(ctx, op, parent, name)?;
+        let policy = self.policy();
+        if !policy.has_path_rules() {
+            return Ok(Removal::Normal);
+        }
+        let path = self.child_path(parent, name);
+        let c = policy.classify(&path);
+        let has_lower = victim.real.read().has_lower();
+        if let Some(r) = c.protected {
+            if has_lower {
+                if !victim.is_dir() && victim.upper().is_some() && matches!(op, Op::Unlink) {
+                    return Ok(Removal::RevertToLower);
+                }
+                return Err(deny(ctx, op, &path, &r, libc::EPERM));
+            }
+        }
+        if victim.is_dir() {
+            if let Some(r) = policy.subtree_rule(&path) {
+                let errno = if r.text.starts_with("readonly") { libc::EROFS } else { libc::EPERM };
+                return Err(deny(ctx, op, &path, &r, errno));
+            }
+        }
+        Ok(Removal::Normal)
+    }
+
+    /// May a symlink with this target be created at `path`?
+    pub fn guard_symlink(&self, ctx: &Ctx, path: &str, target: &OsStr) -> Result<()> {
+        self.policy()
+            .check_symlink(path, target)
+            .map_err(|d| deny(ctx, Op::Symlink, path, &d.rule, d.errno))
+    }
+
+    /// May a device node be created at `path`?
+    pub fn guard_device(&self, ctx: &Ctx, path: &str) -> Result<()> {
+        self.policy().check_device().map_err(|d| deny(ctx, Op::Mknod, path, &d.rule, d.errno))
+    }
+
+    /// The mode bits that may stick under the policy (`suid strip`).
+    pub fn allowed_mode(&self, mode: u32, is_dir: bool) -> u32 {
+        if !is_dir && self.policy().strip_suid() {
+            mode & !(libc::S_ISUID | libc::S_ISGID)
+        } else {
+            mode
+        }
+    }
+}
+
+/// What removing a name does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    Normal,
+    /// A protected shared entry: drop the upper copy, the lower shows again.
+    RevertToLower,
+}

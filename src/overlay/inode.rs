@@ -1,0 +1,215 @@
+//! The inode table: one `Inode` per node id the kernel knows, with the real
+//! files behind it in each layer.
+//!
+//! Node ids are stable for the life of the mount and double as `st_ino`:
+//! an object's id is derived from the (device, inode) of the file that
+//! gives it its identity — the upper file if it has one, else the topmost
+//! lower one — and a copy-up records the new upper file as an alias of the
+//! id it had, so `st_ino` never changes when a file is copied up.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+pub const ROOT_ID: u64 = 1;
+
+/// The real files behind one overlay object.
+#[derive(Debug, Default, Clone)]
+pub struct Real {
+    /// `O_PATH` fd of the upper file or directory, once there is one.
+    pub upper: Option<Arc<OwnedFd>>,
+    /// For a non-directory: the lower file it reads from (layer index, fd).
+    /// For a directory: every lower directory merged into it, topmost first.
+    pub lowers: Vec<(usize, Arc<OwnedFd>)>,
+    /// The directory hides lower entries of the same name (opaque mark).
+    pub opaque: bool,
+    /// For a directory: where its lower directories live, as an absolute
+    /// path from the lower roots ("/a/b"); what a redirect mark names.
+    pub lower_path: Option<String>,
+}
+
+impl Real {
+    pub fn has_lower(&self) -> bool {
+        !self.lowers.is_empty()
+    }
+}
+
+/// Where an object was last seen in the tree (for policy paths and for
+/// copying up parents). Hard links share one inode; it keeps the last name.
+#[derive(Debug, Clone)]
+pub struct Loc {
+    pub parent: Option<Arc<Inode>>,
+    pub name: OsString,
+}
+
+#[derive(Debug)]
+pub struct Inode {
+    pub id: u64,
+    /// `S_IFMT` bits: the type never changes for an id.
+    pub kind: u32,
+    pub lookups: AtomicU64,
+    pub real: RwLock<Real>,
+    pub loc: RwLock<Loc>,
+    /// Held while this object is copied up: one copy-up per inode at a
+    /// time; others wait and then find the upper in place.
+    pub copy_up: Mutex<()>,
+    /// Open-mode bookkeeping for FUSE passthrough (see `file`).
+    pub io: Mutex<IoState>,
+}
+
+/// How the kernel currently has this inode open: cached opens served by
+/// the daemon and passthrough opens may not coexist on one inode.
+#[derive(Debug, Default)]
+pub struct IoState {
+    pub cached_opens: u32,
+    pub passthrough_opens: u32,
+    /// Shared backing id while passthrough opens exist (kernel rule: one
+    /// backing file per inode at a time).
+    pub backing: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// (mtime, size) seen at the last open, to keep the page cache when
+    /// the file did not change.
+    pub last_seen: Option<(i64, i64, u64)>,
+}
+
+impl Inode {
+    pub fn new(id: u64, kind: u32, real: Real, parent: Option<Arc<Inode>>, name: OsString) -> Inode {
+        Inode {
+            id,
+            kind,
+            lookups: AtomicU64::new(0),
+            real: RwLock::new(real),
+            loc: RwLock::new(Loc { parent, name }),
+            copy_up: Mutex::new(()),
+            io: Mutex::new(IoState::default()),
+        }
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.kind == libc::S_IFDIR
+    }
+
+    pub fn upper(&self) -> Option<Arc<OwnedFd>> {
+        self.real.read().upper.clone()
+    }
+
+    pub fn parent(&self) -> Option<Arc<Inode>> {
+        self.loc.read().parent.clone()
+    }
+}
+
+const SHARDS: usize = 64;
+
+/// Node id → inode, sharded so lookups on different ids never contend.
+pub struct InodeTable {
+    shards: Vec<RwLock<HashMap<u64, Arc<Inode>>>>,
+}
+
+impl Default for InodeTable {
+    fn default() -> Self {
+        InodeTable { shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect() }
+    }
+}
+
+impl InodeTable {
+    fn shard(&self, id: u64) -> &RwLock<HashMap<u64, Arc<Inode>>> {
+        let h = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
+        &self.shards[h as usize % SHARDS]
+    }
+
+    pub fn get(&self, id: u64) -> Option<Arc<Inode>> {
+        self.shard(id).read().get(&id).cloned()
+    }
+
+    /// Returns the inode for `id`, inserting `make()` if absent or if the
+    /// present one has another type (the id was reused by a new file), and
+    /// counts one kernel lookup on it.
+    pub fn get_or_insert(&self, id: u64, kind: u32, make: impl FnOnce() -> Inode) -> (Arc<Inode>, bool) {
+        let mut map = self.shard(id).write();
+        if let Some(i) = map.get(&id) {
+            if i.kind == kind {
+                i.lookups.fetch_add(1, Ordering::AcqRel);
+                return (i.clone(), false);
+            }
+        }
+        let i = Arc::new(make());
+        i.lookups.store(1, Ordering::Release);
+        map.insert(id, i.clone());
+        (i, true)
+    }
+
+    pub fn insert_root(&self, root: Inode) {
+        root.lookups.store(1 << 40, Ordering::Release);
+        self.shard(ROOT_ID).write().insert(ROOT_ID, Arc::new(root));
+    }
+
+    /// The kernel forgot `n` lookups of `id`; drop it when none remain.
+    pub fn forget(&self, id: u64, n: u64) {
+        if id == ROOT_ID {
+            return;
+        }
+        let mut map = self.shard(id).write();
+        if let Some(i) = map.get(&id) {
+            let prev = i.lookups.fetch_sub(n.min(i.lookups.load(Ordering::Acquire)), Ordering::AcqRel);
+            if prev <= n {
+                map.remove(&id);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Maps the (device, inode) of a real file to its node id.
+#[derive(Default)]
+pub struct IdMap {
+    devs: RwLock<Vec<u64>>,
+    /// Upper files made by copy-up keep the id of the file they copy.
+    aliases: RwLock<HashMap<(u64, u64), u64>>,
+    overflow: Mutex<HashMap<(u64, u64), u64>>,
+    next_overflow: AtomicU64,
+}
+
+impl IdMap {
+    /// The node id of the real file (dev, ino). Invariant: the same real
+    /// file always maps to the same id, and no two real files share one.
+    pub fn id(&self, dev: u64, ino: u64) -> u64 {
+        if let Some(&id) = self.aliases.read().get(&(dev, ino)) {
+            return id;
+        }
+        let tag = self.tag(dev);
+        if ino < (1 << 48) && tag < (1 << 15) {
+            return (tag << 48) | ino;
+        }
+        // Inode numbers beyond 48 bits: number them from the top of the space.
+        let mut o = self.overflow.lock();
+        *o.entry((dev, ino))
+            .or_insert_with(|| (1 << 63) | self.next_overflow.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn tag(&self, dev: u64) -> u64 {
+        if let Some(p) = self.devs.read().iter().position(|&d| d == dev) {
+            return p as u64 + 1;
+        }
+        let mut devs = self.devs.write();
+        if let Some(p) = devs.iter().position(|&d| d == dev) {
+            return p as u64 + 1;
+        }
+        devs.push(dev);
+        devs.len() as u64
+    }
+
+    /// Records that the upper file (dev, ino) is the object `id`.
+    pub fn alias(&self, dev: u64, ino: u64, id: u64) {
+        self.aliases.write().insert((dev, ino), id);
+    }
+}

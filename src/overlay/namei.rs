@@ -1,0 +1,235 @@
+//! Lookup: finding a name across the layers. The upper is searched first,
+//! then each lower top-down; a whiteout in a higher layer hides everything
+//! below it, an opaque directory hides lower entries of its own name, a
+//! non-directory ends the search, and a redirected directory (renamed
+//! through the mount) finds its lower directories at the path its redirect
+//! mark names rather than under its own name.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+
+use super::inode::{Inode, Real};
+use super::{err, Ctx, Entry, Errno, Overlay, Result};
+use crate::layer::ops::is_whiteout;
+use crate::layer::sys::{self, Stat};
+
+/// What a name resolves to before it becomes an inode.
+pub struct Resolved {
+    /// Attributes of the file that gives the object its identity.
+    pub st: Stat,
+    pub real: Real,
+}
+
+fn is_dir(st: &Stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+fn not_found(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+}
+
+impl Overlay {
+    pub fn lookup(&self, _ctx: &Ctx, parent_id: u64, name: &OsStr) -> Result<Entry> {
+        super::guard::check_name(name)?;
+        let parent = self.inode(parent_id)?;
+        if !parent.is_dir() {
+            return err(libc::ENOTDIR);
+        }
+        if self.is_hidden_child(&parent, name) {
+            return err(libc::ENOENT);
+        }
+        let r = self.resolve(&parent, name)?.ok_or(Errno(libc::ENOENT))?;
+        Ok(self.instantiate(&parent, name, r))
+    }
+
+    /// Finds `name` in the directory `parent` across the layers; `None`
+    /// when no layer has it (or a whiteout hides it).
+    pub fn resolve(&self, parent: &Inode, name: &OsStr) -> Result<Option<Resolved>> {
+        let preal = parent.real.read().clone();
+        let mut real = Real::default();
+        let mut st: Option<Stat> = None;
+        let mut redirect: Option<String> = None;
+        if let Some(u) = &preal.upper {
+            match sys::fstatat(u.as_ref(), name) {
+                Ok(s) if is_whiteout(&s) => return Ok(None),
+                Ok(s) => {
+                    let fd = sys::open_path(u.as_ref(), name)?;
+                    if is_dir(&s) {
+                        real.opaque = self.upper.is_opaque(&fd);
+                        redirect = self.upper.redirect(&fd);
+                    }
+                    real.upper = Some(Arc::new(fd));
+                    if !is_dir(&s) || real.opaque {
+                        return Ok(Some(Resolved { st: s, real }));
+                    }
+                    st = Some(s);
+                }
+                Err(e) if not_found(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The lower path of this name: where a directory's lower parts live.
+        let lower_path = match &redirect {
+            Some(r) if r.starts_with('/') => Some(r.clone()),
+            Some(r) => preal.lower_path.as_ref().map(|p| format!("{p}/{r}")),
+            None => preal.lower_path.as_ref().map(|p| format!("{p}/{}", name.to_string_lossy())),
+        };
+        if redirect.is_some() {
+            if let Some(path) = &lower_path {
+                self.lowers_at_path(path, &mut real);
+            }
+        } else {
+            for (i, pfd) in &preal.lowers {
+                let s = match sys::fstatat(pfd.as_ref(), name) {
+                    Ok(s) => s,
+                    Err(e) if not_found(&e) => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                if is_whiteout(&s) {
+                    break;
+                }
+                let have_object = st.is_some();
+                if !is_dir(&s) {
+                    if !have_object {
+                        let fd = sys::open_path(pfd.as_ref(), name)?;
+                        real.lowers.push((*i, Arc::new(fd)));
+                        st = Some(s);
+                    }
+                    break;
+                }
+                if have_object && !st.as_ref().is_some_and(is_dir) {
+                    break;
+                }
+                let fd = sys::open_path(pfd.as_ref(), name)?;
+                let last = *i + 1 == self.lowers.len();
+                let opaque = !last && self.upper.is_opaque(&fd);
+                real.lowers.push((*i, Arc::new(fd)));
+                if st.is_none() {
+                    st = Some(s);
+                }
+                if opaque {
+                    break;
+                }
+            }
+        }
+        let Some(st) = st else {
+            return Ok(None);
+        };
+        if is_dir(&st) {
+            real.lower_path = lower_path;
+        }
+        Ok(Some(Resolved { st, real }))
+    }
+
+    /// Lower directories at an absolute lower path ("/a/b"), for a
+    /// redirected directory, walked one component at a time in each layer.
+    fn lowers_at_path(&self, path: &str, real: &mut Real) {
+        'layers: for (i, l) in self.lowers.iter().enumerate() {
+            let mut fd = match sys::open_path(&l.root, OsStr::new(".")) {
+                Ok(fd) => fd,
+                Err(_) => continue,
+            };
+            for comp in path.split('/').filter(|c| !c.is_empty()) {
+                let c = OsStr::new(comp);
+                match sys::fstatat(&fd, c) {
+                    Ok(s) if is_dir(&s) => {}
+                    Ok(s) if is_whiteout(&s) => break 'layers,
+                    _ => continue 'layers,
+                }
+                fd = match sys::open_path(&fd, c) {
+                    Ok(f) => f,
+                    Err(_) => continue 'layers,
+                };
+            }
+            let last = i + 1 == self.lowers.len();
+            let opaque = !last && self.upper.is_opaque(&fd);
+            real.lowers.push((i, Arc::new(fd)));
+            if opaque {
+                break;
+            }
+        }
+    }
+
+    /// Turns a resolved name into an inode the kernel holds (one more
+    /// lookup counted on it) and the entry to reply with.
+    pub fn instantiate(&self, parent: &Arc<Inode>, name: &OsStr, r: Resolved) -> Entry {
+        let id = self.ids.id(r.st.st_dev, r.st.st_ino);
+        let kind = r.st.st_mode & libc::S_IFMT;
+        let lower = r.real.has_lower();
+        let mut pending = Some(r.real);
+        let (inode, fresh) = self.inodes.get_or_insert(id, kind, || {
+            Inode::new(id, kind, pending.take().unwrap_or_default(), Some(parent.clone()), name.to_os_string())
+        });
+        if !fresh {
+            if let Some(mut real) = pending {
+                let mut cur = inode.real.write();
+                // A copy-up may have finished since `resolve` looked: never
+                // drop an upper file the inode already has.
+                if real.upper.is_none() {
+                    real.upper = cur.upper.clone();
+                }
+                *cur = real;
+            }
+            let mut loc = inode.loc.write();
+            loc.parent = Some(parent.clone());
+            loc.name = name.to_os_string();
+        }
+        let st = self.fix_stat(&inode, r.st);
+        Entry { id, st, lower }
+    }
+
+    /// Attributes as the mount shows them: the node id as `st_ino`, and
+    /// `nlink` 1 for directories merged from several layers (their real
+    /// link counts do not add up).
+    pub fn fix_stat(&self, inode: &Inode, mut st: Stat) -> Stat {
+        st.st_ino = inode.id;
+        if inode.is_dir() {
+            let real = inode.real.read();
+            let layers = real.upper.is_some() as usize + real.lowers.len();
+            if layers > 1 {
+                st.st_nlink = 1;
+            }
+        }
+        st
+    }
+
+    /// The path of an object relative to the mount root ("" for the root),
+    /// from the names it was last seen under.
+    pub fn path_of(&self, inode: &Inode) -> String {
+        let mut names = Vec::new();
+        let mut cur = {
+            let loc = inode.loc.read();
+            names.push(loc.name.clone());
+            loc.parent.clone()
+        };
+        while let Some(p) = cur {
+            let loc = p.loc.read();
+            if loc.parent.is_none() {
+                break;
+            }
+            names.push(loc.name.clone());
+            cur = loc.parent.clone();
+        }
+        if inode.id == super::ROOT_ID {
+            return String::new();
+        }
+        let mut s = String::new();
+        for n in names.iter().rev() {
+            if !s.is_empty() {
+                s.push('/');
+            }
+            s.push_str(&n.to_string_lossy());
+        }
+        s
+    }
+
+    /// The path of `name` inside `parent`, relative to the mount root.
+    pub fn child_path(&self, parent: &Inode, name: &OsStr) -> String {
+        let p = self.path_of(parent);
+        if p.is_empty() {
+            name.to_string_lossy().into_owned()
+        } else {
+            format!("{p}/{}", name.to_string_lossy())
+        }
+    }
+}

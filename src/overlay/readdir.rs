@@ -1,0 +1,97 @@
+//! Merged directory listings: the union of all layers' entries, the
+//! higher layer winning a name, whiteouts and the overlay's own names never
+//! listed. A listing is taken once per open directory handle, so offsets
+//! are positions in a fixed list: a `readdir` resumed after `seekdir` or a
+//! short buffer neither repeats nor skips an entry.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+
+use super::inode::Inode;
+use super::Overlay;
+use super::Result;
+use crate::layer::sys;
+
+/// One merged entry: name, `S_IFMT` type and the node id it will have.
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    pub name: OsString,
+    pub kind: u32,
+    pub id: u64,
+}
+
+fn dtype_to_kind(d: u8) -> u32 {
+    match d {
+        libc::DT_DIR => libc::S_IFDIR,
+        libc::DT_LNK => libc::S_IFLNK,
+        libc::DT_CHR => libc::S_IFCHR,
+        libc::DT_BLK => libc::S_IFBLK,
+        libc::DT_FIFO => libc::S_IFIFO,
+        libc::DT_SOCK => libc::S_IFSOCK,
+        _ => libc::S_IFREG,
+    }
+}
+
+impl Overlay {
+    /// Every entry of a directory as seen through the mount, without `.`
+    /// and `..`, including names the policy hides (callers filter).
+    pub fn merged_entries(&self, dir: &Inode) -> Result<Vec<DirEntry>> {
+        let real = dir.real.read().clone();
+        let mut out = Vec::new();
+        let mut seen: HashSet<OsString> = HashSet::new();
+        // Names that end the search below: whiteouts and non-directories.
+        let mut blocked: HashSet<OsString> = HashSet::new();
+        // Directories seen so far, which merge with lower directories.
+        let mut dirs: HashSet<OsString> = HashSet::new();
+        let mut layers: Vec<(u64, std::sync::Arc<std::os::fd::OwnedFd>)> = Vec::new();
+        if let Some(u) = &real.upper {
+            layers.push((self.upper.layer.dev, u.clone()));
+        }
+        for (i, fd) in &real.lowers {
+            layers.push((self.lowers[*i].dev, fd.clone()));
+        }
+        for (dev, fd) in layers.iter() {
+            for e in sys::read_dir(fd.as_ref())? {
+                if blocked.contains(&e.name) {
+                    continue;
+                }
+                let mut dtype = e.dtype;
+                if dtype == libc::DT_CHR || dtype == libc::DT_UNKNOWN {
+                    if let Ok(st) = sys::fstatat(fd.as_ref(), &e.name) {
+                        if crate::layer::ops::is_whiteout(&st) {
+                            blocked.insert(e.name);
+                            continue;
+                        }
+                        dtype = match st.st_mode & libc::S_IFMT {
+                            libc::S_IFDIR => libc::DT_DIR,
+                            libc::S_IFCHR => libc::DT_CHR,
+                            libc::S_IFLNK => libc::DT_LNK,
+                            libc::S_IFBLK => libc::DT_BLK,
+                            libc::S_IFIFO => libc::DT_FIFO,
+                            libc::S_IFSOCK => libc::DT_SOCK,
+                            _ => libc::DT_REG,
+                        };
+                    }
+                }
+                if seen.contains(&e.name) {
+                    // A lower entry under a higher directory of the same
+                    // name: merged, already listed. Under a higher
+                    // non-directory it is hidden (and blocked already).
+                    if dtype != libc::DT_DIR || !dirs.contains(&e.name) {
+                        blocked.insert(e.name);
+                    }
+                    continue;
+                }
+                let id = self.ids.id(*dev, e.ino);
+                if dtype == libc::DT_DIR {
+                    dirs.insert(e.name.clone());
+                } else {
+                    blocked.insert(e.name.clone());
+                }
+                seen.insert(e.name.clone());
+                out.push(DirEntry { name: e.name, kind: dtype_to_kind(dtype), id });
+            }
+        }
+        Ok(out)
+    }
+}
