@@ -1,16 +1,51 @@
-//! The path policy: a pure function of (operation, path, layer facts) →
-//! allow / deny with the rule that fired. STUB: the policy helper replaces
-//! this file's bodies; the public signatures are the contract.
+//! The path policy (DESIGN.md §4): parsing a policy file and answering pure
+//! questions about it — how a path is classed (hidden / readonly /
+//! protected), whether a symlink target stays inside the workspace, whether
+//! device nodes and setuid bits are allowed, and the upper's quota. No I/O
+//! other than `Policy::load`.
+//!
+//! Layout: `parse` (the file format), `rules` (glob matching of path rules),
+//! `symlink` (target containment), `explain` (the human report).
+//!
+//! Choices where DESIGN.md is silent, written down here:
+//! - The mount root itself is never hidden, readonly or protected; rules
+//!   apply to entries beneath it.
+//! - A trailing `/` on a pattern ("directories only" in gitignore) is
+//!   accepted and ignored: the pattern matches files of that name too.
+//! - Negation (`!pattern`) is not supported and is a parse error (write `\!`
+//!   for a name that starts with `!`); "later rules win" decides which rule
+//!   is reported when several match.
+//! - `allow-host PREFIX` adds to the list (the defaults included);
+//!   `allow-host none` clears it, later lines add again.
+//! - Quota suffixes: bytes use powers of 1024 (`10G` = 10 GiB), inodes use
+//!   powers of 1000 (`1M` = 1,000,000); suffixes are case-insensitive.
+
+mod explain;
+mod parse;
+mod rules;
+mod symlink;
 
 use std::ffi::OsStr;
 use std::fmt;
 use std::path::Path;
 
+use rules::PathRules;
+
 /// One rule of a policy file, kept for messages ("line 3: readonly skills/**").
+/// Line 0 is a built-in default.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleRef {
     pub line: usize,
     pub text: String,
+}
+
+impl RuleRef {
+    fn default_rule(text: &str) -> RuleRef {
+        RuleRef {
+            line: 0,
+            text: text.to_string(),
+        }
+    }
 }
 
 impl fmt::Display for RuleRef {
@@ -38,12 +73,14 @@ pub struct Denial {
     pub rule: RuleRef,
 }
 
+/// Upper usage limits; `None` means unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Quota {
     pub bytes: Option<u64>,
     pub inodes: Option<u64>,
 }
 
+/// A policy file that does not parse: the line and what is wrong with it.
 #[derive(Debug, Clone)]
 pub struct PolicyError {
     pub line: usize,
@@ -58,39 +95,239 @@ impl fmt::Display for PolicyError {
 
 impl std::error::Error for PolicyError {}
 
-#[derive(Debug, Clone, Default)]
-pub struct Policy {}
+/// `symlinks contained|any`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SymlinkMode {
+    Contained,
+    Any,
+}
+
+/// `devices deny|allow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeviceMode {
+    Deny,
+    Allow,
+}
+
+/// `suid strip|allow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SuidMode {
+    Strip,
+    Allow,
+}
+
+/// A setting and the rule (or default) it comes from.
+#[derive(Debug, Clone)]
+struct Setting<T> {
+    value: T,
+    rule: RuleRef,
+}
+
+impl<T> Setting<T> {
+    fn default_to(value: T, text: &str) -> Setting<T> {
+        Setting {
+            value,
+            rule: RuleRef::default_rule(text),
+        }
+    }
+}
+
+/// One `allow-host` prefix, as path components (`/` alone = no components).
+#[derive(Debug, Clone)]
+struct HostPrefix {
+    components: Vec<String>,
+}
+
+impl HostPrefix {
+    fn display(&self) -> String {
+        format!("/{}", self.components.join("/"))
+    }
+}
+
+const DEFAULT_ALLOW_HOST: [&str; 5] = ["/usr", "/bin", "/lib", "/lib64", "/opt"];
+
+/// A parsed policy. `Default` is the safe default policy of DESIGN.md §4.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    paths: PathRules,
+    symlinks: Setting<SymlinkMode>,
+    allow_host: Vec<HostPrefix>,
+    devices: Setting<DeviceMode>,
+    suid: Setting<SuidMode>,
+    quota: Quota,
+    quota_rule: Option<RuleRef>,
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        let allow_host = DEFAULT_ALLOW_HOST
+            .iter()
+            .map(|prefix| HostPrefix {
+                components: prefix[1..].split('/').map(str::to_string).collect(),
+            })
+            .collect();
+        Policy {
+            paths: PathRules::default(),
+            symlinks: Setting::default_to(SymlinkMode::Contained, "symlinks contained"),
+            allow_host,
+            devices: Setting::default_to(DeviceMode::Deny, "devices deny"),
+            suid: Setting::default_to(SuidMode::Strip, "suid strip"),
+            quota: Quota::default(),
+            quota_rule: None,
+        }
+    }
+}
 
 impl Policy {
-    pub fn parse(_text: &str) -> Result<Policy, PolicyError> {
-        Ok(Policy::default())
+    /// Parses the text of a policy file; errors name the line.
+    pub fn parse(text: &str) -> Result<Policy, PolicyError> {
+        parse::parse(text)
     }
+
+    /// Reads and parses a policy file; errors name the file and the line.
     pub fn load(path: &Path) -> Result<Policy, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read policy file {}: {e}", path.display()))?;
         Policy::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
+
+    /// Whether any hide / readonly / protect rule exists; when false,
+    /// `classify` always answers the empty class and callers may skip it.
     pub fn has_path_rules(&self) -> bool {
-        false
+        !self.paths.is_empty()
     }
-    pub fn classify(&self, _rel: &str) -> PathClass {
-        PathClass::default()
+
+    /// Classes `rel` (relative to the mount root, no leading `/`, "" = root).
+    /// A path is in a class when it or one of its ancestors matches a rule
+    /// of that class; the latest such rule in the file is reported.
+    pub fn classify(&self, rel: &str) -> PathClass {
+        let best = self.paths.best_matches(rel);
+        PathClass {
+            hidden: best.hide.map(|index| self.paths.rule(index).clone()),
+            readonly: best.readonly.map(|index| self.paths.rule(index).clone()),
+            protected: best.protect.map(|index| self.paths.rule(index).clone()),
+        }
     }
-    pub fn subtree_rule(&self, _dir_rel: &str) -> Option<RuleRef> {
-        None
+
+    /// A readonly or protect rule that could match something strictly
+    /// beneath the directory `dir_rel`, so that renaming or removing the
+    /// directory would move or drop classed content. Conservative, with one
+    /// deliberate gap: rules that match at any depth (`readonly *.lock`,
+    /// `protect **/.git`) are not reported, because such a rule still
+    /// matches the entries after their directory moves, and the per-entry
+    /// checks guard each removal.
+    pub fn subtree_rule(&self, dir_rel: &str) -> Option<RuleRef> {
+        self.paths
+            .subtree_rule(dir_rel)
+            .map(|index| self.paths.rule(index).clone())
     }
-    pub fn check_symlink(&self, _link_rel: &str, _target: &OsStr) -> Result<(), Denial> {
-        Ok(())
+
+    /// Whether a new symlink at `link_rel` may point at `target`.
+    ///
+    /// Under `symlinks contained` (the default):
+    /// - a relative target may start with `..` components, which climb from
+    ///   the link's directory and must not climb above the mount root; a
+    ///   `..` after a name is refused, because that name may itself be a
+    ///   symlink (to the root, say) and then the `..` would lead out of the
+    ///   workspace whatever the lexical path says;
+    /// - an absolute target must equal or lie beneath an `allow-host`
+    ///   prefix (component-wise: `/usr` allows `/usr/bin` but not `/usrx`)
+    ///   and must not contain `..` at all;
+    /// - an empty target is left to the filesystem (the kernel refuses it).
+    pub fn check_symlink(&self, link_rel: &str, target: &OsStr) -> Result<(), Denial> {
+        if self.symlinks.value == SymlinkMode::Any {
+            return Ok(());
+        }
+        if symlink::is_contained(link_rel, target, &self.allow_host) {
+            Ok(())
+        } else {
+            Err(Denial {
+                errno: libc::EPERM,
+                rule: self.symlinks.rule.clone(),
+            })
+        }
     }
-    pub fn devices_allowed(&self) -> Option<RuleRef> {
-        None
+
+    /// Whether block and character devices may be created (`devices`).
+    pub fn check_device(&self) -> Result<(), Denial> {
+        match self.devices.value {
+            DeviceMode::Allow => Ok(()),
+            DeviceMode::Deny => Err(Denial {
+                errno: libc::EPERM,
+                rule: self.devices.rule.clone(),
+            }),
+        }
     }
-    pub fn suid_allowed(&self) -> bool {
-        true
+
+    /// Whether setuid/setgid bits must be dropped (`suid strip`).
+    pub fn strip_suid(&self) -> bool {
+        self.suid.value == SuidMode::Strip
     }
+
+    /// The upper's usage limits (`quota`).
     pub fn quota(&self) -> Quota {
-        Quota::default()
+        self.quota
     }
+
+    /// A human report of which rules decide `rel` and the global settings;
+    /// used by `layerfs policy explain FILE PATH`.
     pub fn explain(&self, rel: &str) -> String {
-        format!("{rel}: allowed")
+        explain::explain(self, rel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_safe() {
+        let p = Policy::default();
+        assert!(!p.has_path_rules());
+        assert_eq!(p.classify("a/b"), PathClass::default());
+        assert_eq!(p.check_device().unwrap_err().errno, libc::EPERM);
+        assert_eq!(p.check_device().unwrap_err().rule.line, 0);
+        assert!(p.strip_suid());
+        assert_eq!(p.quota(), Quota::default());
+        assert!(p.check_symlink("l", OsStr::new("/usr/bin/python3")).is_ok());
+        assert!(p.check_symlink("l", OsStr::new("/etc/passwd")).is_err());
+        assert_eq!(p.subtree_rule("a"), None);
+    }
+
+    #[test]
+    fn empty_file_is_the_default() {
+        let p = Policy::parse("# nothing\n\n   \n").unwrap();
+        assert!(!p.has_path_rules());
+        assert!(p.strip_suid());
+        assert!(p.check_device().is_err());
+        assert_eq!(p.allow_host.len(), DEFAULT_ALLOW_HOST.len());
+    }
+
+    #[test]
+    fn rule_ref_display() {
+        assert_eq!(
+            RuleRef::default_rule("devices deny").to_string(),
+            "default `devices deny`"
+        );
+        let r = RuleRef {
+            line: 3,
+            text: "readonly skills/**".into(),
+        };
+        assert_eq!(r.to_string(), "line 3: `readonly skills/**`");
+    }
+
+    #[test]
+    fn load_names_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.policy");
+        std::fs::write(&file, "hide .env\nhidden x\n").unwrap();
+        let err = Policy::load(&file).unwrap_err();
+        assert!(err.contains("p.policy"), "{err}");
+        assert!(err.contains("line 2:"), "{err}");
+        let err = Policy::load(&dir.path().join("missing")).unwrap_err();
+        assert!(err.contains("missing"), "{err}");
+        std::fs::write(&file, "readonly skills/**\n").unwrap();
+        let p = Policy::load(&file).unwrap();
+        assert!(p.classify("skills/a").readonly.is_some());
     }
 }

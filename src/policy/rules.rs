@@ -1,0 +1,609 @@
+//! Path rules (`hide`, `readonly`, `protect`): gitignore-style patterns
+//! compiled into one GlobSet, matched against a path and each ancestor.
+//!
+//! Pattern semantics: a pattern without `/` (a trailing one aside) matches a
+//! name at any depth (compiled as `**/NAME`); a pattern with `/` is anchored
+//! at the mount root (a leading `/` is stripped); `*`, `?` and `[...]` do
+//! not cross `/`; `**` as a whole component crosses directories.
+
+use std::collections::HashMap;
+
+use globset::{Candidate, GlobBuilder, GlobMatcher, GlobSet, GlobSetBuilder};
+
+use super::RuleRef;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PathKind {
+    Hide,
+    Readonly,
+    Protect,
+}
+
+/// One parsed path rule, before compilation into the set.
+#[derive(Debug, Clone)]
+pub(super) struct PathRule {
+    pub kind: PathKind,
+    pub rule: RuleRef,
+    /// The glob as handed to globset (`**/NAME` for basename patterns).
+    glob: String,
+    /// How the hot path matches it.
+    shape: Shape,
+    /// Globs matching directories beneath which this rule could match
+    /// something (empty for rules that match at any depth).
+    containers: Vec<String>,
+}
+
+/// Literal patterns (the common case) skip globset on the hot path; their
+/// meaning is the same as the glob's (a unit test checks the two agree).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Shape {
+    /// `NAME` with no glob syntax: some component of the path equals it.
+    Name(String),
+    /// Anchored `A/B` with no glob syntax: the path is it or lies beneath.
+    Path(String),
+    /// Anchored `A/B/**` with a literal `A/B`: the path lies beneath `A/B`.
+    Beneath(String),
+    /// Anything else: matched by globset.
+    Glob,
+}
+
+fn shape(body: &str, anchored: bool) -> Shape {
+    if !anchored {
+        return if has_glob_meta(body) {
+            Shape::Glob
+        } else {
+            Shape::Name(body.to_string())
+        };
+    }
+    if !has_glob_meta(body) {
+        return Shape::Path(body.to_string());
+    }
+    if let Some(name) = body.strip_prefix("**/") {
+        if !name.contains('/') && !has_glob_meta(name) {
+            return Shape::Name(name.to_string());
+        }
+    }
+    match body.strip_suffix("/**") {
+        Some(base) if !has_glob_meta(base) => Shape::Beneath(base.to_string()),
+        _ => Shape::Glob,
+    }
+}
+
+/// The latest matching rule (its index) of each class.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct BestMatches {
+    pub hide: Option<usize>,
+    pub readonly: Option<usize>,
+    pub protect: Option<usize>,
+}
+
+/// All path rules of a policy, compiled. Rule index = order in the file.
+///
+/// Literal rules are looked up directly (`names`, `literals`); `set` holds
+/// two globs per other rule, `P` and `P/**`, so one match of the full path
+/// answers for the path and all its ancestors at once. `matchers` holds
+/// `P` alone for every rule, to tell (for `explain`) which ancestor matched.
+#[derive(Debug, Clone, Default)]
+pub(super) struct PathRules {
+    rules: Vec<PathRule>,
+    names: HashMap<String, Vec<usize>>,
+    literals: Vec<usize>,
+    set: GlobSet,
+    set_owner: Vec<usize>,
+    matchers: Vec<GlobMatcher>,
+    containers: GlobSet,
+    container_owner: Vec<usize>,
+}
+
+fn build_glob(glob: &str) -> Result<globset::Glob, globset::Error> {
+    GlobBuilder::new(glob)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+}
+
+/// Parses one pattern of a path rule; the error says what is wrong.
+pub(super) fn compile_rule(
+    kind: PathKind,
+    pattern: &str,
+    rule: RuleRef,
+) -> Result<PathRule, String> {
+    if pattern.starts_with('!') {
+        return Err(format!(
+            "pattern `{pattern}`: negation (`!`) is not supported; \
+             write `\\!` for a name that starts with `!`"
+        ));
+    }
+    // A trailing `/` (gitignore's "directories only") is accepted and ignored.
+    let trimmed = pattern.trim_end_matches('/');
+    let anchored = trimmed.contains('/');
+    let body = trimmed.strip_prefix('/').unwrap_or(trimmed);
+    if body.is_empty() {
+        return Err(format!(
+            "pattern `{pattern}` is empty; expected a glob relative to the mount root, e.g. `secrets/**`"
+        ));
+    }
+    let components: Vec<&str> = body.split('/').collect();
+    for component in &components {
+        match *component {
+            "" => {
+                return Err(format!(
+                    "pattern `{pattern}` has an empty path segment (`//`)"
+                ))
+            }
+            ".." => {
+                return Err(format!(
+                    "pattern `{pattern}` has a `..` segment; patterns are relative to the mount root and cannot climb out of it"
+                ))
+            }
+            "." => {
+                return Err(format!(
+                    "pattern `{pattern}` has a `.` segment, which never matches; write the path without it"
+                ))
+            }
+            _ => {}
+        }
+    }
+    let glob = if anchored {
+        body.to_string()
+    } else {
+        format!("**/{body}")
+    };
+    let shape = shape(body, anchored);
+    build_glob(&glob).map_err(|e| format!("bad glob `{pattern}`: {}", e.kind()))?;
+    let containers = if kind == PathKind::Hide || components[0] == "**" || !anchored {
+        Vec::new()
+    } else {
+        container_globs(&components)
+    };
+    Ok(PathRule {
+        kind,
+        rule,
+        glob,
+        shape,
+        containers,
+    })
+}
+
+fn has_glob_meta(component: &str) -> bool {
+    component.contains(['*', '?', '[', ']', '{', '}', '\\'])
+}
+
+/// Globs matching every directory D such that the anchored pattern could
+/// match something strictly beneath D (D itself matching the pattern is
+/// left to `best_matches`): D matches a proper prefix of the pattern's
+/// components, or lies beneath the components before a `**`.
+fn container_globs(components: &[&str]) -> Vec<String> {
+    let split_is_safe = components
+        .iter()
+        .all(|c| !c.contains(['{', '}', '[', ']']) && build_glob(c).is_ok());
+    let mut globs = Vec::new();
+    if split_is_safe {
+        let double_star = components.iter().position(|c| *c == "**");
+        let last = double_star.unwrap_or(components.len() - 1);
+        for k in 1..=last {
+            globs.push(components[..k].join("/"));
+        }
+        if let Some(j) = double_star {
+            globs.push(format!("{}/**", components[..j].join("/")));
+        }
+    } else {
+        // Classes or alternations could hide a `/`: fall back to the literal
+        // components before the first one with glob syntax, and treat
+        // anything at or beneath that literal prefix as a container.
+        let literal = components.iter().take_while(|c| !has_glob_meta(c)).count();
+        if literal == 0 {
+            globs.push("**".to_string());
+        } else {
+            for k in 1..=literal {
+                globs.push(components[..k].join("/"));
+            }
+            globs.push(format!("{}/**", components[..literal].join("/")));
+        }
+    }
+    globs
+}
+
+impl PathRules {
+    /// Compiles the rules (in file order) into one set.
+    pub(super) fn build(rules: Vec<PathRule>) -> Result<PathRules, PolicyBuildError> {
+        let mut set = GlobSetBuilder::new();
+        let mut containers = GlobSetBuilder::new();
+        let mut container_owner = Vec::new();
+        let mut matchers = Vec::new();
+        let mut names: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut literals = Vec::new();
+        let mut set_owner = Vec::new();
+        for (index, rule) in rules.iter().enumerate() {
+            let bad = |e: globset::Error| PolicyBuildError {
+                line: rule.rule.line,
+                message: format!("bad glob `{}`: {}", rule.glob, e.kind()),
+            };
+            let glob = build_glob(&rule.glob).map_err(bad)?;
+            matchers.push(glob.compile_matcher());
+            match &rule.shape {
+                Shape::Name(name) => names.entry(name.clone()).or_default().push(index),
+                Shape::Path(_) | Shape::Beneath(_) => literals.push(index),
+                Shape::Glob => {
+                    set.add(glob);
+                    set.add(build_glob(&format!("{}/**", rule.glob)).map_err(bad)?);
+                    set_owner.extend([index, index]);
+                }
+            }
+            for container in &rule.containers {
+                // A container glob that does not compile only loses a
+                // conservative answer; fall back to "any directory".
+                let glob = build_glob(container)
+                    .or_else(|_| build_glob("**"))
+                    .map_err(|e| PolicyBuildError {
+                        line: rule.rule.line,
+                        message: format!("internal glob error: {e}"),
+                    })?;
+                containers.add(glob);
+                container_owner.push(index);
+            }
+        }
+        let line = rules.last().map_or(0, |r| r.rule.line);
+        let too_big = |e: globset::Error| PolicyBuildError {
+            line,
+            message: format!("cannot compile the path rules: {e}"),
+        };
+        Ok(PathRules {
+            set: set.build().map_err(too_big)?,
+            containers: containers.build().map_err(too_big)?,
+            rules,
+            names,
+            literals,
+            set_owner,
+            matchers,
+            container_owner,
+        })
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    pub(super) fn rule(&self, index: usize) -> &RuleRef {
+        &self.rules[index].rule
+    }
+
+    /// The latest rule of each class matching `rel` or one of its ancestors.
+    pub(super) fn best_matches(&self, rel: &str) -> BestMatches {
+        let mut best = BestMatches::default();
+        if self.rules.is_empty() || rel.is_empty() {
+            return best;
+        }
+        let mut note = |rule: usize| {
+            let slot = match self.rules[rule].kind {
+                PathKind::Hide => &mut best.hide,
+                PathKind::Readonly => &mut best.readonly,
+                PathKind::Protect => &mut best.protect,
+            };
+            if slot.is_none_or(|seen| seen < rule) {
+                *slot = Some(rule);
+            }
+        };
+        if !self.names.is_empty() {
+            for component in rel.split('/') {
+                if let Some(rules) = self.names.get(component) {
+                    rules.iter().copied().for_each(&mut note);
+                }
+            }
+        }
+        for &rule in &self.literals {
+            let (base, itself) = match &self.rules[rule].shape {
+                Shape::Path(base) => (base, true),
+                Shape::Beneath(base) => (base, false),
+                _ => continue,
+            };
+            if let Some(rest) = rel.strip_prefix(base.as_str()) {
+                if (itself && rest.is_empty()) || (rest.len() > 1 && rest.starts_with('/')) {
+                    note(rule);
+                }
+            }
+        }
+        if !self.set.is_empty() {
+            let candidate = Candidate::from_bytes(rel.as_bytes());
+            for index in self.set.matches_candidate(&candidate) {
+                note(self.set_owner[index]);
+            }
+        }
+        best
+    }
+
+    /// The shortest prefix of `rel` (the path or an ancestor) that rule
+    /// `index` matches, if any.
+    pub(super) fn matched_prefix<'a>(&self, index: usize, rel: &'a str) -> Option<&'a str> {
+        let matcher = &self.matchers[index];
+        rel.match_indices('/')
+            .map(|(i, _)| &rel[..i])
+            .chain(std::iter::once(rel))
+            .find(|prefix| {
+                !prefix.is_empty()
+                    && matcher.is_match_candidate(&Candidate::from_bytes(prefix.as_bytes()))
+            })
+    }
+
+    /// The latest readonly/protect rule that could match something strictly
+    /// beneath `dir_rel` (see `Policy::subtree_rule`).
+    pub(super) fn subtree_rule(&self, dir_rel: &str) -> Option<usize> {
+        let guards = |r: &PathRule| r.kind != PathKind::Hide;
+        if dir_rel.is_empty() {
+            return self.rules.iter().rposition(guards);
+        }
+        let best = self.best_matches(dir_rel);
+        let mut latest = [best.readonly, best.protect].into_iter().flatten().max();
+        let candidate = Candidate::from_bytes(dir_rel.as_bytes());
+        for index in self.containers.matches_candidate(&candidate) {
+            let owner = self.container_owner[index];
+            if latest.is_none_or(|l| l < owner) {
+                latest = Some(owner);
+            }
+        }
+        latest
+    }
+}
+
+/// A compile error of the whole rule set (converted to `PolicyError`).
+#[derive(Debug)]
+pub(super) struct PolicyBuildError {
+    pub line: usize,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(spec: &[(PathKind, &str)]) -> PathRules {
+        let compiled = spec
+            .iter()
+            .enumerate()
+            .map(|(i, (kind, pattern))| {
+                let rule = RuleRef {
+                    line: i + 1,
+                    text: format!("{kind:?} {pattern}"),
+                };
+                compile_rule(*kind, pattern, rule).unwrap()
+            })
+            .collect();
+        PathRules::build(compiled).unwrap()
+    }
+
+    fn hidden(r: &PathRules, rel: &str) -> Option<usize> {
+        r.best_matches(rel).hide
+    }
+
+    #[test]
+    fn basename_pattern_matches_at_any_depth() {
+        let r = rules(&[(PathKind::Hide, ".env")]);
+        assert_eq!(hidden(&r, ".env"), Some(0));
+        assert_eq!(hidden(&r, "a/b/.env"), Some(0));
+        assert_eq!(hidden(&r, "a/.envx"), None);
+        assert_eq!(hidden(&r, "x.env"), None);
+        // An ancestor named `.env` hides everything beneath it.
+        assert_eq!(hidden(&r, "a/.env/key"), Some(0));
+    }
+
+    #[test]
+    fn star_does_not_cross_slash() {
+        let r = rules(&[(PathKind::Hide, "*.key"), (PathKind::Readonly, "src/*.rs")]);
+        assert_eq!(hidden(&r, "a/b/x.key"), Some(0));
+        let ro = |p: &str| r.best_matches(p).readonly;
+        assert_eq!(ro("src/main.rs"), Some(1));
+        assert_eq!(ro("src/sub/main.rs"), None);
+        assert_eq!(ro("other/src/main.rs"), None);
+    }
+
+    #[test]
+    fn anchored_pattern_and_leading_slash() {
+        let r = rules(&[(PathKind::Hide, "/secrets"), (PathKind::Hide, "a/b")]);
+        assert_eq!(hidden(&r, "secrets"), Some(0));
+        assert_eq!(hidden(&r, "secrets/a/b"), Some(0));
+        assert_eq!(hidden(&r, "x/secrets"), None);
+        assert_eq!(hidden(&r, "a/b"), Some(1));
+        assert_eq!(hidden(&r, "a/b/c"), Some(1));
+        assert_eq!(hidden(&r, "x/a/b"), None);
+        assert_eq!(hidden(&r, "a"), None);
+        assert_eq!(hidden(&r, ""), None);
+    }
+
+    #[test]
+    fn double_star() {
+        let r = rules(&[
+            (PathKind::Hide, "**/.env"),
+            (PathKind::Readonly, "skills/**"),
+            (PathKind::Protect, "a/**/z"),
+        ]);
+        assert_eq!(hidden(&r, ".env"), Some(0));
+        assert_eq!(hidden(&r, "x/y/.env"), Some(0));
+        let b = |p: &str| r.best_matches(p);
+        assert!(b("skills").readonly.is_none());
+        assert!(b("skills/a").readonly.is_some());
+        assert!(b("skills/a/b/c").readonly.is_some());
+        assert!(b("skillsx/a").readonly.is_none());
+        assert!(b("a/z").protect.is_some());
+        assert!(b("a/b/c/z").protect.is_some());
+        assert!(b("a/b/c/z/inner").protect.is_some());
+        assert!(b("a/b/c").protect.is_none());
+    }
+
+    #[test]
+    fn classes_and_alternates() {
+        let r = rules(&[
+            (PathKind::Hide, "id_[rd]sa*"),
+            (PathKind::Hide, "*.{pem,key}"),
+        ]);
+        assert_eq!(hidden(&r, "home/.ssh/id_rsa"), Some(0));
+        assert_eq!(hidden(&r, "id_dsa.pub"), Some(0));
+        assert_eq!(hidden(&r, "id_ecdsa"), None);
+        assert_eq!(hidden(&r, "tls/server.pem"), Some(1));
+        assert_eq!(hidden(&r, "tls/server.crt"), None);
+    }
+
+    #[test]
+    fn trailing_slash_is_ignored() {
+        let r = rules(&[(PathKind::Hide, "build/")]);
+        assert_eq!(hidden(&r, "x/build"), Some(0));
+        assert_eq!(hidden(&r, "x/build/out.o"), Some(0));
+    }
+
+    #[test]
+    fn later_rule_wins_and_ancestor_reported() {
+        let r = rules(&[
+            (PathKind::Readonly, "docs/**"),
+            (PathKind::Hide, "x"),
+            (PathKind::Readonly, "*.md"),
+        ]);
+        assert_eq!(r.best_matches("docs/a.md").readonly, Some(2));
+        assert_eq!(r.matched_prefix(2, "docs/a.md"), Some("docs/a.md"));
+        assert_eq!(r.best_matches("docs/sub/file").readonly, Some(0));
+        assert_eq!(r.matched_prefix(0, "docs/sub/file"), Some("docs/sub"));
+        assert_eq!(r.matched_prefix(2, "docs/sub/file"), None);
+    }
+
+    /// The literal fast path means exactly what the glob means.
+    #[test]
+    fn fast_path_agrees_with_globset() {
+        let patterns = [
+            ".env",
+            "secrets",
+            "a/b",
+            "/a",
+            "a/b/**",
+            "skills/**",
+            "a/",
+            "x.y",
+            "**/.env",
+            "*.md",
+            "a/*/c",
+            "a/**/c",
+            "a",
+            "b",
+            "c",
+        ];
+        let paths = [
+            "a",
+            "b",
+            "c",
+            "a/b",
+            "a/b/c",
+            "a/bc",
+            "ab/c",
+            "x/a",
+            "x/a/b",
+            "a/b/c/d",
+            ".env",
+            "x/.env",
+            "x/.env/y",
+            ".envx",
+            "secrets",
+            "secrets/k",
+            "x/secrets/k",
+            "skills",
+            "skills/a",
+            "skillsx/a",
+            "x.y",
+            "x/x.y/z",
+            "xx.y",
+            "r.md",
+            "a/q/c",
+            "a/q/c/d",
+        ];
+        for pattern in patterns {
+            let rule = RuleRef {
+                line: 1,
+                text: pattern.into(),
+            };
+            let compiled = compile_rule(PathKind::Hide, pattern, rule).unwrap();
+            let r = PathRules::build(vec![compiled]).unwrap();
+            for path in paths {
+                assert_eq!(
+                    r.best_matches(path).hide.is_some(),
+                    r.matched_prefix(0, path).is_some(),
+                    "pattern `{pattern}` on `{path}`"
+                );
+            }
+        }
+        let shapes = |p: &str| {
+            let rule = RuleRef {
+                line: 1,
+                text: String::new(),
+            };
+            compile_rule(PathKind::Hide, p, rule).unwrap().shape
+        };
+        assert_eq!(shapes(".env"), Shape::Name(".env".into()));
+        assert_eq!(shapes("/a/b/"), Shape::Path("a/b".into()));
+        assert_eq!(shapes("a/b/**"), Shape::Beneath("a/b".into()));
+        assert_eq!(shapes("a/*/**"), Shape::Glob);
+        assert_eq!(shapes("**/.env"), Shape::Name(".env".into()));
+        assert_eq!(shapes("**/a/b"), Shape::Glob);
+        assert_eq!(shapes("\\!x"), Shape::Glob);
+    }
+
+    #[test]
+    fn bad_patterns() {
+        let rule = RuleRef {
+            line: 1,
+            text: String::new(),
+        };
+        let err = |p: &str| compile_rule(PathKind::Hide, p, rule.clone()).unwrap_err();
+        assert!(err("a/../b").contains("`..`"));
+        assert!(err("..").contains("`..`"));
+        assert!(err("a/./b").contains("`.`"));
+        assert!(err("a//b").contains("empty path segment"));
+        assert!(err("/").contains("empty"));
+        assert!(err("!x").contains("negation"));
+        assert!(err("a[b").contains("bad glob"));
+        assert!(err("[abc").contains("bad glob"));
+        assert!(err("{a,b").contains("bad glob"));
+        assert!(compile_rule(PathKind::Hide, "\\!x", rule).is_ok());
+    }
+
+    #[test]
+    fn subtree_rules() {
+        let r = rules(&[
+            (PathKind::Readonly, "skills/**"),
+            (PathKind::Protect, "notes/*/keep"),
+            (PathKind::Readonly, "*.lock"),
+            (PathKind::Hide, "secret/**"),
+            (PathKind::Protect, "deep/a/**/b"),
+            (PathKind::Readonly, "exact/file"),
+        ]);
+        assert_eq!(r.subtree_rule("skills"), Some(0));
+        assert_eq!(r.subtree_rule("skills/sub"), Some(0));
+        assert_eq!(r.subtree_rule("skillsx"), None);
+        assert_eq!(r.subtree_rule("notes"), Some(1));
+        assert_eq!(r.subtree_rule("notes/x"), Some(1));
+        assert_eq!(r.subtree_rule("notes/x/y"), None);
+        // Basename-only rules follow the entries wherever they move.
+        assert_eq!(r.subtree_rule("vendor"), None);
+        // Hide rules never guard renames.
+        assert_eq!(r.subtree_rule("secret"), None);
+        assert_eq!(r.subtree_rule("deep"), Some(4));
+        assert_eq!(r.subtree_rule("deep/a"), Some(4));
+        assert_eq!(r.subtree_rule("deep/a/x/y"), Some(4));
+        assert_eq!(r.subtree_rule("deep/b"), None);
+        assert_eq!(r.subtree_rule("exact"), Some(5));
+        // `exact/file` itself is classed (and guarded per entry).
+        assert_eq!(r.subtree_rule("exact/file"), Some(5));
+        assert_eq!(r.subtree_rule("exact/other"), None);
+        assert_eq!(r.subtree_rule(""), Some(5));
+    }
+
+    #[test]
+    fn subtree_with_class_falls_back_to_literal_prefix() {
+        let r = rules(&[
+            (PathKind::Readonly, "a/{b,c/d}/e"),
+            (PathKind::Readonly, "{x,y}/z"),
+        ]);
+        assert_eq!(r.subtree_rule("a"), Some(1));
+        assert_eq!(r.subtree_rule("a/c"), Some(1));
+        // `{x,y}/z` has no literal prefix: every directory is a container.
+        assert_eq!(r.subtree_rule("q"), Some(1));
+        let r = rules(&[(PathKind::Readonly, "a/{b,c/d}/e")]);
+        assert_eq!(r.subtree_rule("a/c"), Some(0));
+        assert_eq!(r.subtree_rule("b"), None);
+    }
+}
