@@ -96,7 +96,7 @@ impl Overlay {
                     copy_data(&src, &dst, st.st_size as u64)?;
                 }
                 copy_xattrs(lower, &dst, fmt)?;
-                sys::fchown(&dst, Some(st.st_uid), Some(st.st_gid))?;
+                self.own(&dst, Some(st.st_uid), Some(st.st_gid))?;
                 sys::fchmod(&dst, perm)?;
                 sys::futimens(&dst, &times_of(st))?;
                 sys::fsync(&dst, false)?;
@@ -111,7 +111,7 @@ impl Overlay {
                 let t = sys::readlink_fd(lower)?;
                 sys::symlinkat(&t, work, tmp)?;
                 let fd = sys::open_path(work, tmp)?;
-                sys::fchown(&fd, Some(st.st_uid), Some(st.st_gid))?;
+                self.own(&fd, Some(st.st_uid), Some(st.st_gid))?;
                 sys::utimensat_nofollow(work, tmp, &times_of(st))?;
                 return Ok(());
             }
@@ -121,7 +121,7 @@ impl Overlay {
             }
         };
         copy_xattrs(lower, &target, fmt)?;
-        sys::fchown(&target, Some(st.st_uid), Some(st.st_gid))?;
+        self.own(&target, Some(st.st_uid), Some(st.st_gid))?;
         sys::fchmod(&target, perm)?;
         sys::futimens(&target, &times_of(st))?;
         Ok(())

@@ -139,7 +139,7 @@ impl Overlay {
                     let acc = flags & libc::O_ACCMODE;
                     let extra = flags & (libc::O_APPEND | libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME);
                     let fd = sys::open_beneath(dir, &tmp, libc::O_CREAT | libc::O_EXCL | acc | extra, mode)?;
-                    sys::fchown(&fd, Some(ctx.uid), Some(gid))?;
+                    self.own(&fd, Some(ctx.uid), Some(gid))?;
                     if mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
                         sys::fchmod(&fd, mode)?;
                     }
@@ -152,7 +152,7 @@ impl Overlay {
                     }
                     sys::mkdirat(dir, &tmp, 0o700)?;
                     let fd = sys::open_path(dir, &tmp)?;
-                    sys::fchown(&fd, Some(ctx.uid), Some(gid))?;
+                    self.own(&fd, Some(ctx.uid), Some(gid))?;
                     sys::fchmod(&fd, mode)?;
                     if slot.over_whiteout {
                         self.upper.set_opaque(&fd)?;
@@ -166,7 +166,7 @@ impl Overlay {
                     let m = fmt | self.allowed_mode(*mode & 0o7777, false);
                     sys::mknodat(dir, &tmp, m, *rdev)?;
                     let fd = sys::open_path(dir, &tmp)?;
-                    sys::fchown(&fd, Some(ctx.uid), Some(gid))?;
+                    self.own(&fd, Some(ctx.uid), Some(gid))?;
                     if m & (libc::S_ISUID | libc::S_ISGID) != 0 {
                         sys::fchmod(&fd, m & 0o7777)?;
                     }
@@ -175,7 +175,7 @@ impl Overlay {
                     self.guard_symlink(ctx, &path, target)?;
                     sys::symlinkat(target, dir, &tmp)?;
                     let fd = sys::open_path(dir, &tmp)?;
-                    sys::fchown(&fd, Some(ctx.uid), Some(gid))?;
+                    self.own(&fd, Some(ctx.uid), Some(gid))?;
                 }
                 NewKind::Link { source } => {
                     let src = self.copy_up(source)?;
@@ -398,10 +398,11 @@ impl Overlay {
         }
         // A directory cannot be renamed over a whiteout: drop the whiteout
         // first; the moved directory is sealed against the lower below.
-        if src.is_dir() && dst.is_none() {
-            if matches!(sys::fstatat(new_upper.as_ref(), newname), Ok(s) if is_whiteout(&s)) {
-                sys::unlinkat(new_upper.as_ref(), newname, false)?;
-            }
+        if src.is_dir()
+            && dst.is_none()
+            && matches!(sys::fstatat(new_upper.as_ref(), newname), Ok(s) if is_whiteout(&s))
+        {
+            sys::unlinkat(new_upper.as_ref(), newname, false)?;
         }
         let replaced_st = dst.as_ref().and_then(|d| d.upper()).and_then(|u| sys::fstat(u.as_ref()).ok());
         let whiteout_flag = if src_lower_here { sys::RENAME_WHITEOUT } else { 0 };

@@ -85,6 +85,8 @@ pub struct Overlay {
     pub quota: quota::Usage,
     pub read_only: bool,
     pub files: file::Handles,
+    /// Running as root: owners can be set, trusted xattrs written.
+    pub privileged: bool,
 }
 
 impl Overlay {
@@ -120,6 +122,7 @@ impl Overlay {
             quota,
             read_only: cfg.read_only,
             files: Default::default(),
+            privileged,
         };
         ov.init_root()?;
         if ov.quota.limited() {
@@ -166,6 +169,15 @@ impl Overlay {
 
     pub fn forget(&self, id: u64, n: u64) {
         self.inodes.forget(id, n);
+    }
+
+    /// Gives a new upper object its owner. An unprivileged daemon cannot
+    /// give files away: its objects keep the daemon's own owner.
+    pub fn own(&self, fd: &impl std::os::fd::AsFd, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
+        match sys::fchown(fd, uid, gid) {
+            Err(e) if !self.privileged && e.raw_os_error() == Some(libc::EPERM) => Ok(()),
+            r => Ok(r?),
+        }
     }
 
     pub fn check_writable(&self) -> Result<()> {
