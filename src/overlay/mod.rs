@@ -52,6 +52,28 @@ pub fn err<T>(errno: i32) -> Result<T> {
     Err(Errno(errno))
 }
 
+/// Every object the kernel holds keeps an `O_PATH` fd per layer it lives
+/// in, so a walk over a large tree needs many fds: raise the limit as far
+/// as allowed (to `fs.nr_open` as root, to the hard limit otherwise).
+fn raise_fd_limit() {
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20);
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    let want = libc::rlimit { rlim_cur: nr_open.max(lim.rlim_cur), rlim_max: nr_open.max(lim.rlim_max) };
+    // SAFETY: setrlimit reads the struct we own; failure leaves the limit as it was.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } != 0 {
+        let soft = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+        // SAFETY: as above.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &soft) };
+    }
+}
+
 /// Who asks: the caller's credentials and pid from the request.
 #[derive(Debug, Clone, Copy)]
 pub struct Ctx {
@@ -93,6 +115,7 @@ impl Overlay {
     /// Opens the layers named by the config (the message names the layer
     /// and the problem) and sets up the root object.
     pub fn new(cfg: &Config) -> std::result::Result<Overlay, String> {
+        raise_fd_limit();
         let upper_layer = Layer::open(&cfg.upper, "upper dir")?;
         let work = sys::open_root(&cfg.work).map_err(|e| format!("cannot open work dir {}: {e}", cfg.work.display()))?;
         let work_st = sys::fstat(&work).map_err(|e| format!("cannot stat work dir {}: {e}", cfg.work.display()))?;
