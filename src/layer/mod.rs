@@ -4,15 +4,19 @@
 //! `ops`, so each mutation of the upper is one logged wrapper.
 
 pub mod ops;
+pub mod real;
 pub mod sys;
 
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::path::PathBuf;
 
 /// One layer root: an `O_PATH` directory fd, its device and where it lives.
 #[derive(Debug)]
 pub struct Layer {
     pub root: OwnedFd,
+    /// A second fd of the root, shared by every `RealFd` of this layer.
+    pub mount: Arc<OwnedFd>,
     pub dev: u64,
     pub path: PathBuf,
 }
@@ -25,6 +29,8 @@ impl Layer {
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return Err(format!("{what} {} is not a directory", path.display()));
         }
-        Ok(Layer { root, dev: st.st_dev, path: path.to_path_buf() })
+        // open_by_handle_at needs a real fd (not O_PATH) on the filesystem.
+        let mount = Arc::new(sys::open_dir(&root).map_err(|e| format!("cannot open {what} {}: {e}", path.display()))?);
+        Ok(Layer { root, mount, dev: st.st_dev, path: path.to_path_buf() })
     }
 }

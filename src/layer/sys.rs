@@ -432,3 +432,49 @@ pub fn read_dir(dir: &impl AsFd) -> io::Result<Vec<DirEntry>> {
     }
     Ok(out)
 }
+
+const MAX_HANDLE_SZ: usize = 128;
+
+/// The file handle of the file behind any fd (`struct file_handle` bytes:
+/// u32 size, i32 type, then the opaque handle).
+pub fn name_to_handle(fd: &impl AsFd) -> io::Result<Box<[u8]>> {
+    let mut buf = vec![0u8; 8 + MAX_HANDLE_SZ];
+    buf[0..4].copy_from_slice(&(MAX_HANDLE_SZ as u32).to_ne_bytes());
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: buf holds a file_handle header with room for MAX_HANDLE_SZ bytes.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            fd.as_fd().as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr(),
+            &mut mount_id as *mut libc::c_int,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let size = u32::from_ne_bytes(buf[0..4].try_into().expect("4 bytes")) as usize;
+    buf.truncate(8 + size);
+    Ok(buf.into_boxed_slice())
+}
+
+/// Opens a file by handle as an `O_PATH` fd; `mount` is any fd on its filesystem.
+pub fn open_by_handle(mount: &impl AsFd, handle: &[u8]) -> io::Result<OwnedFd> {
+    let mut buf = handle.to_vec();
+    // SAFETY: buf is a complete file_handle as name_to_handle returned it.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount.as_fd().as_raw_fd(),
+            buf.as_mut_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}

@@ -28,10 +28,12 @@ impl Overlay {
     /// The real file that currently answers for an object.
     pub fn real_fd(&self, inode: &Inode) -> Result<Arc<OwnedFd>> {
         let real = inode.real.read();
-        if let Some(u) = &real.upper {
-            return Ok(u.clone());
-        }
-        real.lowers.first().map(|(_, fd)| fd.clone()).ok_or(Errno(libc::EIO))
+        let r = match &real.upper {
+            Some(u) => u.clone(),
+            None => real.lowers.first().map(|(_, fd)| fd.clone()).ok_or(Errno(libc::EIO))?,
+        };
+        drop(real);
+        Ok(r.get()?)
     }
 
     pub fn getattr(&self, id: u64) -> Result<(Stat, bool)> {

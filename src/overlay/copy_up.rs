@@ -15,6 +15,7 @@ use std::sync::Arc;
 use super::inode::Inode;
 use super::{err, Errno, Overlay, Result};
 use crate::layer::ops::Upper;
+use crate::layer::real::RealFd;
 use crate::layer::sys::{self, Stat};
 
 /// How much of a regular file to copy.
@@ -40,14 +41,14 @@ impl Overlay {
     }
 
     pub fn copy_up_with(&self, inode: &Arc<Inode>, data: Data) -> Result<Arc<OwnedFd>> {
-        if let Some(u) = inode.upper() {
+        if let Some(u) = inode.upper_fd()? {
             return Ok(u);
         }
         self.check_writable()?;
         let parent = inode.parent().ok_or(Errno(libc::EIO))?;
         let parent_upper = self.copy_up(&parent)?;
         let _guard = inode.copy_up.lock();
-        if let Some(u) = inode.upper() {
+        if let Some(u) = inode.upper_fd()? {
             return Ok(u);
         }
         let (lower_fd, name) = {
@@ -55,6 +56,7 @@ impl Overlay {
             let lower = real.lowers.first().map(|(_, fd)| fd.clone()).ok_or(Errno(libc::EIO))?;
             (lower, inode.loc.read().name.clone())
         };
+        let lower_fd = lower_fd.get()?;
         let st = sys::fstat(lower_fd.as_ref())?;
         self.quota.charge_copy_up(&st)?;
         let pst = sys::fstat(parent_upper.as_ref()).ok();
@@ -75,10 +77,11 @@ impl Overlay {
         if let Some(pst) = pst {
             let _ = sys::futimens(parent_upper.as_ref(), &times_of(&pst));
         }
-        let fd = Arc::new(sys::open_path(parent_upper.as_ref(), &name)?);
+        let real = RealFd::new(sys::open_path(parent_upper.as_ref(), &name)?, &self.upper.layer.mount);
+        let fd = real.get()?;
         let ust = sys::fstat(fd.as_ref())?;
         self.ids.alias(ust.st_dev, ust.st_ino, inode.id);
-        inode.real.write().upper = Some(fd.clone());
+        inode.real.write().upper = Some(real);
         Ok(fd)
     }
 

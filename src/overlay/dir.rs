@@ -11,6 +11,7 @@ use super::guard::{check_name, Op, Removal};
 use super::inode::{Inode, Real};
 use super::{err, Ctx, Entry, Errno, Overlay, Result};
 use crate::layer::ops::is_whiteout;
+use crate::layer::real::RealFd;
 use crate::layer::sys::{self, Stat};
 
 /// What a new object is.
@@ -71,6 +72,7 @@ impl Overlay {
             return false;
         }
         for (_, fd) in &real.lowers {
+            let Ok(fd) = fd.get() else { continue };
             match sys::fstatat(fd.as_ref(), name) {
                 Ok(s) if is_whiteout(&s) => return false,
                 Ok(_) => return true,
@@ -218,7 +220,7 @@ impl Overlay {
         }
         let lower_path = parent.real.read().lower_path.as_ref().map(|p| format!("{p}/{}", name.to_string_lossy()));
         let real = Real {
-            upper: Some(Arc::new(fd)),
+            upper: Some(RealFd::new(fd, &self.upper.layer.mount)),
             lowers: Vec::new(),
             opaque: slot.over_whiteout && is_dir(&st),
             lower_path: if is_dir(&st) { lower_path } else { None },
@@ -250,7 +252,7 @@ impl Overlay {
             return err(libc::ENOTEMPTY);
         }
         let parent_upper = self.copy_up(&parent)?;
-        let upper = victim.upper();
+        let upper = victim.upper_fd()?;
         let needs_whiteout = removal == Removal::Normal && self.lower_has(&parent, name);
         let upper_st = upper.as_ref().and_then(|u| sys::fstat(u.as_ref()).ok());
         match (&upper, needs_whiteout) {
@@ -391,7 +393,7 @@ impl Overlay {
         // Replacing a directory: its upper may only hold whiteouts.
         if let Some(d) = &dst {
             if d.is_dir() {
-                if let Some(du) = d.upper() {
+                if let Some(du) = d.upper_fd()? {
                     self.upper.clear_whiteouts(du.as_ref())?;
                 }
             }
@@ -404,7 +406,8 @@ impl Overlay {
         {
             sys::unlinkat(new_upper.as_ref(), newname, false)?;
         }
-        let replaced_st = dst.as_ref().and_then(|d| d.upper()).and_then(|u| sys::fstat(u.as_ref()).ok());
+        let replaced_st =
+            dst.as_ref().and_then(|d| d.upper_fd().ok().flatten()).and_then(|u| sys::fstat(u.as_ref()).ok());
         let whiteout_flag = if src_lower_here { sys::RENAME_WHITEOUT } else { 0 };
         match sys::renameat2(old_upper.as_ref(), name, new_upper.as_ref(), newname, whiteout_flag) {
             Ok(()) => {}

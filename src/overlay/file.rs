@@ -146,7 +146,7 @@ impl Overlay {
         let fd = match h.as_ref() {
             Handle::File(f) => {
                 if !f.on_upper.load(Ordering::Acquire) {
-                    if let Some(u) = f.inode.upper() {
+                    if let Ok(Some(u)) = f.inode.upper_fd() {
                         // The file was copied up since this handle opened.
                         if let Ok(nfd) = sys::reopen(u.as_ref(), libc::O_RDONLY) {
                             *f.fd.write() = Arc::new(nfd);
@@ -275,7 +275,7 @@ impl Overlay {
 
     pub fn fsyncdir(&self, id: u64) -> Result<()> {
         let inode = self.inode(id)?;
-        if let Some(u) = inode.upper() {
+        if let Some(u) = inode.upper_fd()? {
             let d = sys::open_dir(u.as_ref())?;
             sys::fsync(&d, false)?;
         }

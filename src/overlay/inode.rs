@@ -10,6 +10,8 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
+
+use crate::layer::real::RealFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -21,10 +23,10 @@ pub const ROOT_ID: u64 = 1;
 #[derive(Debug, Default, Clone)]
 pub struct Real {
     /// `O_PATH` fd of the upper file or directory, once there is one.
-    pub upper: Option<Arc<OwnedFd>>,
+    pub upper: Option<Arc<RealFd>>,
     /// For a non-directory: the lower file it reads from (layer index, fd).
     /// For a directory: every lower directory merged into it, topmost first.
-    pub lowers: Vec<(usize, Arc<OwnedFd>)>,
+    pub lowers: Vec<(usize, Arc<RealFd>)>,
     /// The directory hides lower entries of the same name (opaque mark).
     pub opaque: bool,
     /// For a directory: where its lower directories live, as an absolute
@@ -92,8 +94,13 @@ impl Inode {
         self.kind == libc::S_IFDIR
     }
 
-    pub fn upper(&self) -> Option<Arc<OwnedFd>> {
+    pub fn upper(&self) -> Option<Arc<RealFd>> {
         self.real.read().upper.clone()
+    }
+
+    /// The `O_PATH` fd of the upper copy, if there is one.
+    pub fn upper_fd(&self) -> std::io::Result<Option<Arc<OwnedFd>>> {
+        self.upper().map(|u| u.get()).transpose()
     }
 
     pub fn parent(&self) -> Option<Arc<Inode>> {

@@ -163,11 +163,11 @@ impl Overlay {
             for (i, l) in self.lowers.iter().enumerate() {
                 let fd = sys::open_path(&l.root, OsStr::new("."))
                     .map_err(|e| format!("cannot open {}: {e}", l.path.display()))?;
-                lowers.push((i, Arc::new(fd)));
+                lowers.push((i, crate::layer::real::RealFd::new(fd, &l.mount)));
             }
         }
         let real = inode::Real {
-            upper: Some(Arc::new(upper)),
+            upper: Some(crate::layer::real::RealFd::new(upper, &self.upper.layer.mount)),
             lowers,
             opaque,
             lower_path: Some(String::new()),

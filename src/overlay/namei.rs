@@ -11,6 +11,7 @@ use std::sync::Arc;
 use super::inode::{Inode, Real};
 use super::{err, Ctx, Entry, Errno, Overlay, Result};
 use crate::layer::ops::is_whiteout;
+use crate::layer::real::RealFd;
 use crate::layer::sys::{self, Stat};
 
 /// What a name resolves to before it becomes an inode.
@@ -50,6 +51,7 @@ impl Overlay {
         let mut st: Option<Stat> = None;
         let mut redirect: Option<String> = None;
         if let Some(u) = &preal.upper {
+            let u = u.get()?;
             match sys::fstatat(u.as_ref(), name) {
                 Ok(s) if is_whiteout(&s) => return Ok(None),
                 Ok(s) => {
@@ -58,7 +60,7 @@ impl Overlay {
                         real.opaque = self.upper.is_opaque(&fd);
                         redirect = self.upper.redirect(&fd);
                     }
-                    real.upper = Some(Arc::new(fd));
+                    real.upper = Some(RealFd::new(fd, &self.upper.layer.mount));
                     if !is_dir(&s) || real.opaque {
                         return Ok(Some(Resolved { st: s, real }));
                     }
@@ -80,6 +82,7 @@ impl Overlay {
             }
         } else {
             for (i, pfd) in &preal.lowers {
+                let pfd = pfd.get()?;
                 let s = match sys::fstatat(pfd.as_ref(), name) {
                     Ok(s) => s,
                     Err(e) if not_found(&e) => continue,
@@ -92,7 +95,7 @@ impl Overlay {
                 if !is_dir(&s) {
                     if !have_object {
                         let fd = sys::open_path(pfd.as_ref(), name)?;
-                        real.lowers.push((*i, Arc::new(fd)));
+                        real.lowers.push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
                         st = Some(s);
                     }
                     break;
@@ -103,7 +106,7 @@ impl Overlay {
                 let fd = sys::open_path(pfd.as_ref(), name)?;
                 let last = *i + 1 == self.lowers.len();
                 let opaque = !last && self.upper.is_opaque(&fd);
-                real.lowers.push((*i, Arc::new(fd)));
+                real.lowers.push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
                 if st.is_none() {
                     st = Some(s);
                 }
@@ -143,7 +146,7 @@ impl Overlay {
             }
             let last = i + 1 == self.lowers.len();
             let opaque = !last && self.upper.is_opaque(&fd);
-            real.lowers.push((i, Arc::new(fd)));
+            real.lowers.push((i, RealFd::new(fd, &l.mount)));
             if opaque {
                 break;
             }

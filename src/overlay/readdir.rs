@@ -45,10 +45,10 @@ impl Overlay {
         let mut dirs: HashSet<OsString> = HashSet::new();
         let mut layers: Vec<(u64, std::sync::Arc<std::os::fd::OwnedFd>)> = Vec::new();
         if let Some(u) = &real.upper {
-            layers.push((self.upper.layer.dev, u.clone()));
+            layers.push((self.upper.layer.dev, u.get()?));
         }
         for (i, fd) in &real.lowers {
-            layers.push((self.lowers[*i].dev, fd.clone()));
+            layers.push((self.lowers[*i].dev, fd.get()?));
         }
         for (dev, fd) in layers.iter() {
             for e in sys::read_dir(fd.as_ref())? {

@@ -1,0 +1,125 @@
+//! `RealFd`: the way the core holds on to a real file in a layer without
+//! keeping a file descriptor open for every object the kernel knows.
+//!
+//! Each real file is remembered by its file handle (`name_to_handle_at`);
+//! an `O_PATH` fd is kept in a bounded cache and reopened by handle
+//! (`open_by_handle_at`) after eviction. The process may hold only so many
+//! fds (`RLIMIT_NOFILE`), and a walk over a large tree makes the kernel
+//! hold far more objects than that. Files without a handle (filesystems
+//! that refuse them, or a daemon without `CAP_DAC_READ_SEARCH`) keep their
+//! fd pinned.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+
+use parking_lot::Mutex;
+
+use super::sys;
+
+pub struct RealFd {
+    handle: Option<Box<[u8]>>,
+    /// An fd on the layer's filesystem, for `open_by_handle_at`.
+    mount: Arc<OwnedFd>,
+    slot: Mutex<Option<Arc<OwnedFd>>>,
+}
+
+impl std::fmt::Debug for RealFd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RealFd(cached: {})", self.slot.lock().is_some())
+    }
+}
+
+struct FdCache {
+    ring: Mutex<VecDeque<Weak<RealFd>>>,
+    open: AtomicUsize,
+    limit: usize,
+}
+
+fn cache() -> &'static FdCache {
+    static CACHE: OnceLock<FdCache> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes into the struct we own.
+        let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+            lim.rlim_cur as usize
+        } else {
+            1024
+        };
+        // Leave room for open files, directory fds and the FUSE channels.
+        let limit = std::env::var("LAYERFS_FD_CACHE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or((soft / 2).max(64));
+        FdCache { ring: Mutex::new(VecDeque::new()), open: AtomicUsize::new(0), limit }
+    })
+}
+
+impl FdCache {
+    fn admit(&self, r: &Arc<RealFd>) {
+        let mut ring = self.ring.lock();
+        ring.push_back(Arc::downgrade(r));
+        let open = self.open.fetch_add(1, Ordering::AcqRel) + 1;
+        if open > self.limit {
+            let target = self.limit * 9 / 10;
+            while self.open.load(Ordering::Acquire) > target {
+                let Some(w) = ring.pop_front() else { break };
+                if let Some(victim) = w.upgrade() {
+                    if Arc::ptr_eq(&victim, r) {
+                        ring.push_back(w);
+                        continue;
+                    }
+                    if victim.slot.lock().take().is_some() {
+                        self.open.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+            }
+        }
+        // Entries of dropped or already evicted fds pile up: compact.
+        if ring.len() > 2 * self.limit.max(1024) {
+            ring.retain(|w| w.upgrade().is_some_and(|r| r.slot.lock().is_some()));
+        }
+    }
+}
+
+impl RealFd {
+    /// Wraps an `O_PATH` fd of a real file on the filesystem of `mount`.
+    pub fn new(fd: OwnedFd, mount: &Arc<OwnedFd>) -> Arc<RealFd> {
+        let handle = sys::name_to_handle(&fd).ok();
+        let evictable = handle.is_some();
+        let r = Arc::new(RealFd { handle, mount: mount.clone(), slot: Mutex::new(Some(Arc::new(fd))) });
+        if evictable {
+            cache().admit(&r);
+        }
+        r
+    }
+
+    /// The `O_PATH` fd, reopened by handle if it was evicted. ESTALE when
+    /// the file no longer exists.
+    pub fn get(self: &Arc<Self>) -> io::Result<Arc<OwnedFd>> {
+        if let Some(fd) = self.slot.lock().as_ref() {
+            return Ok(fd.clone());
+        }
+        let handle = self.handle.as_ref().ok_or_else(|| io::Error::from_raw_os_error(libc::ESTALE))?;
+        let fd = Arc::new(sys::open_by_handle(&self.mount, handle)?);
+        {
+            let mut slot = self.slot.lock();
+            if let Some(existing) = slot.as_ref() {
+                return Ok(existing.clone());
+            }
+            *slot = Some(fd.clone());
+        }
+        cache().admit(self);
+        Ok(fd)
+    }
+}
+
+impl Drop for RealFd {
+    fn drop(&mut self) {
+        if self.handle.is_some() && self.slot.get_mut().is_some() {
+            cache().open.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
