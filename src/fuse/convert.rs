@@ -49,9 +49,15 @@ pub fn attr(st: &Stat) -> FileAttr {
 /// A setattr time as utimensat(2) takes it.
 pub fn timespec(t: TimeOrNow) -> libc::timespec {
     match t {
-        TimeOrNow::Now => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        TimeOrNow::Now => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
         TimeOrNow::SpecificTime(st) => match st.duration_since(UNIX_EPOCH) {
-            Ok(d) => libc::timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 },
+            Ok(d) => libc::timespec {
+                tv_sec: d.as_secs() as i64,
+                tv_nsec: d.subsec_nanos() as i64,
+            },
             Err(e) => {
                 let d = e.duration();
                 let mut sec = -(d.as_secs() as i64);
@@ -60,7 +66,10 @@ pub fn timespec(t: TimeOrNow) -> libc::timespec {
                     sec -= 1;
                     nsec += 1_000_000_000;
                 }
-                libc::timespec { tv_sec: sec, tv_nsec: nsec }
+                libc::timespec {
+                    tv_sec: sec,
+                    tv_nsec: nsec,
+                }
             }
         },
     }

@@ -50,7 +50,11 @@ enum Mode {
 impl IoModes {
     pub fn new(root: bool) -> IoModes {
         let disabled = std::env::var_os("LAYERFS_NO_PASSTHROUGH").is_some();
-        IoModes { wanted: root && !disabled, enabled: AtomicBool::new(false), state: Mutex::new(State::default()) }
+        IoModes {
+            wanted: root && !disabled,
+            enabled: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+        }
     }
 
     pub fn passthrough_wanted(&self) -> bool {
@@ -71,7 +75,10 @@ impl IoModes {
     ) -> Mode {
         let mut st = self.state.lock();
         let cached_now = st.cached.get(&id).copied().unwrap_or(0);
-        let regular = ov.inode(id).map(|i| i.kind == libc::S_IFREG).unwrap_or(false);
+        let regular = ov
+            .inode(id)
+            .map(|i| i.kind == libc::S_IFREG)
+            .unwrap_or(false);
         if self.enabled.load(Ordering::Acquire) && o.upper && regular && cached_now == 0 {
             let existing = st.backing.get(&id).and_then(Weak::upgrade);
             let backing = match existing {
@@ -108,8 +115,12 @@ impl IoModes {
     /// Keeps the page cache when the file did not change since it was
     /// last opened (same mtime and size).
     fn cache_flags(&self, ov: &Overlay, id: u64, o: &Opened) -> FopenFlags {
-        let Ok(st) = sys::fstat(o.fd.as_ref()) else { return FopenFlags::empty() };
-        let Ok(inode) = ov.inode(id) else { return FopenFlags::empty() };
+        let Ok(st) = sys::fstat(o.fd.as_ref()) else {
+            return FopenFlags::empty();
+        };
+        let Ok(inode) = ov.inode(id) else {
+            return FopenFlags::empty();
+        };
         let now = (st.st_mtime, st.st_mtime_nsec, st.st_size as u64);
         let mut io = inode.io.lock();
         let keep = io.last_seen == Some(now);
@@ -123,18 +134,34 @@ impl IoModes {
 
     pub fn reply_open(&self, ov: &Overlay, id: u64, o: Opened, reply: ReplyOpen) {
         match self.decide(ov, id, &o, |fd| reply.open_backing(fd)) {
-            Mode::Passthrough(b) => reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), &b),
+            Mode::Passthrough(b) => {
+                reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), &b)
+            }
             Mode::Cached(flags) => reply.opened(FileHandle(o.fh), flags),
         }
     }
 
-    pub fn reply_create(&self, ov: &Overlay, e: &Entry, ttl: Duration, o: Opened, reply: ReplyCreate) {
+    pub fn reply_create(
+        &self,
+        ov: &Overlay,
+        e: &Entry,
+        ttl: Duration,
+        o: Opened,
+        reply: ReplyCreate,
+    ) {
         let attr = super::convert::attr(&e.st);
         match self.decide(ov, e.id, &o, |fd| reply.open_backing(fd)) {
-            Mode::Passthrough(b) => {
-                reply.created_passthrough(&ttl, &attr, Generation(0), FileHandle(o.fh), FopenFlags::empty(), &b)
+            Mode::Passthrough(b) => reply.created_passthrough(
+                &ttl,
+                &attr,
+                Generation(0),
+                FileHandle(o.fh),
+                FopenFlags::empty(),
+                &b,
+            ),
+            Mode::Cached(flags) => {
+                reply.created(&ttl, &attr, Generation(0), FileHandle(o.fh), flags)
             }
-            Mode::Cached(flags) => reply.created(&ttl, &attr, Generation(0), FileHandle(o.fh), flags),
         }
     }
 

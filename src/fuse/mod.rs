@@ -11,9 +11,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use fuser::{
-    CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    CopyFileRangeFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::config::Config;
@@ -56,7 +57,12 @@ pub struct LayerFs {
 }
 
 fn ctx(req: &Request, umask: u32) -> Ctx {
-    Ctx { uid: req.uid(), gid: req.gid(), pid: req.pid(), umask }
+    Ctx {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+        umask,
+    }
 }
 
 fn errno(e: crate::overlay::Errno) -> Errno {
@@ -71,7 +77,10 @@ impl LayerFs {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         Ok(LayerFs {
-            inner: Arc::new(Shared { ov, notifier: OnceLock::new() }),
+            inner: Arc::new(Shared {
+                ov,
+                notifier: OnceLock::new(),
+            }),
             lower_ttl: cfg.lower_timeout,
             upper_ttl: cfg.lower_timeout.max(Duration::from_secs(60)),
             io: io_mode::IoModes::new(root),
@@ -79,7 +88,9 @@ impl LayerFs {
     }
 
     pub fn handle(&self) -> FsHandle {
-        FsHandle { inner: self.inner.clone() }
+        FsHandle {
+            inner: self.inner.clone(),
+        }
     }
 
     fn ov(&self) -> &Overlay {
@@ -118,7 +129,8 @@ impl fuser::Filesystem for LayerFs {
         if self.io.passthrough_wanted() {
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok();
-            self.io.set_passthrough(ok && !self.ov().quota.bytes_limited());
+            self.io
+                .set_passthrough(ok && !self.ov().quota.bytes_limited());
         }
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_background(64);
@@ -179,7 +191,11 @@ impl fuser::Filesystem for LayerFs {
         };
         match self.ov().setattr(&ctx(req, 0), ino.0, &a) {
             Ok(st) => {
-                let lower = self.ov().inode(ino.0).map(|i| i.real.read().has_lower()).unwrap_or(true);
+                let lower = self
+                    .ov()
+                    .inode(ino.0)
+                    .map(|i| i.real.read().has_lower())
+                    .unwrap_or(true);
                 reply.attr(&self.ttl(lower), &convert::attr(&st))
             }
             Err(e) => reply.error(errno(e)),
@@ -203,13 +219,30 @@ impl fuser::Filesystem for LayerFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let kind = NewKind::Node { mode, rdev: rdev as u64 };
-        let r = self.ov().create_object(&ctx(req, umask), parent.0, name, kind).map(|(e, _)| e);
+        let kind = NewKind::Node {
+            mode,
+            rdev: rdev as u64,
+        };
+        let r = self
+            .ov()
+            .create_object(&ctx(req, umask), parent.0, name, kind)
+            .map(|(e, _)| e);
         self.reply_entry(r, reply)
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        let r = self.ov().create_object(&ctx(req, umask), parent.0, name, NewKind::Dir { mode }).map(|(e, _)| e);
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .ov()
+            .create_object(&ctx(req, umask), parent.0, name, NewKind::Dir { mode })
+            .map(|(e, _)| e);
         self.reply_entry(r, reply)
     }
 
@@ -227,9 +260,21 @@ impl fuser::Filesystem for LayerFs {
         }
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        let kind = NewKind::Symlink { target: target.as_os_str() };
-        let r = self.ov().create_object(&ctx(req, 0), parent.0, link_name, kind).map(|(e, _)| e);
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let kind = NewKind::Symlink {
+            target: target.as_os_str(),
+        };
+        let r = self
+            .ov()
+            .create_object(&ctx(req, 0), parent.0, link_name, kind)
+            .map(|(e, _)| e);
         self.reply_entry(r, reply)
     }
 
@@ -243,19 +288,36 @@ impl fuser::Filesystem for LayerFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self.ov().rename(&ctx(req, 0), parent.0, name, newparent.0, newname, flags.bits()) {
+        match self.ov().rename(
+            &ctx(req, 0),
+            parent.0,
+            name,
+            newparent.0,
+            newname,
+            flags.bits(),
+        ) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         }
     }
 
-    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         let source = match self.ov().inode(ino.0) {
             Ok(s) => s,
             Err(e) => return reply.error(errno(e)),
         };
         let kind = NewKind::Link { source: &source };
-        let r = self.ov().create_object(&ctx(req, 0), newparent.0, newname, kind).map(|(e, _)| e);
+        let r = self
+            .ov()
+            .create_object(&ctx(req, 0), newparent.0, newname, kind)
+            .map(|(e, _)| e);
         self.reply_entry(r, reply)
     }
 
@@ -301,7 +363,14 @@ impl fuser::Filesystem for LayerFs {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
@@ -320,7 +389,14 @@ impl fuser::Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.ov().fsync(fh.0, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -334,7 +410,14 @@ impl fuser::Filesystem for LayerFs {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let (dir, h) = match self.ov().dir_entries(fh.0) {
             Ok(x) => x,
             Err(e) => return reply.error(errno(e)),
@@ -365,7 +448,14 @@ impl fuser::Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
         let (dir, h) = match self.ov().dir_entries(fh.0) {
             Ok(x) => x,
             Err(e) => return reply.error(errno(e)),
@@ -386,7 +476,14 @@ impl fuser::Filesystem for LayerFs {
         if off == 1 {
             let pid = dir.parent().map(|p| p.id).unwrap_or(ino.0);
             if let Ok((st, _)) = self.ov().getattr(pid) {
-                if reply.add(INodeNo(pid), 2, "..", &zero, &convert::attr(&st), Generation(0)) {
+                if reply.add(
+                    INodeNo(pid),
+                    2,
+                    "..",
+                    &zero,
+                    &convert::attr(&st),
+                    Generation(0),
+                ) {
                     return reply.ok();
                 }
             }
@@ -395,7 +492,9 @@ impl fuser::Filesystem for LayerFs {
         let c = ctx(req, 0);
         for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
             // Each entry sent counts one lookup, like a LOOKUP reply.
-            let Ok(ent) = self.ov().lookup(&c, ino.0, &e.name) else { continue };
+            let Ok(ent) = self.ov().lookup(&c, ino.0, &e.name) else {
+                continue;
+            };
             let full = reply.add(
                 INodeNo(ent.id),
                 i as u64 + 3,
@@ -413,12 +512,26 @@ impl fuser::Filesystem for LayerFs {
         reply.ok();
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         self.ov().release(fh.0);
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         match self.ov().fsyncdir(ino.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -489,15 +602,38 @@ impl fuser::Filesystem for LayerFs {
         reply: ReplyCreate,
     ) {
         let c = ctx(req, umask);
-        let (entry, fd) = match self.ov().create_object(&c, parent.0, name, NewKind::File { mode, flags }) {
-            Ok((e, Some(fd))) => (e, fd),
-            Ok((_, None)) => return reply.error(Errno::EIO),
-            Err(e) => return reply.error(errno(e)),
-        };
+        let (entry, fd) =
+            match self
+                .ov()
+                .create_object(&c, parent.0, name, NewKind::File { mode, flags })
+            {
+                Ok((e, Some(fd))) => (e, fd),
+                Ok((_, None)) => return reply.error(Errno::EIO),
+                Err(e) => return reply.error(errno(e)),
+            };
         match self.ov().adopt(entry.id, fd, flags) {
-            Ok(o) => self.io.reply_create(self.ov(), &entry, self.ttl(entry.lower), o, reply),
+            Ok(o) => self
+                .io
+                .reply_create(self.ov(), &entry, self.ttl(entry.lower), o, reply),
             Err(e) => reply.error(errno(e)),
         }
+    }
+
+    /// No file ioctls are forwarded: tools probing for flags or reflinks
+    /// (`FS_IOC_GETFLAGS`, `FICLONE`) get ENOTTY and fall back, without a
+    /// log line per call.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn fallocate(
@@ -516,7 +652,15 @@ impl fuser::Filesystem for LayerFs {
         }
     }
 
-    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
         match self.ov().lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(errno(e)),
@@ -536,7 +680,10 @@ impl fuser::Filesystem for LayerFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        match self.ov().copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len) {
+        match self
+            .ov()
+            .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
+        {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
         }
@@ -558,6 +705,10 @@ pub fn session_config(cfg: &Config) -> fuser::Config {
     let mut c = fuser::Config::default();
     c.n_threads = Some(cfg.threads.max(1));
     c.clone_fd = true;
-    c.acl = if cfg.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
+    c.acl = if cfg.allow_other {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
     c
 }

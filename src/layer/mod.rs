@@ -8,8 +8,8 @@ pub mod real;
 pub mod sys;
 
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// One layer root: an `O_PATH` directory fd, its device and where it lives.
 #[derive(Debug)]
@@ -24,13 +24,23 @@ pub struct Layer {
 impl Layer {
     /// Opens a layer root; the message names the layer and the problem.
     pub fn open(path: &std::path::Path, what: &str) -> Result<Layer, String> {
-        let root = sys::open_root(path).map_err(|e| format!("cannot open {what} {}: {e}", path.display()))?;
-        let st = sys::fstat(&root).map_err(|e| format!("cannot stat {what} {}: {e}", path.display()))?;
+        let root = sys::open_root(path)
+            .map_err(|e| format!("cannot open {what} {}: {e}", path.display()))?;
+        let st =
+            sys::fstat(&root).map_err(|e| format!("cannot stat {what} {}: {e}", path.display()))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return Err(format!("{what} {} is not a directory", path.display()));
         }
         // open_by_handle_at needs a real fd (not O_PATH) on the filesystem.
-        let mount = Arc::new(sys::open_dir(&root).map_err(|e| format!("cannot open {what} {}: {e}", path.display()))?);
-        Ok(Layer { root, mount, dev: st.st_dev, path: path.to_path_buf() })
+        let mount = Arc::new(
+            sys::open_dir(&root)
+                .map_err(|e| format!("cannot open {what} {}: {e}", path.display()))?,
+        );
+        Ok(Layer {
+            root,
+            mount,
+            dev: st.st_dev,
+            path: path.to_path_buf(),
+        })
     }
 }

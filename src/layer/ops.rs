@@ -37,7 +37,11 @@ impl Upper {
         Upper {
             layer,
             work,
-            xattr_prefix: if privileged { "trusted.overlay." } else { "user.overlay." },
+            xattr_prefix: if privileged {
+                "trusted.overlay."
+            } else {
+                "user.overlay."
+            },
             whiteout_dev: true,
             tmp_seq: AtomicU64::new(0),
         }
@@ -147,7 +151,9 @@ impl Upper {
     }
 
     pub fn redirect(&self, dir: &impl std::os::fd::AsRawFd) -> Option<String> {
-        sys::getxattr(dir, &self.xattr("redirect")).ok().and_then(|v| String::from_utf8(v).ok())
+        sys::getxattr(dir, &self.xattr("redirect"))
+            .ok()
+            .and_then(|v| String::from_utf8(v).ok())
     }
 
     /// Whether an xattr name belongs to the overlay itself (never shown or

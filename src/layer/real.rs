@@ -41,7 +41,10 @@ struct FdCache {
 fn cache() -> &'static FdCache {
     static CACHE: OnceLock<FdCache> = OnceLock::new();
     CACHE.get_or_init(|| {
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
         // SAFETY: getrlimit writes into the struct we own.
         let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
             lim.rlim_cur as usize
@@ -53,7 +56,11 @@ fn cache() -> &'static FdCache {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or((soft / 2).max(64));
-        FdCache { ring: Mutex::new(VecDeque::new()), open: AtomicUsize::new(0), limit }
+        FdCache {
+            ring: Mutex::new(VecDeque::new()),
+            open: AtomicUsize::new(0),
+            limit,
+        }
     })
 }
 
@@ -89,7 +96,11 @@ impl RealFd {
     pub fn new(fd: OwnedFd, mount: &Arc<OwnedFd>) -> Arc<RealFd> {
         let handle = sys::name_to_handle(&fd).ok();
         let evictable = handle.is_some();
-        let r = Arc::new(RealFd { handle, mount: mount.clone(), slot: Mutex::new(Some(Arc::new(fd))) });
+        let r = Arc::new(RealFd {
+            handle,
+            mount: mount.clone(),
+            slot: Mutex::new(Some(Arc::new(fd))),
+        });
         if evictable {
             cache().admit(&r);
         }
@@ -102,7 +113,10 @@ impl RealFd {
         if let Some(fd) = self.slot.lock().as_ref() {
             return Ok(fd.clone());
         }
-        let handle = self.handle.as_ref().ok_or_else(|| io::Error::from_raw_os_error(libc::ESTALE))?;
+        let handle = self
+            .handle
+            .as_ref()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ESTALE))?;
         let fd = Arc::new(sys::open_by_handle(&self.mount, handle)?);
         {
             let mut slot = self.slot.lock();

@@ -36,7 +36,12 @@ pub fn proc_path(fd: &impl AsRawFd) -> CString {
 pub fn open_root(path: &Path) -> io::Result<OwnedFd> {
     let p = cstr(path.as_os_str())?;
     // SAFETY: p is a valid NUL-terminated string; the returned fd is owned below.
-    let fd = check(unsafe { libc::open(p.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) })?;
+    let fd = check(unsafe {
+        libc::open(
+            p.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    })?;
     // SAFETY: fd was just returned by open and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -60,7 +65,11 @@ pub fn open_beneath(dir: &impl AsFd, name: &OsStr, flags: i32, mode: u32) -> io:
     let n = cstr(name)?;
     let how = OpenHow {
         flags: (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u32 as u64,
-        mode: if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 { mode as u64 } else { 0 },
+        mode: if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
+            mode as u64
+        } else {
+            0
+        },
         resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
     };
     loop {
@@ -110,7 +119,14 @@ pub fn fstatat(dir: &impl AsFd, name: &OsStr) -> io::Result<Stat> {
     let n = cstr(name)?;
     let mut st = MaybeUninit::<Stat>::uninit();
     // SAFETY: n is valid; st is written by the kernel on success.
-    check(unsafe { libc::fstatat(dir.as_fd().as_raw_fd(), n.as_ptr(), st.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
+    check(unsafe {
+        libc::fstatat(
+            dir.as_fd().as_raw_fd(),
+            n.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
     // SAFETY: fstatat succeeded, so st is initialized.
     Ok(unsafe { st.assume_init() })
 }
@@ -164,7 +180,13 @@ pub fn link_fd(fd: &impl AsRawFd, dir: &impl AsFd, name: &OsStr) -> io::Result<(
     let n = cstr(name)?;
     // SAFETY: valid C strings; AT_SYMLINK_FOLLOW resolves the magic link to the inode.
     check(unsafe {
-        libc::linkat(libc::AT_FDCWD, p.as_ptr(), dir.as_fd().as_raw_fd(), n.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+        libc::linkat(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            dir.as_fd().as_raw_fd(),
+            n.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
     })
     .map(drop)
 }
@@ -173,8 +195,16 @@ pub fn linkat(odir: &impl AsFd, oname: &OsStr, ndir: &impl AsFd, nname: &OsStr) 
     let o = cstr(oname)?;
     let n = cstr(nname)?;
     // SAFETY: valid C strings; no symlink following.
-    check(unsafe { libc::linkat(odir.as_fd().as_raw_fd(), o.as_ptr(), ndir.as_fd().as_raw_fd(), n.as_ptr(), 0) })
-        .map(drop)
+    check(unsafe {
+        libc::linkat(
+            odir.as_fd().as_raw_fd(),
+            o.as_ptr(),
+            ndir.as_fd().as_raw_fd(),
+            n.as_ptr(),
+            0,
+        )
+    })
+    .map(drop)
 }
 
 pub fn unlinkat(dir: &impl AsFd, name: &OsStr, is_dir: bool) -> io::Result<()> {
@@ -188,7 +218,13 @@ pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
 pub const RENAME_WHITEOUT: u32 = 4;
 
-pub fn renameat2(odir: &impl AsFd, oname: &OsStr, ndir: &impl AsFd, nname: &OsStr, flags: u32) -> io::Result<()> {
+pub fn renameat2(
+    odir: &impl AsFd,
+    oname: &OsStr,
+    ndir: &impl AsFd,
+    nname: &OsStr,
+    flags: u32,
+) -> io::Result<()> {
     let o = cstr(oname)?;
     let n = cstr(nname)?;
     // SAFETY: valid C strings; renameat2 never follows symlinks in the last component.
@@ -210,7 +246,12 @@ pub fn readlink_fd(fd: &impl AsFd) -> io::Result<OsString> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
     // SAFETY: buf is writable for its length; the empty path names the fd (a symlink).
     let n = unsafe {
-        libc::readlinkat(fd.as_fd().as_raw_fd(), c"".as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len())
+        libc::readlinkat(
+            fd.as_fd().as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
+        )
     };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -225,7 +266,13 @@ pub fn fchown(fd: &impl AsFd, uid: Option<u32>, gid: Option<u32>) -> io::Result<
     let g = gid.unwrap_or(u32::MAX);
     // SAFETY: the empty path with AT_EMPTY_PATH names the fd itself.
     check(unsafe {
-        libc::fchownat(fd.as_fd().as_raw_fd(), c"".as_ptr(), u, g, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+        libc::fchownat(
+            fd.as_fd().as_raw_fd(),
+            c"".as_ptr(),
+            u,
+            g,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
     })
     .map(drop)
 }
@@ -245,11 +292,20 @@ pub fn futimens(fd: &impl AsRawFd, times: &[libc::timespec; 2]) -> io::Result<()
 }
 
 /// Sets times of `name` in `dir` without following a symlink.
-pub fn utimensat_nofollow(dir: &impl AsFd, name: &OsStr, times: &[libc::timespec; 2]) -> io::Result<()> {
+pub fn utimensat_nofollow(
+    dir: &impl AsFd,
+    name: &OsStr,
+    times: &[libc::timespec; 2],
+) -> io::Result<()> {
     let n = cstr(name)?;
     // SAFETY: n is valid; times points at two timespecs.
     check(unsafe {
-        libc::utimensat(dir.as_fd().as_raw_fd(), n.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+        libc::utimensat(
+            dir.as_fd().as_raw_fd(),
+            n.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
     })
     .map(drop)
 }
@@ -273,7 +329,14 @@ pub fn fsync(fd: &impl AsFd, datasync: bool) -> io::Result<()> {
 
 pub fn pread(fd: &impl AsFd, buf: &mut [u8], off: u64) -> io::Result<usize> {
     // SAFETY: buf is writable for its length.
-    let n = unsafe { libc::pread(fd.as_fd().as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), off as i64) };
+    let n = unsafe {
+        libc::pread(
+            fd.as_fd().as_raw_fd(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            off as i64,
+        )
+    };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -283,7 +346,14 @@ pub fn pread(fd: &impl AsFd, buf: &mut [u8], off: u64) -> io::Result<usize> {
 
 pub fn pwrite(fd: &impl AsFd, buf: &[u8], off: u64) -> io::Result<usize> {
     // SAFETY: buf is readable for its length.
-    let n = unsafe { libc::pwrite(fd.as_fd().as_raw_fd(), buf.as_ptr() as *const libc::c_void, buf.len(), off as i64) };
+    let n = unsafe {
+        libc::pwrite(
+            fd.as_fd().as_raw_fd(),
+            buf.as_ptr() as *const libc::c_void,
+            buf.len(),
+            off as i64,
+        )
+    };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -294,7 +364,13 @@ pub fn pwrite(fd: &impl AsFd, buf: &[u8], off: u64) -> io::Result<usize> {
 /// write(2) at the file position (for `O_APPEND` files).
 pub fn write(fd: &impl AsFd, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: buf is readable for its length.
-    let n = unsafe { libc::write(fd.as_fd().as_raw_fd(), buf.as_ptr() as *const libc::c_void, buf.len()) };
+    let n = unsafe {
+        libc::write(
+            fd.as_fd().as_raw_fd(),
+            buf.as_ptr() as *const libc::c_void,
+            buf.len(),
+        )
+    };
     if n < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -302,10 +378,23 @@ pub fn write(fd: &impl AsFd, buf: &[u8]) -> io::Result<usize> {
     }
 }
 
-pub fn copy_file_range(src: &impl AsFd, soff: &mut i64, dst: &impl AsFd, doff: &mut i64, len: usize) -> io::Result<usize> {
+pub fn copy_file_range(
+    src: &impl AsFd,
+    soff: &mut i64,
+    dst: &impl AsFd,
+    doff: &mut i64,
+    len: usize,
+) -> io::Result<usize> {
     // SAFETY: the offsets point at live i64s; the fds are owned.
     let n = unsafe {
-        libc::copy_file_range(src.as_fd().as_raw_fd(), soff, dst.as_fd().as_raw_fd(), doff, len, 0)
+        libc::copy_file_range(
+            src.as_fd().as_raw_fd(),
+            soff,
+            dst.as_fd().as_raw_fd(),
+            doff,
+            len,
+            0,
+        )
     };
     if n < 0 {
         Err(io::Error::last_os_error())
@@ -316,7 +405,8 @@ pub fn copy_file_range(src: &impl AsFd, soff: &mut i64, dst: &impl AsFd, doff: &
 
 pub fn fallocate(fd: &impl AsFd, mode: i32, off: u64, len: u64) -> io::Result<()> {
     // SAFETY: plain syscall.
-    check(unsafe { libc::fallocate(fd.as_fd().as_raw_fd(), mode, off as i64, len as i64) }).map(drop)
+    check(unsafe { libc::fallocate(fd.as_fd().as_raw_fd(), mode, off as i64, len as i64) })
+        .map(drop)
 }
 
 pub fn lseek(fd: &impl AsFd, off: i64, whence: i32) -> io::Result<i64> {
@@ -335,7 +425,14 @@ pub fn getxattr(fd: &impl AsRawFd, name: &CStr) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; 256];
     loop {
         // SAFETY: buf is writable for its length; p and name are valid.
-        let n = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+        let n = unsafe {
+            libc::getxattr(
+                p.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+            )
+        };
         if n >= 0 {
             buf.truncate(n as usize);
             return Ok(buf);
@@ -357,7 +454,13 @@ pub fn setxattr(fd: &impl AsRawFd, name: &CStr, value: &[u8], flags: i32) -> io:
     let p = proc_path(fd);
     // SAFETY: valid pointers and lengths.
     check(unsafe {
-        libc::setxattr(p.as_ptr(), name.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), flags)
+        libc::setxattr(
+            p.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr() as *const libc::c_void,
+            value.len(),
+            flags,
+        )
     })
     .map(drop)
 }
@@ -374,7 +477,9 @@ pub fn listxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; 1024];
     loop {
         // SAFETY: buf is writable for its length.
-        let n = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+        let n = unsafe {
+            libc::listxattr(p.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len())
+        };
         if n >= 0 {
             buf.truncate(n as usize);
             return Ok(buf);
@@ -422,10 +527,17 @@ pub fn read_dir(dir: &impl AsFd) -> io::Result<Vec<DirEntry>> {
             let reclen = u16::from_ne_bytes(rec[16..18].try_into().expect("2 bytes")) as usize;
             let dtype = rec[18];
             let name_bytes = &rec[19..reclen];
-            let len = name_bytes.iter().position(|&b| b == 0).unwrap_or(name_bytes.len());
+            let len = name_bytes
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(name_bytes.len());
             let name = &name_bytes[..len];
             if name != b"." && name != b".." {
-                out.push(DirEntry { name: OsStr::from_bytes(name).to_os_string(), ino, dtype });
+                out.push(DirEntry {
+                    name: OsStr::from_bytes(name).to_os_string(),
+                    ino,
+                    dtype,
+                });
             }
             off += reclen;
         }

@@ -30,7 +30,11 @@ impl Overlay {
         let real = inode.real.read();
         let r = match &real.upper {
             Some(u) => u.clone(),
-            None => real.lowers.first().map(|(_, fd)| fd.clone()).ok_or(Errno(libc::EIO))?,
+            None => real
+                .lowers
+                .first()
+                .map(|(_, fd)| fd.clone())
+                .ok_or(Errno(libc::EIO))?,
         };
         drop(real);
         Ok(r.get()?)
@@ -49,7 +53,11 @@ impl Overlay {
         self.guard_inode(ctx, Op::SetAttr, &inode)?;
         let only_truncate_to_zero =
             a.size == Some(0) && a.mode.is_none() && a.uid.is_none() && a.gid.is_none();
-        let data = if only_truncate_to_zero { Data::Empty } else { Data::All };
+        let data = if only_truncate_to_zero {
+            Data::Empty
+        } else {
+            Data::All
+        };
         let upper = self.copy_up_with(&inode, data)?;
         let is_link = inode.kind == libc::S_IFLNK;
         if a.uid.is_some() || a.gid.is_some() {
@@ -59,7 +67,10 @@ impl Overlay {
             if is_link {
                 return err(libc::EOPNOTSUPP);
             }
-            sys::fchmod(upper.as_ref(), self.allowed_mode(mode & 0o7777, inode.is_dir()))?;
+            sys::fchmod(
+                upper.as_ref(),
+                self.allowed_mode(mode & 0o7777, inode.is_dir()),
+            )?;
         }
         if let Some(size) = a.size {
             if inode.is_dir() {
@@ -69,7 +80,8 @@ impl Overlay {
             self.quota.charge_resize(before.st_size as u64, size)?;
             let done = match a.fh.and_then(|fh| self.files.writable_fd(fh)) {
                 Some(fd) => sys::ftruncate(fd.as_ref(), size),
-                None => sys::reopen(upper.as_ref(), libc::O_WRONLY).and_then(|fd| sys::ftruncate(&fd, size)),
+                None => sys::reopen(upper.as_ref(), libc::O_WRONLY)
+                    .and_then(|fd| sys::ftruncate(&fd, size)),
             };
             if let Err(e) = done {
                 self.quota.charge_resize(size, before.st_size as u64).ok();
@@ -77,7 +89,10 @@ impl Overlay {
             }
         }
         if a.atime.is_some() || a.mtime.is_some() {
-            let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
+            let omit = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            };
             let times = [a.atime.unwrap_or(omit), a.mtime.unwrap_or(omit)];
             if is_link {
                 let parent = inode.parent().ok_or(Errno(libc::EIO))?;

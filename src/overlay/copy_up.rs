@@ -29,8 +29,14 @@ pub enum Data {
 
 fn times_of(st: &Stat) -> [libc::timespec; 2] {
     [
-        libc::timespec { tv_sec: st.st_atime, tv_nsec: st.st_atime_nsec },
-        libc::timespec { tv_sec: st.st_mtime, tv_nsec: st.st_mtime_nsec },
+        libc::timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec,
+        },
+        libc::timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec,
+        },
     ]
 }
 
@@ -53,7 +59,11 @@ impl Overlay {
         }
         let (lower_fd, name) = {
             let real = inode.real.read();
-            let lower = real.lowers.first().map(|(_, fd)| fd.clone()).ok_or(Errno(libc::EIO))?;
+            let lower = real
+                .lowers
+                .first()
+                .map(|(_, fd)| fd.clone())
+                .ok_or(Errno(libc::EIO))?;
             (lower, inode.loc.read().name.clone())
         };
         let lower_fd = lower_fd.get()?;
@@ -63,8 +73,14 @@ impl Overlay {
         let tmp = self.upper.tmp_name();
         let built = self.build_copy(&lower_fd, &st, &tmp, data, inode.is_dir());
         let result = built.and_then(|_| {
-            sys::renameat2(&self.upper.work, &tmp, parent_upper.as_ref(), &name, sys::RENAME_NOREPLACE)
-                .map_err(Errno::from)
+            sys::renameat2(
+                &self.upper.work,
+                &tmp,
+                parent_upper.as_ref(),
+                &name,
+                sys::RENAME_NOREPLACE,
+            )
+            .map_err(Errno::from)
         });
         if let Err(e) = result {
             let _ = self.upper.remove_tree(&self.upper.work, &tmp);
@@ -77,7 +93,10 @@ impl Overlay {
         if let Some(pst) = pst {
             let _ = sys::futimens(parent_upper.as_ref(), &times_of(&pst));
         }
-        let real = RealFd::new(sys::open_path(parent_upper.as_ref(), &name)?, &self.upper.layer.mount);
+        let real = RealFd::new(
+            sys::open_path(parent_upper.as_ref(), &name)?,
+            &self.upper.layer.mount,
+        );
         let fd = real.get()?;
         let ust = sys::fstat(fd.as_ref())?;
         self.ids.alias(ust.st_dev, ust.st_ino, inode.id);
@@ -86,13 +105,25 @@ impl Overlay {
     }
 
     /// Builds the copy of the lower object `lower` as `tmp` in the work dir.
-    fn build_copy(&self, lower: &OwnedFd, st: &Stat, tmp: &OsStr, data: Data, is_dir: bool) -> Result<()> {
+    fn build_copy(
+        &self,
+        lower: &OwnedFd,
+        st: &Stat,
+        tmp: &OsStr,
+        data: Data,
+        is_dir: bool,
+    ) -> Result<()> {
         let work = &self.upper.work;
         let fmt = st.st_mode & libc::S_IFMT;
         let perm = st.st_mode & 0o7777;
         let target: OwnedFd = match fmt {
             libc::S_IFREG => {
-                let dst = sys::open_beneath(work, tmp, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o600)?;
+                let dst = sys::open_beneath(
+                    work,
+                    tmp,
+                    libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                    0o600,
+                )?;
                 if data == Data::All && st.st_size > 0 {
                     let src = sys::reopen(lower, libc::O_RDONLY | libc::O_NOATIME)
                         .or_else(|_| sys::reopen(lower, libc::O_RDONLY))?;
@@ -140,7 +171,15 @@ fn copy_data(src: &OwnedFd, dst: &OwnedFd, len: u64) -> Result<()> {
         match sys::copy_file_range(src, &mut soff, dst, &mut doff, want) {
             Ok(0) => break,
             Ok(_) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EXDEV) | Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EXDEV)
+                        | Some(libc::EOPNOTSUPP)
+                        | Some(libc::ENOSYS)
+                        | Some(libc::EINVAL)
+                ) =>
+            {
                 let mut buf = vec![0u8; 1 << 20];
                 loop {
                     let n = sys::pread(src, &mut buf, soff as u64)?;
@@ -176,7 +215,9 @@ pub fn copy_xattrs(src: &impl AsRawFd, dst: &(impl AsRawFd + AsFd), fmt: u32) ->
         if Upper::is_private_xattr(name) {
             continue;
         }
-        let Ok(cname) = CString::new(name) else { continue };
+        let Ok(cname) = CString::new(name) else {
+            continue;
+        };
         let value = match sys::getxattr(src, &cname) {
             Ok(v) => v,
             Err(_) => continue,

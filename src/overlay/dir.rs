@@ -61,7 +61,13 @@ impl Overlay {
                 return Ok(i);
             }
         }
-        Ok(Arc::new(Inode::new(id, kind, r.real, Some(parent.clone()), name.to_os_string())))
+        Ok(Arc::new(Inode::new(
+            id,
+            kind,
+            r.real,
+            Some(parent.clone()),
+            name.to_os_string(),
+        )))
     }
 
     /// Whether some lower layer shows `name` in the directory `parent`
@@ -82,6 +88,16 @@ impl Overlay {
         false
     }
 
+    /// May the object `obj` appear as `name` in `dir`? Only symlinks are
+    /// checked: their targets must stay contained from the new place.
+    fn guard_moved_symlink(&self, ctx: &Ctx, obj: &Inode, dir: &Inode, name: &OsStr) -> Result<()> {
+        if obj.kind != libc::S_IFLNK {
+            return Ok(());
+        }
+        let target = sys::readlink_fd(self.real_fd(obj)?.as_ref())?;
+        self.guard_symlink(ctx, &self.child_path(dir, name), &target)
+    }
+
     /// Checks that `name` is free in `parent` and prepares its upper slot.
     fn slot(&self, ctx: &Ctx, op: Op, parent: &Arc<Inode>, name: &OsStr) -> Result<Slot> {
         check_name(name)?;
@@ -93,8 +109,12 @@ impl Overlay {
             return err(libc::EEXIST);
         }
         let parent_upper = self.copy_up(parent)?;
-        let over_whiteout = matches!(sys::fstatat(parent_upper.as_ref(), name), Ok(s) if is_whiteout(&s));
-        Ok(Slot { parent_upper, over_whiteout })
+        let over_whiteout =
+            matches!(sys::fstatat(parent_upper.as_ref(), name), Ok(s) if is_whiteout(&s));
+        Ok(Slot {
+            parent_upper,
+            over_whiteout,
+        })
     }
 
     /// Creates a new object; for files also returns the open fd.
@@ -113,17 +133,30 @@ impl Overlay {
             NewKind::Symlink { .. } => Op::Symlink,
             NewKind::Link { .. } => Op::Link,
         };
-        let slot = self.slot(ctx, op, &parent, name)?;
+        // Policy checks that need no upper come first: a refused symlink,
+        // device or link must not leave copied-up parents behind.
         let path = self.child_path(&parent, name);
+        match &kind {
+            NewKind::Symlink { target } => self.guard_symlink(ctx, &path, target)?,
+            NewKind::Node { mode, .. }
+                if matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK) =>
+            {
+                self.guard_device(ctx, &path)?
+            }
+            NewKind::Link { source } => {
+                if source.is_dir() {
+                    return err(libc::EPERM);
+                }
+                self.guard_inode(ctx, Op::Link, source)?;
+                self.guard_moved_symlink(ctx, source, &parent, name)?;
+            }
+            _ => {}
+        }
+        let slot = self.slot(ctx, op, &parent, name)?;
         let pst = sys::fstat(slot.parent_upper.as_ref())?;
         let sgid_parent = pst.st_mode & libc::S_ISGID != 0;
         let gid = if sgid_parent { pst.st_gid } else { ctx.gid };
-        if let NewKind::Link { source } = &kind {
-            if source.is_dir() {
-                return err(libc::EPERM);
-            }
-            self.guard_inode(ctx, Op::Link, source)?;
-        } else {
+        if !matches!(kind, NewKind::Link { .. }) {
             self.quota.charge_inode()?;
         }
         // New objects are built at their name, or in the work dir and
@@ -139,8 +172,18 @@ impl Overlay {
                 NewKind::File { mode, flags } => {
                     let mode = self.allowed_mode(*mode & 0o7777, false);
                     let acc = flags & libc::O_ACCMODE;
-                    let extra = flags & (libc::O_APPEND | libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME);
-                    let fd = sys::open_beneath(dir, &tmp, libc::O_CREAT | libc::O_EXCL | acc | extra, mode)?;
+                    let extra = flags
+                        & (libc::O_APPEND
+                            | libc::O_DIRECT
+                            | libc::O_SYNC
+                            | libc::O_DSYNC
+                            | libc::O_NOATIME);
+                    let fd = sys::open_beneath(
+                        dir,
+                        &tmp,
+                        libc::O_CREAT | libc::O_EXCL | acc | extra,
+                        mode,
+                    )?;
                     self.own(&fd, Some(ctx.uid), Some(gid))?;
                     if mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
                         sys::fchmod(&fd, mode)?;
@@ -162,9 +205,6 @@ impl Overlay {
                 }
                 NewKind::Node { mode, rdev } => {
                     let fmt = mode & libc::S_IFMT;
-                    if fmt == libc::S_IFCHR || fmt == libc::S_IFBLK {
-                        self.guard_device(ctx, &path)?;
-                    }
                     let m = fmt | self.allowed_mode(*mode & 0o7777, false);
                     sys::mknodat(dir, &tmp, m, *rdev)?;
                     let fd = sys::open_path(dir, &tmp)?;
@@ -174,7 +214,6 @@ impl Overlay {
                     }
                 }
                 NewKind::Symlink { target } => {
-                    self.guard_symlink(ctx, &path, target)?;
                     sys::symlinkat(target, dir, &tmp)?;
                     let fd = sys::open_path(dir, &tmp)?;
                     self.own(&fd, Some(ctx.uid), Some(gid))?;
@@ -187,7 +226,13 @@ impl Overlay {
             if slot.over_whiteout {
                 let is_dir = matches!(kind, NewKind::Dir { .. });
                 let flags = if is_dir { sys::RENAME_EXCHANGE } else { 0 };
-                sys::renameat2(&self.upper.work, &tmp, slot.parent_upper.as_ref(), name, flags)?;
+                sys::renameat2(
+                    &self.upper.work,
+                    &tmp,
+                    slot.parent_upper.as_ref(),
+                    name,
+                    flags,
+                )?;
                 if is_dir {
                     // The whiteout was swapped into the work dir.
                     sys::unlinkat(&self.upper.work, &tmp, false)?;
@@ -211,14 +256,28 @@ impl Overlay {
         let st = sys::fstat(&fd)?;
         if let NewKind::Link { source } = &kind {
             let entry_st = self.fix_stat(source, st);
-            source.lookups.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            source
+                .lookups
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             // The kernel now holds one more lookup of the source.
             if self.inodes.get(source.id).is_none() {
                 return err(libc::ESTALE);
             }
-            return Ok((Entry { id: source.id, st: entry_st, lower: false }, None));
+            return Ok((
+                Entry {
+                    id: source.id,
+                    st: entry_st,
+                    lower: false,
+                },
+                None,
+            ));
         }
-        let lower_path = parent.real.read().lower_path.as_ref().map(|p| format!("{p}/{}", name.to_string_lossy()));
+        let lower_path = parent
+            .real
+            .read()
+            .lower_path
+            .as_ref()
+            .map(|p| format!("{p}/{}", name.to_string_lossy()));
         let real = Real {
             upper: Some(RealFd::new(fd, &self.upper.layer.mount)),
             lowers: Vec::new(),
@@ -256,7 +315,9 @@ impl Overlay {
         let needs_whiteout = removal == Removal::Normal && self.lower_has(&parent, name);
         let upper_st = upper.as_ref().and_then(|u| sys::fstat(u.as_ref()).ok());
         match (&upper, needs_whiteout) {
-            (Some(_), true) if want_dir => self.upper.whiteout_over_dir(parent_upper.as_ref(), name)?,
+            (Some(_), true) if want_dir => {
+                self.upper.whiteout_over_dir(parent_upper.as_ref(), name)?
+            }
             (Some(_), true) => self.upper.whiteout_over(parent_upper.as_ref(), name)?,
             (Some(_), false) if want_dir => self.upper.remove_dir(parent_upper.as_ref(), name)?,
             (Some(_), false) => sys::unlinkat(parent_upper.as_ref(), name, false)?,
@@ -328,22 +389,61 @@ impl Overlay {
         // Policy: the source leaves its place, the target name is created
         // or replaced; with exchange both do both.
         self.guard_removal(ctx, Op::Rename, &parent, name, &src)
-            .and_then(|r| if r == Removal::Normal { Ok(()) } else { err(libc::EPERM) })?;
+            .and_then(|r| {
+                if r == Removal::Normal {
+                    Ok(())
+                } else {
+                    err(libc::EPERM)
+                }
+            })?;
         self.guard_child(ctx, Op::Rename, &newparent, newname)?;
+        // A symlink's target is relative to where it stands: moving it
+        // must not let it climb out of the mount.
+        self.guard_moved_symlink(ctx, &src, &newparent, newname)?;
+        if exchange {
+            if let Some(d) = &dst {
+                self.guard_moved_symlink(ctx, d, &parent, name)?;
+            }
+        }
         if src.is_dir() && self.policy().has_path_rules() {
-            if let Some(r) = self.policy().subtree_rule(&self.child_path(&newparent, newname)) {
-                let errno = if r.text.starts_with("readonly") { libc::EROFS } else { libc::EPERM };
-                return Err(super::guard::deny(ctx, Op::Rename, &self.child_path(&newparent, newname), &r, errno));
+            if let Some(r) = self
+                .policy()
+                .subtree_rule(&self.child_path(&newparent, newname))
+            {
+                let errno = if r.text.starts_with("readonly") {
+                    libc::EROFS
+                } else {
+                    libc::EPERM
+                };
+                return Err(super::guard::deny(
+                    ctx,
+                    Op::Rename,
+                    &self.child_path(&newparent, newname),
+                    &r,
+                    errno,
+                ));
             }
         }
         if let Some(d) = &dst {
             if exchange {
                 self.guard_removal(ctx, Op::Rename, &newparent, newname, d)
-                    .and_then(|r| if r == Removal::Normal { Ok(()) } else { err(libc::EPERM) })?;
+                    .and_then(|r| {
+                        if r == Removal::Normal {
+                            Ok(())
+                        } else {
+                            err(libc::EPERM)
+                        }
+                    })?;
                 self.guard_child(ctx, Op::Rename, &parent, name)?;
-            } else if d.real.read().has_lower() {
+            } else if d.real.read().has_lower() || self.lower_has(&newparent, newname) {
                 self.guard_removal(ctx, Op::Rename, &newparent, newname, d)
-                    .and_then(|r| if r == Removal::Normal { Ok(()) } else { err(libc::EPERM) })?;
+                    .and_then(|r| {
+                        if r == Removal::Normal {
+                            Ok(())
+                        } else {
+                            err(libc::EPERM)
+                        }
+                    })?;
             }
         }
         // A directory may not move beneath itself.
@@ -377,7 +477,13 @@ impl Overlay {
         if exchange {
             let d = dst.as_ref().ok_or(Errno(libc::ENOENT))?;
             let d_upper = self.prepare_move(d, &newparent, newname)?;
-            sys::renameat2(old_upper.as_ref(), name, new_upper.as_ref(), newname, sys::RENAME_EXCHANGE)?;
+            sys::renameat2(
+                old_upper.as_ref(),
+                name,
+                new_upper.as_ref(),
+                newname,
+                sys::RENAME_EXCHANGE,
+            )?;
             // Each directory now stands where the other was: it must not
             // merge with lower entries of its new name.
             if src.is_dir() {
@@ -406,12 +512,27 @@ impl Overlay {
         {
             sys::unlinkat(new_upper.as_ref(), newname, false)?;
         }
-        let replaced_st =
-            dst.as_ref().and_then(|d| d.upper_fd().ok().flatten()).and_then(|u| sys::fstat(u.as_ref()).ok());
-        let whiteout_flag = if src_lower_here { sys::RENAME_WHITEOUT } else { 0 };
-        match sys::renameat2(old_upper.as_ref(), name, new_upper.as_ref(), newname, whiteout_flag) {
+        let replaced_st = dst
+            .as_ref()
+            .and_then(|d| d.upper_fd().ok().flatten())
+            .and_then(|u| sys::fstat(u.as_ref()).ok());
+        let whiteout_flag = if src_lower_here {
+            sys::RENAME_WHITEOUT
+        } else {
+            0
+        };
+        match sys::renameat2(
+            old_upper.as_ref(),
+            name,
+            new_upper.as_ref(),
+            newname,
+            whiteout_flag,
+        ) {
             Ok(()) => {}
-            Err(e) if whiteout_flag != 0 && matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)) => {
+            Err(e)
+                if whiteout_flag != 0
+                    && matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)) =>
+            {
                 // No RENAME_WHITEOUT here (unprivileged): rename, then mark.
                 sys::renameat2(old_upper.as_ref(), name, new_upper.as_ref(), newname, 0)?;
                 self.upper.whiteout(old_upper.as_ref(), name)?;
@@ -432,13 +553,22 @@ impl Overlay {
 
     /// Gives a rename source its upper copy; a directory with lower parts
     /// gets a redirect mark naming where they live, so they follow it.
-    fn prepare_move(&self, inode: &Arc<Inode>, _parent: &Arc<Inode>, _name: &OsStr) -> Result<Arc<OwnedFd>> {
+    fn prepare_move(
+        &self,
+        inode: &Arc<Inode>,
+        _parent: &Arc<Inode>,
+        _name: &OsStr,
+    ) -> Result<Arc<OwnedFd>> {
         let upper = self.copy_up(inode)?;
         if inode.is_dir() {
             let real = inode.real.read().clone();
             if real.has_lower() && !real.opaque && self.upper.redirect(upper.as_ref()).is_none() {
                 let path = real.lower_path.clone().ok_or(Errno(libc::EIO))?;
-                let path = if path.is_empty() { "/".to_string() } else { path };
+                let path = if path.is_empty() {
+                    "/".to_string()
+                } else {
+                    path
+                };
                 self.upper.set_redirect(upper.as_ref(), &path)?;
             }
         }
@@ -448,7 +578,12 @@ impl Overlay {
     /// After a directory moved to a name where a lower has something: if it
     /// does not carry a redirect, it must be opaque so the lower entries of
     /// its new name do not merge into it.
-    fn seal_moved_dir(&self, inode: &Inode, upper: &Arc<OwnedFd>, lower_at_target: bool) -> Result<()> {
+    fn seal_moved_dir(
+        &self,
+        inode: &Inode,
+        upper: &Arc<OwnedFd>,
+        lower_at_target: bool,
+    ) -> Result<()> {
         if !lower_at_target {
             return Ok(());
         }

@@ -30,7 +30,10 @@ pub struct FileHandle {
 
 pub enum Handle {
     File(FileHandle),
-    Dir { inode: Arc<Inode>, entries: Vec<DirEntry> },
+    Dir {
+        inode: Arc<Inode>,
+        entries: Vec<DirEntry>,
+    },
 }
 
 const SHARDS: usize = 32;
@@ -43,19 +46,28 @@ pub struct Handles {
 
 impl Default for Handles {
     fn default() -> Self {
-        Handles { next: AtomicU64::new(1), shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect() }
+        Handles {
+            next: AtomicU64::new(1),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
     }
 }
 
 impl Handles {
     fn insert(&self, h: Handle) -> u64 {
         let fh = self.next.fetch_add(1, Ordering::Relaxed);
-        self.shards[fh as usize % SHARDS].lock().insert(fh, Arc::new(h));
+        self.shards[fh as usize % SHARDS]
+            .lock()
+            .insert(fh, Arc::new(h));
         fh
     }
 
     pub fn get(&self, fh: u64) -> Result<Arc<Handle>> {
-        self.shards[fh as usize % SHARDS].lock().get(&fh).cloned().ok_or(Errno(libc::EBADF))
+        self.shards[fh as usize % SHARDS]
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or(Errno(libc::EBADF))
     }
 
     fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
@@ -85,10 +97,13 @@ fn wants_write(flags: i32) -> bool {
 
 /// Flags for opening the real file: the kernel computes append offsets
 /// itself, so the real fd is opened without `O_APPEND` (Linux pwrite on an
-/// `O_APPEND` fd ignores the offset).
+/// `O_APPEND` fd ignores the offset). `O_DIRECT` stays with the kernel too:
+/// it already sends the caller's aligned requests uncached, while the
+/// daemon's own buffers are not aligned, so an `O_DIRECT` real fd would
+/// refuse them with EINVAL. Passthrough I/O keeps the caller's `O_DIRECT`
+/// because the kernel applies the caller's flags to the backing file.
 fn real_flags(flags: i32) -> i32 {
-    flags
-        & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC | libc::O_NONBLOCK)
+    flags & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_SYNC | libc::O_DSYNC | libc::O_NONBLOCK)
 }
 
 impl Overlay {
@@ -114,7 +129,8 @@ impl Overlay {
             let fd = if upper {
                 sys::reopen(real.as_ref(), f)?
             } else {
-                sys::reopen(real.as_ref(), f | libc::O_NOATIME).or_else(|_| sys::reopen(real.as_ref(), f))?
+                sys::reopen(real.as_ref(), f | libc::O_NOATIME)
+                    .or_else(|_| sys::reopen(real.as_ref(), f))?
             };
             (fd, upper)
         };
@@ -138,7 +154,11 @@ impl Overlay {
             on_upper: true.into(),
             writable: wants_write(flags),
         }));
-        Ok(Opened { fh, upper: true, fd })
+        Ok(Opened {
+            fh,
+            upper: true,
+            fd,
+        })
     }
 
     fn file(&self, fh: u64) -> Result<(Arc<Handle>, Arc<OwnedFd>)> {
@@ -212,7 +232,10 @@ impl Overlay {
 
     pub fn fallocate(&self, fh: u64, mode: i32, off: u64, len: u64) -> Result<()> {
         let (_h, fd) = self.file(fh)?;
-        if self.quota.bytes_limited() && mode & libc::FALLOC_FL_KEEP_SIZE == 0 && mode & libc::FALLOC_FL_PUNCH_HOLE == 0 {
+        if self.quota.bytes_limited()
+            && mode & libc::FALLOC_FL_KEEP_SIZE == 0
+            && mode & libc::FALLOC_FL_PUNCH_HOLE == 0
+        {
             let size = sys::fstat(fd.as_ref())?.st_size as u64;
             if off + len > size {
                 self.quota.charge_resize(size, off + len)?;
@@ -226,7 +249,14 @@ impl Overlay {
         Ok(sys::lseek(fd.as_ref(), off, whence)?)
     }
 
-    pub fn copy_file_range(&self, fh_in: u64, off_in: u64, fh_out: u64, off_out: u64, len: u64) -> Result<u32> {
+    pub fn copy_file_range(
+        &self,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u32> {
         let (_a, src) = self.file(fh_in)?;
         let (_b, dst) = self.file(fh_out)?;
         let len = len.min(1 << 30) as usize;

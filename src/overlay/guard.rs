@@ -48,7 +48,10 @@ impl Overlay {
         if !policy.has_path_rules() {
             return false;
         }
-        policy.classify(&self.child_path(parent, name)).hidden.is_some()
+        policy
+            .classify(&self.child_path(parent, name))
+            .hidden
+            .is_some()
     }
 
     /// May `path` (an existing or new entry) be changed by `op`? Hidden
@@ -90,7 +93,14 @@ impl Overlay {
     /// May this object leave its place (unlink, rmdir, rename away)? A
     /// protected entry that comes from a lower may not; a directory holding
     /// read-only or protected entries may not move as a whole.
-    pub fn guard_removal(&self, ctx: &Ctx, op: Op, parent: &Inode, name: &OsStr, victim: &Inode) -> Result<Removal> {
+    pub fn guard_removal(
+        &self,
+        ctx: &Ctx,
+        op: Op,
+        parent: &Inode,
+        name: &OsStr,
+        victim: &Inode,
+    ) -> Result<Removal> {
         self.guard_child(ctx, op, parent, name)?;
         let policy = self.policy();
         if !policy.has_path_rules() {
@@ -98,7 +108,9 @@ impl Overlay {
         }
         let path = self.child_path(parent, name);
         let c = policy.classify(&path);
-        let has_lower = victim.real.read().has_lower();
+        // Ask the parent's lowers, not the victim: an object resolved from
+        // its upper copy does not record the lower it shadows.
+        let has_lower = victim.real.read().has_lower() || self.lower_has(parent, name);
         if let Some(r) = c.protected {
             if has_lower {
                 if !victim.is_dir() && victim.upper().is_some() && matches!(op, Op::Unlink) {
@@ -109,8 +121,15 @@ impl Overlay {
         }
         if victim.is_dir() {
             if let Some(r) = policy.subtree_rule(&path) {
-                let errno = if r.text.starts_with("readonly") { libc::EROFS } else { libc::EPERM };
-                return Err(deny(ctx, op, &path, &r, errno));
+                // Protection is about shared entries: a directory with no
+                // lower part holds only the user's own, which may go.
+                let readonly = r.text.starts_with("readonly");
+                if readonly {
+                    return Err(deny(ctx, op, &path, &r, libc::EROFS));
+                }
+                if has_lower {
+                    return Err(deny(ctx, op, &path, &r, libc::EPERM));
+                }
             }
         }
         Ok(Removal::Normal)
@@ -125,7 +144,9 @@ impl Overlay {
 
     /// May a device node be created at `path`?
     pub fn guard_device(&self, ctx: &Ctx, path: &str) -> Result<()> {
-        self.policy().check_device().map_err(|d| deny(ctx, Op::Mknod, path, &d.rule, d.errno))
+        self.policy()
+            .check_device()
+            .map_err(|d| deny(ctx, Op::Mknod, path, &d.rule, d.errno))
     }
 
     /// The mode bits that may stick under the policy (`suid strip`).

@@ -78,7 +78,13 @@ pub struct IoState {
 }
 
 impl Inode {
-    pub fn new(id: u64, kind: u32, real: Real, parent: Option<Arc<Inode>>, name: OsString) -> Inode {
+    pub fn new(
+        id: u64,
+        kind: u32,
+        real: Real,
+        parent: Option<Arc<Inode>>,
+        name: OsString,
+    ) -> Inode {
         Inode {
             id,
             kind,
@@ -117,7 +123,9 @@ pub struct InodeTable {
 
 impl Default for InodeTable {
     fn default() -> Self {
-        InodeTable { shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect() }
+        InodeTable {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+        }
     }
 }
 
@@ -134,7 +142,12 @@ impl InodeTable {
     /// Returns the inode for `id`, inserting `make()` if absent or if the
     /// present one has another type (the id was reused by a new file), and
     /// counts one kernel lookup on it.
-    pub fn get_or_insert(&self, id: u64, kind: u32, make: impl FnOnce() -> Inode) -> (Arc<Inode>, bool) {
+    pub fn get_or_insert(
+        &self,
+        id: u64,
+        kind: u32,
+        make: impl FnOnce() -> Inode,
+    ) -> (Arc<Inode>, bool) {
         let mut map = self.shard(id).write();
         if let Some(i) = map.get(&id) {
             if i.kind == kind {
@@ -160,7 +173,9 @@ impl InodeTable {
         }
         let mut map = self.shard(id).write();
         if let Some(i) = map.get(&id) {
-            let prev = i.lookups.fetch_sub(n.min(i.lookups.load(Ordering::Acquire)), Ordering::AcqRel);
+            let prev = i
+                .lookups
+                .fetch_sub(n.min(i.lookups.load(Ordering::Acquire)), Ordering::AcqRel);
             if prev <= n {
                 map.remove(&id);
             }

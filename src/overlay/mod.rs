@@ -60,15 +60,24 @@ fn raise_fd_limit() {
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(1 << 20);
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit writes into the struct we own.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return;
     }
-    let want = libc::rlimit { rlim_cur: nr_open.max(lim.rlim_cur), rlim_max: nr_open.max(lim.rlim_max) };
+    let want = libc::rlimit {
+        rlim_cur: nr_open.max(lim.rlim_cur),
+        rlim_max: nr_open.max(lim.rlim_max),
+    };
     // SAFETY: setrlimit reads the struct we own; failure leaves the limit as it was.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } != 0 {
-        let soft = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+        let soft = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
         // SAFETY: as above.
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &soft) };
     }
@@ -85,7 +94,12 @@ pub struct Ctx {
 
 impl Ctx {
     pub fn root() -> Ctx {
-        Ctx { uid: 0, gid: 0, pid: 0, umask: 0o022 }
+        Ctx {
+            uid: 0,
+            gid: 0,
+            pid: 0,
+            umask: 0o022,
+        }
     }
 }
 
@@ -117,8 +131,10 @@ impl Overlay {
     pub fn new(cfg: &Config) -> std::result::Result<Overlay, String> {
         raise_fd_limit();
         let upper_layer = Layer::open(&cfg.upper, "upper dir")?;
-        let work = sys::open_root(&cfg.work).map_err(|e| format!("cannot open work dir {}: {e}", cfg.work.display()))?;
-        let work_st = sys::fstat(&work).map_err(|e| format!("cannot stat work dir {}: {e}", cfg.work.display()))?;
+        let work = sys::open_root(&cfg.work)
+            .map_err(|e| format!("cannot open work dir {}: {e}", cfg.work.display()))?;
+        let work_st = sys::fstat(&work)
+            .map_err(|e| format!("cannot stat work dir {}: {e}", cfg.work.display()))?;
         if work_st.st_dev != upper_layer.dev {
             return Err(format!(
                 "work dir {} is not on the same filesystem as upper dir {}",
@@ -133,7 +149,9 @@ impl Overlay {
         // SAFETY: geteuid has no preconditions.
         let privileged = unsafe { libc::geteuid() } == 0;
         let upper = Upper::new(upper_layer, work, privileged);
-        upper.clean_work().map_err(|e| format!("cannot clean work dir {}: {e}", cfg.work.display()))?;
+        upper
+            .clean_work()
+            .map_err(|e| format!("cannot clean work dir {}: {e}", cfg.work.display()))?;
         let policy = Arc::new(cfg.policy.clone());
         let quota = quota::Usage::new(policy.quota());
         let ov = Overlay {
@@ -149,7 +167,9 @@ impl Overlay {
         };
         ov.init_root()?;
         if ov.quota.limited() {
-            ov.quota.scan(&ov.upper).map_err(|e| format!("cannot measure upper usage: {e}"))?;
+            ov.quota
+                .scan(&ov.upper)
+                .map_err(|e| format!("cannot measure upper usage: {e}"))?;
         }
         Ok(ov)
     }
@@ -167,12 +187,21 @@ impl Overlay {
             }
         }
         let real = inode::Real {
-            upper: Some(crate::layer::real::RealFd::new(upper, &self.upper.layer.mount)),
+            upper: Some(crate::layer::real::RealFd::new(
+                upper,
+                &self.upper.layer.mount,
+            )),
             lowers,
             opaque,
             lower_path: Some(String::new()),
         };
-        self.inodes.insert_root(Inode::new(ROOT_ID, libc::S_IFDIR, real, None, Default::default()));
+        self.inodes.insert_root(Inode::new(
+            ROOT_ID,
+            libc::S_IFDIR,
+            real,
+            None,
+            Default::default(),
+        ));
         Ok(())
     }
 
@@ -196,7 +225,12 @@ impl Overlay {
 
     /// Gives a new upper object its owner. An unprivileged daemon cannot
     /// give files away: its objects keep the daemon's own owner.
-    pub fn own(&self, fd: &impl std::os::fd::AsFd, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
+    pub fn own(
+        &self,
+        fd: &impl std::os::fd::AsFd,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<()> {
         match sys::fchown(fd, uid, gid) {
             Err(e) if !self.privileged && e.raw_os_error() == Some(libc::EPERM) => Ok(()),
             r => Ok(r?),

@@ -74,7 +74,10 @@ impl Overlay {
         let lower_path = match &redirect {
             Some(r) if r.starts_with('/') => Some(r.clone()),
             Some(r) => preal.lower_path.as_ref().map(|p| format!("{p}/{r}")),
-            None => preal.lower_path.as_ref().map(|p| format!("{p}/{}", name.to_string_lossy())),
+            None => preal
+                .lower_path
+                .as_ref()
+                .map(|p| format!("{p}/{}", name.to_string_lossy())),
         };
         if redirect.is_some() {
             if let Some(path) = &lower_path {
@@ -95,7 +98,8 @@ impl Overlay {
                 if !is_dir(&s) {
                     if !have_object {
                         let fd = sys::open_path(pfd.as_ref(), name)?;
-                        real.lowers.push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
+                        real.lowers
+                            .push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
                         st = Some(s);
                     }
                     break;
@@ -106,7 +110,8 @@ impl Overlay {
                 let fd = sys::open_path(pfd.as_ref(), name)?;
                 let last = *i + 1 == self.lowers.len();
                 let opaque = !last && self.upper.is_opaque(&fd);
-                real.lowers.push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
+                real.lowers
+                    .push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
                 if st.is_none() {
                     st = Some(s);
                 }
@@ -161,7 +166,13 @@ impl Overlay {
         let lower = r.real.has_lower();
         let mut pending = Some(r.real);
         let (inode, fresh) = self.inodes.get_or_insert(id, kind, || {
-            Inode::new(id, kind, pending.take().unwrap_or_default(), Some(parent.clone()), name.to_os_string())
+            Inode::new(
+                id,
+                kind,
+                pending.take().unwrap_or_default(),
+                Some(parent.clone()),
+                name.to_os_string(),
+            )
         });
         if !fresh {
             if let Some(mut real) = pending {

@@ -20,7 +20,11 @@ pub struct Usage {
 
 impl Usage {
     pub fn new(limits: Quota) -> Usage {
-        Usage { limits: RwLock::new(limits), bytes: AtomicI64::new(0), inodes: AtomicI64::new(0) }
+        Usage {
+            limits: RwLock::new(limits),
+            bytes: AtomicI64::new(0),
+            inodes: AtomicI64::new(0),
+        }
     }
 
     pub fn set_limits(&self, q: Quota) {
@@ -40,7 +44,10 @@ impl Usage {
     pub fn scan(&self, upper: &Upper) -> std::io::Result<()> {
         let mut bytes = 0i64;
         let mut inodes = 0i64;
-        let mut stack = vec![sys::open_path(&upper.layer.root, std::ffi::OsStr::new("."))?];
+        let mut stack = vec![sys::open_path(
+            &upper.layer.root,
+            std::ffi::OsStr::new("."),
+        )?];
         while let Some(dir) = stack.pop() {
             for e in sys::read_dir(&dir)? {
                 let st = sys::fstatat(&dir, &e.name)?;

@@ -89,7 +89,11 @@ impl Overlay {
                     blocked.insert(e.name.clone());
                 }
                 seen.insert(e.name.clone());
-                out.push(DirEntry { name: e.name, kind: dtype_to_kind(dtype), id });
+                out.push(DirEntry {
+                    name: e.name,
+                    kind: dtype_to_kind(dtype),
+                    id,
+                });
             }
         }
         Ok(out)

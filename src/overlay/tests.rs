@@ -41,13 +41,22 @@ fn env(populate: impl FnOnce(&Path, &Path)) -> Env {
         log_file: None,
     };
     let ov = Overlay::new(&cfg).unwrap();
-    Env { _dir: dir, lower, upper, ov }
+    Env {
+        _dir: dir,
+        lower,
+        upper,
+        ov,
+    }
 }
 
 fn names(ov: &Overlay, id: u64) -> Vec<String> {
     let inode = ov.inode(id).unwrap();
-    let mut v: Vec<String> =
-        ov.merged_entries(&inode).unwrap().into_iter().map(|e| e.name.to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> = ov
+        .merged_entries(&inode)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name.to_string_lossy().into_owned())
+        .collect();
     v.sort();
     v
 }
@@ -72,7 +81,10 @@ fn upper_wins_and_whiteouts_hide_lower_entries() {
     });
     let a = lookup(&e.ov, ROOT_ID, "a").unwrap();
     assert_eq!(a.st.st_size, 6);
-    assert_eq!(lookup(&e.ov, ROOT_ID, "b").unwrap_err(), Errno(libc::ENOENT));
+    assert_eq!(
+        lookup(&e.ov, ROOT_ID, "b").unwrap_err(),
+        Errno(libc::ENOENT)
+    );
     assert_eq!(names(&e.ov, ROOT_ID), vec!["a"]);
 }
 
@@ -129,8 +141,16 @@ fn copy_up_keeps_data_mode_xattrs_and_node_id() {
     assert_eq!(again.id, f.id);
     assert_eq!(again.st.st_ino, f.st.st_ino);
     // The work dir holds nothing afterwards.
-    assert_eq!(fs::read_dir(e.upper.parent().unwrap().join("work")).unwrap().count(), 0);
-    assert_eq!(fs::read_to_string(e.lower.join("f")).unwrap(), "shared content");
+    assert_eq!(
+        fs::read_dir(e.upper.parent().unwrap().join("work"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert_eq!(
+        fs::read_to_string(e.lower.join("f")).unwrap(),
+        "shared content"
+    );
 }
 
 #[test]
@@ -146,15 +166,28 @@ fn unlink_of_a_lower_file_leaves_a_whiteout_and_rmdir_checks_merged_emptiness() 
     assert!(wh.file_type().is_char_device());
     assert_eq!(wh.rdev(), 0);
     assert!(e.lower.join("f").exists());
-    assert_eq!(e.ov.rmdir(&c, ROOT_ID, OsStr::new("d")).unwrap_err(), Errno(libc::ENOTEMPTY));
+    assert_eq!(
+        e.ov.rmdir(&c, ROOT_ID, OsStr::new("d")).unwrap_err(),
+        Errno(libc::ENOTEMPTY)
+    );
     let d = lookup(&e.ov, ROOT_ID, "d").unwrap();
     e.ov.unlink(&c, d.id, OsStr::new("inner")).unwrap();
     e.ov.rmdir(&c, ROOT_ID, OsStr::new("d")).unwrap();
-    assert_eq!(lookup(&e.ov, ROOT_ID, "d").unwrap_err(), Errno(libc::ENOENT));
+    assert_eq!(
+        lookup(&e.ov, ROOT_ID, "d").unwrap_err(),
+        Errno(libc::ENOENT)
+    );
     // mkdir over the whiteout gives an empty, opaque directory.
-    let (nd, _) = e.ov.create_object(&c, ROOT_ID, OsStr::new("d"), NewKind::Dir { mode: 0o755 }).unwrap();
+    let (nd, _) =
+        e.ov.create_object(&c, ROOT_ID, OsStr::new("d"), NewKind::Dir { mode: 0o755 })
+            .unwrap();
     assert!(names(&e.ov, nd.id).is_empty());
-    assert_eq!(::xattr::get(e.upper.join("d"), "trusted.overlay.opaque").unwrap().unwrap(), b"y");
+    assert_eq!(
+        ::xattr::get(e.upper.join("d"), "trusted.overlay.opaque")
+            .unwrap()
+            .unwrap(),
+        b"y"
+    );
 }
 
 #[test]
@@ -165,19 +198,39 @@ fn renamed_lower_directory_keeps_its_content_through_a_redirect() {
     });
     let c = Ctx::root();
     lookup(&e.ov, ROOT_ID, "src").unwrap();
-    e.ov.rename(&c, ROOT_ID, OsStr::new("src"), ROOT_ID, OsStr::new("dst"), 0).unwrap();
-    assert_eq!(lookup(&e.ov, ROOT_ID, "src").unwrap_err(), Errno(libc::ENOENT));
+    e.ov.rename(
+        &c,
+        ROOT_ID,
+        OsStr::new("src"),
+        ROOT_ID,
+        OsStr::new("dst"),
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        lookup(&e.ov, ROOT_ID, "src").unwrap_err(),
+        Errno(libc::ENOENT)
+    );
     let dst = lookup(&e.ov, ROOT_ID, "dst").unwrap();
     let sub = lookup(&e.ov, dst.id, "sub").unwrap();
     assert_eq!(names(&e.ov, sub.id), vec!["file"]);
-    assert_eq!(::xattr::get(e.upper.join("dst"), "trusted.overlay.redirect").unwrap().unwrap(), b"/src");
+    assert_eq!(
+        ::xattr::get(e.upper.join("dst"), "trusted.overlay.redirect")
+            .unwrap()
+            .unwrap(),
+        b"/src"
+    );
     assert!(e.lower.join("src/sub/file").exists());
 }
 
 #[test]
 fn names_that_are_not_one_component_are_rejected() {
     for bad in ["", ".", "..", "a/b"] {
-        assert_eq!(guard::check_name(OsStr::new(bad)).unwrap_err(), Errno(libc::EINVAL), "{bad:?}");
+        assert_eq!(
+            guard::check_name(OsStr::new(bad)).unwrap_err(),
+            Errno(libc::EINVAL),
+            "{bad:?}"
+        );
     }
     assert!(guard::check_name(OsStr::new("ok.txt")).is_ok());
 }
@@ -193,11 +246,26 @@ fn rename_noreplace_and_exchange_across_layers() {
     lookup(&e.ov, ROOT_ID, "b").unwrap();
     let noreplace = crate::layer::sys::RENAME_NOREPLACE;
     assert_eq!(
-        e.ov.rename(&c, ROOT_ID, OsStr::new("a"), ROOT_ID, OsStr::new("b"), noreplace).unwrap_err(),
+        e.ov.rename(
+            &c,
+            ROOT_ID,
+            OsStr::new("a"),
+            ROOT_ID,
+            OsStr::new("b"),
+            noreplace
+        )
+        .unwrap_err(),
         Errno(libc::EEXIST)
     );
-    e.ov.rename(&c, ROOT_ID, OsStr::new("a"), ROOT_ID, OsStr::new("b"), crate::layer::sys::RENAME_EXCHANGE)
-        .unwrap();
+    e.ov.rename(
+        &c,
+        ROOT_ID,
+        OsStr::new("a"),
+        ROOT_ID,
+        OsStr::new("b"),
+        crate::layer::sys::RENAME_EXCHANGE,
+    )
+    .unwrap();
     assert_eq!(fs::read_to_string(e.upper.join("a")).unwrap(), "B");
     assert_eq!(fs::read_to_string(e.upper.join("b")).unwrap(), "A");
 }

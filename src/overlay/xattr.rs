@@ -46,7 +46,14 @@ impl Overlay {
         Ok(out)
     }
 
-    pub fn setxattr(&self, ctx: &Ctx, id: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    pub fn setxattr(
+        &self,
+        ctx: &Ctx,
+        id: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
         if Upper::is_private_xattr(name.as_bytes()) {
             return err(libc::EPERM);
         }
@@ -56,7 +63,12 @@ impl Overlay {
             return err(libc::EPERM);
         }
         let upper = self.copy_up(&inode)?;
-        Ok(sys::setxattr(upper.as_ref(), &name_of(name)?, value, flags)?)
+        Ok(sys::setxattr(
+            upper.as_ref(),
+            &name_of(name)?,
+            value,
+            flags,
+        )?)
     }
 
     pub fn removexattr(&self, ctx: &Ctx, id: u64, name: &OsStr) -> Result<()> {
