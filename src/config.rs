@@ -1,9 +1,21 @@
 //! Validated mount configuration: what `layerfs mount` (long options or the
 //! kernel-overlay style `-o lowerdir=…,upperdir=…,workdir=…`) resolves to.
+//!
+//! This file owns turning raw command-line values into a `Config`: option
+//! parsing (`-o`, durations), path canonicalization and every check that
+//! must pass before anything is mounted (layers nest wrongly, work dir on
+//! another filesystem, mountpoint busy, `/dev/fuse` missing, bad policy).
+//! A stale layerfs mount left on the mountpoint by a crashed daemon is
+//! detached here so the new mount can take its place.
 
-use std::path::PathBuf;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
+use crate::daemon::mounts;
 use crate::policy::Policy;
 
 /// Everything the daemon and the overlay core need to serve one mount.
@@ -28,4 +40,559 @@ pub struct Config {
     /// before asking again: changes made to a lower from outside show up
     /// through the mount within this time.
     pub lower_timeout: Duration,
+    /// Where the daemon logs (`--log-file`); `None` = stderr (foreground)
+    /// or nowhere (background).
+    pub log_file: Option<PathBuf>,
+}
+
+/// Default for `--lower-timeout`.
+pub const DEFAULT_LOWER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why a mount configuration was refused. `Usage` means the command line
+/// itself is wrong (exit 2); `Invalid` means the system state is (exit 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    Usage(String),
+    Invalid(String),
+}
+
+impl ConfigError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ConfigError::Usage(_) => 2,
+            ConfigError::Invalid(_) => 1,
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Usage(m) | ConfigError::Invalid(m) => f.write_str(m),
+        }
+    }
+}
+
+fn usage(msg: impl Into<String>) -> ConfigError {
+    ConfigError::Usage(msg.into())
+}
+
+fn invalid(msg: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid(msg.into())
+}
+
+/// Raw values of `layerfs mount`, before any check.
+#[derive(Debug, Clone, Default)]
+pub struct MountArgs {
+    pub lowers: Vec<PathBuf>,
+    pub upper: Option<PathBuf>,
+    pub work: Option<PathBuf>,
+    pub mountpoint: PathBuf,
+    pub foreground: bool,
+    pub allow_other: bool,
+    pub read_only: bool,
+    pub policy_file: Option<PathBuf>,
+    pub threads: Option<usize>,
+    pub lower_timeout: Option<Duration>,
+    pub log_file: Option<PathBuf>,
+    /// Every `-o` value, in order (each a comma-separated list).
+    pub options: Vec<String>,
+}
+
+/// Parses a duration such as `1s`, `500ms`, `1.5s`, `2m` or `250us`; a bare
+/// number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration `{s}`: expected e.g. `1s`, `500ms`, `2m`"))?;
+    let secs = match unit.trim() {
+        "" | "s" | "sec" => value,
+        "ms" => value / 1e3,
+        "us" | "µs" => value / 1e6,
+        "ns" => value / 1e9,
+        "m" | "min" => value * 60.0,
+        other => {
+            return Err(format!(
+                "invalid duration `{s}`: unknown unit `{other}` (use ns, us, ms, s or m)"
+            ))
+        }
+    };
+    if !secs.is_finite() || !(0.0..=86_400.0).contains(&secs) {
+        return Err(format!(
+            "invalid duration `{s}`: must be between 0 and 24 hours"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Splits a `-o` value at unescaped commas (`\,` keeps a comma in a path).
+fn split_options(s: &str) -> Vec<String> {
+    split_escaped(s, ',')
+}
+
+/// Splits at unescaped `sep`; a backslash escapes the next character.
+fn split_escaped(s: &str, sep: char) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some(n) if n == sep => cur.push(n),
+                Some(n) => {
+                    cur.push('\\');
+                    cur.push(n);
+                }
+                None => cur.push('\\'),
+            }
+        } else if c == sep {
+            out.push(std::mem::take(&mut cur));
+        } else {
+            cur.push(c);
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// Folds the `-o` options into the long-option fields. Kernel-overlay keys
+/// (`lowerdir`, `upperdir`, `workdir`) set the layers; harmless generic
+/// mount options are accepted and ignored; anything else is refused.
+pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
+    let raw = std::mem::take(&mut args.options);
+    let mut lowers_from_o: Option<Vec<PathBuf>> = None;
+    for opt in raw.iter().flat_map(|s| split_options(s)) {
+        let opt = opt.trim();
+        if opt.is_empty() {
+            continue;
+        }
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let need = |v: Option<&str>| -> Result<String, ConfigError> {
+            match v {
+                Some(v) if !v.is_empty() => Ok(v.to_string()),
+                _ => Err(usage(format!(
+                    "-o {key}= needs a value, e.g. -o {key}=/path"
+                ))),
+            }
+        };
+        match key {
+            "lowerdir" => {
+                let v = need(value)?;
+                let dirs: Vec<PathBuf> = split_escaped(&v, ':')
+                    .into_iter()
+                    .map(|p| {
+                        if p.is_empty() {
+                            Err(usage(format!("-o lowerdir={v}: empty layer between `:`")))
+                        } else {
+                            Ok(PathBuf::from(p))
+                        }
+                    })
+                    .collect::<Result<_, _>>()?;
+                lowers_from_o = Some(dirs);
+            }
+            "upperdir" => set_once(&mut args.upper, need(value)?, "upperdir", "--upper")?,
+            "workdir" => set_once(&mut args.work, need(value)?, "workdir", "--work")?,
+            "ro" => args.read_only = true,
+            "allow_other" => args.allow_other = true,
+            // Accepted for compatibility; layerfs always checks permissions
+            // in the kernel, serves no devices and no setuid bits by default.
+            "rw"
+            | "default_permissions"
+            | "suid"
+            | "nosuid"
+            | "dev"
+            | "nodev"
+            | "exec"
+            | "noexec"
+            | "atime"
+            | "noatime"
+            | "relatime"
+            | "norelatime"
+            | "strictatime"
+            | "nodiratime"
+            | "async"
+            | "defaults"
+            | "auto"
+            | "noauto"
+            | "nofail"
+            | "_netdev"
+            | "user"
+            | "users"
+            | "nouser"
+                if value.is_none() =>
+            {
+                tracing::debug!("ignoring mount option `{key}`");
+            }
+            k if k.starts_with("x-") => tracing::debug!("ignoring mount option `{opt}`"),
+            _ => {
+                return Err(usage(format!(
+                    "unknown mount option `{opt}`: layerfs understands lowerdir=, upperdir=, \
+                     workdir=, ro, rw, allow_other, and ignores default_permissions, \
+                     suid/nosuid, dev/nodev, exec/noexec, atime/noatime"
+                )))
+            }
+        }
+    }
+    if let Some(dirs) = lowers_from_o {
+        if !args.lowers.is_empty() {
+            return Err(usage(
+                "lower layers given twice: use either --lower DIR (repeatable) or \
+                 -o lowerdir=A:B, not both",
+            ));
+        }
+        args.lowers = dirs;
+    }
+    Ok(())
+}
+
+fn set_once(
+    slot: &mut Option<PathBuf>,
+    value: String,
+    key: &str,
+    long: &str,
+) -> Result<(), ConfigError> {
+    if slot.is_some() {
+        return Err(usage(format!(
+            "{key} given twice: use either {long} DIR or -o {key}=DIR, not both"
+        )));
+    }
+    *slot = Some(PathBuf::from(value));
+    Ok(())
+}
+
+/// Default worker thread count: the number of CPUs, at least 4.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(4, 64)
+}
+
+/// Makes `p` absolute against the current directory and drops `.`
+/// components, without touching the filesystem (works on a stale mount).
+fn absolute(p: &Path) -> Result<PathBuf, ConfigError> {
+    let abs = std::path::absolute(p)
+        .map_err(|e| invalid(format!("{}: cannot resolve path: {e}", p.display())))?;
+    Ok(abs
+        .components()
+        .filter(|c| *c != Component::CurDir)
+        .collect())
+}
+
+/// Canonical path of an existing directory; `what` names its role.
+fn existing_dir(p: &Path, what: &str, flag: &str) -> Result<PathBuf, ConfigError> {
+    let md = fs::metadata(p).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => invalid(format!(
+            "{what} {} does not exist: create it (mkdir -p {}) or fix {flag}",
+            p.display(),
+            p.display()
+        )),
+        _ => invalid(format!("{what} {}: {e}", p.display())),
+    })?;
+    if !md.is_dir() {
+        return Err(invalid(format!(
+            "{what} {} is not a directory (give a directory to {flag})",
+            p.display()
+        )));
+    }
+    fs::canonicalize(p).map_err(|e| invalid(format!("{what} {}: {e}", p.display())))
+}
+
+/// Whether `inner` is `outer` or below it (both canonical).
+fn is_within(inner: &Path, outer: &Path) -> bool {
+    inner.starts_with(outer)
+}
+
+/// The default work directory: a hidden sibling of the upper, so it is on
+/// the same filesystem and outside the upper tree.
+pub fn default_work_dir(upper: &Path) -> Result<PathBuf, ConfigError> {
+    let name = upper.file_name().ok_or_else(|| {
+        usage(format!(
+            "upper {} has no name to derive a work dir from; give --work DIR",
+            upper.display()
+        ))
+    })?;
+    let parent = upper.parent().unwrap_or(Path::new("/"));
+    Ok(parent.join(format!(".{}.layerfs-work", name.to_string_lossy())))
+}
+
+/// Checks that `/dev/fuse` is there to open.
+fn check_dev_fuse() -> Result<(), ConfigError> {
+    match fs::metadata("/dev/fuse") {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(invalid(
+            "/dev/fuse is missing: load the FUSE kernel module (`modprobe fuse`) and \
+             install fuse3 (`apt-get install fuse3`)",
+        )),
+        Err(e) => Err(invalid(format!("/dev/fuse: {e}"))),
+    }
+}
+
+/// Resolves the mountpoint: detaches a stale layerfs mount left by a dead
+/// daemon, refuses a live mount, and returns the canonical directory.
+/// Mountinfo is consulted before the mountpoint itself is touched, since a
+/// dead or hung FUSE mount there may fail or block a stat.
+fn resolve_mountpoint(raw: &Path) -> Result<PathBuf, ConfigError> {
+    let abs = absolute(raw)?;
+    let abs = match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => fs::canonicalize(parent)
+            .map(|p| p.join(name))
+            .unwrap_or(abs),
+        _ => abs,
+    };
+    if let Some(m) = mounts::find(&abs) {
+        let stale = m.is_layerfs()
+            && fs::metadata(&abs).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN);
+        if !stale {
+            return Err(busy(&abs, &m));
+        }
+        tracing::warn!(
+            "{}: stale layerfs mount (its daemon is gone); detaching it",
+            abs.display()
+        );
+        mounts::detach(&abs).map_err(|e| {
+            invalid(format!(
+                "{}: stale layerfs mount could not be detached: {e}; run `umount -l {}`",
+                abs.display(),
+                abs.display()
+            ))
+        })?;
+    }
+    let mnt = existing_dir(&abs, "mountpoint", "MOUNTPOINT")?;
+    match mounts::find(&mnt) {
+        Some(m) => Err(busy(&mnt, &m)),
+        None => Ok(mnt),
+    }
+}
+
+fn busy(mnt: &Path, m: &mounts::MountEntry) -> ConfigError {
+    let how = if m.is_layerfs() {
+        format!("`layerfs umount {}`", mnt.display())
+    } else {
+        format!("`umount {}`", mnt.display())
+    };
+    invalid(format!(
+        "mountpoint busy: {} is already a mount ({} from {}); unmount it first with {how}",
+        mnt.display(),
+        m.fstype,
+        m.source
+    ))
+}
+
+/// Turns raw arguments into a checked `Config`. May create the work
+/// directory and detach a stale layerfs mount on the mountpoint.
+pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
+    apply_mount_options(&mut args)?;
+    if args.lowers.is_empty() {
+        return Err(usage(
+            "no lower layer: give --lower DIR (repeatable, first is topmost) or -o lowerdir=A:B",
+        ));
+    }
+    let upper_raw = args
+        .upper
+        .clone()
+        .ok_or_else(|| usage("no upper layer: give --upper DIR or -o upperdir=DIR"))?;
+    if let Some(0) = args.threads {
+        return Err(usage("--threads must be at least 1"));
+    }
+    check_dev_fuse()?;
+
+    let mut lowers = Vec::with_capacity(args.lowers.len());
+    for (i, l) in args.lowers.iter().enumerate() {
+        let l = existing_dir(l, &format!("lower layer #{}", i + 1), "--lower")?;
+        if lowers.contains(&l) {
+            return Err(usage(format!("lower layer {} is given twice", l.display())));
+        }
+        lowers.push(l);
+    }
+    let upper = existing_dir(&upper_raw, "upper", "--upper")?;
+    for l in &lowers {
+        if is_within(&upper, l) {
+            return Err(invalid(format!(
+                "upper {} is inside lower {}: the upper must be outside every lower",
+                upper.display(),
+                l.display()
+            )));
+        }
+        if is_within(l, &upper) {
+            return Err(invalid(format!(
+                "lower {} is inside upper {}: the lower must be outside the upper",
+                l.display(),
+                upper.display()
+            )));
+        }
+    }
+
+    let work = resolve_work(args.work.as_deref(), &upper, &lowers)?;
+    let mountpoint = resolve_mountpoint(&args.mountpoint)?;
+    if is_within(&mountpoint, &upper) || is_within(&mountpoint, &work) {
+        return Err(invalid(format!(
+            "mountpoint {} is inside the upper or work dir; mount somewhere outside {} and {}",
+            mountpoint.display(),
+            upper.display(),
+            work.display()
+        )));
+    }
+    for l in &lowers {
+        // Mounting over a lower root is allowed (the daemon opens its layers
+        // first), but a mountpoint below a lower would make the union
+        // contain itself.
+        if mountpoint != *l && is_within(&mountpoint, l) {
+            return Err(invalid(format!(
+                "mountpoint {} is inside lower {}: the mount would contain itself",
+                mountpoint.display(),
+                l.display()
+            )));
+        }
+    }
+
+    let policy_file = match &args.policy_file {
+        Some(p) => Some(
+            fs::canonicalize(p)
+                .map_err(|e| invalid(format!("policy file {}: {e}", p.display())))?,
+        ),
+        None => None,
+    };
+    let policy = match &policy_file {
+        Some(p) => Policy::load(p).map_err(|e| invalid(format!("bad policy: {e}")))?,
+        None => Policy::default(),
+    };
+    let log_file = match &args.log_file {
+        Some(p) => Some(absolute(p)?),
+        None => None,
+    };
+
+    Ok(Config {
+        lowers,
+        upper,
+        work,
+        mountpoint,
+        foreground: args.foreground,
+        allow_other: args.allow_other,
+        read_only: args.read_only,
+        policy_file,
+        policy,
+        threads: args.threads.unwrap_or_else(default_threads),
+        lower_timeout: args.lower_timeout.unwrap_or(DEFAULT_LOWER_TIMEOUT),
+        log_file,
+    })
+}
+
+/// Finds or creates the work dir and checks where it lies.
+fn resolve_work(
+    given: Option<&Path>,
+    upper: &Path,
+    lowers: &[PathBuf],
+) -> Result<PathBuf, ConfigError> {
+    let raw = match given {
+        Some(w) => absolute(w)?,
+        None => default_work_dir(upper)?,
+    };
+    match fs::DirBuilder::new().mode(0o700).create(&raw) {
+        Ok(()) => tracing::debug!("created work dir {}", raw.display()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(invalid(format!(
+                "work dir {}: cannot create it: {e}",
+                raw.display()
+            )))
+        }
+    }
+    let work = existing_dir(&raw, "work dir", "--work")?;
+    if is_within(&work, upper) || is_within(upper, &work) {
+        return Err(invalid(format!(
+            "work dir {} and upper {} nest: the work dir must be outside the upper tree \
+             (and not contain it)",
+            work.display(),
+            upper.display()
+        )));
+    }
+    for l in lowers {
+        if is_within(&work, l) || is_within(l, &work) {
+            return Err(invalid(format!(
+                "work dir {} and lower {} nest: keep the work dir outside every lower",
+                work.display(),
+                l.display()
+            )));
+        }
+    }
+    let dev = |p: &Path| fs::metadata(p).map(|m| m.dev());
+    match (dev(&work), dev(upper)) {
+        (Ok(w), Ok(u)) if w == u => Ok(work),
+        (Ok(_), Ok(_)) => Err(invalid(format!(
+            "work dir {} is on a different filesystem than upper {}: copy-up renames from \
+             work into upper, so put the work dir next to the upper",
+            work.display(),
+            upper.display()
+        ))),
+        (Err(e), _) | (_, Err(e)) => Err(invalid(format!("work dir {}: {e}", work.display()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1s").unwrap(), Duration::from_secs(1));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("1h").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    fn opts(o: &str) -> Result<MountArgs, ConfigError> {
+        let mut a = MountArgs {
+            options: vec![o.to_string()],
+            ..MountArgs::default()
+        };
+        apply_mount_options(&mut a).map(|_| a)
+    }
+
+    #[test]
+    fn overlay_style_options() {
+        let a = opts("lowerdir=/a:/b\\:c,upperdir=/u,workdir=/w,rw,ro,allow_other,nodev").unwrap();
+        assert_eq!(a.lowers, vec![PathBuf::from("/a"), PathBuf::from("/b:c")]);
+        assert_eq!(a.upper, Some(PathBuf::from("/u")));
+        assert_eq!(a.work, Some(PathBuf::from("/w")));
+        assert!(a.read_only && a.allow_other);
+    }
+
+    #[test]
+    fn bad_options() {
+        assert!(
+            matches!(opts("frobnicate"), Err(ConfigError::Usage(m)) if m.contains("frobnicate"))
+        );
+        assert!(matches!(opts("lowerdir="), Err(ConfigError::Usage(_))));
+        assert!(matches!(
+            opts("lowerdir=/a::/b"),
+            Err(ConfigError::Usage(_))
+        ));
+        let mut a = MountArgs {
+            upper: Some("/u".into()),
+            options: vec!["upperdir=/v".into()],
+            ..MountArgs::default()
+        };
+        assert!(apply_mount_options(&mut a).is_err());
+    }
+
+    #[test]
+    fn work_default_is_hidden_sibling() {
+        assert_eq!(
+            default_work_dir(Path::new("/var/lib/x/upper")).unwrap(),
+            PathBuf::from("/var/lib/x/.upper.layerfs-work")
+        );
+    }
 }

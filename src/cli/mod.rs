@@ -1,3 +1,82 @@
+//! Command line: the clap definition of `layerfs` and dispatch to one file
+//! per subcommand. Exit codes: 0 ok, 1 runtime failure, 2 usage error.
+
+mod mount;
+mod policy;
+mod umount;
+
+use std::io::IsTerminal;
+
+use clap::{Parser, Subcommand};
+
+use crate::daemon::logging;
+
+const ABOUT: &str =
+    "A copy-on-write union filesystem (FUSE) with a path policy, for agent workspaces";
+
+const LONG_ABOUT: &str = "\
+layerfs mounts a writable, per-user UPPER directory over one or more shared, \
+read-only LOWER directories. Reads come from the highest layer that has a file; \
+every change lands in the upper, in the format kernel overlayfs uses, so the \
+lowers are never modified. A policy file can hide paths, make them read-only, \
+or protect shared files from deletion; the filesystem enforces it for every tool.";
+
+const EXAMPLES: &str = "\
+Examples:
+  # mount, use, unmount
+  layerfs mount --lower /srv/shared --upper ~/ws/upper ~/ws/mnt
+  echo hi > ~/ws/mnt/new.txt          # lands in ~/ws/upper/new.txt
+  layerfs umount ~/ws/mnt
+
+  # kernel-overlay style options, two lowers (first is topmost)
+  layerfs mount -o lowerdir=/srv/team:/srv/base,upperdir=/ws/up,workdir=/ws/work /ws/mnt
+
+  # check a policy and ask which rule decides a path
+  layerfs policy check policy.txt
+  layerfs policy explain policy.txt skills/deploy.md";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "layerfs",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = EXAMPLES,
+    propagate_version = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Mount a union of lower layers and an upper directory.
+    Mount(mount::MountCmd),
+    /// Unmount a layerfs mountpoint and wait for its daemon to exit.
+    Umount(umount::UmountCmd),
+    /// Check a policy file or explain what it says about a path.
+    #[command(subcommand)]
+    Policy(policy::PolicyCmd),
+}
+
+/// Runs the command line; returns the process exit code.
 pub fn run() -> i32 {
-    0
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let logs_to_terminal = match &cli.command {
+        Command::Mount(m) => m.logs_to_terminal(),
+        _ => true,
+    };
+    logging::init(logs_to_terminal && std::io::stderr().is_terminal());
+    match cli.command {
+        Command::Mount(m) => m.run(),
+        Command::Umount(u) => u.run(),
+        Command::Policy(p) => p.run(),
+    }
 }

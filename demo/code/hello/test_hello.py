@@ -1,0 +1,4 @@
+from hello import greet
+
+assert greet("layerfs") == "Hello, layerfs!", greet("layerfs")
+print("ok")

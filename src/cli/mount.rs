@@ -1,0 +1,111 @@
+//! `layerfs mount`: arguments, then config validation and the daemon.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::config::{self, MountArgs};
+use crate::daemon;
+
+const MOUNT_HELP: &str = "\
+Examples:
+  layerfs mount --lower /srv/shared --upper /ws/upper /ws/mnt
+  layerfs mount --lower /srv/team --lower /srv/base --upper /ws/upper \\
+                --policy /etc/layerfs/policy /ws/mnt
+  layerfs mount -o lowerdir=/srv/team:/srv/base,upperdir=/ws/upper,workdir=/ws/work /ws/mnt
+  layerfs mount --foreground --log-file /var/log/layerfs.log ...   (for systemd)
+
+Without --foreground the command returns once the mountpoint is live and a
+daemon keeps serving it in the background; stop it with `layerfs umount`.
+SIGTERM or SIGINT to the daemon unmount cleanly; SIGHUP reloads --policy.
+A stale mount left by a crashed daemon on MOUNTPOINT is detached first.";
+
+#[derive(Args, Debug)]
+#[command(after_help = MOUNT_HELP)]
+pub struct MountCmd {
+    /// Read-only lower layer; repeat for more, the first given is topmost.
+    #[arg(long = "lower", value_name = "DIR")]
+    lowers: Vec<PathBuf>,
+
+    /// Writable upper directory: every change lands here (kernel-overlay format).
+    #[arg(long, value_name = "DIR")]
+    upper: Option<PathBuf>,
+
+    /// Work directory on the upper's filesystem, outside the upper
+    /// [default: .<upper-name>.layerfs-work next to the upper, created if missing].
+    #[arg(long, value_name = "DIR")]
+    work: Option<PathBuf>,
+
+    /// Serve in this process until unmounted or SIGTERM (for systemd, Type=notify).
+    #[arg(short, long)]
+    foreground: bool,
+
+    /// Let other users (not only the one mounting) use the mount.
+    #[arg(long)]
+    allow_other: bool,
+
+    /// Mount read-only.
+    #[arg(long)]
+    read_only: bool,
+
+    /// Path policy file (hide/readonly/protect rules); SIGHUP reloads it
+    /// [default: built-in safe defaults].
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+
+    /// FUSE worker threads [default: number of CPUs, at least 4].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+
+    /// How soon changes made to a lower from outside become visible
+    /// through the mount, e.g. 1s, 500ms.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = config::parse_duration)]
+    lower_timeout: Duration,
+
+    /// Write the daemon's log here instead of stderr (background: /dev/null).
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+
+    /// Comma-separated mount options, kernel-overlay style:
+    /// lowerdir=A:B (first topmost), upperdir=DIR, workdir=DIR, ro, rw,
+    /// allow_other; generic options (default_permissions, nosuid, nodev,
+    /// noatime, …) are accepted and ignored.
+    #[arg(short = 'o', value_name = "OPTS")]
+    options: Vec<String>,
+
+    /// Where to mount the union (an existing, empty-ish directory).
+    #[arg(value_name = "MOUNTPOINT")]
+    mountpoint: PathBuf,
+}
+
+impl MountCmd {
+    /// Whether log lines will reach the terminal (for colouring).
+    pub fn logs_to_terminal(&self) -> bool {
+        self.foreground && self.log_file.is_none()
+    }
+
+    pub fn run(self) -> i32 {
+        let args = MountArgs {
+            lowers: self.lowers,
+            upper: self.upper,
+            work: self.work,
+            mountpoint: self.mountpoint,
+            foreground: self.foreground,
+            allow_other: self.allow_other,
+            read_only: self.read_only,
+            policy_file: self.policy,
+            threads: self.threads,
+            lower_timeout: Some(self.lower_timeout),
+            log_file: self.log_file,
+            options: self.options,
+        };
+        match config::validate(args) {
+            Ok(cfg) => daemon::start(cfg),
+            Err(e) => {
+                eprintln!("layerfs mount: {e}");
+                e.exit_code()
+            }
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The daemon: mounting, readiness, signals, pid file and stale-mount
+//! handling around one `fuser` session.
+//!
+//! Order matters here. Signals are blocked before any thread exists (so
+//! only the signal thread sees them); a background daemon forks before any
+//! thread exists; the layers are opened before the mount (so mounting over
+//! a lower still works); readiness is reported only after the FUSE
+//! handshake, so a `layerfs mount` that returned 0 has a live mountpoint.
+
+pub mod logging;
+pub mod mounts;
+pub mod notify;
+pub mod pidfile;
+mod signals;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+
+use nix::unistd::ForkResult;
+
+use crate::config::Config;
+use crate::fuse::{session_config, LayerFs};
+use notify::SdNotify;
+use pidfile::PidFile;
+
+/// Mounts and serves `cfg`; returns the process exit code. In background
+/// mode the calling process returns as soon as the mount is live (or
+/// failed) while a detached child keeps serving.
+pub fn start(cfg: Config) -> i32 {
+    let log = match open_log(&cfg) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("layerfs: {e}");
+            return 1;
+        }
+    };
+    if cfg.foreground {
+        if let Some(f) = &log {
+            redirect_fd(f.as_raw_fd(), libc::STDERR_FILENO);
+        }
+        let notify = SdNotify::from_env();
+        match serve(&cfg, &notify, || {}) {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::error!("{e}");
+                if log.is_some() {
+                    // stderr is the log file: say it on the terminal too.
+                    eprintln!("layerfs: {e}");
+                }
+                1
+            }
+        }
+    } else {
+        background(cfg, log)
+    }
+}
+
+fn open_log(cfg: &Config) -> Result<Option<File>, String> {
+    let Some(path) = &cfg.log_file else {
+        return Ok(None);
+    };
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(Some)
+        .map_err(|e| format!("log file {}: {e}", path.display()))
+}
+
+fn redirect_fd(from: i32, to: i32) {
+    // SAFETY: dup2 on descriptors this process owns.
+    unsafe { libc::dup2(from, to) };
+}
+
+/// Forks; the child detaches and serves, the parent waits on a pipe for
+/// "ok" (mount live) or the error text.
+fn background(cfg: Config, log: Option<File>) -> i32 {
+    let (mut reader, writer) = match std::io::pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("layerfs: pipe: {e}");
+            return 1;
+        }
+    };
+    // SAFETY: the process is still single-threaded here (nothing has
+    // spawned a thread before `start`), so the child may run arbitrary code.
+    match unsafe { nix::unistd::fork() } {
+        Err(e) => {
+            eprintln!("layerfs: fork: {e}");
+            1
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop(writer);
+            let mut answer = String::new();
+            let _ = reader.read_to_string(&mut answer);
+            if answer.trim() == "ok" {
+                return 0;
+            }
+            let _ = nix::sys::wait::waitpid(child, None);
+            if answer.trim().is_empty() {
+                let hint = match &cfg.log_file {
+                    Some(p) => format!("see {}", p.display()),
+                    None => "rerun with --foreground to see why".into(),
+                };
+                eprintln!("layerfs: the daemon exited before the mount was live ({hint})");
+            } else {
+                eprintln!("layerfs: {}", answer.trim());
+            }
+            1
+        }
+        Ok(ForkResult::Child) => {
+            drop(reader);
+            let _ = nix::unistd::setsid();
+            let _ = nix::unistd::chdir("/");
+            if let Ok(null) = OpenOptions::new().read(true).write(true).open("/dev/null") {
+                redirect_fd(null.as_raw_fd(), libc::STDIN_FILENO);
+                redirect_fd(null.as_raw_fd(), libc::STDOUT_FILENO);
+                let err = log.as_ref().map_or(null.as_raw_fd(), |f| f.as_raw_fd());
+                redirect_fd(err, libc::STDERR_FILENO);
+            }
+            drop(log);
+            let mut writer = Some(writer);
+            let notify = SdNotify::from_env();
+            let res = serve(&cfg, &notify, || {
+                if let Some(mut w) = writer.take() {
+                    let _ = w.write_all(b"ok\n");
+                }
+            });
+            let code = match res {
+                Ok(()) => 0,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    if let Some(mut w) = writer.take() {
+                        let _ = w.write_all(e.as_bytes());
+                    }
+                    1
+                }
+            };
+            std::process::exit(code);
+        }
+    }
+}
+
+/// Mounts, serves until unmounted, and cleans up. `on_ready` runs once the
+/// mountpoint answers requests. An `Err` is the message for the user.
+fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(), String> {
+    signals::block().map_err(|e| format!("blocking signals: {e}"))?;
+    let fs = LayerFs::new(cfg)?;
+    let handle = fs.handle();
+    let session_cfg = session_config(cfg);
+    let acl = session_cfg.acl;
+
+    let fd = mounts::mount_fuse(cfg)?;
+    let session = match fuser::Session::from_fd(fs, fd, acl, session_cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = mounts::detach(&cfg.mountpoint);
+            return Err(format!(
+                "FUSE handshake on {} failed: {e}",
+                cfg.mountpoint.display()
+            ));
+        }
+    };
+    handle.set_notifier(session.notifier());
+
+    let pid_file = match PidFile::create(&cfg.mountpoint) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!("no pid file (layerfs umount will not wait for this daemon): {e}");
+            None
+        }
+    };
+    let ctx = signals::SignalContext {
+        mountpoint: cfg.mountpoint.clone(),
+        handle,
+        policy_file: cfg.policy_file.clone(),
+        notify: notify.clone(),
+    };
+    if let Err(e) = signals::spawn(ctx) {
+        let _ = mounts::detach(&cfg.mountpoint);
+        return Err(format!("starting the signal thread: {e}"));
+    }
+
+    tracing::info!(
+        "serving {} (upper {}, {} lower layer(s), {} threads, pid {})",
+        cfg.mountpoint.display(),
+        cfg.upper.display(),
+        cfg.lowers.len(),
+        cfg.threads,
+        std::process::id()
+    );
+    on_ready();
+    notify.send(&format!(
+        "READY=1\nSTATUS=serving {}\nMAINPID={}",
+        cfg.mountpoint.display(),
+        std::process::id()
+    ));
+
+    let result = session.run();
+    notify.send("STOPPING=1");
+    drop(pid_file);
+    match result {
+        Ok(()) => {
+            tracing::info!("{} unmounted; exiting", cfg.mountpoint.display());
+            Ok(())
+        }
+        Err(e) => {
+            // The session died under a live mount: do not leave it behind.
+            if mounts::find(&cfg.mountpoint).is_some_and(|m| m.is_layerfs()) {
+                let _ = mounts::detach(&cfg.mountpoint);
+            }
+            Err(format!("serving {} failed: {e}", cfg.mountpoint.display()))
+        }
+    }
+}

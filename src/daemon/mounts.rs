@@ -1,0 +1,322 @@
+//! The kernel side of a layerfs mount: finding mounts in
+//! /proc/self/mountinfo, attaching /dev/fuse to the mountpoint (mount(2) as
+//! root, the setuid `fusermount3` helper otherwise) and unmounting.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use nix::mount::{MntFlags, MsFlags};
+
+use crate::config::Config;
+
+/// Filesystem type of a layerfs mount as /proc/self/mountinfo shows it.
+pub const FSTYPE: &str = "fuse.layerfs";
+/// Mount source (`fsname`) of a layerfs mount.
+pub const SOURCE: &str = "layerfs";
+/// The setuid helper that mounts FUSE filesystems for unprivileged users.
+const FUSERMOUNT: &str = "fusermount3";
+
+/// One line of /proc/self/mountinfo.
+#[derive(Debug, Clone)]
+pub struct MountEntry {
+    pub mount_point: PathBuf,
+    pub fstype: String,
+    pub source: String,
+    pub super_options: String,
+}
+
+impl MountEntry {
+    pub fn is_layerfs(&self) -> bool {
+        self.fstype == FSTYPE
+    }
+
+    /// The uid that mounted a FUSE filesystem (`user_id=` option).
+    pub fn owner_uid(&self) -> Option<u32> {
+        self.super_options
+            .split(',')
+            .find_map(|o| o.strip_prefix("user_id="))
+            .and_then(|v| v.parse().ok())
+    }
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, …).
+fn unescape(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn parse_line(line: &str) -> Option<MountEntry> {
+    let fields: Vec<&str> = line.split(' ').collect();
+    let sep = fields.iter().position(|f| *f == "-")?;
+    let mount_point = PathBuf::from(std::ffi::OsStr::from_bytes(&unescape(fields.get(4)?)));
+    Some(MountEntry {
+        mount_point,
+        fstype: fields.get(sep + 1)?.to_string(),
+        source: String::from_utf8_lossy(&unescape(fields.get(sep + 2)?)).into_owned(),
+        super_options: fields.get(sep + 3).unwrap_or(&"").to_string(),
+    })
+}
+
+/// Every mount this process can see, in mount order.
+pub fn list() -> io::Result<Vec<MountEntry>> {
+    let text = fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(text.lines().filter_map(parse_line).collect())
+}
+
+/// The topmost mount whose mountpoint is exactly `path` (absolute).
+pub fn find(path: &Path) -> Option<MountEntry> {
+    list()
+        .ok()?
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == path)
+}
+
+/// Whether this process mounts with mount(2) itself (root) or through
+/// `fusermount3`.
+pub fn privileged() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Unmounts `path`: umount2(2) as root, `fusermount3 -u` otherwise.
+/// `lazy` detaches it even while files are open (MNT_DETACH / `-z`).
+pub fn unmount(path: &Path, lazy: bool) -> io::Result<()> {
+    if privileged() {
+        let flags = if lazy {
+            MntFlags::MNT_DETACH
+        } else {
+            MntFlags::empty()
+        };
+        nix::mount::umount2(path, flags).map_err(io::Error::from)
+    } else {
+        let mut cmd = Command::new(FUSERMOUNT);
+        cmd.arg("-u").arg("-q");
+        if lazy {
+            cmd.arg("-z");
+        }
+        let out = cmd
+            .arg("--")
+            .arg(path)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot run {FUSERMOUNT}: {e}")))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            let kind = if msg.contains("busy") {
+                io::ErrorKind::ResourceBusy
+            } else {
+                io::ErrorKind::Other
+            };
+            Err(io::Error::new(kind, format!("{FUSERMOUNT} -u: {msg}")))
+        }
+    }
+}
+
+/// Detaches `path` even if it is busy or its daemon is gone.
+pub fn detach(path: &Path) -> io::Result<()> {
+    unmount(path, true)
+}
+
+/// Unmounts `path`, falling back to a lazy detach when it is busy.
+pub fn unmount_or_detach(path: &Path) -> io::Result<()> {
+    match unmount(path, false) {
+        Err(e)
+            if e.raw_os_error() == Some(libc::EBUSY) || e.kind() == io::ErrorKind::ResourceBusy =>
+        {
+            tracing::warn!("{}: busy, detaching lazily", path.display());
+            detach(path)
+        }
+        r => r,
+    }
+}
+
+/// Attaches a new FUSE connection to `cfg.mountpoint` and returns the
+/// /dev/fuse descriptor to serve it on. The kernel queues FUSE_INIT at once;
+/// the mount answers requests only after the session's handshake.
+pub fn mount_fuse(cfg: &Config) -> Result<OwnedFd, String> {
+    if privileged() {
+        mount_privileged(cfg)
+    } else {
+        mount_with_fusermount(cfg)
+    }
+}
+
+fn mount_privileged(cfg: &Config) -> Result<OwnedFd, String> {
+    let dev = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/fuse")
+        .map_err(|e| format!("open /dev/fuse: {e}"))?;
+    let fd = OwnedFd::from(dev);
+    let mut data = format!(
+        "fd={},rootmode=40000,user_id={},group_id={},default_permissions",
+        fd.as_raw_fd(),
+        nix::unistd::geteuid(),
+        nix::unistd::getegid()
+    );
+    if cfg.allow_other {
+        data.push_str(",allow_other");
+    }
+    // Layer devices and setuid bits are not served through the mount.
+    let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if cfg.read_only {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    nix::mount::mount(
+        Some(SOURCE),
+        &cfg.mountpoint,
+        Some(FSTYPE),
+        flags,
+        Some(data.as_str()),
+    )
+    .map_err(|e| format!("mount {} ({FSTYPE}): {e}", cfg.mountpoint.display()))?;
+    Ok(fd)
+}
+
+/// Unprivileged mount: `fusermount3` opens /dev/fuse, mounts it, and hands
+/// the descriptor back over the socket named by `_FUSE_COMMFD`.
+fn mount_with_fusermount(cfg: &Config) -> Result<OwnedFd, String> {
+    let (ours, theirs) =
+        UnixStream::pair().map_err(|e| format!("socketpair for {FUSERMOUNT}: {e}"))?;
+    let mut opts = format!("fsname={SOURCE},subtype=layerfs,default_permissions");
+    if cfg.allow_other {
+        opts.push_str(",allow_other");
+    }
+    if cfg.read_only {
+        opts.push_str(",ro");
+    }
+    let their_fd = theirs.as_raw_fd();
+    let mut cmd = Command::new(FUSERMOUNT);
+    cmd.arg("-o")
+        .arg(&opts)
+        .arg("--")
+        .arg(&cfg.mountpoint)
+        .env("_FUSE_COMMFD", their_fd.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe fcntl between fork and exec; it keeps
+    // the helper's end of the socket open across exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(their_fd, libc::F_SETFD, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => {
+            format!("{FUSERMOUNT} not found: install fuse3 (apt-get install fuse3) or run as root")
+        }
+        _ => format!("cannot run {FUSERMOUNT}: {e}"),
+    })?;
+    drop(theirs);
+    let received = recv_fd(&ours);
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for {FUSERMOUNT}: {e}"))?;
+    match received {
+        Ok(Some(fd)) if status.success() => Ok(fd),
+        Ok(Some(_)) | Ok(None) => Err(format!(
+            "{FUSERMOUNT} failed to mount {} ({status}): {}",
+            cfg.mountpoint.display(),
+            stderr.trim()
+        )),
+        Err(e) => Err(format!(
+            "receiving /dev/fuse from {FUSERMOUNT}: {e}; {}",
+            stderr.trim()
+        )),
+    }
+}
+
+/// Receives one descriptor sent with SCM_RIGHTS; `None` on EOF.
+fn recv_fd(sock: &UnixStream) -> io::Result<Option<OwnedFd>> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: byte.len(),
+    };
+    // u64 storage keeps the control buffer aligned for cmsghdr.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; every pointer set below outlives recvmsg.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    loop {
+        // SAFETY: msg points at live buffers of the stated sizes.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        break;
+    }
+    // SAFETY: walking the control messages recvmsg filled in, within msg_controllen.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            let c = &*cmsg;
+            if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
+                let fd: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                if fd >= 0 {
+                    return Ok(Some(OwnedFd::from_raw_fd(fd)));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_mountinfo_lines() {
+        let l = "52 30 0:48 / /tmp/a\\040b rw,nosuid,nodev,relatime shared:1 - fuse.layerfs layerfs rw,user_id=0,group_id=0,default_permissions";
+        let m = parse_line(l).unwrap();
+        assert_eq!(m.mount_point, PathBuf::from("/tmp/a b"));
+        assert!(m.is_layerfs());
+        assert_eq!(m.source, "layerfs");
+        assert_eq!(m.owner_uid(), Some(0));
+    }
+}

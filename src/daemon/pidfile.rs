@@ -1,0 +1,169 @@
+//! Where a daemon records its pid so `layerfs umount` can wait for it to
+//! exit: one file per mountpoint, in a directory owned by the mounting user
+//! (`/run/layerfs/pid` for root, `/run/user/UID/layerfs` or
+//! `/tmp/layerfs-UID` for others).
+
+use std::fs;
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// Candidate pid directories for mounts made by `uid`, preferred first.
+fn dirs_for_uid(uid: u32) -> Vec<PathBuf> {
+    if uid == 0 {
+        vec![PathBuf::from("/run/layerfs/pid")]
+    } else {
+        vec![
+            PathBuf::from(format!("/run/user/{uid}/layerfs")),
+            PathBuf::from(format!("/tmp/layerfs-{uid}")),
+        ]
+    }
+}
+
+/// The pid file name for a mountpoint: the path with `/` turned into `-`
+/// (other unusual bytes hex-escaped), or a hash when that is too long.
+pub fn file_name(mountpoint: &Path) -> String {
+    let mut name = String::new();
+    for &b in mountpoint.as_os_str().as_bytes().iter().skip(1) {
+        match b {
+            b'/' => name.push('-'),
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' => name.push(b as char),
+            _ => name.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    if name.len() > 200 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        mountpoint.hash(&mut h);
+        name.truncate(100);
+        name.push_str(&format!("~{:016x}", h.finish()));
+    }
+    format!("{name}.pid")
+}
+
+/// A pid file, removed when dropped (at daemon exit).
+pub struct PidFile {
+    path: PathBuf,
+}
+
+impl PidFile {
+    /// Records this process as the daemon of `mountpoint`.
+    pub fn create(mountpoint: &Path) -> io::Result<PidFile> {
+        let uid = nix::unistd::geteuid().as_raw();
+        let mut last = io::Error::other("no pid directory");
+        for dir in dirs_for_uid(uid) {
+            match ensure_private_dir(&dir, uid) {
+                Ok(()) => {
+                    let path = dir.join(file_name(mountpoint));
+                    let text = format!("{}\n{}\n", std::process::id(), mountpoint.display());
+                    fs::write(&path, text)?;
+                    return Ok(PidFile { path });
+                }
+                Err(e) => last = io::Error::new(e.kind(), format!("{}: {e}", dir.display())),
+            }
+        }
+        Err(last)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Creates `dir` (mode 0700) if missing and checks it is a real directory
+/// owned by `uid`, so no other user can plant pid files in it.
+fn ensure_private_dir(dir: &Path, uid: u32) -> io::Result<()> {
+    if let Some(parent) = dir.parent() {
+        if uid == 0 {
+            fs::create_dir_all(parent)?;
+        } else if !parent.is_dir() {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "parent missing"));
+        }
+    }
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let md = fs::symlink_metadata(dir)?;
+    if !md.is_dir() || md.uid() != uid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "not a directory owned by this user",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `pid` is a live (not zombie) layerfs process.
+pub fn is_daemon_alive(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // Fields after the parenthesised comm: state is the first.
+    let Some((comm_part, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let state = rest.trim_start().chars().next().unwrap_or('?');
+    let comm = comm_part.split_once('(').map(|x| x.1).unwrap_or("");
+    comm == "layerfs" && state != 'Z' && state != 'X'
+}
+
+/// The pid recorded for the daemon serving `mountpoint`, if one is alive.
+/// `owner` is the uid that made the mount (from mountinfo), when known.
+pub fn find_daemon(mountpoint: &Path, owner: Option<u32>) -> Option<u32> {
+    let me = nix::unistd::geteuid().as_raw();
+    let mut uids = vec![];
+    for u in [owner, Some(me), Some(0)].into_iter().flatten() {
+        if !uids.contains(&u) {
+            uids.push(u);
+        }
+    }
+    let name = file_name(mountpoint);
+    for uid in uids {
+        for dir in dirs_for_uid(uid) {
+            let path = dir.join(&name);
+            let Ok(md) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if md.uid() != uid || !md.is_file() {
+                continue;
+            }
+            let Ok(text) = fs::read_to_string(&path) else {
+                continue;
+            };
+            let mut lines = text.lines();
+            let pid = lines.next().and_then(|l| l.trim().parse::<u32>().ok());
+            let recorded = lines.next().map(PathBuf::from);
+            if let (Some(pid), Some(rec)) = (pid, recorded) {
+                if rec == mountpoint && is_daemon_alive(pid) {
+                    return Some(pid);
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_flat_and_readable() {
+        assert_eq!(
+            file_name(Path::new("/run/layerfs/ws1/mnt")),
+            "run-layerfs-ws1-mnt.pid"
+        );
+        assert_eq!(file_name(Path::new("/tmp/a b-c")), "tmp-a\\x20b\\x2dc.pid");
+        let long = PathBuf::from(format!("/{}", "x".repeat(300)));
+        assert!(file_name(&long).len() < 255);
+    }
+}

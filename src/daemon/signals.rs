@@ -1,0 +1,87 @@
+//! Signal handling for a serving daemon: SIGTERM, SIGINT and SIGHUP are
+//! blocked in every thread (the mask is set before any thread exists and
+//! inherited) and taken by one thread with sigwait. TERM/INT unmount the
+//! mountpoint, which ends the session loop; HUP reloads the policy file.
+
+use std::path::PathBuf;
+use std::thread;
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+
+use super::mounts;
+use super::notify::SdNotify;
+use crate::fuse::FsHandle;
+use crate::policy::Policy;
+
+/// The signals the daemon handles itself.
+fn handled() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGHUP);
+    set
+}
+
+/// Blocks the handled signals in the calling thread; threads spawned
+/// afterwards inherit the mask. Call before anything spawns a thread.
+pub fn block() -> nix::Result<()> {
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled()), None)
+}
+
+/// What the signal thread acts on.
+pub struct SignalContext {
+    pub mountpoint: PathBuf,
+    pub handle: FsHandle,
+    pub policy_file: Option<PathBuf>,
+    pub notify: SdNotify,
+}
+
+/// Starts the signal thread; it lives until the process exits.
+pub fn spawn(ctx: SignalContext) -> std::io::Result<()> {
+    thread::Builder::new()
+        .name("layerfs-signals".into())
+        .spawn(move || wait_loop(ctx))
+        .map(|_| ())
+}
+
+fn wait_loop(ctx: SignalContext) {
+    let set = handled();
+    loop {
+        let sig = match set.wait() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!("sigwait failed: {e}; signals are no longer handled");
+                return;
+            }
+        };
+        match sig {
+            Signal::SIGTERM | Signal::SIGINT => stop(&ctx, sig),
+            Signal::SIGHUP => reload(&ctx),
+            _ => {}
+        }
+    }
+}
+
+fn stop(ctx: &SignalContext, sig: Signal) {
+    tracing::info!("{sig}: unmounting {}", ctx.mountpoint.display());
+    ctx.notify.send("STOPPING=1");
+    if let Err(e) = mounts::unmount_or_detach(&ctx.mountpoint) {
+        tracing::error!("{sig}: unmounting {} failed: {e}", ctx.mountpoint.display());
+    }
+}
+
+fn reload(ctx: &SignalContext) {
+    let Some(path) = &ctx.policy_file else {
+        tracing::info!("SIGHUP: no --policy file was given; nothing to reload");
+        return;
+    };
+    ctx.notify.reloading();
+    match Policy::load(path) {
+        Ok(policy) => {
+            ctx.handle.reload_policy(policy);
+            tracing::info!("SIGHUP: policy reloaded from {}", path.display());
+        }
+        Err(e) => tracing::error!("SIGHUP: policy not reloaded, the previous one stays: {e}"),
+    }
+    ctx.notify.send("READY=1");
+}
