@@ -81,9 +81,12 @@ impl Workspace {
             .arg("--work")
             .arg(&self.work);
         cmd.args(extra).arg(&self.mnt);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        // The daemon's log goes to a file beside the layers: a pipe nobody
+        // drains would fill up and stall the daemon's worker threads.
+        let log_path = self.mnt.with_file_name("daemon.log");
+        let log = fs::File::create(&log_path)
+            .map_err(|e| format!("create {}: {e}", log_path.display()))?;
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "warn");
         }
@@ -101,11 +104,7 @@ impl Workspace {
             }
             if let Some(child) = m.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    let mut err = String::new();
-                    if let Some(mut e) = child.stderr.take() {
-                        use std::io::Read;
-                        let _ = e.read_to_string(&mut err);
-                    }
+                    let err = fs::read_to_string(&log_path).unwrap_or_default();
                     m.child = None;
                     return Err(format!("daemon exited with {status}: {err}"));
                 }

@@ -1,1 +1,1513 @@
-//! (being written)
+//! The full POSIX surface through a real mount: directory renames across
+//! layers (checked against kernel overlayfs mounting the same layers),
+//! renameat2 flags, hard links, xattrs and ACLs, locks, mmap, fallocate,
+//! SEEK_DATA/SEEK_HOLE, copy_file_range, O_APPEND/O_DIRECT/O_TMPFILE,
+//! utimensat, truncate, lower changes made from outside while mounted, and
+//! permission checks for a non-root user.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::basic::fsutil::*;
+use crate::harness::{errno, Workspace};
+
+// ---------------------------------------------------------------- helpers
+
+/// A kernel overlayfs mount of a workspace's layers; unmounts on drop.
+struct KernelOverlay(PathBuf);
+
+impl Drop for KernelOverlay {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.0)
+            .stderr(Stdio::null())
+            .status();
+        if !matches!(ok, Ok(s) if s.success()) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// Mounts the workspace's lowers + upper with kernel overlayfs (fresh work
+/// dir on the upper's filesystem, redirect_dir=on) at a new mountpoint.
+fn mount_kernel_overlay(ws: &Workspace) -> KernelOverlay {
+    let work2 = ws.dir.path().join("kwork");
+    let mnt2 = ws.dir.path().join("kmnt");
+    fs::create_dir(&work2).unwrap();
+    fs::create_dir(&mnt2).unwrap();
+    let lowers: Vec<String> = ws.lowers.iter().map(|l| l.display().to_string()).collect();
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},redirect_dir=on",
+        lowers.join(":"),
+        ws.upper.display(),
+        work2.display()
+    );
+    let out = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &opts])
+        .arg(&mnt2)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kernel overlay mount failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    KernelOverlay(mnt2)
+}
+
+/// Unmounts layerfs, mounts the same layers with kernel overlayfs and
+/// checks it shows exactly `seen` (the listing layerfs showed).
+fn assert_kernel_overlay_agrees(
+    ws: &Workspace,
+    m: crate::harness::Mount,
+    seen: &BTreeMap<String, (char, u64, Vec<u8>)>,
+) {
+    assert!(m.unmount(), "layerfs exits cleanly on unmount");
+    let k = mount_kernel_overlay(ws);
+    let kernel = tree_listing(&k.0);
+    let only_layerfs: Vec<&String> = seen.keys().filter(|n| !kernel.contains_key(*n)).collect();
+    let only_kernel: Vec<&String> = kernel.keys().filter(|n| !seen.contains_key(*n)).collect();
+    assert!(
+        only_layerfs.is_empty() && only_kernel.is_empty(),
+        "kernel overlayfs disagrees on names: only in layerfs {only_layerfs:?}, only in kernel {only_kernel:?}"
+    );
+    for (n, v) in seen {
+        assert_eq!(&kernel[n], v, "kernel overlayfs disagrees on {n}");
+    }
+}
+
+fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> Result<(), i32> {
+    let (a, b) = (cpath(from), cpath(to));
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
+}
+
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap()
+}
+
+fn rw(p: &Path) -> fs::File {
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p)
+        .unwrap_or_else(|e| panic!("open rw {}: {e}", p.display()))
+}
+
+fn pattern(n: usize, seed: u32) -> Vec<u8> {
+    (0..n as u32)
+        .map(|i| ((i * 31 + seed) % 251) as u8)
+        .collect()
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+fn poll_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// How long a change made directly in a lower may take to show through the
+/// mount (the design promises the 1 s cache timeout).
+const LOWER_CHANGE_TIMEOUT: Duration = Duration::from_millis(1500);
+
+// ---------------------------------------------------------------- rename dirs
+
+fn project_tree(l: &Path) {
+    write(&l.join("proj/README"), b"readme");
+    write(&l.join("proj/src/main.rs"), b"fn main() {}");
+    write(&l.join("proj/src/deep/er/mod.rs"), b"// deep");
+    fs::create_dir_all(l.join("proj/empty")).unwrap();
+    std::os::unix::fs::symlink("src/main.rs", l.join("proj/link")).unwrap();
+    fs::create_dir(l.join("elsewhere")).unwrap();
+}
+
+#[test]
+fn a_lower_directory_with_nested_files_can_be_renamed_twice_and_its_contents_follow() {
+    let ws = Workspace::new();
+    project_tree(ws.lower());
+    let before = snapshot_lowers(&ws);
+    let original = tree_listing(&ws.lower().join("proj"));
+    let m = ws.mount();
+    fs::rename(m.p("proj"), m.p("proj2"))
+        .unwrap_or_else(|e| panic!("rename of a lower dir: {e} (EXDEV = {})", libc::EXDEV));
+    assert_eq!(
+        errno(&fs::symlink_metadata(m.p("proj")).unwrap_err()),
+        libc::ENOENT
+    );
+    assert_eq!(
+        tree_listing(&m.p("proj2")),
+        original,
+        "contents follow the first rename"
+    );
+    fs::rename(m.p("proj2"), m.p("elsewhere/proj3")).unwrap();
+    assert_eq!(
+        errno(&fs::symlink_metadata(m.p("proj2")).unwrap_err()),
+        libc::ENOENT
+    );
+    assert_eq!(
+        tree_listing(&m.p("elsewhere/proj3")),
+        original,
+        "and the second"
+    );
+    // The renamed tree is fully usable: edit, create, delete inside it.
+    write(&m.p("elsewhere/proj3/src/main.rs"), b"fn main() { edited }");
+    write(&m.p("elsewhere/proj3/src/new.rs"), b"new");
+    fs::remove_file(m.p("elsewhere/proj3/README")).unwrap();
+    // A new directory under the old name starts empty.
+    fs::create_dir(m.p("proj")).unwrap();
+    assert!(list_names(&m.p("proj")).is_empty());
+    let seen = tree_listing(&m.path);
+    assert_eq!(
+        list_names(&m.p("elsewhere/proj3/src")),
+        set(&["deep", "main.rs", "new.rs"])
+    );
+    assert!(
+        get_trusted(
+            &ws.upper.join("elsewhere/proj3"),
+            "trusted.overlay.redirect"
+        )
+        .is_some(),
+        "the moved dir carries a redirect in the upper"
+    );
+    assert!(
+        count_regular_files(&ws.upper) <= 2,
+        "rename did not copy the tree: upper has {:?}",
+        walk_names(&ws.upper)
+    );
+    assert_kernel_overlay_agrees(&ws, m, &seen);
+    assert_unchanged(&before);
+}
+
+#[test]
+fn renaming_a_merged_directory_keeps_the_entries_of_every_layer() {
+    let ws = Workspace::with_lowers(2);
+    write(&ws.lowers[1].join("m/bottom"), b"b");
+    write(&ws.lowers[1].join("m/sub/deep_bottom"), b"db");
+    write(&ws.lowers[0].join("m/top"), b"t");
+    write(&ws.lowers[0].join("m/sub/deep_top"), b"dt");
+    write(&ws.lowers[0].join("m/gone"), b"g");
+    write(&ws.upper.join("m/up"), b"u");
+    make_whiteout(&ws.upper.join("m/gone"));
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let original = tree_listing(&m.p("m"));
+    assert_eq!(list_names(&m.p("m")), set(&["bottom", "sub", "top", "up"]));
+    fs::rename(m.p("m"), m.p("renamed")).unwrap();
+    assert_eq!(tree_listing(&m.p("renamed")), original);
+    assert_eq!(
+        errno(&fs::symlink_metadata(m.p("m")).unwrap_err()),
+        libc::ENOENT
+    );
+    fs::rename(m.p("renamed/sub"), m.p("sub_out")).unwrap();
+    assert_eq!(
+        list_names(&m.p("sub_out")),
+        set(&["deep_bottom", "deep_top"])
+    );
+    let seen = tree_listing(&m.path);
+    assert_kernel_overlay_agrees(&ws, m, &seen);
+    assert_unchanged(&before);
+}
+
+#[test]
+fn kernel_overlayfs_mounting_the_same_layers_shows_the_same_tree() {
+    let ws = Workspace::with_lowers(2);
+    for (i, l) in ws.lowers.iter().enumerate() {
+        for d in ["a", "b", "c/d/e"] {
+            write(&l.join(format!("{d}/f{i}")), format!("{d}{i}").as_bytes());
+        }
+        write(&l.join("shared"), format!("shared{i}").as_bytes());
+        std::os::unix::fs::symlink("shared", l.join(format!("sl{i}"))).unwrap();
+    }
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let script = r#"set -e
+        mv a a_moved
+        mv c/d c_d_moved
+        mv b/f0 b/f0_renamed
+        mv b/f1 a_moved/
+        rm -rf c
+        mkdir c && echo new > c/new
+        echo edit >> shared
+        rm sl0
+        mkdir a_moved/inner && mv c_d_moved a_moved/inner/
+        ln -s a_moved sl_new
+        mkdir x && mv x a_moved/inner/c_d_moved/
+    "#;
+    crate::harness::sh(&m.path, script);
+    let seen = tree_listing(&m.path);
+    assert!(seen.contains_key("a_moved/inner/c_d_moved/e/f0"));
+    assert!(seen.contains_key("a_moved/inner/c_d_moved/e/f1"));
+    assert_eq!(seen["c/new"].2, b"new\n");
+    assert_kernel_overlay_agrees(&ws, m, &seen);
+    assert_unchanged(&before);
+}
+
+// ---------------------------------------------------------------- renameat2
+
+#[test]
+fn renameat2_noreplace_fails_with_eexist_when_the_target_exists() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("a"), b"a");
+    write(&ws.lower().join("b"), b"b");
+    write(&ws.lower().join("deleted"), b"d");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    write(&m.p("u"), b"u");
+    let nr = libc::RENAME_NOREPLACE;
+    assert_eq!(
+        renameat2(&m.p("a"), &m.p("b"), nr),
+        Err(libc::EEXIST),
+        "lower target"
+    );
+    assert_eq!(
+        renameat2(&m.p("u"), &m.p("a"), nr),
+        Err(libc::EEXIST),
+        "upper→lower target"
+    );
+    assert_eq!(
+        renameat2(&m.p("a"), &m.p("u"), nr),
+        Err(libc::EEXIST),
+        "lower→upper target"
+    );
+    assert_eq!(fs::read(m.p("a")).unwrap(), b"a");
+    assert_eq!(fs::read(m.p("b")).unwrap(), b"b");
+    fs::remove_file(m.p("deleted")).unwrap();
+    assert_eq!(
+        renameat2(&m.p("a"), &m.p("deleted"), nr),
+        Ok(()),
+        "onto a whiteout"
+    );
+    assert_eq!(
+        renameat2(&m.p("u"), &m.p("fresh"), nr),
+        Ok(()),
+        "onto nothing"
+    );
+    assert_eq!(fs::read(m.p("deleted")).unwrap(), b"a");
+    assert_eq!(fs::read(m.p("fresh")).unwrap(), b"u");
+    assert_eq!(list_names(&m.path), set(&["b", "deleted", "fresh"]));
+    let seen = tree_listing(&m.path);
+    assert_kernel_overlay_agrees(&ws, m, &seen);
+    assert_unchanged(&before);
+}
+
+#[test]
+fn renameat2_exchange_swaps_files_across_layers() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("low"), b"from lower");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    write(&m.p("up"), b"from upper");
+    let ino_low = fs::symlink_metadata(m.p("low")).unwrap().ino();
+    let ino_up = fs::symlink_metadata(m.p("up")).unwrap().ino();
+    renameat2(&m.p("low"), &m.p("up"), libc::RENAME_EXCHANGE).expect("exchange");
+    assert_eq!(fs::read(m.p("low")).unwrap(), b"from upper");
+    assert_eq!(fs::read(m.p("up")).unwrap(), b"from lower");
+    assert_eq!(
+        fs::symlink_metadata(m.p("low")).unwrap().ino(),
+        ino_up,
+        "inodes move"
+    );
+    assert_eq!(fs::symlink_metadata(m.p("up")).unwrap().ino(), ino_low);
+    assert_eq!(
+        renameat2(&m.p("low"), &m.p("missing"), libc::RENAME_EXCHANGE),
+        Err(libc::ENOENT)
+    );
+    let seen = tree_listing(&m.path);
+    assert_kernel_overlay_agrees(&ws, m, &seen);
+    assert_unchanged(&before);
+}
+
+#[test]
+fn renameat2_exchange_swaps_a_lower_directory_with_a_file() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("dir/child"), b"c");
+    write(&ws.lower().join("dir/sub/deeper"), b"d");
+    write(&ws.lower().join("file"), b"f");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    renameat2(&m.p("dir"), &m.p("file"), libc::RENAME_EXCHANGE).expect("exchange dir<->file");
+    assert!(fs::symlink_metadata(m.p("dir")).unwrap().is_file());
+    assert_eq!(fs::read(m.p("dir")).unwrap(), b"f");
+    assert!(fs::symlink_metadata(m.p("file")).unwrap().is_dir());
+    assert_eq!(list_names(&m.p("file")), set(&["child", "sub"]));
+    assert_eq!(fs::read(m.p("file/sub/deeper")).unwrap(), b"d");
+    let seen = tree_listing(&m.path);
+    assert_kernel_overlay_agrees(&ws, m, &seen);
+    assert_unchanged(&before);
+}
+
+// ---------------------------------------------------------------- rename over
+
+#[test]
+fn rename_over_an_existing_lower_file_replaces_it() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("target"), b"old lower content");
+    write(&ws.lower().join("lsrc"), b"lower source");
+    write(&ws.lower().join("target2"), b"old 2");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    write(&m.p("usrc"), b"upper source");
+    fs::rename(m.p("usrc"), m.p("target")).unwrap();
+    fs::rename(m.p("lsrc"), m.p("target2")).unwrap();
+    assert_eq!(fs::read(m.p("target")).unwrap(), b"upper source");
+    assert_eq!(fs::read(m.p("target2")).unwrap(), b"lower source");
+    assert_eq!(list_names(&m.path), set(&["target", "target2"]));
+    let seen = tree_listing(&m.path);
+    assert_kernel_overlay_agrees(&ws, m, &seen);
+    assert!(fs::symlink_metadata(ws.upper.join("target"))
+        .unwrap()
+        .is_file());
+    assert_whiteout(&ws.upper.join("lsrc"));
+    assert_unchanged(&before);
+}
+
+#[test]
+fn rename_of_a_directory_over_an_empty_merged_directory_replaces_it() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("target/was_here"), b"x");
+    write(&ws.lower().join("src/s"), b"s");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    fs::remove_file(m.p("target/was_here")).unwrap();
+    assert!(list_names(&m.p("target")).is_empty());
+    fs::rename(m.p("src"), m.p("target")).expect("rename over an empty merged dir");
+    assert_eq!(
+        list_names(&m.p("target")),
+        set(&["s"]),
+        "no lower child comes back"
+    );
+    assert_eq!(
+        errno(&fs::symlink_metadata(m.p("src")).unwrap_err()),
+        libc::ENOENT
+    );
+    // And over a non-empty one: ENOTEMPTY.
+    fs::create_dir(m.p("other")).unwrap();
+    write(&m.p("other/o"), b"o");
+    let e = fs::rename(m.p("other"), m.p("target")).unwrap_err();
+    assert!(matches!(errno(&e), libc::ENOTEMPTY | libc::EEXIST), "{e}");
+    let seen = tree_listing(&m.path);
+    assert_kernel_overlay_agrees(&ws, m, &seen);
+    assert_unchanged(&before);
+}
+
+#[test]
+fn rename_onto_a_name_deleted_earlier_works() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("w"), b"deleted");
+    write(&ws.lower().join("wd/c"), b"c");
+    write(&ws.lower().join("src"), b"source");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    fs::remove_file(m.p("w")).unwrap();
+    fs::rename(m.p("src"), m.p("w")).unwrap();
+    assert_eq!(fs::read(m.p("w")).unwrap(), b"source");
+    crate::harness::sh(
+        &m.path,
+        "rm -rf wd && mkdir newdir && touch newdir/n && mv newdir wd",
+    );
+    assert_eq!(list_names(&m.p("wd")), set(&["n"]));
+    let seen = tree_listing(&m.path);
+    assert_kernel_overlay_agrees(&ws, m, &seen);
+    assert!(fs::symlink_metadata(ws.upper.join("w")).unwrap().is_file());
+    assert_unchanged(&before);
+}
+
+// ---------------------------------------------------------------- hard links
+
+#[test]
+fn link_of_a_lower_file_gives_two_names_for_one_inode() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("orig"), b"shared");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let ino = fs::symlink_metadata(m.p("orig")).unwrap().ino();
+    fs::hard_link(m.p("orig"), m.p("alias")).unwrap();
+    let a = fs::symlink_metadata(m.p("orig")).unwrap();
+    let b = fs::symlink_metadata(m.p("alias")).unwrap();
+    assert_eq!(a.ino(), ino, "st_ino survives the copy-up done by link");
+    assert_eq!(b.ino(), ino, "both names, one inode");
+    assert_eq!((a.nlink(), b.nlink()), (2, 2));
+    fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("alias"))
+        .unwrap()
+        .write_all(b"+via alias")
+        .unwrap();
+    assert_eq!(fs::read(m.p("orig")).unwrap(), b"shared+via alias");
+    fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("orig"))
+        .unwrap()
+        .write_all(b"+via orig")
+        .unwrap();
+    assert_eq!(
+        fs::read(m.p("alias")).unwrap(),
+        b"shared+via alias+via orig"
+    );
+    fs::remove_file(m.p("orig")).unwrap();
+    assert_eq!(fs::symlink_metadata(m.p("alias")).unwrap().nlink(), 1);
+    assert_eq!(
+        fs::read(m.p("alias")).unwrap(),
+        b"shared+via alias+via orig"
+    );
+    drop(m);
+    assert_whiteout(&ws.upper.join("orig"));
+    assert_eq!(
+        fs::read(ws.upper.join("alias")).unwrap(),
+        b"shared+via alias+via orig"
+    );
+    assert_unchanged(&before);
+}
+
+#[test]
+fn link_of_upper_files_counts_links_and_shares_data() {
+    let ws = Workspace::new();
+    fs::create_dir(ws.lower().join("d")).unwrap();
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    write(&m.p("u"), b"upper");
+    fs::hard_link(m.p("u"), m.p("d/u2")).unwrap();
+    fs::hard_link(m.p("u"), m.p("u3")).unwrap();
+    let ino = fs::symlink_metadata(m.p("u")).unwrap().ino();
+    for n in ["u", "d/u2", "u3"] {
+        let md = fs::symlink_metadata(m.p(n)).unwrap();
+        assert_eq!((md.ino(), md.nlink()), (ino, 3), "{n}");
+    }
+    rw(&m.p("u3")).write_all_at(b"UP", 0).unwrap();
+    assert_eq!(fs::read(m.p("d/u2")).unwrap(), b"UPper");
+    fs::remove_file(m.p("u")).unwrap();
+    assert_eq!(fs::symlink_metadata(m.p("u3")).unwrap().nlink(), 2);
+    fs::remove_file(m.p("d/u2")).unwrap();
+    assert_eq!(fs::symlink_metadata(m.p("u3")).unwrap().nlink(), 1);
+    drop(m);
+    assert_eq!(
+        fs::symlink_metadata(ws.upper.join("u3")).unwrap().nlink(),
+        1
+    );
+    assert_unchanged(&before);
+}
+
+#[test]
+fn hard_links_in_the_lower_show_the_same_st_ino() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("one"), b"linked");
+    fs::create_dir(ws.lower().join("sub")).unwrap();
+    fs::hard_link(ws.lower().join("one"), ws.lower().join("sub/two")).unwrap();
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let a = fs::symlink_metadata(m.p("one")).unwrap();
+    let b = fs::symlink_metadata(m.p("sub/two")).unwrap();
+    assert_eq!(
+        a.ino(),
+        b.ino(),
+        "lower hard links are one inode through the mount"
+    );
+    assert_eq!((a.nlink(), b.nlink()), (2, 2));
+    assert_eq!(fs::read(m.p("sub/two")).unwrap(), b"linked");
+    drop(m);
+    assert!(walk_names(&ws.upper).is_empty());
+    assert_unchanged(&before);
+}
+
+// ---------------------------------------------------------------- xattrs, ACLs
+
+#[test]
+fn user_xattrs_can_be_set_read_listed_and_removed() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("f"), b"x");
+    xattr::set(ws.lower().join("f"), "user.orig", b"o").unwrap();
+    fs::create_dir(ws.lower().join("d")).unwrap();
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let f = m.p("f");
+    assert_eq!(
+        xattr::get(&f, "user.orig").unwrap().as_deref(),
+        Some(&b"o"[..])
+    );
+    let names = |p: &Path| -> Vec<String> {
+        let mut v: Vec<String> = xattr::list(p)
+            .unwrap()
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&f), vec!["user.orig"]);
+    xattr::set(&f, "user.new", b"value with \0 nul").unwrap();
+    assert_eq!(names(&f), vec!["user.new", "user.orig"]);
+    assert_eq!(
+        xattr::get(&f, "user.new").unwrap().as_deref(),
+        Some(&b"value with \0 nul"[..])
+    );
+    xattr::remove(&f, "user.orig").unwrap();
+    assert_eq!(names(&f), vec!["user.new"]);
+    assert_eq!(xattr::get(&f, "user.orig").unwrap(), None);
+    assert_eq!(
+        errno(&xattr::remove(&f, "user.orig").unwrap_err()),
+        libc::ENODATA
+    );
+    // A large value, and an xattr on a lower directory.
+    let big = pattern(3000, 1);
+    xattr::set(m.p("d"), "user.big", &big).unwrap();
+    assert_eq!(xattr::get(m.p("d"), "user.big").unwrap(), Some(big.clone()));
+    assert_eq!(list_names(&m.path), set(&["d", "f"]));
+    drop(m);
+    let u = ws.upper.join("f");
+    assert_eq!(
+        xattr::get(&u, "user.new").unwrap().as_deref(),
+        Some(&b"value with \0 nul"[..])
+    );
+    assert_eq!(
+        xattr::get(&u, "user.orig").unwrap(),
+        None,
+        "removed in the upper"
+    );
+    assert_eq!(
+        xattr::get(ws.upper.join("d"), "user.big").unwrap(),
+        Some(big)
+    );
+    assert_unchanged(&before);
+}
+
+#[test]
+fn private_overlay_xattrs_are_never_listed_nor_settable_through_the_mount() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("tree/child"), b"c");
+    write(&ws.lower().join("moveme/x"), b"x");
+    write(&ws.lower().join("f"), b"f");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    crate::harness::sh(
+        &m.path,
+        "rm -rf tree && mkdir tree && mv moveme moved && rm f && touch f",
+    );
+    let up_tree = ws.upper.join("tree");
+    assert_eq!(
+        get_trusted(&up_tree, "trusted.overlay.opaque").as_deref(),
+        Some("y")
+    );
+    for n in ["tree", "moved", "f", ""] {
+        let p = if n.is_empty() { m.path.clone() } else { m.p(n) };
+        let listed: Vec<String> = xattr::list(&p)
+            .unwrap()
+            .map(|x| x.to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            listed
+                .iter()
+                .all(|x| !x.starts_with("trusted.overlay.") && !x.starts_with("user.overlay.")),
+            "{n:?} lists private xattrs: {listed:?}"
+        );
+        let dump = crate::harness::sh(&m.path, &format!("getfattr -d -m - ./{n} 2>&1"));
+        assert!(
+            !dump.contains("overlay."),
+            "getfattr shows private xattrs of {n:?}: {dump}"
+        );
+        match xattr::get(&p, "trusted.overlay.opaque") {
+            Ok(None) => {}
+            Ok(Some(v)) => panic!("{n:?}: trusted.overlay.opaque readable: {v:?}"),
+            Err(e) => assert!(
+                matches!(
+                    errno(&e),
+                    libc::ENODATA | libc::EPERM | libc::EACCES | libc::EOPNOTSUPP
+                ),
+                "{n:?}: get: {e}"
+            ),
+        }
+    }
+    // Setting or removing them is refused. (Kernel overlayfs since 6.7
+    // instead stores such names escaped as trusted.overlay.overlay.*; the
+    // layerfs design refuses them.)
+    let refused = |r: std::io::Result<()>, what: &str| {
+        let e = r.err().unwrap_or_else(|| panic!("{what} was allowed"));
+        assert!(
+            matches!(
+                errno(&e),
+                libc::EPERM | libc::EACCES | libc::EOPNOTSUPP | libc::ENODATA
+            ),
+            "{what}: {e}"
+        );
+    };
+    refused(
+        xattr::set(m.p("f"), "trusted.overlay.opaque", b"y"),
+        "set opaque on a file",
+    );
+    refused(
+        xattr::set(m.p("moved"), "trusted.overlay.opaque", b"y"),
+        "set opaque on a dir",
+    );
+    refused(
+        xattr::set(m.p("moved"), "trusted.overlay.redirect", b"/x"),
+        "set redirect",
+    );
+    refused(
+        xattr::remove(m.p("tree"), "trusted.overlay.opaque"),
+        "remove opaque",
+    );
+    refused(
+        xattr::remove(m.p("moved"), "trusted.overlay.redirect"),
+        "remove redirect",
+    );
+    // The merge is unaffected.
+    assert_eq!(
+        list_names(&m.p("moved")),
+        set(&["x"]),
+        "moved dir still shows lower content"
+    );
+    assert!(list_names(&m.p("tree")).is_empty());
+    drop(m);
+    assert_eq!(
+        get_trusted(&up_tree, "trusted.overlay.opaque").as_deref(),
+        Some("y")
+    );
+    assert_eq!(
+        get_trusted(&ws.upper.join("moved"), "trusted.overlay.opaque"),
+        None
+    );
+    assert_unchanged(&before);
+}
+
+#[test]
+fn posix_acls_set_with_setfacl_are_shown_by_getfacl() {
+    if Command::new("setfacl").arg("--version").output().is_err() {
+        eprintln!("note: setfacl missing, skipping the ACL test");
+        return;
+    }
+    let ws = Workspace::new();
+    write(&ws.lower().join("file"), b"acl");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    crate::harness::sh(&m.path, "setfacl -m u:65534:r file");
+    let acl = crate::harness::sh(&m.path, "getfacl -n file");
+    assert!(acl.contains("user:65534:r--"), "getfacl: {acl}");
+    drop(m);
+    let upper_acl = crate::harness::sh(&ws.upper, "getfacl -n file");
+    assert!(
+        upper_acl.contains("user:65534:r--"),
+        "upper acl: {upper_acl}"
+    );
+    assert_unchanged(&before);
+}
+
+// ---------------------------------------------------------------- locks
+
+#[test]
+fn flock_excludes_a_second_process() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("lockme"), b"l");
+    let m = ws.mount();
+    let f = fs::File::open(m.p("lockme")).unwrap();
+    assert_eq!(
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let try_lock = || {
+        Command::new("flock")
+            .args(["-n", "-E", "42"])
+            .arg(m.p("lockme"))
+            .arg("true")
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert_eq!(
+        try_lock(),
+        Some(42),
+        "a second process cannot take the lock"
+    );
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) }, 0);
+    assert_eq!(try_lock(), Some(0), "free after unlock");
+}
+
+#[test]
+fn fcntl_setlk_excludes_a_second_process() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("rec"), b"0123456789");
+    let m = ws.mount();
+    let f = rw(&m.p("rec"));
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = 0;
+    fl.l_len = 0;
+    assert_eq!(
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) },
+        0,
+        "F_SETLK: {}",
+        std::io::Error::last_os_error()
+    );
+    let script = "import fcntl, sys\n\
+                  f = open(sys.argv[1], 'r+')\n\
+                  try:\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('acquired')\n\
+                  except OSError as e:\n    print('blocked', e.errno)\n";
+    let try_lock = || {
+        let out = Command::new("python3")
+            .args(["-c", script])
+            .arg(m.p("rec"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let got = try_lock();
+    assert!(
+        got == format!("blocked {}", libc::EAGAIN) || got == format!("blocked {}", libc::EACCES),
+        "while held: {got}"
+    );
+    // F_GETLK from this process sees no conflict with itself; unlock frees it.
+    fl.l_type = libc::F_UNLCK as _;
+    assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) }, 0);
+    assert_eq!(try_lock(), "acquired");
+}
+
+// ---------------------------------------------------------------- mmap etc.
+
+#[test]
+fn a_shared_writable_mmap_of_a_lower_file_writes_to_the_upper_copy() {
+    let ws = Workspace::new();
+    let orig = pattern(3 * 4096, 5);
+    write(&ws.lower().join("mm"), &orig);
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let f = rw(&m.p("mm"));
+    let len = orig.len();
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(
+            p,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        let s = std::slice::from_raw_parts_mut(p as *mut u8, len);
+        assert_eq!(&s[..], &orig[..], "mapping shows the lower data");
+        s[100..104].copy_from_slice(b"MMAP");
+        s[len - 4..].copy_from_slice(b"TAIL");
+        assert_eq!(libc::msync(p, len, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(p, len), 0);
+    }
+    let mut want = orig.clone();
+    want[100..104].copy_from_slice(b"MMAP");
+    want[len - 4..].copy_from_slice(b"TAIL");
+    let mut via_fd = vec![0u8; len];
+    f.read_exact_at(&mut via_fd, 0).unwrap();
+    assert_eq!(via_fd, want, "read on the same fd");
+    drop(f);
+    assert_eq!(fs::read(m.p("mm")).unwrap(), want, "read via a new open");
+    drop(m);
+    assert_eq!(fs::read(ws.upper.join("mm")).unwrap(), want, "upper copy");
+    assert_unchanged(&before);
+}
+
+#[test]
+fn fallocate_allocates_and_punches_holes() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("lowfile"), &vec![0xAAu8; 65536]);
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("new"))
+        .unwrap();
+    let fd = f.as_raw_fd();
+    assert_eq!(
+        unsafe { libc::fallocate(fd, 0, 0, 1 << 20) },
+        0,
+        "fallocate: {}",
+        std::io::Error::last_os_error()
+    );
+    let md = f.metadata().unwrap();
+    assert_eq!(md.len(), 1 << 20);
+    assert!(md.blocks() >= 2048, "blocks allocated: {}", md.blocks());
+    f.write_all_at(&vec![0xAAu8; 65536], 0).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(
+        unsafe { libc::fallocate(fd, punch, 4096, 8192) },
+        0,
+        "punch: {}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20, "KEEP_SIZE");
+    let mut buf = vec![0u8; 65536];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert!(buf[..4096].iter().all(|&b| b == 0xAA));
+    assert!(
+        buf[4096..12288].iter().all(|&b| b == 0),
+        "punched range reads zeros"
+    );
+    assert!(buf[12288..].iter().all(|&b| b == 0xAA));
+    // KEEP_SIZE allocation past EOF does not change the size.
+    assert_eq!(
+        unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20) },
+        0
+    );
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    drop(f);
+    // On a lower file: copy-up, then punch.
+    let g = rw(&m.p("lowfile"));
+    assert_eq!(unsafe { libc::fallocate(g.as_raw_fd(), punch, 0, 4096) }, 0);
+    drop(g);
+    let got = fs::read(m.p("lowfile")).unwrap();
+    assert_eq!(got.len(), 65536);
+    assert!(got[..4096].iter().all(|&b| b == 0) && got[4096..].iter().all(|&b| b == 0xAA));
+    drop(m);
+    assert_eq!(fs::read(ws.upper.join("lowfile")).unwrap(), got);
+    assert_unchanged(&before);
+}
+
+#[test]
+fn lseek_seek_data_and_seek_hole_find_the_extents_of_a_sparse_file() {
+    let ws = Workspace::new();
+    const MB: i64 = 1 << 20;
+    // A sparse lower file: data at 0 and at 2 MiB, size 3 MiB.
+    let lf = fs::File::create(ws.lower().join("sparse_lower")).unwrap();
+    lf.write_all_at(&[1u8; 4096], 0).unwrap();
+    lf.write_all_at(&[2u8; 4096], 2 * MB as u64).unwrap();
+    lf.set_len(3 * MB as u64).unwrap();
+    lf.sync_all().unwrap();
+    drop(lf);
+    let backing = fs::File::open(ws.lower().join("sparse_lower")).unwrap();
+    let seek = |fd: i32, off: i64, whence: i32| unsafe { libc::lseek(fd, off, whence) };
+    let bfd = backing.as_raw_fd();
+    let expect_lower = [
+        seek(bfd, 0, libc::SEEK_HOLE),
+        seek(bfd, 4096, libc::SEEK_DATA),
+        seek(bfd, 2 * MB, libc::SEEK_HOLE),
+    ];
+    assert!(
+        expect_lower[0] < 2 * MB,
+        "the backing fs reports holes: {expect_lower:?}"
+    );
+    let m = ws.mount();
+    let f = fs::File::open(m.p("sparse_lower")).unwrap();
+    let fd = f.as_raw_fd();
+    let got = [
+        seek(fd, 0, libc::SEEK_HOLE),
+        seek(fd, 4096, libc::SEEK_DATA),
+        seek(fd, 2 * MB, libc::SEEK_HOLE),
+    ];
+    assert_eq!(got, expect_lower, "SEEK_HOLE/SEEK_DATA on a lower file");
+    assert_eq!(seek(fd, 3 * MB, libc::SEEK_DATA), -1);
+    assert_eq!(last_errno(), libc::ENXIO, "SEEK_DATA at EOF");
+    drop(f);
+
+    // A sparse file made through the mount.
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("sparse_new"))
+        .unwrap();
+    f.write_all_at(&[3u8; 4096], 0).unwrap();
+    f.write_all_at(&[4u8; 4096], MB as u64).unwrap();
+    f.sync_all().unwrap();
+    let fd = f.as_raw_fd();
+    let hole = seek(fd, 0, libc::SEEK_HOLE);
+    assert!((4096..MB).contains(&hole), "first hole at {hole}");
+    let data = seek(fd, hole, libc::SEEK_DATA);
+    assert!(data > hole && data <= MB, "next data at {data}");
+    assert_eq!(seek(fd, MB, libc::SEEK_HOLE), MB + 4096, "hole at EOF");
+}
+
+#[test]
+fn copy_file_range_copies_a_lower_file_into_a_new_file() {
+    let ws = Workspace::new();
+    let src = pattern(3 * 1024 * 1024 + 123, 9);
+    write(&ws.lower().join("src"), &src);
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let s = fs::File::open(m.p("src")).unwrap();
+    let d = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("dst"))
+        .unwrap();
+    let mut left = src.len();
+    while left > 0 {
+        let n = unsafe {
+            libc::copy_file_range(
+                s.as_raw_fd(),
+                std::ptr::null_mut(),
+                d.as_raw_fd(),
+                std::ptr::null_mut(),
+                left,
+                0,
+            )
+        };
+        assert!(
+            n > 0,
+            "copy_file_range: {} ({} left)",
+            std::io::Error::last_os_error(),
+            left
+        );
+        left -= n as usize;
+    }
+    drop(d);
+    assert_eq!(fs::read(m.p("dst")).unwrap(), src);
+    // With explicit offsets, into an existing upper file.
+    let d2 = rw(&m.p("dst"));
+    let (mut off_in, mut off_out): (libc::loff_t, libc::loff_t) = (1000, 10);
+    let n = unsafe {
+        libc::copy_file_range(
+            s.as_raw_fd(),
+            &mut off_in,
+            d2.as_raw_fd(),
+            &mut off_out,
+            500,
+            0,
+        )
+    };
+    assert_eq!(n, 500);
+    assert_eq!((off_in, off_out), (1500, 510));
+    drop(d2);
+    let got = fs::read(m.p("dst")).unwrap();
+    assert_eq!(&got[10..510], &src[1000..1500]);
+    assert_eq!(&got[..10], &src[..10]);
+    drop((s, m));
+    assert!(
+        fs::symlink_metadata(ws.upper.join("src")).is_err(),
+        "the source was not copied up"
+    );
+    assert_unchanged(&before);
+}
+
+#[test]
+fn o_append_writes_always_go_to_the_end() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("log"), b"abc");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let open = || {
+        fs::OpenOptions::new()
+            .append(true)
+            .open(m.p("log"))
+            .unwrap()
+    };
+    let (mut a, mut b) = (open(), open());
+    a.write_all(b"def").unwrap();
+    b.write_all(b"ghi").unwrap();
+    a.write_all(b"jkl").unwrap();
+    let mut c = fs::OpenOptions::new().write(true).open(m.p("log")).unwrap();
+    c.write_all(b"ABC").unwrap();
+    b.write_all(b"mno").unwrap();
+    drop((a, b, c));
+    assert_eq!(fs::read(m.p("log")).unwrap(), b"ABCdefghijklmno");
+    drop(m);
+    assert_eq!(fs::read(ws.upper.join("log")).unwrap(), b"ABCdefghijklmno");
+    assert_unchanged(&before);
+}
+
+/// A heap buffer aligned for O_DIRECT.
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Aligned { ptr, layout }
+    }
+    fn slice(&mut self) -> &mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+#[test]
+fn o_direct_aligned_writes_work_where_the_backing_fs_allows() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("lower"), &pattern(8192, 3));
+    let m = ws.mount();
+    let f = match fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.p("direct"))
+    {
+        Ok(f) => f,
+        Err(e) if errno(&e) == libc::EINVAL => {
+            eprintln!("note: O_DIRECT open refused with EINVAL, skipping");
+            return;
+        }
+        Err(e) => panic!("O_DIRECT open: {e}"),
+    };
+    let mut buf = Aligned::new(8192);
+    buf.slice().copy_from_slice(&pattern(8192, 7));
+    let n = unsafe { libc::pwrite(f.as_raw_fd(), buf.ptr as *const _, 8192, 0) };
+    if n < 0 && last_errno() == libc::EINVAL {
+        eprintln!("note: O_DIRECT write refused with EINVAL, skipping");
+        return;
+    }
+    assert_eq!(
+        n,
+        8192,
+        "O_DIRECT pwrite: {}",
+        std::io::Error::last_os_error()
+    );
+    let mut back = Aligned::new(8192);
+    let r = unsafe { libc::pread(f.as_raw_fd(), back.ptr as *mut _, 8192, 0) };
+    assert_eq!(
+        r,
+        8192,
+        "O_DIRECT pread: {}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(back.slice(), &pattern(8192, 7)[..]);
+    drop(f);
+    assert_eq!(fs::read(m.p("direct")).unwrap(), pattern(8192, 7));
+    // O_DIRECT read of a lower file.
+    let g = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.p("lower"))
+        .unwrap();
+    let r = unsafe { libc::pread(g.as_raw_fd(), back.ptr as *mut _, 8192, 0) };
+    assert_eq!(
+        r,
+        8192,
+        "O_DIRECT pread of a lower file (kernel overlayfs allows it): {}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(back.slice(), &pattern(8192, 3)[..]);
+}
+
+#[test]
+fn utimensat_honours_utime_now_and_utime_omit() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("t"), b"times");
+    set_times(&ws.lower().join("t"), 1_100_000_000, 1_000_000_000);
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let c = cpath(&m.p("t"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let ts = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+    ];
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) },
+        0
+    );
+    let md = fs::metadata(m.p("t")).unwrap();
+    assert_eq!(md.atime(), 1_100_000_000, "UTIME_OMIT keeps atime");
+    assert!(
+        (now - 2..now + 60).contains(&md.mtime()),
+        "UTIME_NOW mtime {} vs {now}",
+        md.mtime()
+    );
+    let mtime_now = (md.mtime(), md.mtime_nsec());
+    let ts = [
+        libc::timespec {
+            tv_sec: 1_234_567_890,
+            tv_nsec: 123_456_789,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    ];
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) },
+        0
+    );
+    let md = fs::metadata(m.p("t")).unwrap();
+    assert_eq!(
+        (md.atime(), md.atime_nsec()),
+        (1_234_567_890, 123_456_789),
+        "explicit atime with ns"
+    );
+    assert_eq!(
+        (md.mtime(), md.mtime_nsec()),
+        mtime_now,
+        "UTIME_OMIT keeps mtime"
+    );
+    drop(m);
+    let u = fs::metadata(ws.upper.join("t")).unwrap();
+    assert_eq!((u.atime(), u.atime_nsec()), (1_234_567_890, 123_456_789));
+    assert_eq!((u.mtime(), u.mtime_nsec()), mtime_now);
+    assert_unchanged(&before);
+}
+
+#[test]
+fn o_tmpfile_works_or_fails_with_exactly_eopnotsupp() {
+    let ws = Workspace::new();
+    fs::create_dir(ws.lower().join("d")).unwrap();
+    let m = ws.mount();
+    let dir = cpath(&m.p("d"));
+    let fd = unsafe { libc::open(dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600) };
+    if fd < 0 {
+        // fuser 0.18 has no tmpfile operation: the kernel answers EOPNOTSUPP.
+        assert_eq!(
+            last_errno(),
+            libc::EOPNOTSUPP,
+            "O_TMPFILE: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    let f = unsafe { <fs::File as std::os::unix::io::FromRawFd>::from_raw_fd(fd) };
+    f.write_all_at(b"anonymous", 0).unwrap();
+    assert!(
+        list_names(&m.p("d")).is_empty(),
+        "an O_TMPFILE file has no name"
+    );
+    let proc_path = cpath(Path::new(&format!("/proc/self/fd/{fd}")));
+    let target = cpath(&m.p("d/named"));
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_path.as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    assert_eq!(r, 0, "linkat: {}", std::io::Error::last_os_error());
+    assert_eq!(fs::read(m.p("d/named")).unwrap(), b"anonymous");
+}
+
+#[test]
+fn ftruncate_and_truncate_of_lower_files_copy_them_up() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("t1"), b"0123456789");
+    write(&ws.lower().join("t2"), b"0123456789");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    let f = fs::OpenOptions::new().write(true).open(m.p("t1")).unwrap();
+    f.set_len(3).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 3, "fstat after ftruncate");
+    drop(f);
+    let c = cpath(&m.p("t2"));
+    assert_eq!(unsafe { libc::truncate(c.as_ptr(), 16) }, 0);
+    assert_eq!(fs::read(m.p("t1")).unwrap(), b"012");
+    assert_eq!(fs::read(m.p("t2")).unwrap(), b"0123456789\0\0\0\0\0\0");
+    // O_TRUNC open.
+    write(&m.p("t1"), b"");
+    assert_eq!(fs::metadata(m.p("t1")).unwrap().len(), 0);
+    drop(m);
+    assert_eq!(fs::read(ws.upper.join("t1")).unwrap(), b"");
+    assert_eq!(
+        fs::read(ws.upper.join("t2")).unwrap(),
+        b"0123456789\0\0\0\0\0\0"
+    );
+    assert_unchanged(&before);
+}
+
+#[test]
+fn chmod_and_chown_of_a_lower_dir_copy_it_up_without_making_it_opaque() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("d/c1"), b"1");
+    write(&ws.lower().join("d/sub/c2"), b"2");
+    fs::set_permissions(ws.lower().join("d"), fs::Permissions::from_mode(0o755)).unwrap();
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    fs::set_permissions(m.p("d"), fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(m.p("d"), Some(7), Some(8)).unwrap();
+    let md = fs::metadata(m.p("d")).unwrap();
+    assert_eq!(md.mode() & 0o7777, 0o700);
+    assert_eq!((md.uid(), md.gid()), (7, 8));
+    assert_eq!(
+        list_names(&m.p("d")),
+        set(&["c1", "sub"]),
+        "lower children still visible"
+    );
+    assert_eq!(fs::read(m.p("d/sub/c2")).unwrap(), b"2");
+    drop(m);
+    let u = fs::metadata(ws.upper.join("d")).unwrap();
+    assert_eq!(u.mode() & 0o7777, 0o700);
+    assert_eq!((u.uid(), u.gid()), (7, 8));
+    assert_eq!(
+        get_trusted(&ws.upper.join("d"), "trusted.overlay.opaque"),
+        None
+    );
+    assert_eq!(
+        walk_names(&ws.upper),
+        vec!["d"],
+        "children are not copied up"
+    );
+    assert_unchanged(&before);
+}
+
+// ---------------------------------------------------------------- lower changes
+
+#[test]
+fn a_file_added_to_the_lower_from_outside_appears_while_mounted() {
+    let ws = Workspace::new();
+    fs::create_dir(ws.lower().join("d")).unwrap();
+    let m = ws.mount();
+    assert!(
+        fs::symlink_metadata(m.p("d/new")).is_err(),
+        "absent at first (negative entry cached)"
+    );
+    assert!(list_names(&m.p("d")).is_empty());
+    write(&ws.lower().join("d/new"), b"arrived");
+    assert!(
+        poll_until(LOWER_CHANGE_TIMEOUT, || fs::read(m.p("d/new"))
+            .ok()
+            .as_deref()
+            == Some(&b"arrived"[..])),
+        "a new lower file did not appear within {LOWER_CHANGE_TIMEOUT:?}"
+    );
+    assert!(
+        poll_until(LOWER_CHANGE_TIMEOUT, || list_names(&m.p("d"))
+            .contains("new")),
+        "a new lower file is not listed within {LOWER_CHANGE_TIMEOUT:?}"
+    );
+}
+
+#[test]
+fn content_rewritten_in_the_lower_from_outside_appears_while_mounted() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("f"), b"version one");
+    let m = ws.mount();
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"version one");
+    let ino = fs::metadata(ws.lower().join("f")).unwrap().ino();
+    // Same inode, same length, new bytes.
+    let mut lf = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(ws.lower().join("f"))
+        .unwrap();
+    lf.write_all(b"version two").unwrap();
+    drop(lf);
+    assert_eq!(fs::metadata(ws.lower().join("f")).unwrap().ino(), ino);
+    assert!(
+        poll_until(LOWER_CHANGE_TIMEOUT, || fs::read(m.p("f")).unwrap()
+            == b"version two"),
+        "rewritten lower content not visible within {LOWER_CHANGE_TIMEOUT:?}: {:?}",
+        String::from_utf8_lossy(&fs::read(m.p("f")).unwrap())
+    );
+    // A change of size, too.
+    fs::OpenOptions::new()
+        .append(true)
+        .open(ws.lower().join("f"))
+        .unwrap()
+        .write_all(b", longer")
+        .unwrap();
+    assert!(
+        poll_until(LOWER_CHANGE_TIMEOUT, || fs::read(m.p("f")).unwrap()
+            == b"version two, longer"),
+        "appended lower content not visible within {LOWER_CHANGE_TIMEOUT:?}"
+    );
+}
+
+#[test]
+fn a_file_deleted_from_the_lower_from_outside_disappears_while_mounted() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("d/doomed"), b"x");
+    write(&ws.lower().join("d/stays"), b"y");
+    let m = ws.mount();
+    assert_eq!(fs::read(m.p("d/doomed")).unwrap(), b"x");
+    assert_eq!(list_names(&m.p("d")), set(&["doomed", "stays"]));
+    fs::remove_file(ws.lower().join("d/doomed")).unwrap();
+    assert!(
+        poll_until(LOWER_CHANGE_TIMEOUT, || matches!(
+            fs::symlink_metadata(m.p("d/doomed")),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT)
+        )),
+        "a deleted lower file still visible after {LOWER_CHANGE_TIMEOUT:?}"
+    );
+    assert!(poll_until(LOWER_CHANGE_TIMEOUT, || list_names(&m.p("d"))
+        == set(&["stays"])));
+}
+
+#[test]
+fn a_copied_up_file_ignores_later_changes_to_its_lower() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("f"), b"lower v1");
+    let m = ws.mount();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("f"))
+        .unwrap()
+        .write_all(b" + mine")
+        .unwrap();
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"lower v1 + mine");
+    fs::write(ws.lower().join("f"), b"lower v2, changed outside").unwrap();
+    // Wait past the cache timeout (not a timing assertion: the answer must not change).
+    std::thread::sleep(LOWER_CHANGE_TIMEOUT + Duration::from_millis(200));
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"lower v1 + mine");
+    assert_eq!(fs::metadata(m.p("f")).unwrap().len(), 15);
+}
+
+// ---------------------------------------------------------------- permissions
+
+/// Runs `args` as uid/gid 65534 with no groups; returns (success, stderr).
+fn as_nobody(args: &[&str]) -> (bool, String) {
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(args)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A workspace whose mountpoint a non-root user can reach.
+fn shared_workspace() -> Workspace {
+    let ws = Workspace::new();
+    fs::set_permissions(ws.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&ws.upper, fs::Permissions::from_mode(0o755)).unwrap();
+    ws
+}
+
+#[test]
+fn permission_checks_apply_to_a_non_root_user() {
+    let ws = shared_workspace();
+    write(&ws.lower().join("secret"), b"root only");
+    fs::set_permissions(ws.lower().join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    write(&ws.lower().join("public"), b"everyone");
+    fs::set_permissions(ws.lower().join("public"), fs::Permissions::from_mode(0o644)).unwrap();
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount_with(&["--allow-other"]);
+    let p = |n: &str| m.p(n).display().to_string();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+        .arg(m.p("public"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nobody reads a 0644 file: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"everyone");
+    let (ok, err) = as_nobody(&["cat", &p("secret")]);
+    assert!(
+        !ok && err.contains("Permission denied"),
+        "nobody reads a 0600 root file: {err}"
+    );
+    let (ok, err) = as_nobody(&["sh", "-c", &format!("echo x >> {}", p("public"))]);
+    assert!(
+        !ok && err.contains("Permission denied"),
+        "nobody writes a 0644 root file: {err}"
+    );
+    let (ok, err) = as_nobody(&["touch", &p("newfile")]);
+    assert!(
+        !ok && err.contains("Permission denied"),
+        "nobody creates in a 0755 root dir: {err}"
+    );
+    assert_eq!(
+        fs::read(m.p("secret")).unwrap(),
+        b"root only",
+        "root still reads it"
+    );
+    drop(m);
+    assert!(
+        walk_names(&ws.upper).is_empty(),
+        "a denied write copies nothing up: {:?}",
+        walk_names(&ws.upper)
+    );
+    assert_unchanged(&before);
+}
+
+#[test]
+fn a_sticky_directory_stops_a_non_root_user_deleting_others_files() {
+    let ws = shared_workspace();
+    write(&ws.lower().join("tmp/rootfile"), b"r");
+    fs::set_permissions(
+        ws.lower().join("tmp/rootfile"),
+        fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    fs::set_permissions(ws.lower().join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount_with(&["--allow-other"]);
+    let p = |n: &str| m.p(n).display().to_string();
+    let (ok, err) = as_nobody(&["rm", "-f", &p("tmp/rootfile")]);
+    assert!(
+        !ok && err.contains("Operation not permitted"),
+        "sticky bit protects root's file: {err}"
+    );
+    let (ok, err) = as_nobody(&["mv", &p("tmp/rootfile"), &p("tmp/stolen")]);
+    assert!(!ok, "nor can it be renamed: {err}");
+    assert_eq!(fs::read(m.p("tmp/rootfile")).unwrap(), b"r");
+    let (ok, err) = as_nobody(&[
+        "sh",
+        "-c",
+        &format!("echo mine > {0} && rm {0}", p("tmp/mine")),
+    ]);
+    assert!(
+        ok,
+        "nobody creates and deletes its own file in a 1777 dir: {err}"
+    );
+    let (ok, err) = as_nobody(&[
+        "sh",
+        "-c",
+        &format!("echo appended >> {}", p("tmp/rootfile")),
+    ]);
+    assert!(ok, "a 0666 file is writable: {err}");
+    assert_eq!(fs::read(m.p("tmp/rootfile")).unwrap(), b"rappended\n");
+    let md = fs::metadata(m.p("tmp")).unwrap();
+    assert_eq!(md.mode() & 0o7777, 0o1777);
+    drop(m);
+    assert_eq!(
+        fs::metadata(ws.upper.join("tmp")).unwrap().mode() & 0o7777,
+        0o1777
+    );
+    assert_unchanged(&before);
+}
