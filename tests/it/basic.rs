@@ -346,6 +346,7 @@ fn reads_fall_through_to_the_lower_and_never_copy_up() {
     );
     assert!(list_names(&m.p("dir")).contains("sub"));
     let c = cpath(&m.p("dir/sub/small"));
+    // SAFETY: c is a valid NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::access(c.as_ptr(), libc::R_OK) }, 0);
     let dirfd = fs::File::open(m.p("dir")).unwrap();
     assert!(dirfd.metadata().unwrap().is_dir());
@@ -413,6 +414,7 @@ fn copy_up_case(op: CopyUpOp) {
         }
         CopyUpOp::Truncate => {
             let c = cpath(&f);
+            // SAFETY: c is a valid NUL-terminated path that outlives the call.
             assert_eq!(unsafe { libc::truncate(c.as_ptr(), 5) }, 0, "truncate");
             want_body.truncate(5);
             want_mtime = None;
@@ -690,6 +692,7 @@ fn mknod_of_a_fifo_and_bind_of_a_unix_socket_work() {
     let before = snapshot_lowers(&ws);
     let m = ws.mount();
     let fifo = cpath(&m.p("d/fifo"));
+    // SAFETY: fifo is a valid NUL-terminated path that outlives the call.
     assert_eq!(
         unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) },
         0,
@@ -903,8 +906,10 @@ fn statfs_and_fsync_work() {
     write(&ws.lower().join("f"), b"lower");
     let before = snapshot_lowers(&ws);
     let m = ws.mount();
+    // SAFETY: statvfs is plain old data; all-zero is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     let c = cpath(&m.path);
+    // SAFETY: c is a valid NUL-terminated path and st a writable statvfs; both outlive it.
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
     assert!(st.f_bsize > 0, "f_bsize");
     assert!(st.f_blocks > 0, "f_blocks reflects a real filesystem");
@@ -1051,7 +1056,9 @@ fn nothing_in_the_lowers_changes_after_a_session_of_every_operation() {
 
 fn current_umask() -> u32 {
     // umask(2) only reads by writing; restore it at once.
+    // SAFETY: umask takes and returns a plain integer and touches no memory.
     let old = unsafe { libc::umask(0o022) };
+    // SAFETY: umask takes and returns a plain integer and touches no memory.
     unsafe { libc::umask(old) };
     old
 }
@@ -1062,6 +1069,7 @@ struct Dir(*mut libc::DIR);
 impl Dir {
     fn open(p: &Path) -> Dir {
         let c = cpath(p);
+        // SAFETY: c is a valid NUL-terminated path that outlives the call.
         let d = unsafe { libc::opendir(c.as_ptr()) };
         assert!(
             !d.is_null(),
@@ -1072,23 +1080,28 @@ impl Dir {
         Dir(d)
     }
     fn next(&self) -> Option<String> {
+        // SAFETY: self.0 is a non-null DIR* from opendir, closed only in Drop.
         let e = unsafe { libc::readdir(self.0) };
         if e.is_null() {
             return None;
         }
+        // SAFETY: e is a non-null dirent, live until the next readdir; d_name is NUL-terminated.
         let name = unsafe { CStr::from_ptr((*e).d_name.as_ptr()) };
         Some(name.to_string_lossy().into_owned())
     }
     fn tell(&self) -> libc::c_long {
+        // SAFETY: self.0 is a non-null DIR* from opendir, closed only in Drop.
         unsafe { libc::telldir(self.0) }
     }
     fn seek(&self, pos: libc::c_long) {
+        // SAFETY: self.0 is a non-null DIR* from opendir, closed only in Drop.
         unsafe { libc::seekdir(self.0, pos) }
     }
 }
 
 impl Drop for Dir {
     fn drop(&mut self) {
+        // SAFETY: self.0 is a DIR* from opendir and is closed exactly once, here.
         unsafe { libc::closedir(self.0) };
     }
 }
@@ -1099,6 +1112,7 @@ fn getdents_names(dir: &Path, bufsize: usize) -> Vec<(String, u8)> {
     let mut buf = vec![0u64; bufsize / 8];
     let mut out = Vec::new();
     loop {
+        // SAFETY: buf holds bufsize writable bytes (callers pass multiples of 8); f's fd is open.
         let n = unsafe {
             libc::syscall(
                 libc::SYS_getdents64,
@@ -1111,6 +1125,7 @@ fn getdents_names(dir: &Path, bufsize: usize) -> Vec<(String, u8)> {
         if n == 0 {
             return out;
         }
+        // SAFETY: buf's first n <= bufsize bytes are initialised and unchanged while bytes lives.
         let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const u8, n as usize) };
         let mut off = 0usize;
         while off < bytes.len() {
@@ -1164,6 +1179,7 @@ pub(crate) mod fsutil {
             },
         ];
         let c = cpath(p);
+        // SAFETY: c is a valid NUL-terminated path and ts two timespecs; both outlive the call.
         let r = unsafe {
             libc::utimensat(
                 libc::AT_FDCWD,
@@ -1184,6 +1200,7 @@ pub(crate) mod fsutil {
     /// Create a kernel-overlay whiteout (char device 0/0) directly in a layer.
     pub fn make_whiteout(p: &Path) {
         let c = cpath(p);
+        // SAFETY: c is a valid NUL-terminated path that outlives the call.
         let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, libc::makedev(0, 0)) };
         assert_eq!(
             r,

@@ -116,10 +116,12 @@ fn cvt(rc: libc::c_int) -> io::Result<()> {
 }
 
 fn mknod(p: &Path, mode: libc::mode_t, dev: libc::dev_t) -> io::Result<()> {
+    // SAFETY: the CString from cstr(p) lives to the end of the statement, past the call.
     cvt(unsafe { libc::mknod(cstr(p).as_ptr(), mode, dev) })
 }
 
 fn truncate(p: &Path, len: i64) -> io::Result<()> {
+    // SAFETY: the CString from cstr(p) lives to the end of the statement, past the call.
     cvt(unsafe { libc::truncate(cstr(p).as_ptr(), len) })
 }
 
@@ -129,6 +131,7 @@ fn utimens(p: &Path, secs: i64) -> io::Result<()> {
         tv_nsec: 0,
     };
     let times = [t, t];
+    // SAFETY: the CString from cstr(p) outlives the call, and times holds two timespecs.
     cvt(unsafe {
         libc::utimensat(
             libc::AT_FDCWD,
@@ -140,6 +143,7 @@ fn utimens(p: &Path, secs: i64) -> io::Result<()> {
 }
 
 fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
+    // SAFETY: the CStrings from cstr(a) and cstr(b) live to the end of the statement.
     cvt(unsafe {
         libc::renameat2(
             libc::AT_FDCWD,
@@ -1033,6 +1037,7 @@ fn openat2_nofollow(dir: RawFd, rel: &str, flags: i32, mode: u32) -> io::Result<
         mode: mode as u64,
         resolve: libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH,
     };
+    // SAFETY: path is NUL-terminated, how a repr(C) open_how of the size passed; both outlive it.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_openat2,
@@ -1050,6 +1055,7 @@ fn openat2_nofollow(dir: RawFd, rel: &str, flags: i32, mode: u32) -> io::Result<
 }
 
 fn close(fd: RawFd) {
+    // SAFETY: callers pass a descriptor they own and do not use after this call.
     unsafe { libc::close(fd) };
 }
 
@@ -1200,6 +1206,7 @@ fn swap_race(
                         libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
                         0o644,
                     ) {
+                        // SAFETY: fd was just returned by openat2 and nothing else owns it.
                         let mut f = unsafe { fs::File::from_raw_fd(fd) };
                         let _ = f.write_all(b"x");
                         created.fetch_add(1, Ordering::Relaxed);
@@ -1223,6 +1230,7 @@ fn swap_race(
                     for _ in 0..16 {
                         let name = CString::new(format!("{prefix}h{t}-{n}")).unwrap();
                         n += 1;
+                        // SAFETY: dfd is an open dir fd; name is NUL-terminated.
                         let fd = unsafe {
                             libc::openat(
                                 dfd,
@@ -1241,6 +1249,7 @@ fn swap_race(
                         }
                         if n.is_multiple_of(4) {
                             let dname = CString::new(format!("{prefix}dir{t}-{n}")).unwrap();
+                            // SAFETY: dfd is an open dir fd; dname is NUL-terminated.
                             if unsafe { libc::mkdirat(dfd, dname.as_ptr(), 0o755) } == 0 {
                                 created.fetch_add(1, Ordering::Relaxed);
                             }
@@ -1409,8 +1418,10 @@ fn suid_bits_stripped_by_default() {
             up & 0o6000 == 0,
         );
     }
+    // SAFETY: umask takes and returns a plain integer and touches no memory.
     let old = unsafe { libc::umask(0o022) };
     let r = create_mode(&p("g"), 0o6755);
+    // SAFETY: umask takes and returns a plain integer and touches no memory.
     unsafe { libc::umask(old) };
     if v.works("create g mode 6755", r).is_some() {
         let got = mode_of(&p("g"));
@@ -1490,6 +1501,7 @@ fn write_file_checked(p: &Path, len: usize) -> io::Result<()> {
     }
     f.sync_all()?;
     let fd = f.into_raw_fd();
+    // SAFETY: fd came from into_raw_fd, so it is owned here and closed exactly once.
     cvt(unsafe { libc::close(fd) })
 }
 
@@ -1560,6 +1572,7 @@ fn quota_inodes_exhaustion_and_recovery() {
 
 fn hup(m: &Mount) {
     assert!(m.pid() > 0);
+    // SAFETY: kill takes only integers and touches no memory; the pid (> 0) is the daemon's.
     let rc = unsafe { libc::kill(m.pid() as libc::pid_t, libc::SIGHUP) };
     assert_eq!(rc, 0, "kill -HUP {}", m.pid());
 }

@@ -84,6 +84,7 @@ fn assert_kernel_overlay_agrees(
 
 fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> Result<(), i32> {
     let (a, b) = (cpath(from), cpath(to));
+    // SAFETY: a and b are valid NUL-terminated paths that outlive the call.
     let r = unsafe {
         libc::syscall(
             libc::SYS_renameat2,
@@ -724,6 +725,7 @@ fn flock_excludes_a_second_process() {
     write(&ws.lower().join("lockme"), b"l");
     let m = ws.mount();
     let f = fs::File::open(m.p("lockme")).unwrap();
+    // SAFETY: f owns an open descriptor for the duration of the call.
     assert_eq!(
         unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
         0
@@ -742,6 +744,7 @@ fn flock_excludes_a_second_process() {
         Some(42),
         "a second process cannot take the lock"
     );
+    // SAFETY: f owns an open descriptor for the duration of the call.
     assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) }, 0);
     assert_eq!(try_lock(), Some(0), "free after unlock");
 }
@@ -752,11 +755,13 @@ fn fcntl_setlk_excludes_a_second_process() {
     write(&ws.lower().join("rec"), b"0123456789");
     let m = ws.mount();
     let f = rw(&m.p("rec"));
+    // SAFETY: flock is plain old data; all-zero is a valid value.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = libc::F_WRLCK as _;
     fl.l_whence = libc::SEEK_SET as _;
     fl.l_start = 0;
     fl.l_len = 0;
+    // SAFETY: f owns an open fd and fl is an initialised flock; both outlive the call.
     assert_eq!(
         unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) },
         0,
@@ -787,6 +792,7 @@ fn fcntl_setlk_excludes_a_second_process() {
     );
     // F_GETLK from this process sees no conflict with itself; unlock frees it.
     fl.l_type = libc::F_UNLCK as _;
+    // SAFETY: f owns an open fd and fl is an initialised flock; both outlive the call.
     assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) }, 0);
     assert_eq!(try_lock(), "acquired");
 }
@@ -802,6 +808,7 @@ fn a_shared_writable_mmap_of_a_lower_file_writes_to_the_upper_copy() {
     let m = ws.mount();
     let f = rw(&m.p("mm"));
     let len = orig.len();
+    // SAFETY: f's fd is open read-write; s spans exactly the len mapped bytes, unused after munmap.
     unsafe {
         let p = libc::mmap(
             std::ptr::null_mut(),
@@ -851,6 +858,7 @@ fn fallocate_allocates_and_punches_holes() {
         .open(m.p("new"))
         .unwrap();
     let fd = f.as_raw_fd();
+    // SAFETY: fd is an open descriptor owned by f for the duration of the call.
     assert_eq!(
         unsafe { libc::fallocate(fd, 0, 0, 1 << 20) },
         0,
@@ -862,6 +870,7 @@ fn fallocate_allocates_and_punches_holes() {
     assert!(md.blocks() >= 2048, "blocks allocated: {}", md.blocks());
     f.write_all_at(&vec![0xAAu8; 65536], 0).unwrap();
     let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fd is an open descriptor owned by f for the duration of the call.
     assert_eq!(
         unsafe { libc::fallocate(fd, punch, 4096, 8192) },
         0,
@@ -878,6 +887,7 @@ fn fallocate_allocates_and_punches_holes() {
     );
     assert!(buf[12288..].iter().all(|&b| b == 0xAA));
     // KEEP_SIZE allocation past EOF does not change the size.
+    // SAFETY: fd is an open descriptor owned by f for the duration of the call.
     assert_eq!(
         unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20) },
         0
@@ -886,6 +896,7 @@ fn fallocate_allocates_and_punches_holes() {
     drop(f);
     // On a lower file: copy-up, then punch.
     let g = rw(&m.p("lowfile"));
+    // SAFETY: g owns an open descriptor for the duration of the call.
     assert_eq!(unsafe { libc::fallocate(g.as_raw_fd(), punch, 0, 4096) }, 0);
     drop(g);
     let got = fs::read(m.p("lowfile")).unwrap();
@@ -908,6 +919,7 @@ fn lseek_seek_data_and_seek_hole_find_the_extents_of_a_sparse_file() {
     lf.sync_all().unwrap();
     drop(lf);
     let backing = fs::File::open(ws.lower().join("sparse_lower")).unwrap();
+    // SAFETY: lseek takes no pointers; it only gets fds of files (backing, f) that are still open.
     let seek = |fd: i32, off: i64, whence: i32| unsafe { libc::lseek(fd, off, whence) };
     let bfd = backing.as_raw_fd();
     let expect_lower = [
@@ -967,6 +979,7 @@ fn copy_file_range_copies_a_lower_file_into_a_new_file() {
         .unwrap();
     let mut left = src.len();
     while left > 0 {
+        // SAFETY: s and d own open fds; null offset pointers mean use the file positions.
         let n = unsafe {
             libc::copy_file_range(
                 s.as_raw_fd(),
@@ -990,6 +1003,7 @@ fn copy_file_range_copies_a_lower_file_into_a_new_file() {
     // With explicit offsets, into an existing upper file.
     let d2 = rw(&m.p("dst"));
     let (mut off_in, mut off_out): (libc::loff_t, libc::loff_t) = (1000, 10);
+    // SAFETY: s and d2 own open fds; off_in and off_out are writable loff_t outliving the call.
     let n = unsafe {
         libc::copy_file_range(
             s.as_raw_fd(),
@@ -1049,17 +1063,20 @@ struct Aligned {
 impl Aligned {
     fn new(len: usize) -> Aligned {
         let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: layout has a non-zero size (callers pass 8192) and a valid alignment.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         assert!(!ptr.is_null());
         Aligned { ptr, layout }
     }
     fn slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr owns layout.size() zeroed bytes; &mut self makes the borrow exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
     }
 }
 
 impl Drop for Aligned {
     fn drop(&mut self) {
+        // SAFETY: ptr was allocated with this layout in Aligned::new and is freed only here.
         unsafe { std::alloc::dealloc(self.ptr, self.layout) }
     }
 }
@@ -1085,6 +1102,7 @@ fn o_direct_aligned_writes_work_where_the_backing_fs_allows() {
     };
     let mut buf = Aligned::new(8192);
     buf.slice().copy_from_slice(&pattern(8192, 7));
+    // SAFETY: buf.ptr points to 8192 readable bytes owned by buf; f's fd is open.
     let n = unsafe { libc::pwrite(f.as_raw_fd(), buf.ptr as *const _, 8192, 0) };
     if n < 0 && last_errno() == libc::EINVAL {
         eprintln!("note: O_DIRECT write refused with EINVAL, skipping");
@@ -1097,6 +1115,7 @@ fn o_direct_aligned_writes_work_where_the_backing_fs_allows() {
         std::io::Error::last_os_error()
     );
     let mut back = Aligned::new(8192);
+    // SAFETY: back.ptr points to 8192 writable bytes owned by back; f's fd is open.
     let r = unsafe { libc::pread(f.as_raw_fd(), back.ptr as *mut _, 8192, 0) };
     assert_eq!(
         r,
@@ -1113,6 +1132,7 @@ fn o_direct_aligned_writes_work_where_the_backing_fs_allows() {
         .custom_flags(libc::O_DIRECT)
         .open(m.p("lower"))
         .unwrap();
+    // SAFETY: back.ptr points to 8192 writable bytes owned by back; g's fd is open.
     let r = unsafe { libc::pread(g.as_raw_fd(), back.ptr as *mut _, 8192, 0) };
     assert_eq!(
         r,
@@ -1145,6 +1165,7 @@ fn utimensat_honours_utime_now_and_utime_omit() {
             tv_nsec: libc::UTIME_NOW,
         },
     ];
+    // SAFETY: c is a valid NUL-terminated path and ts two timespecs; both outlive the call.
     assert_eq!(
         unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) },
         0
@@ -1167,6 +1188,7 @@ fn utimensat_honours_utime_now_and_utime_omit() {
             tv_nsec: libc::UTIME_OMIT,
         },
     ];
+    // SAFETY: c is a valid NUL-terminated path and ts two timespecs; both outlive the call.
     assert_eq!(
         unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) },
         0
@@ -1195,6 +1217,7 @@ fn o_tmpfile_works_or_fails_with_exactly_eopnotsupp() {
     fs::create_dir(ws.lower().join("d")).unwrap();
     let m = ws.mount();
     let dir = cpath(&m.p("d"));
+    // SAFETY: dir is a valid NUL-terminated path that outlives the call.
     let fd = unsafe { libc::open(dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600) };
     if fd < 0 {
         // fuser 0.18 has no tmpfile operation: the kernel answers EOPNOTSUPP.
@@ -1206,6 +1229,7 @@ fn o_tmpfile_works_or_fails_with_exactly_eopnotsupp() {
         );
         return;
     }
+    // SAFETY: fd was just returned by open (checked >= 0) and nothing else owns it.
     let f = unsafe { <fs::File as std::os::unix::io::FromRawFd>::from_raw_fd(fd) };
     f.write_all_at(b"anonymous", 0).unwrap();
     assert!(
@@ -1214,6 +1238,7 @@ fn o_tmpfile_works_or_fails_with_exactly_eopnotsupp() {
     );
     let proc_path = cpath(Path::new(&format!("/proc/self/fd/{fd}")));
     let target = cpath(&m.p("d/named"));
+    // SAFETY: proc_path and target are valid NUL-terminated paths that outlive the call.
     let r = unsafe {
         libc::linkat(
             libc::AT_FDCWD,
@@ -1239,6 +1264,7 @@ fn ftruncate_and_truncate_of_lower_files_copy_them_up() {
     assert_eq!(f.metadata().unwrap().len(), 3, "fstat after ftruncate");
     drop(f);
     let c = cpath(&m.p("t2"));
+    // SAFETY: c is a valid NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::truncate(c.as_ptr(), 16) }, 0);
     assert_eq!(fs::read(m.p("t1")).unwrap(), b"012");
     assert_eq!(fs::read(m.p("t2")).unwrap(), b"0123456789\0\0\0\0\0\0");
