@@ -349,8 +349,13 @@ fn resolve_mountpoint(raw: &Path) -> Result<PathBuf, ConfigError> {
         _ => abs,
     };
     if let Some(m) = mounts::find(&abs) {
+        // A dead daemon's mount answers ENOTCONN, or ECONNABORTED while the
+        // kernel is still tearing the connection down.
         let stale = m.is_layerfs()
-            && fs::metadata(&abs).err().and_then(|e| e.raw_os_error()) == Some(libc::ENOTCONN);
+            && matches!(
+                fs::metadata(&abs).err().and_then(|e| e.raw_os_error()),
+                Some(libc::ENOTCONN | libc::ECONNABORTED)
+            );
         if !stale {
             return Err(busy(&abs, &m));
         }
