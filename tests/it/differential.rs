@@ -6,8 +6,8 @@
 //! Afterwards layerfs is unmounted and its lower+upper are mounted with kernel
 //! overlayfs, which must show the tree layerfs showed (on-disk format check).
 //!
-//! Environment: LAYERFS_DIFF_SEEDS ("1-200" or "3,7,9"; default 1-6),
-//! LAYERFS_DIFF_OPS (per seed; default 2000), LAYERFS_DIFF_EVERY (full view
+//! Environment: LAYERFS_DIFF_SEEDS ("1-200" or "3,7,9"; default 1-10),
+//! LAYERFS_DIFF_OPS (per seed; default 3000), LAYERFS_DIFF_EVERY (full view
 //! compare period; default 100), LAYERFS_DIFF_SHRINK=0 (do not minimise a
 //! failing sequence), LAYERFS_DIFF_SUBJECT=overlay (check the generator and
 //! the checker: kernel overlayfs against itself). `scripts/differential` runs
@@ -113,7 +113,7 @@ impl Settings {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let seeds = var("LAYERFS_DIFF_SEEDS")
             .map(|s| parse_seeds(&s))
-            .unwrap_or_else(|| (1..=6).collect());
+            .unwrap_or_else(|| (1..=10).collect());
         let num = |k: &str, d: usize| {
             var(k).map_or(d, |v| {
                 v.trim()
@@ -123,7 +123,7 @@ impl Settings {
         };
         Settings {
             seeds,
-            ops: num("LAYERFS_DIFF_OPS", 2000),
+            ops: num("LAYERFS_DIFF_OPS", 3000),
             every: num("LAYERFS_DIFF_EVERY", 100).max(1),
             shrink: var("LAYERFS_DIFF_SHRINK").as_deref() != Some("0"),
             subject: match var("LAYERFS_DIFF_SUBJECT").as_deref() {
