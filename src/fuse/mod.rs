@@ -4,6 +4,7 @@
 
 mod convert;
 mod io_mode;
+mod watcher;
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -37,12 +38,32 @@ pub struct FsHandle {
 
 impl FsHandle {
     /// Swap the policy in effect; requests already running finish with the old one.
+    ///
+    /// The kernel may hold names the new rules hide, for as long as their
+    /// entry timeout (a minute for upper-only objects): every name it holds
+    /// is invalidated so the next access asks the daemon, and the new
+    /// rules, again. Runs on the signal thread, never inside a request.
     pub fn reload_policy(&self, policy: Policy) {
         self.inner.ov.set_policy(policy);
+        let Some(notifier) = self.inner.notifier.get() else {
+            return;
+        };
+        // Cached listings may show names now hidden, too.
+        let dropped = watcher::invalidate_all(&self.inner.ov, notifier);
+        tracing::info!(names = dropped, "policy reloaded; cached names invalidated");
     }
-    /// Give the filesystem the session's notifier, for cache invalidations.
+    /// Give the filesystem the session's notifier, for cache invalidations,
+    /// and start turning lower changes into invalidations.
     pub fn set_notifier(&self, notifier: fuser::Notifier) {
-        let _ = self.inner.notifier.set(notifier);
+        if self.inner.notifier.set(notifier).is_ok() && self.inner.ov.watch.is_some() {
+            let inner = self.inner.clone();
+            let spawned = std::thread::Builder::new()
+                .name("lower-watch".into())
+                .spawn(move || watcher::run(&inner.ov, inner.notifier.get()));
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start the lower watcher: {e}");
+            }
+        }
     }
 }
 
@@ -141,11 +162,19 @@ impl fuser::Filesystem for LayerFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.ov().lookup(&ctx(req, 0), parent.0, name) {
             Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
-            // A negative entry, trusted as long as lower entries are.
+            // A negative entry, trusted as long as the directory's other
+            // entries are: a lower name appearing in a watched directory
+            // is invalidated when it appears.
+            // Names the policy hides are never cached as absent: a reload
+            // that shows them again must take effect at once.
+            Err(e) if e.0 == libc::ENOENT && self.ov().hides(parent.0, name) => {
+                reply.error(errno(e))
+            }
             Err(e) if e.0 == libc::ENOENT && !self.lower_ttl.is_zero() => {
                 let mut attr = convert::attr(&crate::overlay::attr::zero_stat());
                 attr.ino = INodeNo(0);
-                reply.entry(&self.lower_ttl, &attr, Generation(0))
+                let ttl = self.ttl(!self.ov().dir_watched(parent.0));
+                reply.entry(&ttl, &attr, Generation(0))
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -194,7 +223,7 @@ impl fuser::Filesystem for LayerFs {
                 let lower = self
                     .ov()
                     .inode(ino.0)
-                    .map(|i| i.real.read().has_lower())
+                    .map(|i| self.ov().volatile(&i))
                     .unwrap_or(true);
                 reply.attr(&self.ttl(lower), &convert::attr(&st))
             }
@@ -363,6 +392,9 @@ impl fuser::Filesystem for LayerFs {
         }
     }
 
+    /// Nothing is buffered in the daemon and locks live in the kernel, so
+    /// a close has nothing to flush: ENOSYS tells the kernel to stop
+    /// sending FLUSH at all (one round trip less per close).
     fn flush(
         &self,
         _req: &Request,
@@ -371,7 +403,7 @@ impl fuser::Filesystem for LayerFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -405,7 +437,15 @@ impl fuser::Filesystem for LayerFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.ov().opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok((fh, unchanged)) => {
+                // The kernel caches the listing; it keeps the cache from
+                // the last open when no layer directory changed since.
+                let mut flags = FopenFlags::FOPEN_CACHE_DIR;
+                if unchanged {
+                    flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                reply.opened(FileHandle(fh), flags)
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -422,8 +462,9 @@ impl fuser::Filesystem for LayerFs {
             Ok(x) => x,
             Err(e) => return reply.error(errno(e)),
         };
-        let crate::overlay::file::Handle::Dir { entries, .. } = h.as_ref() else {
-            return reply.error(Errno::ENOTDIR);
+        let entries = match self.ov().listing(h.as_ref()) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(e)),
         };
         // Offsets: `.` is 1, `..` is 2, entry i is i + 3.
         let mut off = offset;
@@ -460,8 +501,9 @@ impl fuser::Filesystem for LayerFs {
             Ok(x) => x,
             Err(e) => return reply.error(errno(e)),
         };
-        let crate::overlay::file::Handle::Dir { entries, .. } = h.as_ref() else {
-            return reply.error(Errno::ENOTDIR);
+        let entries = match self.ov().listing(h.as_ref()) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(e)),
         };
         let zero = Duration::ZERO;
         let mut off = offset;

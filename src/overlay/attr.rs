@@ -44,8 +44,7 @@ impl Overlay {
         let inode = self.inode(id)?;
         let fd = self.real_fd(&inode)?;
         let st = sys::fstat(fd.as_ref())?;
-        let lower = inode.real.read().has_lower();
-        Ok((self.fix_stat(&inode, st), lower))
+        Ok((self.fix_stat(&inode, st), self.volatile(&inode)))
     }
 
     pub fn setattr(&self, ctx: &Ctx, id: u64, a: &SetAttr) -> Result<Stat> {

@@ -32,7 +32,9 @@ pub enum Handle {
     File(FileHandle),
     Dir {
         inode: Arc<Inode>,
-        entries: Vec<DirEntry>,
+        /// The listing, taken at the first readdir of this handle (a
+        /// kernel serving the listing from its cache never asks).
+        entries: std::sync::OnceLock<Vec<DirEntry>>,
     },
 }
 
@@ -272,16 +274,53 @@ impl Overlay {
     }
 
     /// Opens a directory: its merged listing is taken now, once.
-    pub fn opendir(&self, id: u64) -> Result<u64> {
+    /// Opens a directory; also says whether its listing is unchanged since
+    /// the last opendir (no layer directory changed and outside changes to
+    /// its lowers are watched), so the kernel may keep its cached copy.
+    pub fn opendir(&self, id: u64) -> Result<(u64, bool)> {
         let inode = self.inode(id)?;
         if !inode.is_dir() {
             return err(libc::ENOTDIR);
         }
-        let mut entries = self.merged_entries(&inode)?;
+        let seen = self.dir_signature(&inode);
+        let unchanged = {
+            let mut io = inode.io.lock();
+            let same = seen.is_some() && io.dir_seen == seen;
+            io.dir_seen = seen;
+            same
+        } && self.trusted(&inode);
+        let fh = self.files.insert(Handle::Dir {
+            inode,
+            entries: Default::default(),
+        });
+        Ok((fh, unchanged))
+    }
+
+    /// (inode, mtime) of every layer directory merged into `dir`.
+    fn dir_signature(&self, dir: &Inode) -> Option<Vec<(u64, i64, i64)>> {
+        let real = dir.real.read().clone();
+        let mut sig = Vec::with_capacity(1 + real.lowers.len());
+        for r in real.upper.iter().chain(real.lowers.iter().map(|(_, l)| l)) {
+            let st = sys::fstat(r.get().ok()?.as_ref()).ok()?;
+            sig.push((st.st_ino, st.st_mtime, st.st_mtime_nsec));
+        }
+        Some(sig)
+    }
+
+    /// The listing of an open directory handle, taken on first use:
+    /// merged across layers, names the policy hides left out.
+    pub fn listing<'h>(&self, h: &'h Handle) -> Result<&'h [DirEntry]> {
+        let Handle::Dir { inode, entries } = h else {
+            return err(libc::ENOTDIR);
+        };
+        if let Some(e) = entries.get() {
+            return Ok(e);
+        }
+        let mut list = self.merged_entries(inode)?;
         let policy = self.policy();
         if policy.has_path_rules() {
-            let base = self.path_of(&inode);
-            entries.retain(|e| {
+            let base = self.path_of(inode);
+            list.retain(|e| {
                 let p = if base.is_empty() {
                     e.name.to_string_lossy().into_owned()
                 } else {
@@ -290,7 +329,9 @@ impl Overlay {
                 policy.classify(&p).hidden.is_none()
             });
         }
-        Ok(self.files.insert(Handle::Dir { inode, entries }))
+        // Two readdirs racing on one handle: both get the first listing.
+        let _ = entries.set(list);
+        Ok(entries.get().map(|e| e.as_slice()).unwrap_or(&[]))
     }
 
     /// Entries of an open directory from position `offset` on; each entry's

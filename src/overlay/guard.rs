@@ -54,6 +54,15 @@ impl Overlay {
             .is_some()
     }
 
+    /// Whether `name` in directory `parent_id` is hidden by the policy.
+    pub fn hides(&self, parent_id: u64, name: &OsStr) -> bool {
+        self.policy().has_path_rules()
+            && self
+                .inodes
+                .get(parent_id)
+                .is_some_and(|p| self.is_hidden_child(&p, name))
+    }
+
     /// May `path` (an existing or new entry) be changed by `op`? Hidden
     /// names cannot be created (EACCES); read-only paths are EROFS.
     pub fn guard_change(&self, ctx: &Ctx, op: Op, path: &str) -> Result<()> {

@@ -12,7 +12,7 @@ use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 
 use crate::layer::real::RealFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -61,6 +61,10 @@ pub struct Inode {
     pub copy_up: Mutex<()>,
     /// Open-mode bookkeeping for FUSE passthrough (see `file`).
     pub io: Mutex<IoState>,
+    /// For a directory: every lower directory merged into it is watched
+    /// for outside changes (see `watch`), so what lies under it may be
+    /// cached for long.
+    pub watched: AtomicBool,
 }
 
 /// How the kernel currently has this inode open: cached opens served by
@@ -75,6 +79,9 @@ pub struct IoState {
     /// (mtime, size) seen at the last open, to keep the page cache when
     /// the file did not change.
     pub last_seen: Option<(i64, i64, u64)>,
+    /// For a directory: (inode, mtime) of each layer directory at the last
+    /// opendir, to keep the kernel's cached listing when none changed.
+    pub dir_seen: Option<Vec<(u64, i64, i64)>>,
 }
 
 impl Inode {
@@ -93,6 +100,7 @@ impl Inode {
             loc: RwLock::new(Loc { parent, name }),
             copy_up: Mutex::new(()),
             io: Mutex::new(IoState::default()),
+            watched: AtomicBool::new(false),
         }
     }
 
@@ -167,9 +175,10 @@ impl InodeTable {
     }
 
     /// The kernel forgot `n` lookups of `id`; drop it when none remain.
-    pub fn forget(&self, id: u64, n: u64) {
+    /// Returns the inode when this was its last lookup.
+    pub fn forget(&self, id: u64, n: u64) -> Option<Arc<Inode>> {
         if id == ROOT_ID {
-            return;
+            return None;
         }
         let mut map = self.shard(id).write();
         if let Some(i) = map.get(&id) {
@@ -177,9 +186,18 @@ impl InodeTable {
                 .lookups
                 .fetch_sub(n.min(i.lookups.load(Ordering::Acquire)), Ordering::AcqRel);
             if prev <= n {
-                map.remove(&id);
+                return map.remove(&id);
             }
         }
+        None
+    }
+
+    /// Every inode the kernel holds now (a snapshot).
+    pub fn all(&self) -> Vec<Arc<Inode>> {
+        self.shards
+            .iter()
+            .flat_map(|s| s.read().values().cloned().collect::<Vec<_>>())
+            .collect()
     }
 
     pub fn len(&self) -> usize {

@@ -12,6 +12,7 @@ pub mod inode;
 pub mod namei;
 pub mod quota;
 pub mod readdir;
+pub mod watch;
 pub mod xattr;
 
 #[cfg(test)]
@@ -123,6 +124,8 @@ pub struct Overlay {
     pub files: file::Handles,
     /// Running as root: owners can be set, trusted xattrs written.
     pub privileged: bool,
+    /// Watches on lower directories, where inotify is available.
+    pub watch: Option<watch::LowerWatch>,
 }
 
 impl Overlay {
@@ -164,6 +167,7 @@ impl Overlay {
             read_only: cfg.read_only,
             files: Default::default(),
             privileged,
+            watch: watch::LowerWatch::new(),
         };
         ov.init_root()?;
         if ov.quota.limited() {
@@ -202,6 +206,9 @@ impl Overlay {
             None,
             Default::default(),
         ));
+        if let Some(root) = self.inodes.get(ROOT_ID) {
+            self.watch_dir(&root);
+        }
         Ok(())
     }
 
@@ -220,7 +227,52 @@ impl Overlay {
     }
 
     pub fn forget(&self, id: u64, n: u64) {
-        self.inodes.forget(id, n);
+        if let Some(gone) = self.inodes.forget(id, n) {
+            if let (true, Some(w)) = (gone.is_dir(), &self.watch) {
+                w.unwatch(id);
+            }
+        }
+    }
+
+    /// (Re)registers the watches on a directory's lower directories after
+    /// its lowers were (re)resolved; see `watch` for the invariant.
+    pub fn watch_dir(&self, dir: &Inode) {
+        let lowers: Vec<_> = dir
+            .real
+            .read()
+            .lowers
+            .iter()
+            .map(|(_, l)| l.clone())
+            .collect();
+        let ok = match &self.watch {
+            Some(w) => w.watch(dir.id, &lowers),
+            None => lowers.is_empty(),
+        };
+        dir.watched.store(ok, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether names in directory `id` may be cached for long: its lower
+    /// directories are all watched (or it has none).
+    pub fn dir_watched(&self, id: u64) -> bool {
+        self.inodes.get(id).is_some_and(|d| self.trusted(&d))
+    }
+
+    /// Whether directory `dir` is watched and its changes are acted on.
+    pub fn trusted(&self, dir: &Inode) -> bool {
+        dir.watched.load(std::sync::atomic::Ordering::Acquire)
+            && self.watch.as_ref().is_none_or(|w| w.live())
+    }
+
+    /// Whether an object's name and attributes need the short timeout: it
+    /// involves a lower and its directory is not watched.
+    pub fn volatile(&self, inode: &Inode) -> bool {
+        if !inode.real.read().has_lower() {
+            return false;
+        }
+        match inode.parent() {
+            Some(p) => !self.trusted(&p),
+            None => !self.trusted(inode),
+        }
     }
 
     /// Gives a new upper object its owner. An unprivileged daemon cannot

@@ -188,6 +188,12 @@ impl Overlay {
             loc.parent = Some(parent.clone());
             loc.name = name.to_os_string();
         }
+        if inode.is_dir() {
+            self.watch_dir(&inode);
+        }
+        // Lower entries under a watched directory are as stable as upper
+        // ones: an outside change there is invalidated when it happens.
+        let lower = lower && !self.trusted(parent);
         let st = self.fix_stat(&inode, r.st);
         Entry { id, st, lower }
     }

@@ -71,7 +71,23 @@ impl Workspace {
 
     /// Mount in the foreground as a child process and wait until it is live.
     pub fn try_mount_with(&self, extra: &[&str]) -> Result<Mount, String> {
+        self.try_mount_env(extra, &[])
+    }
+
+    /// `mount_with`, with extra environment for the daemon (e.g. RUST_LOG).
+    pub fn mount_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Mount {
+        self.try_mount_env(extra, env)
+            .unwrap_or_else(|e| panic!("mount failed: {e}"))
+    }
+
+    /// The daemon's log (its stderr), written beside the layers.
+    pub fn daemon_log(&self) -> String {
+        fs::read_to_string(self.mnt.with_file_name("daemon.log")).unwrap_or_default()
+    }
+
+    fn try_mount_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Result<Mount, String> {
         let mut cmd = Command::new(bin());
+        cmd.envs(env.iter().copied());
         cmd.arg("mount").arg("--foreground");
         for l in &self.lowers {
             cmd.arg("--lower").arg(l);
@@ -87,7 +103,7 @@ impl Workspace {
         let log = fs::File::create(&log_path)
             .map_err(|e| format!("create {}: {e}", log_path.display()))?;
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
-        if std::env::var_os("RUST_LOG").is_none() {
+        if std::env::var_os("RUST_LOG").is_none() && !env.iter().any(|(k, _)| *k == "RUST_LOG") {
             cmd.env("RUST_LOG", "warn");
         }
         let child = cmd

@@ -1608,6 +1608,25 @@ fn sighup_reloads_and_a_broken_file_keeps_the_old_rules() {
         Some(libc::ENOENT)
     );
 
+    // Names the kernel caches for long (objects only in the upper) are
+    // hidden at once too: the reload invalidates what the kernel holds.
+    fs::write(p("mine.key"), "k").unwrap();
+    assert!(fs::symlink_metadata(p("mine.key")).is_ok());
+    fs::write(&pf, "readonly skills/**\nhide **/.env\nhide *.key\n").unwrap();
+    hup(&m);
+    let hidden = eventually(Duration::from_secs(5), || {
+        fs::symlink_metadata(p("mine.key")).is_err()
+    });
+    assert!(
+        hidden,
+        "upper-only mine.key still visible 5 s after SIGHUP with `hide *.key`"
+    );
+    fs::write(&pf, "readonly skills/**\nhide **/.env\n").unwrap();
+    hup(&m);
+    assert!(eventually(Duration::from_secs(5), || {
+        fs::symlink_metadata(p("mine.key")).is_ok()
+    }));
+
     // A broken file keeps the old rules and the daemon keeps serving.
     fs::write(
         &pf,
@@ -1657,6 +1676,60 @@ fn sighup_reloads_and_a_broken_file_keeps_the_old_rules() {
 // ---------------------------------------------------------------------------
 // CLI: explain, check, malformed policies at mount
 // ---------------------------------------------------------------------------
+
+#[test]
+fn every_denial_is_logged_with_operation_path_rule_and_caller_pid() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[("ro/a", "a"), ("keep/k", "k"), ("secret", "s")],
+    );
+    let p = policy_file(&ws, "hide secret\nreadonly ro/**\nprotect keep/**\n");
+    let m = ws.mount_env(
+        &["--policy", p.to_str().unwrap()],
+        &[("RUST_LOG", "warn,layerfs=info")],
+    );
+    let at = |rel: &str| m.path().join(rel);
+    let mut v = Verdicts::default();
+    v.refused(
+        "create hidden secret",
+        fs::write(at("secret"), "x"),
+        libc::EACCES,
+    );
+    v.refused("write ro/a", fs::write(at("ro/a"), "x"), libc::EROFS);
+    v.refused("unlink keep/k", fs::remove_file(at("keep/k")), libc::EPERM);
+    v.refused(
+        "symlink to /etc/shadow",
+        std::os::unix::fs::symlink("/etc/shadow", at("l")),
+        libc::EPERM,
+    );
+    v.assert_clean("denials");
+    // FUSE reports the calling thread: this test thread's id.
+    // SAFETY: gettid has no preconditions.
+    let pid = format!("pid={}", unsafe { libc::gettid() });
+    let wanted = [
+        ("Create", "secret", "hide secret"),
+        ("Write", "ro/a", "readonly ro/**"),
+        ("Unlink", "keep/k", "protect keep/**"),
+        ("Symlink", "l", "symlinks contained"),
+    ];
+    let mut log = String::new();
+    let all_there = eventually(Duration::from_secs(3), || {
+        log = ws.daemon_log();
+        wanted.iter().all(|(op, path, rule)| {
+            log.lines().any(|l| {
+                l.contains("INFO")
+                    && l.contains("policy denied")
+                    && l.contains(&format!("op={op}"))
+                    && l.contains(&format!("path=\"{path}\""))
+                    && l.contains(rule)
+                    && l.contains(&pid)
+            })
+        })
+    });
+    assert!(all_there, "denials missing from the daemon log:\n{log}");
+    assert!(m.unmount(), "daemon exited with failure");
+}
 
 #[test]
 fn policy_explain_names_the_deciding_rule() {

@@ -1398,6 +1398,63 @@ fn a_file_deleted_from_the_lower_from_outside_disappears_while_mounted() {
         == set(&["stays"])));
 }
 
+/// With a long `--lower-timeout` the kernel may cache lower entries for ten
+/// minutes: outside changes can only show at once because the daemon
+/// watches the lower directories and invalidates what the kernel holds.
+#[test]
+fn outside_lower_changes_show_at_once_even_with_a_long_cache_timeout() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("d/doomed"), b"x");
+    write(&ws.lower().join("d/f"), b"version one");
+    write(&ws.lower().join("top"), b"t");
+    let m = ws.mount_with(&["--lower-timeout", "10m"]);
+    // Prime every cache: names, a negative entry, listings, file pages.
+    assert_eq!(fs::read(m.p("d/f")).unwrap(), b"version one");
+    assert_eq!(fs::read(m.p("d/doomed")).unwrap(), b"x");
+    assert!(fs::symlink_metadata(m.p("d/new")).is_err());
+    assert!(fs::symlink_metadata(m.p("newdir")).is_err());
+    assert_eq!(list_names(&m.p("d")), set(&["doomed", "f"]));
+    assert_eq!(list_names(m.path()), set(&["d", "top"]));
+
+    write(&ws.lower().join("d/new"), b"arrived");
+    fs::remove_file(ws.lower().join("d/doomed")).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(ws.lower().join("d/f"))
+        .unwrap()
+        .write_all(b"version two")
+        .unwrap();
+    fs::create_dir(ws.lower().join("newdir")).unwrap();
+    write(&ws.lower().join("newdir/inside"), b"i");
+
+    let t = LOWER_CHANGE_TIMEOUT;
+    assert!(
+        poll_until(t, || fs::read(m.p("d/new")).ok().as_deref()
+            == Some(&b"arrived"[..])),
+        "new lower file (cached as absent) not visible within {t:?}"
+    );
+    assert!(
+        poll_until(t, || fs::symlink_metadata(m.p("d/doomed")).is_err()),
+        "deleted lower file still visible after {t:?}"
+    );
+    assert!(
+        poll_until(t, || fs::read(m.p("d/f")).ok().as_deref()
+            == Some(&b"version two"[..])),
+        "rewritten lower file shows its cached pages after {t:?}: {:?}",
+        fs::read(m.p("d/f"))
+    );
+    assert!(
+        poll_until(t, || list_names(&m.p("d")) == set(&["f", "new"])),
+        "cached listing of d not refreshed within {t:?}: {:?}",
+        list_names(&m.p("d"))
+    );
+    assert!(
+        poll_until(t, || list_names(m.path()) == set(&["d", "newdir", "top"])),
+        "cached listing of the root not refreshed within {t:?}"
+    );
+    assert_eq!(fs::read(m.p("newdir/inside")).unwrap(), b"i");
+}
+
 #[test]
 fn a_copied_up_file_ignores_later_changes_to_its_lower() {
     let ws = Workspace::new();

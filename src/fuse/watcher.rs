@@ -1,0 +1,104 @@
+//! Turns changes in watched lower directories into kernel cache
+//! invalidations (see `overlay::watch` for what is watched and why). Runs
+//! on a thread of its own: the notifier must never be called from inside
+//! a request, where the kernel may hold the very locks it needs.
+
+use std::sync::atomic::Ordering;
+
+use fuser::{INodeNo, Notifier};
+
+use crate::layer::sys;
+use crate::overlay::watch::Change;
+use crate::overlay::Overlay;
+
+/// Consumes lower-change events until the inotify instance fails.
+pub fn run(ov: &Overlay, notifier: Option<&Notifier>) {
+    let (Some(w), Some(n)) = (&ov.watch, notifier) else {
+        return;
+    };
+    w.set_live(true);
+    loop {
+        match w.next_changes() {
+            Ok(changes) => {
+                for c in changes {
+                    apply(ov, n, c);
+                }
+            }
+            Err(e) => {
+                // From now on nothing counts as watched: lower entries fall
+                // back to the short timeout.
+                tracing::warn!("lower watch failed: {e}; lower changes show after --lower-timeout");
+                w.set_live(false);
+                invalidate_all(ov, n);
+                return;
+            }
+        }
+    }
+}
+
+fn forget_listing(ov: &Overlay, n: &Notifier, dir: u64) {
+    if let Some(d) = ov.inodes.get(dir) {
+        d.io.lock().dir_seen = None;
+    }
+    // Offset 0, length 0: the attributes and every cached page (for a
+    // directory, the cached listing).
+    let _ = n.inval_inode(INodeNo(dir), 0, 0);
+}
+
+fn apply(ov: &Overlay, n: &Notifier, c: Change) {
+    match c {
+        Change::Overflow => {
+            tracing::info!("lower watch overflowed; invalidating every cached name");
+            invalidate_all(ov, n);
+        }
+        Change::Dir { dirs, gone } => {
+            for d in dirs {
+                forget_listing(ov, n, d);
+                let Some(dir) = ov.inodes.get(d) else {
+                    continue;
+                };
+                if gone {
+                    dir.watched.store(false, Ordering::Release);
+                    if let Some(p) = dir.parent() {
+                        let name = dir.loc.read().name.clone();
+                        let _ = n.inval_entry(INodeNo(p.id), &name);
+                    }
+                }
+            }
+        }
+        Change::Entry { dirs, name, lower } => {
+            // The object the name now denotes in that lower, if the kernel
+            // holds it: its attributes and cached data may be stale.
+            let child = lower
+                .and_then(|l| sys::fstatat(l.as_ref(), &name).ok())
+                .map(|st| ov.ids.id(st.st_dev, st.st_ino))
+                .filter(|id| ov.inodes.get(*id).is_some());
+            for d in dirs {
+                forget_listing(ov, n, d);
+                let _ = n.inval_entry(INodeNo(d), &name);
+            }
+            if let Some(id) = child {
+                let _ = n.inval_inode(INodeNo(id), 0, 0);
+            }
+        }
+    }
+}
+
+/// Drops every name, attribute and listing the kernel caches, so the next
+/// access asks the daemon again (after a policy reload or lost events).
+pub fn invalidate_all(ov: &Overlay, n: &Notifier) -> usize {
+    let mut dropped = 0;
+    for inode in ov.inodes.all() {
+        if inode.is_dir() {
+            forget_listing(ov, n, inode.id);
+        }
+        let Some(parent) = inode.parent() else {
+            continue;
+        };
+        let name = inode.loc.read().name.clone();
+        if n.inval_entry(INodeNo(parent.id), &name).is_ok() {
+            dropped += 1;
+        }
+    }
+    dropped
+}
