@@ -59,7 +59,9 @@ pub struct MountCmd {
     threads: Option<usize>,
 
     /// How soon changes made to a lower from outside become visible
-    /// through the mount, e.g. 1s, 500ms.
+    /// through the mount where they cannot be watched, e.g. 1s, 500ms.
+    /// Lower directories are watched with inotify: changes there show at
+    /// once, and the kernel may cache their entries for max(this, 60s).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = config::parse_duration)]
     lower_timeout: Duration,
 

@@ -144,6 +144,11 @@ impl fuser::Filesystem for LayerFs {
             | InitFlags::FUSE_POSIX_ACL
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_MAX_PAGES;
+        // Not FUSE_HANDLE_KILLPRIV_V2: it would spare the kernel's
+        // security.capability lookup before each write, but then nothing
+        // clears setuid/setgid on passthrough writes by other users (the
+        // backing write runs with the daemon's CAP_FSETID). The lookup
+        // costs one round trip per write syscall.
         if let Err(missing) = config.add_capabilities(wanted) {
             tracing::debug!("kernel lacks {missing:?}");
         }

@@ -1548,6 +1548,55 @@ fn permission_checks_apply_to_a_non_root_user() {
     assert_unchanged(&before);
 }
 
+/// With `suid allow` setuid/setgid bits may stick, so the kernel rule
+/// matters: a write or truncate by a user without CAP_FSETID clears them,
+/// for a lower file (copied up by the write) and for an upper one.
+#[test]
+fn a_write_or_truncate_by_another_user_clears_setuid_and_setgid() {
+    let ws = shared_workspace();
+    write(&ws.lower().join("lowsuid"), b"l");
+    fs::set_permissions(
+        ws.lower().join("lowsuid"),
+        fs::Permissions::from_mode(0o6777),
+    )
+    .unwrap();
+    let pol = crate::harness::policy_file(&ws, "suid allow\n");
+    let m = ws.mount_with(&["--allow-other", "--policy", pol.to_str().unwrap()]);
+    write(&m.p("upsuid"), b"u");
+    write(&m.p("trunc"), b"t");
+    for f in ["upsuid", "trunc"] {
+        fs::set_permissions(m.p(f), fs::Permissions::from_mode(0o6777)).unwrap();
+    }
+    let mode = |f: &str| fs::metadata(m.p(f)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("lowsuid"), 0o6777);
+    assert_eq!(mode("upsuid"), 0o6777, "suid allow keeps the bits");
+    for f in ["lowsuid", "upsuid"] {
+        let (ok, err) = as_nobody(&["sh", "-c", &format!("echo more >> {}", m.p(f).display())]);
+        assert!(ok, "nobody appends to a 0777 file: {err}");
+        assert_eq!(
+            mode(f),
+            0o777,
+            "{f}: setuid/setgid survive another user's write"
+        );
+    }
+    let (ok, err) = as_nobody(&["truncate", "-s", "0", &m.p("trunc").display().to_string()]);
+    assert!(ok, "nobody truncates a 0777 file: {err}");
+    assert_eq!(
+        mode("trunc"),
+        0o777,
+        "setuid/setgid survive another user's truncate"
+    );
+    assert_eq!(
+        fs::metadata(ws.lower().join("lowsuid"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o6777,
+        "the lower keeps its bits"
+    );
+}
+
 #[test]
 fn a_sticky_directory_stops_a_non_root_user_deleting_others_files() {
     let ws = shared_workspace();
