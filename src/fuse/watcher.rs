@@ -38,7 +38,7 @@ pub fn run(ov: &Overlay, notifier: Option<&Notifier>) {
 
 fn forget_listing(ov: &Overlay, n: &Notifier, dir: u64) {
     if let Some(d) = ov.inodes.get(dir) {
-        d.io.lock().dir_seen = None;
+        d.listing.lock().take();
     }
     // Offset 0, length 0: the attributes and every cached page (for a
     // directory, the cached listing).

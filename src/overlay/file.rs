@@ -30,12 +30,6 @@ pub struct FileHandle {
 
 pub enum Handle {
     File(FileHandle),
-    Dir {
-        inode: Arc<Inode>,
-        /// The listing, taken at the first readdir of this handle (a
-        /// kernel serving the listing from its cache never asks).
-        entries: std::sync::OnceLock<Vec<DirEntry>>,
-    },
 }
 
 const SHARDS: usize = 32;
@@ -178,7 +172,6 @@ impl Overlay {
                 }
                 f.fd.read().clone()
             }
-            Handle::Dir { .. } => return err(libc::EISDIR),
         };
         Ok((h, fd))
     }
@@ -274,52 +267,41 @@ impl Overlay {
     }
 
     /// Opens a directory: its merged listing is taken now, once.
-    /// Opens a directory; also says whether its listing is unchanged since
-    /// the last opendir (no layer directory changed and outside changes to
-    /// its lowers are watched), so the kernel may keep its cached copy.
-    pub fn opendir(&self, id: u64) -> Result<(u64, bool)> {
+    /// The listing a readdir at `offset` reads from, with its directory.
+    ///
+    /// The kernel opens directories without asking the daemon (see
+    /// `fuse::opendir`) and caches their listings itself, so a listing is
+    /// read start to end only to fill that cache. Offsets are positions in
+    /// one listing: a read from offset 0 takes a fresh one, later reads
+    /// continue the one kept on the directory, so a fill in several
+    /// requests neither repeats nor skips an entry.
+    pub fn dir_listing(&self, id: u64, offset: u64) -> Result<(Arc<Inode>, Arc<Vec<DirEntry>>)> {
         let inode = self.inode(id)?;
         if !inode.is_dir() {
             return err(libc::ENOTDIR);
         }
-        let seen = self.dir_signature(&inode);
-        let unchanged = {
-            let mut io = inode.io.lock();
-            let same = seen.is_some() && io.dir_seen == seen;
-            io.dir_seen = seen;
-            same
-        } && self.trusted(&inode);
-        let fh = self.files.insert(Handle::Dir {
-            inode,
-            entries: Default::default(),
-        });
-        Ok((fh, unchanged))
+        if offset != 0 {
+            let kept = inode.listing.lock().clone();
+            if let Some(l) = kept {
+                return Ok((inode, l));
+            }
+        }
+        let list = Arc::new(self.visible_entries(&inode)?);
+        *inode.listing.lock() = Some(list.clone());
+        Ok((inode, list))
     }
 
-    /// (inode, mtime) of every layer directory merged into `dir`.
-    fn dir_signature(&self, dir: &Inode) -> Option<Vec<(u64, i64, i64)>> {
-        let real = dir.real.read().clone();
-        let mut sig = Vec::with_capacity(1 + real.lowers.len());
-        for r in real.upper.iter().chain(real.lowers.iter().map(|(_, l)| l)) {
-            let st = sys::fstat(r.get().ok()?.as_ref()).ok()?;
-            sig.push((st.st_ino, st.st_mtime, st.st_mtime_nsec));
-        }
-        Some(sig)
+    /// The kernel read a listing to its end: it keeps its own copy now.
+    pub fn dir_listing_done(&self, dir: &Inode) {
+        dir.listing.lock().take();
     }
 
-    /// The listing of an open directory handle, taken on first use:
-    /// merged across layers, names the policy hides left out.
-    pub fn listing<'h>(&self, h: &'h Handle) -> Result<&'h [DirEntry]> {
-        let Handle::Dir { inode, entries } = h else {
-            return err(libc::ENOTDIR);
-        };
-        if let Some(e) = entries.get() {
-            return Ok(e);
-        }
-        let mut list = self.merged_entries(inode)?;
+    /// Merged entries of `dir` without the names the policy hides.
+    fn visible_entries(&self, dir: &Inode) -> Result<Vec<DirEntry>> {
+        let mut list = self.merged_entries(dir)?;
         let policy = self.policy();
         if policy.has_path_rules() {
-            let base = self.path_of(inode);
+            let base = self.path_of(dir);
             list.retain(|e| {
                 let p = if base.is_empty() {
                     e.name.to_string_lossy().into_owned()
@@ -329,19 +311,7 @@ impl Overlay {
                 policy.classify(&p).hidden.is_none()
             });
         }
-        // Two readdirs racing on one handle: both get the first listing.
-        let _ = entries.set(list);
-        Ok(entries.get().map(|e| e.as_slice()).unwrap_or(&[]))
-    }
-
-    /// Entries of an open directory from position `offset` on; each entry's
-    /// offset is its position + 1 (so `.` and `..` come first, then these).
-    pub fn dir_entries(&self, fh: u64) -> Result<(Arc<Inode>, Arc<Handle>)> {
-        let h = self.files.get(fh)?;
-        match h.as_ref() {
-            Handle::Dir { inode, .. } => Ok((inode.clone(), h.clone())),
-            Handle::File(_) => err(libc::ENOTDIR),
-        }
+        Ok(list)
     }
 
     pub fn fsyncdir(&self, id: u64) -> Result<()> {

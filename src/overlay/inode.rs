@@ -59,6 +59,9 @@ pub struct Inode {
     /// Held while this object is copied up: one copy-up per inode at a
     /// time; others wait and then find the upper in place.
     pub copy_up: Mutex<()>,
+    /// For a directory: the listing the kernel is reading (see
+    /// `Overlay::dir_listing`).
+    pub listing: Mutex<Option<Arc<Vec<super::readdir::DirEntry>>>>,
     /// Open-mode bookkeeping for FUSE passthrough (see `file`).
     pub io: Mutex<IoState>,
     /// For a directory: every lower directory merged into it is watched
@@ -79,9 +82,6 @@ pub struct IoState {
     /// (mtime, size) seen at the last open, to keep the page cache when
     /// the file did not change.
     pub last_seen: Option<(i64, i64, u64)>,
-    /// For a directory: (inode, mtime) of each layer directory at the last
-    /// opendir, to keep the kernel's cached listing when none changed.
-    pub dir_seen: Option<Vec<(u64, i64, i64)>>,
 }
 
 impl Inode {
@@ -100,6 +100,7 @@ impl Inode {
             loc: RwLock::new(Loc { parent, name }),
             copy_up: Mutex::new(()),
             io: Mutex::new(IoState::default()),
+            listing: Mutex::new(None),
             watched: AtomicBool::new(false),
         }
     }

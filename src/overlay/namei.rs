@@ -209,6 +209,21 @@ impl Overlay {
             if layers > 1 {
                 st.st_nlink = 1;
             }
+            // A merged directory whose lowers are not watched reports the
+            // newest mtime of its layers: an outside change to a lower then
+            // shows as a new mtime, which makes the kernel drop its cached
+            // listing (it compares mtimes when a listing is read again).
+            if !real.lowers.is_empty() && !self.trusted(inode) {
+                for (_, l) in &real.lowers {
+                    let Some(ls) = l.get().ok().and_then(|fd| sys::fstat(fd.as_ref()).ok()) else {
+                        continue;
+                    };
+                    if (ls.st_mtime, ls.st_mtime_nsec) > (st.st_mtime, st.st_mtime_nsec) {
+                        st.st_mtime = ls.st_mtime;
+                        st.st_mtime_nsec = ls.st_mtime_nsec;
+                    }
+                }
+            }
         }
         st
     }

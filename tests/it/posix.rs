@@ -1455,6 +1455,32 @@ fn outside_lower_changes_show_at_once_even_with_a_long_cache_timeout() {
     assert_eq!(fs::read(m.p("newdir/inside")).unwrap(), b"i");
 }
 
+/// Without watches (LAYERFS_NO_LOWER_WATCH, or inotify unavailable) the
+/// kernel trusts lower entries only for `--lower-timeout`, and a merged
+/// directory reports its newest layer mtime so cached listings are dropped.
+#[test]
+fn without_the_lower_watch_outside_changes_show_within_the_lower_timeout() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("d/doomed"), b"x");
+    write(&ws.lower().join("d/f"), b"f");
+    let m = ws.mount_env(&[], &[("LAYERFS_NO_LOWER_WATCH", "1")]);
+    assert_eq!(list_names(&m.p("d")), set(&["doomed", "f"]));
+    assert!(fs::symlink_metadata(m.p("d/new")).is_err());
+    write(&ws.lower().join("d/new"), b"arrived");
+    fs::remove_file(ws.lower().join("d/doomed")).unwrap();
+    let t = Duration::from_secs(3);
+    assert!(
+        poll_until(t, || fs::read(m.p("d/new")).ok().as_deref()
+            == Some(&b"arrived"[..])),
+        "new lower file not visible within {t:?}"
+    );
+    assert!(
+        poll_until(t, || list_names(&m.p("d")) == set(&["f", "new"])),
+        "cached listing not refreshed within {t:?}: {:?}",
+        list_names(&m.p("d"))
+    );
+}
+
 #[test]
 fn a_copied_up_file_ignores_later_changes_to_its_lower() {
     let ws = Workspace::new();
