@@ -88,6 +88,16 @@ impl Overlay {
         false
     }
 
+    /// May `obj` leave `name` in `parent` by a rename? Like a removal,
+    /// except that a protected shared entry cannot be reverted by moving
+    /// its upper copy away: that is refused (EPERM).
+    fn guard_move_away(&self, ctx: &Ctx, parent: &Inode, name: &OsStr, obj: &Inode) -> Result<()> {
+        match self.guard_removal(ctx, Op::Rename, parent, name, obj)? {
+            Removal::Normal => Ok(()),
+            Removal::RevertToLower => err(libc::EPERM),
+        }
+    }
+
     /// May the object `obj` appear as `name` in `dir`? Only symlinks are
     /// checked: their targets must stay contained from the new place.
     fn guard_moved_symlink(&self, ctx: &Ctx, obj: &Inode, dir: &Inode, name: &OsStr) -> Result<()> {
@@ -388,14 +398,7 @@ impl Overlay {
         }
         // Policy: the source leaves its place, the target name is created
         // or replaced; with exchange both do both.
-        self.guard_removal(ctx, Op::Rename, &parent, name, &src)
-            .and_then(|r| {
-                if r == Removal::Normal {
-                    Ok(())
-                } else {
-                    err(libc::EPERM)
-                }
-            })?;
+        self.guard_move_away(ctx, &parent, name, &src)?;
         self.guard_child(ctx, Op::Rename, &newparent, newname)?;
         // A symlink's target is relative to where it stands: moving it
         // must not let it climb out of the mount.
@@ -426,24 +429,10 @@ impl Overlay {
         }
         if let Some(d) = &dst {
             if exchange {
-                self.guard_removal(ctx, Op::Rename, &newparent, newname, d)
-                    .and_then(|r| {
-                        if r == Removal::Normal {
-                            Ok(())
-                        } else {
-                            err(libc::EPERM)
-                        }
-                    })?;
+                self.guard_move_away(ctx, &newparent, newname, d)?;
                 self.guard_child(ctx, Op::Rename, &parent, name)?;
             } else if d.real.read().has_lower() || self.lower_has(&newparent, newname) {
-                self.guard_removal(ctx, Op::Rename, &newparent, newname, d)
-                    .and_then(|r| {
-                        if r == Removal::Normal {
-                            Ok(())
-                        } else {
-                            err(libc::EPERM)
-                        }
-                    })?;
+                self.guard_move_away(ctx, &newparent, newname, d)?;
             }
         }
         // A directory may not move beneath itself.

@@ -1,8 +1,10 @@
 //! Merged directory listings: the union of all layers' entries, the
 //! higher layer winning a name, whiteouts and the overlay's own names never
-//! listed. A listing is taken once per open directory handle, so offsets
-//! are positions in a fixed list: a `readdir` resumed after `seekdir` or a
-//! short buffer neither repeats nor skips an entry.
+//! listed. The kernel caches listings itself and reads one from the daemon
+//! only to fill that cache (see `Overlay::dir_listing`): offsets are
+//! positions in one listing taken at offset 0, so a fill in several
+//! requests neither repeats nor skips an entry; `seekdir` and short buffers
+//! are then served from the kernel's copy.
 
 use std::collections::HashSet;
 use std::ffi::OsString;
