@@ -68,6 +68,8 @@ pub struct Inode {
     /// for outside changes (see `watch`), so what lies under it may be
     /// cached for long.
     pub watched: AtomicBool,
+    /// The lower layers whose directories were last registered for watching.
+    pub watched_layers: Mutex<Option<Vec<usize>>>,
 }
 
 /// How the kernel currently has this inode open: cached opens served by
@@ -102,6 +104,7 @@ impl Inode {
             io: Mutex::new(IoState::default()),
             listing: Mutex::new(None),
             watched: AtomicBool::new(false),
+            watched_layers: Mutex::new(None),
         }
     }
 

@@ -236,18 +236,30 @@ impl Overlay {
 
     /// (Re)registers the watches on a directory's lower directories after
     /// its lowers were (re)resolved; see `watch` for the invariant.
+    ///
+    /// A directory looked up again with the same layers, still watched,
+    /// keeps its watches: the common case costs no lock and no syscall.
+    /// (A lower directory replaced in place ends its watch, which clears
+    /// `watched`; a lower appearing or going changes the layers.)
     pub fn watch_dir(&self, dir: &Inode) {
-        let lowers: Vec<_> = dir
+        let (lowers, layers): (Vec<_>, Vec<usize>) = dir
             .real
             .read()
             .lowers
             .iter()
-            .map(|(_, l)| l.clone())
-            .collect();
+            .map(|(i, l)| (l.clone(), *i))
+            .unzip();
+        let mut watched_layers = dir.watched_layers.lock();
+        if dir.watched.load(std::sync::atomic::Ordering::Acquire)
+            && watched_layers.as_deref() == Some(layers.as_slice())
+        {
+            return;
+        }
         let ok = match &self.watch {
             Some(w) => w.watch(dir.id, &lowers),
             None => lowers.is_empty(),
         };
+        *watched_layers = Some(layers);
         dir.watched.store(ok, std::sync::atomic::Ordering::Release);
     }
 

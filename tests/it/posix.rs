@@ -1455,6 +1455,32 @@ fn outside_lower_changes_show_at_once_even_with_a_long_cache_timeout() {
     assert_eq!(fs::read(m.p("newdir/inside")).unwrap(), b"i");
 }
 
+/// A lower directory replaced from outside (removed and made again) ends
+/// its watch; the new one is watched from its next lookup on.
+#[test]
+fn a_lower_directory_replaced_from_outside_is_watched_again() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("d/old"), b"o");
+    let m = ws.mount_with(&["--lower-timeout", "10m"]);
+    assert_eq!(list_names(&m.p("d")), set(&["old"]));
+    fs::remove_dir_all(ws.lower().join("d")).unwrap();
+    fs::create_dir(ws.lower().join("d")).unwrap();
+    write(&ws.lower().join("d/new"), b"n");
+    let t = LOWER_CHANGE_TIMEOUT;
+    assert!(
+        poll_until(t, || list_names(&m.p("d")) == set(&["new"])),
+        "replaced lower dir not seen within {t:?}: {:?}",
+        list_names(&m.p("d"))
+    );
+    // The new directory is watched: a later change shows at once too.
+    write(&ws.lower().join("d/later"), b"l");
+    assert!(
+        poll_until(t, || list_names(&m.p("d")) == set(&["later", "new"])),
+        "change in the replaced lower dir not seen within {t:?}: {:?}",
+        list_names(&m.p("d"))
+    );
+}
+
 /// Without watches (LAYERFS_NO_LOWER_WATCH, or inotify unavailable) the
 /// kernel trusts lower entries only for `--lower-timeout`, and a merged
 /// directory reports its newest layer mtime so cached listings are dropped.
