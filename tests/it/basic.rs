@@ -14,7 +14,8 @@ use std::os::unix::fs::{
     DirEntryExt, FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt,
 };
 use std::os::unix::io::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use crate::harness::{errno, Workspace};
 use fsutil::*;
@@ -899,6 +900,92 @@ fn renaming_a_lower_file_leaves_a_whiteout_at_the_old_name() {
 }
 
 // ---------------------------------------------------------------- misc
+
+/// A tmpfs mounted for one test; unmounted (lazily if busy) on drop.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn new(at: PathBuf, size: &str) -> SmallFs {
+        fs::create_dir_all(&at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount tmpfs at {}", at.display());
+        SmallFs(at)
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// A full upper: the copy-up that does not fit fails with ENOSPC and
+/// leaves nothing half-written (no partial upper file, nothing in the work
+/// dir, the lower intact); the daemon keeps serving and works again once
+/// space is freed.
+#[test]
+fn a_full_upper_fails_copy_up_with_enospc_and_leaves_nothing_half_written() {
+    let mut ws = Workspace::new();
+    let big = vec![b'L'; 3 << 20];
+    fs::write(ws.lower().join("big"), &big).unwrap();
+    fs::write(ws.lower().join("small"), b"s").unwrap();
+    let small = SmallFs::new(ws.dir.path().join("small"), "2M");
+    ws.upper = small.0.join("upper");
+    ws.work = small.0.join("work");
+    fs::create_dir(&ws.upper).unwrap();
+    fs::create_dir(&ws.work).unwrap();
+    let m = ws.mount();
+    let r = fs::OpenOptions::new().append(true).open(m.p("big"));
+    let e = r.expect_err("a 3 MiB copy-up into a 2 MiB upper must fail");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    assert!(
+        fs::symlink_metadata(ws.upper.join("big")).is_err(),
+        "partial upper copy"
+    );
+    assert!(
+        fs::read_dir(&ws.work).unwrap().next().is_none(),
+        "work dir not cleaned: {:?}",
+        walk_names(&ws.work)
+    );
+    assert_eq!(
+        fs::read(m.p("big")).unwrap(),
+        big,
+        "the mount still shows the lower"
+    );
+    assert_eq!(fs::read(ws.lower().join("big")).unwrap(), big);
+    // Filling the upper with a new file: ENOSPC, then freeing it helps.
+    let mut f = fs::File::create(m.p("filler")).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    let mut hit = None;
+    for _ in 0..4 {
+        if let Err(e) = f.write_all(&chunk).and_then(|_| f.sync_all()) {
+            hit = e.raw_os_error();
+            break;
+        }
+    }
+    drop(f);
+    assert_eq!(hit, Some(libc::ENOSPC), "writing 4 MiB into 2 MiB");
+    fs::remove_file(m.p("filler")).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("small"))
+        .unwrap()
+        .write_all(b"+")
+        .unwrap();
+    assert_eq!(fs::read(m.p("small")).unwrap(), b"s+");
+    drop(m);
+}
 
 #[test]
 fn statfs_and_fsync_work() {
