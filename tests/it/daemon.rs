@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use layerfs::daemon::pidfile;
 
+use crate::harness::eventually;
 use crate::harness::{bin, is_mounted, policy_file, Workspace};
 
 // ---------------------------------------------------------------------------
@@ -193,20 +194,6 @@ fn expect_refusal(mnt: &Path, args: &[String], code: i32, needles: &[&str]) {
         "refused mount left {} mounted",
         mnt.display()
     );
-}
-
-/// Polls `cond` every 50 ms for up to `limit`.
-fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Starts a foreground daemon for `ws` and waits until it is mounted.

@@ -255,3 +255,18 @@ pub fn policy_file(ws: &Workspace, text: &str) -> PathBuf {
     fs::write(&p, text).unwrap();
     p
 }
+
+/// Polls `cond` every 25 ms until it returns true (true) or `limit` passes
+/// (false): for effects that arrive asynchronously (signals, watches).
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}

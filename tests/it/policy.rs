@@ -16,8 +16,9 @@ use std::os::unix::io::{FromRawFd, IntoRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::harness::eventually;
 use crate::harness::{bin, errno, is_mounted, policy_file, Mount, Workspace};
 
 // ---------------------------------------------------------------------------
@@ -344,20 +345,6 @@ fn assert_same(what: &str, before: &BTreeMap<String, String>, after: &BTreeMap<S
         "{what}: the workspace changed:\n  {}",
         diff.join("\n  ")
     );
-}
-
-/// Polls `f` until it returns true or `timeout` passes.
-fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn mount_policy(ws: &Workspace, text: &str) -> Mount {

@@ -12,9 +12,10 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::basic::fsutil::*;
+use crate::harness::eventually as poll_until;
 use crate::harness::{errno, Workspace};
 
 // ---------------------------------------------------------------- helpers
@@ -118,20 +119,6 @@ fn pattern(n: usize, seed: u32) -> Vec<u8> {
     (0..n as u32)
         .map(|i| ((i * 31 + seed) % 251) as u8)
         .collect()
-}
-
-/// Polls `f` until it returns true or `timeout` passes.
-fn poll_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
 }
 
 /// How long a change made directly in a lower may take to show through the
