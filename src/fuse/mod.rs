@@ -126,6 +126,22 @@ impl LayerFs {
         }
     }
 
+    /// mknod, mkdir, symlink and link: create the object, reply its entry.
+    fn create_entry(
+        &self,
+        c: &Ctx,
+        parent: INodeNo,
+        name: &OsStr,
+        kind: NewKind<'_>,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .ov()
+            .create_object(c, parent.0, name, kind)
+            .map(|(e, _)| e);
+        self.reply_entry(r, reply)
+    }
+
     fn reply_entry(&self, r: crate::overlay::Result<Entry>, reply: ReplyEntry) {
         match r {
             Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
@@ -257,11 +273,7 @@ impl fuser::Filesystem for LayerFs {
             mode,
             rdev: rdev as u64,
         };
-        let r = self
-            .ov()
-            .create_object(&ctx(req, umask), parent.0, name, kind)
-            .map(|(e, _)| e);
-        self.reply_entry(r, reply)
+        self.create_entry(&ctx(req, umask), parent, name, kind, reply)
     }
 
     fn mkdir(
@@ -273,11 +285,7 @@ impl fuser::Filesystem for LayerFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let r = self
-            .ov()
-            .create_object(&ctx(req, umask), parent.0, name, NewKind::Dir { mode })
-            .map(|(e, _)| e);
-        self.reply_entry(r, reply)
+        self.create_entry(&ctx(req, umask), parent, name, NewKind::Dir { mode }, reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -305,11 +313,7 @@ impl fuser::Filesystem for LayerFs {
         let kind = NewKind::Symlink {
             target: target.as_os_str(),
         };
-        let r = self
-            .ov()
-            .create_object(&ctx(req, 0), parent.0, link_name, kind)
-            .map(|(e, _)| e);
-        self.reply_entry(r, reply)
+        self.create_entry(&ctx(req, 0), parent, link_name, kind, reply)
     }
 
     fn rename(
@@ -348,11 +352,7 @@ impl fuser::Filesystem for LayerFs {
             Err(e) => return reply.error(errno(e)),
         };
         let kind = NewKind::Link { source: &source };
-        let r = self
-            .ov()
-            .create_object(&ctx(req, 0), newparent.0, newname, kind)
-            .map(|(e, _)| e);
-        self.reply_entry(r, reply)
+        self.create_entry(&ctx(req, 0), newparent, newname, kind, reply)
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

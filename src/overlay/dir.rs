@@ -431,7 +431,8 @@ impl Overlay {
             if exchange {
                 self.guard_move_away(ctx, &newparent, newname, d)?;
                 self.guard_child(ctx, Op::Rename, &parent, name)?;
-            } else if d.real.read().has_lower() || self.lower_has(&newparent, newname) {
+            } else {
+                // The replaced target leaves its place like a removal does.
                 self.guard_move_away(ctx, &newparent, newname, d)?;
             }
         }

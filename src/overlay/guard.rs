@@ -118,10 +118,11 @@ impl Overlay {
         let path = self.child_path(parent, name);
         let c = policy.classify(&path);
         // Ask the parent's lowers, not the victim: an object resolved from
-        // its upper copy does not record the lower it shadows.
-        let has_lower = victim.real.read().has_lower() || self.lower_has(parent, name);
+        // its upper copy does not record the lower it shadows. Only asked
+        // when a rule depends on it (it costs a stat per lower).
+        let has_lower = || victim.real.read().has_lower() || self.lower_has(parent, name);
         if let Some(r) = c.protected {
-            if has_lower {
+            if has_lower() {
                 if !victim.is_dir() && victim.upper().is_some() && matches!(op, Op::Unlink) {
                     return Ok(Removal::RevertToLower);
                 }
@@ -136,7 +137,7 @@ impl Overlay {
                 if readonly {
                     return Err(deny(ctx, op, &path, &r, libc::EROFS));
                 }
-                if has_lower {
+                if has_lower() {
                     return Err(deny(ctx, op, &path, &r, libc::EPERM));
                 }
             }

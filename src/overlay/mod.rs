@@ -242,19 +242,17 @@ impl Overlay {
     /// (A lower directory replaced in place ends its watch, which clears
     /// `watched`; a lower appearing or going changes the layers.)
     pub fn watch_dir(&self, dir: &Inode) {
-        let (lowers, layers): (Vec<_>, Vec<usize>) = dir
-            .real
-            .read()
-            .lowers
-            .iter()
-            .map(|(i, l)| (l.clone(), *i))
-            .unzip();
         let mut watched_layers = dir.watched_layers.lock();
-        if dir.watched.load(std::sync::atomic::Ordering::Acquire)
-            && watched_layers.as_deref() == Some(layers.as_slice())
-        {
-            return;
-        }
+        let (lowers, layers): (Vec<_>, Vec<usize>) = {
+            let real = dir.real.read();
+            let same = watched_layers
+                .as_deref()
+                .is_some_and(|w| w.iter().copied().eq(real.lowers.iter().map(|(i, _)| *i)));
+            if same && dir.watched.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            real.lowers.iter().map(|(i, l)| (l.clone(), *i)).unzip()
+        };
         let ok = match &self.watch {
             Some(w) => w.watch(dir.id, &lowers),
             None => lowers.is_empty(),
