@@ -225,14 +225,20 @@ impl Drop for Mount {
     }
 }
 
-/// Run a shell command (bash -c) in `dir`; panics with its output if it fails.
-pub fn sh(dir: &Path, script: &str) -> String {
-    let out = Command::new("bash")
+/// Runs a shell command (bash -c) in `dir` and returns its output, whether
+/// it succeeded or not.
+pub fn bash(dir: &Path, script: &str) -> std::process::Output {
+    Command::new("bash")
         .arg("-c")
         .arg(script)
         .current_dir(dir)
         .output()
-        .expect("run bash");
+        .expect("run bash")
+}
+
+/// Run a shell command (bash -c) in `dir`; panics with its output if it fails.
+pub fn sh(dir: &Path, script: &str) -> String {
+    let out = bash(dir, script);
     assert!(
         out.status.success(),
         "`{script}` failed in {}: {}\n{}",

@@ -216,12 +216,7 @@ fn populate(root: &Path, files: &[(&str, &str)]) {
 
 /// Runs a bash script; returns (success, stdout+stderr). Never panics on failure.
 fn run(dir: &Path, script: &str) -> (bool, String) {
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .expect("run bash");
+    let out = crate::harness::bash(dir, script);
     (
         out.status.success(),
         format!(
