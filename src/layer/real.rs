@@ -21,6 +21,8 @@ use super::sys;
 
 pub struct RealFd {
     handle: Option<Box<[u8]>>,
+    /// The fd is kept open for good (see `pin`): not in the cache's count.
+    pinned: std::sync::atomic::AtomicBool,
     /// An fd on the layer's filesystem, for `open_by_handle_at`.
     mount: Arc<OwnedFd>,
     slot: Mutex<Option<Arc<OwnedFd>>>,
@@ -78,7 +80,10 @@ impl FdCache {
                         ring.push_back(w);
                         continue;
                     }
-                    if victim.slot.lock().take().is_some() {
+                    // A pinned fd leaves the ring for good (checked under
+                    // the slot lock, which `pin` holds while pinning).
+                    let mut slot = victim.slot.lock();
+                    if !victim.pinned.load(Ordering::Acquire) && slot.take().is_some() {
                         self.open.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
@@ -86,7 +91,10 @@ impl FdCache {
         }
         // Entries of dropped or already evicted fds pile up: compact.
         if ring.len() > 2 * self.limit.max(1024) {
-            ring.retain(|w| w.upgrade().is_some_and(|r| r.slot.lock().is_some()));
+            ring.retain(|w| {
+                w.upgrade()
+                    .is_some_and(|r| r.slot.lock().is_some() && !r.pinned.load(Ordering::Acquire))
+            });
         }
     }
 }
@@ -98,6 +106,7 @@ impl RealFd {
         let evictable = handle.is_some();
         let r = Arc::new(RealFd {
             handle,
+            pinned: std::sync::atomic::AtomicBool::new(false),
             mount: mount.clone(),
             slot: Mutex::new(Some(Arc::new(fd))),
         });
@@ -130,9 +139,57 @@ impl RealFd {
     }
 }
 
+impl RealFd {
+    /// Whether `self` and `other` are the same real file. Handles carry the
+    /// inode's generation, so a file whose inode number was recycled by
+    /// the filesystem never compares equal to the file that had it before.
+    /// Without handles both fds are pinned (never evicted), so the files
+    /// they name are alive and (dev, ino) identifies them.
+    pub fn same_file(self: &Arc<Self>, other: &Arc<RealFd>) -> bool {
+        if Arc::ptr_eq(self, other) {
+            return true;
+        }
+        match (&self.handle, &other.handle) {
+            // Handles are unique only within one filesystem: compare them
+            // within one layer (two layers on one filesystem sharing a file
+            // through a hard link count as two files, the safe side).
+            (Some(a), Some(b)) => a == b && Arc::ptr_eq(&self.mount, &other.mount),
+            (None, None) => {
+                let stat =
+                    |r: &Arc<RealFd>| r.get().ok().and_then(|fd| sys::fstat(fd.as_ref()).ok());
+                match (stat(self), stat(other)) {
+                    (Some(a), Some(b)) => (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino),
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
+    /// Keeps `fd` — this file's open fd — for as long as `self` lives. For
+    /// a file about to lose its last link while the kernel still holds the
+    /// object: like a local filesystem, the removed file then stays
+    /// readable through the descriptors that hold it (its handle could no
+    /// longer be opened), and its inode number is not recycled meanwhile.
+    pub fn pin(&self, fd: Arc<OwnedFd>) {
+        let mut slot = self.slot.lock();
+        if self.pinned.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if slot.replace(fd).is_some() && self.handle.is_some() {
+            cache().open.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The file handle (generation included), when the filesystem gives one.
+    pub fn handle(&self) -> Option<&[u8]> {
+        self.handle.as_deref()
+    }
+}
+
 impl Drop for RealFd {
     fn drop(&mut self) {
-        if self.handle.is_some() && self.slot.get_mut().is_some() {
+        if self.handle.is_some() && self.slot.get_mut().is_some() && !*self.pinned.get_mut() {
             cache().open.fetch_sub(1, Ordering::AcqRel);
         }
     }

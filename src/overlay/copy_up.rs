@@ -72,34 +72,47 @@ impl Overlay {
         let pst = sys::fstat(parent_upper.as_ref()).ok();
         let tmp = self.upper.tmp_name();
         let built = self.build_copy(&lower_fd, &st, &tmp, data, inode.is_dir());
-        let result = built.and_then(|_| {
-            sys::renameat2(
+        // The copy is this object before its name appears in the upper: a
+        // lookup that finds it there must already get the object's id.
+        let copy = built.and_then(|_| {
+            let real = RealFd::new(
+                sys::open_path(&self.upper.work, &tmp)?,
+                &self.upper.layer.mount,
+            );
+            let ust = sys::fstat(real.get()?.as_ref())?;
+            self.ids.alias(ust.st_dev, ust.st_ino, &real, inode.id);
+            Ok((real, ust))
+        });
+        let result = copy.and_then(|(real, ust)| {
+            match sys::renameat2(
                 &self.upper.work,
                 &tmp,
                 parent_upper.as_ref(),
                 &name,
                 sys::RENAME_NOREPLACE,
-            )
-            .map_err(Errno::from)
+            ) {
+                Ok(()) => Ok(real),
+                Err(e) => {
+                    self.ids.unalias(ust.st_dev, ust.st_ino);
+                    Err(Errno::from(e))
+                }
+            }
         });
-        if let Err(e) = result {
-            let _ = self.upper.remove_tree(&self.upper.work, &tmp);
-            self.quota.refund_copy_up(&st);
-            tracing::warn!(path = %self.path_of(inode), "copy-up failed: {e}");
-            return Err(e);
-        }
+        let real = match result {
+            Ok(real) => real,
+            Err(e) => {
+                let _ = self.upper.remove_tree(&self.upper.work, &tmp);
+                self.quota.refund_copy_up(&st);
+                tracing::warn!(path = %self.path_of(inode), "copy-up failed: {e}");
+                return Err(e);
+            }
+        };
         // Copying up changed the upper parent's times; the object's parent
         // did not change as seen through the mount.
         if let Some(pst) = pst {
             let _ = sys::futimens(parent_upper.as_ref(), &times_of(&pst));
         }
-        let real = RealFd::new(
-            sys::open_path(parent_upper.as_ref(), &name)?,
-            &self.upper.layer.mount,
-        );
         let fd = real.get()?;
-        let ust = sys::fstat(fd.as_ref())?;
-        self.ids.alias(ust.st_dev, ust.st_ino, inode.id);
         inode.real.write().upper = Some(real);
         Ok(fd)
     }

@@ -42,9 +42,11 @@ impl Overlay {
             return err(libc::ENOENT);
         }
         let r = self.resolve(parent, name)?.ok_or(Errno(libc::ENOENT))?;
-        let id = self.ids.id(r.st.st_dev, r.st.st_ino);
+        let id = self.object_id(&r);
         let kind = r.st.st_mode & libc::S_IFMT;
         if let Some(i) = self.inodes.get(id) {
+            // `object_id` chose `id` for this object, so an inode under it
+            // is this object (unless replaced by a concurrent lookup).
             if i.kind == kind {
                 {
                     let mut cur = i.real.write();
@@ -336,11 +338,40 @@ impl Overlay {
         }
         if let Some(st) = upper_st {
             self.quota.release(&st);
-        }
-        if removal == Removal::RevertToLower {
-            victim.real.write().upper = None;
+            self.removed_link(&victim, &st, upper, removal == Removal::RevertToLower);
         }
         Ok(())
+    }
+
+    /// One name of `victim`'s upper file `st` (its attributes before the
+    /// removal) is gone from the upper.
+    ///
+    /// Invariant (see `IdMap`): once the upper file has no link left its
+    /// alias is dropped, because the filesystem may give its inode number
+    /// to the next file created. A reverted object shows its lower file
+    /// again; if the upper file still has other names, the object stays
+    /// that upper file under them and the lower name becomes a different
+    /// object (it gets its own id when looked up).
+    ///
+    /// A removed file the kernel still holds keeps its fd (`fd`, the upper
+    /// file's) pinned, as a local filesystem keeps an unlinked inode alive
+    /// while it is referenced.
+    fn removed_link(&self, victim: &Inode, st: &Stat, fd: Option<Arc<OwnedFd>>, revert: bool) {
+        let last = is_dir(st) || st.st_nlink <= 1;
+        if last {
+            self.ids.unalias(st.st_dev, st.st_ino);
+        }
+        let mut real = victim.real.write();
+        match (revert, last) {
+            (true, true) => real.upper = None,
+            (true, false) => real.lowers.clear(),
+            (false, true) => {
+                if let (Some(u), Some(fd)) = (&real.upper, fd) {
+                    u.pin(fd);
+                }
+            }
+            (false, false) => {}
+        }
     }
 
     /// Whether a directory is empty as seen through the mount (hidden
@@ -502,9 +533,9 @@ impl Overlay {
         {
             sys::unlinkat(new_upper.as_ref(), newname, false)?;
         }
-        let replaced_st = dst
+        let replaced_fd = dst.as_ref().and_then(|d| d.upper_fd().ok().flatten());
+        let replaced_st = replaced_fd
             .as_ref()
-            .and_then(|d| d.upper_fd().ok().flatten())
             .and_then(|u| sys::fstat(u.as_ref()).ok());
         let whiteout_flag = if src_lower_here {
             sys::RENAME_WHITEOUT
@@ -532,6 +563,9 @@ impl Overlay {
         if let Some(st) = replaced_st {
             if st.st_nlink <= 1 && !is_dir(&st) {
                 self.quota.release(&st);
+            }
+            if let Some(d) = &dst {
+                self.removed_link(d, &st, replaced_fd, false);
             }
         }
         if src.is_dir() {

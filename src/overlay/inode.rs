@@ -38,6 +38,12 @@ impl Real {
     pub fn has_lower(&self) -> bool {
         !self.lowers.is_empty()
     }
+
+    /// The file that gives the object its identity: the upper file if it
+    /// has one, else the topmost lower one.
+    pub fn identity(&self) -> Option<&Arc<RealFd>> {
+        self.upper.as_ref().or(self.lowers.first().map(|(_, f)| f))
+    }
 }
 
 /// Where an object was last seen in the tree (for policy paths and for
@@ -151,26 +157,45 @@ impl InodeTable {
         self.shard(id).read().get(&id).cloned()
     }
 
-    /// Returns the inode for `id`, inserting `make()` if absent or if the
-    /// present one has another type (the id was reused by a new file), and
-    /// counts one kernel lookup on it.
+    /// Returns the inode for `id` and counts one kernel lookup on it,
+    /// inserting `make()` if absent. `None` when the table holds another
+    /// object under `id` (another type, or `same` says it is not this
+    /// object): the caller must choose another id, since the kernel may
+    /// still hold the old object by it.
+    ///
+    /// `same` may take the inode's own locks, so it runs outside the shard
+    /// lock; the lookup is counted only if the inode is still the one
+    /// checked.
     pub fn get_or_insert(
         &self,
         id: u64,
         kind: u32,
+        same: impl Fn(&Inode) -> bool,
         make: impl FnOnce() -> Inode,
-    ) -> (Arc<Inode>, bool) {
-        let mut map = self.shard(id).write();
-        if let Some(i) = map.get(&id) {
-            if i.kind == kind {
-                i.lookups.fetch_add(1, Ordering::AcqRel);
-                return (i.clone(), false);
+    ) -> Option<(Arc<Inode>, bool)> {
+        loop {
+            let seen = self.get(id);
+            if let Some(i) = &seen {
+                if i.kind != kind || !same(i) {
+                    return None;
+                }
+            }
+            let mut map = self.shard(id).write();
+            match (map.get(&id), seen) {
+                (Some(cur), Some(i)) if Arc::ptr_eq(cur, &i) => {
+                    i.lookups.fetch_add(1, Ordering::AcqRel);
+                    return Some((i, false));
+                }
+                (None, None) => {
+                    let i = Arc::new(make());
+                    i.lookups.store(1, Ordering::Release);
+                    map.insert(id, i.clone());
+                    return Some((i, true));
+                }
+                // Inserted or replaced meanwhile: check again.
+                _ => continue,
             }
         }
-        let i = Arc::new(make());
-        i.lookups.store(1, Ordering::Release);
-        map.insert(id, i.clone());
-        (i, true)
     }
 
     pub fn insert_root(&self, root: Inode) {
@@ -214,30 +239,111 @@ impl InodeTable {
 }
 
 /// Maps the (device, inode) of a real file to its node id.
+///
+/// Most ids are derived from the real file's (device, inode number). Two
+/// kinds of exceptions are remembered as aliases: an upper file made by
+/// copy-up keeps the id of the lower file it copies, and a file whose
+/// derived id is still held by the kernel for another object (the inode
+/// number was recycled after the old file was removed) gets a fresh id.
+///
+/// Invariant: an alias names one real file, not an inode number. It
+/// records that file's handle (which carries the inode's generation) and
+/// is used only for a file with the same handle, so a later file that
+/// reuses the inode number never inherits it; removals through the mount
+/// also drop the alias of a file's last link at once.
 #[derive(Default)]
 pub struct IdMap {
     devs: RwLock<Vec<u64>>,
-    /// Upper files made by copy-up keep the id of the file they copy.
-    aliases: RwLock<HashMap<(u64, u64), u64>>,
+    aliases: RwLock<HashMap<(u64, u64), Alias>>,
     overflow: Mutex<HashMap<(u64, u64), u64>>,
     next_overflow: AtomicU64,
 }
 
+struct Alias {
+    id: u64,
+    /// The aliased file's handle; `None` where the filesystem gives none.
+    handle: Option<Box<[u8]>>,
+}
+
+/// Where an id came from (see `IdMap::id_of`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdSource {
+    /// An alias recorded for exactly this file.
+    Alias,
+    /// Derived from the inode number, which another object may have had.
+    Derived,
+}
+
 impl IdMap {
-    /// The node id of the real file (dev, ino). Invariant: the same real
-    /// file always maps to the same id, and no two real files share one.
+    /// The node id of the real file (dev, ino), without checking that an
+    /// alias still names the same file: for directory entries' `d_ino` and
+    /// cache invalidation, never for deciding which object a file is.
     pub fn id(&self, dev: u64, ino: u64) -> u64 {
-        if let Some(&id) = self.aliases.read().get(&(dev, ino)) {
-            return id;
+        if let Some(a) = self.aliases.read().get(&(dev, ino)) {
+            return a.id;
         }
+        self.derived(dev, ino)
+    }
+
+    /// The node id of the real file `file` whose (dev, ino) are given: its
+    /// alias if one was recorded for this very file, else the derived id.
+    /// An alias left by an earlier file with the same inode number is
+    /// dropped.
+    pub fn id_of(&self, dev: u64, ino: u64, file: Option<&RealFd>) -> (u64, IdSource) {
+        let handle = file.and_then(|f| f.handle());
+        {
+            let aliases = self.aliases.read();
+            match aliases.get(&(dev, ino)) {
+                None => return (self.derived(dev, ino), IdSource::Derived),
+                Some(a) if a.handle.as_deref() == handle => return (a.id, IdSource::Alias),
+                Some(_) => {}
+            }
+        }
+        let mut aliases = self.aliases.write();
+        if let Some(a) = aliases.get(&(dev, ino)) {
+            if a.handle.as_deref() == handle {
+                return (a.id, IdSource::Alias);
+            }
+            aliases.remove(&(dev, ino));
+        }
+        (self.derived(dev, ino), IdSource::Derived)
+    }
+
+    fn derived(&self, dev: u64, ino: u64) -> u64 {
         let tag = self.tag(dev);
         if ino < (1 << 48) && tag < (1 << 15) {
             return (tag << 48) | ino;
         }
         // Inode numbers beyond 48 bits: number them from the top of the space.
         let mut o = self.overflow.lock();
-        *o.entry((dev, ino))
-            .or_insert_with(|| (1 << 63) | self.next_overflow.fetch_add(1, Ordering::Relaxed))
+        *o.entry((dev, ino)).or_insert_with(|| self.fresh())
+    }
+
+    /// Gives the real file (dev, ino) — `file` — an id of its own because
+    /// its derived id belongs to another object; the same file asking
+    /// again (a concurrent lookup) gets the same id.
+    pub fn reassign(&self, dev: u64, ino: u64, file: &RealFd) -> u64 {
+        let handle = file.handle();
+        let mut aliases = self.aliases.write();
+        if let Some(a) = aliases.get(&(dev, ino)) {
+            if a.handle.as_deref() == handle {
+                return a.id;
+            }
+        }
+        let id = self.fresh();
+        let handle = handle.map(Box::from);
+        aliases.insert((dev, ino), Alias { id, handle });
+        id
+    }
+
+    /// A fresh id for an object without a real file (never expected).
+    pub fn reassign_anonymous(&self) -> u64 {
+        self.fresh()
+    }
+
+    /// An id no real file derives to and no other object has had.
+    fn fresh(&self) -> u64 {
+        (1 << 63) | self.next_overflow.fetch_add(1, Ordering::Relaxed)
     }
 
     fn tag(&self, dev: u64) -> u64 {
@@ -252,8 +358,22 @@ impl IdMap {
         devs.len() as u64
     }
 
-    /// Records that the upper file (dev, ino) is the object `id`.
-    pub fn alias(&self, dev: u64, ino: u64, id: u64) {
-        self.aliases.write().insert((dev, ino), id);
+    /// Records that the real file (dev, ino) — `file` — is the object `id`.
+    pub fn alias(&self, dev: u64, ino: u64, file: &RealFd, id: u64) {
+        let handle = file.handle().map(Box::from);
+        self.aliases
+            .write()
+            .insert((dev, ino), Alias { id, handle });
+    }
+
+    /// The real file (dev, ino) lost its last link: forget its alias, so
+    /// a new file given the same inode number starts afresh.
+    pub fn unalias(&self, dev: u64, ino: u64) {
+        self.aliases.write().remove(&(dev, ino));
+    }
+
+    /// How many aliases are remembered (for tests and status).
+    pub fn aliases(&self) -> usize {
+        self.aliases.read().len()
     }
 }

@@ -8,7 +8,7 @@
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use super::inode::{Inode, Real};
+use super::inode::{IdSource, Inode, Real};
 use super::{err, Ctx, Entry, Errno, Overlay, Result};
 use crate::layer::ops::is_whiteout;
 use crate::layer::real::RealFd;
@@ -19,6 +19,18 @@ pub struct Resolved {
     /// Attributes of the file that gives the object its identity.
     pub st: Stat,
     pub real: Real,
+}
+
+/// Whether the inode `i` is the object that `real` resolves to: the file
+/// that gives `real` its identity is the inode's upper file, or the lower
+/// file the inode reads from or was copied up from.
+fn same_object(i: &Inode, real: &Real) -> bool {
+    let Some(ident) = real.identity() else {
+        return false;
+    };
+    let cur = i.real.read();
+    cur.upper.as_ref().is_some_and(|u| u.same_file(ident))
+        || cur.lowers.first().is_some_and(|(_, l)| l.same_file(ident))
 }
 
 fn is_dir(st: &Stat) -> bool {
@@ -161,19 +173,47 @@ impl Overlay {
     /// Turns a resolved name into an inode the kernel holds (one more
     /// lookup counted on it) and the entry to reply with.
     pub fn instantiate(&self, parent: &Arc<Inode>, name: &OsStr, r: Resolved) -> Entry {
-        let id = self.ids.id(r.st.st_dev, r.st.st_ino);
         let kind = r.st.st_mode & libc::S_IFMT;
         let lower = r.real.has_lower();
-        let mut pending = Some(r.real);
-        let (inode, fresh) = self.inodes.get_or_insert(id, kind, || {
-            Inode::new(
+        let (mut id, mut source) = self.ids.id_of(
+            r.st.st_dev,
+            r.st.st_ino,
+            r.real.identity().map(|f| f.as_ref()),
+        );
+        // The resolved files, until they go into a new inode.
+        let pending = std::cell::RefCell::new(Some(r.real));
+        let (inode, fresh) = loop {
+            let got = self.inodes.get_or_insert(
                 id,
                 kind,
-                pending.take().unwrap_or_default(),
-                Some(parent.clone()),
-                name.to_os_string(),
-            )
-        });
+                |i| {
+                    source == IdSource::Alias
+                        || pending.borrow().as_ref().is_some_and(|p| same_object(i, p))
+                },
+                || {
+                    Inode::new(
+                        id,
+                        kind,
+                        pending.borrow_mut().take().unwrap_or_default(),
+                        Some(parent.clone()),
+                        name.to_os_string(),
+                    )
+                },
+            );
+            match got {
+                Some(got) => break got,
+                // The kernel still holds another object by this id (its
+                // file is gone and the inode number was recycled).
+                None => {
+                    id = match pending.borrow().as_ref() {
+                        Some(p) => self.reassign(&r.st, p),
+                        None => self.ids.reassign_anonymous(),
+                    };
+                    source = IdSource::Alias;
+                }
+            }
+        };
+        let pending = pending.into_inner();
         if !fresh {
             if let Some(mut real) = pending {
                 let mut cur = inode.real.write();
@@ -196,6 +236,33 @@ impl Overlay {
         let lower = lower && !self.trusted(parent);
         let st = self.fix_stat(&inode, r.st);
         Entry { id, st, lower }
+    }
+
+    /// The node id of a resolved object without instantiating it: the id
+    /// the kernel knows it by, or the id it will get.
+    pub fn object_id(&self, r: &Resolved) -> u64 {
+        let kind = r.st.st_mode & libc::S_IFMT;
+        let (id, source) = self.ids.id_of(
+            r.st.st_dev,
+            r.st.st_ino,
+            r.real.identity().map(|f| f.as_ref()),
+        );
+        if source == IdSource::Alias {
+            return id;
+        }
+        match self.inodes.get(id) {
+            Some(i) if i.kind != kind || !same_object(&i, &r.real) => self.reassign(&r.st, &r.real),
+            _ => id,
+        }
+    }
+
+    /// A fresh id for the object `real` resolves to (see `IdMap::reassign`).
+    fn reassign(&self, st: &Stat, real: &Real) -> u64 {
+        match real.identity() {
+            Some(f) => self.ids.reassign(st.st_dev, st.st_ino, f.as_ref()),
+            // Unreachable: a resolved object has an upper or a lower file.
+            None => self.ids.reassign_anonymous(),
+        }
     }
 
     /// Attributes as the mount shows them: the node id as `st_ino`, and
