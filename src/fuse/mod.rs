@@ -158,6 +158,9 @@ impl fuser::Filesystem for LayerFs {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_POSIX_ACL
+            // Modes arrive with the caller's umask unapplied: the core
+            // applies it unless a default ACL decides (overlay::mode).
+            | InitFlags::FUSE_DONT_MASK
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_MAX_PAGES;
         // Not FUSE_HANDLE_KILLPRIV_V2: it would spare the kernel's
@@ -165,8 +168,10 @@ impl fuser::Filesystem for LayerFs {
         // clears setuid/setgid on passthrough writes by other users (the
         // backing write runs with the daemon's CAP_FSETID). The lookup
         // costs one round trip per write syscall.
+        // Take what the kernel offers of them (the call adds all or none).
         if let Err(missing) = config.add_capabilities(wanted) {
             tracing::debug!("kernel lacks {missing:?}");
+            let _ = config.add_capabilities(wanted & !missing);
         }
         if self.io.passthrough_wanted() {
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()

@@ -179,10 +179,14 @@ impl Overlay {
             (slot.parent_upper.as_ref(), name.to_os_string())
         };
         let mut file = None;
+        // New objects take their default ACL (if any) from the parent.
+        let parent_fd = slot.parent_upper.as_ref();
         let built: Result<()> = (|| {
             match &kind {
                 NewKind::File { mode, flags } => {
-                    let mode = self.allowed_mode(*mode & 0o7777, false);
+                    let nm =
+                        self.new_mode(ctx, parent_fd, self.allowed_mode(*mode & 0o7777, false));
+                    let mode = nm.mode;
                     let acc = flags & libc::O_ACCMODE;
                     let extra = flags
                         & (libc::O_APPEND
@@ -197,31 +201,37 @@ impl Overlay {
                         mode,
                     )?;
                     self.own(&fd, Some(ctx.uid), Some(gid))?;
-                    if mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                    // chown cleared any set-id bits.
+                    if nm.fix_after || mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
                         sys::fchmod(&fd, mode)?;
                     }
                     file = Some(fd);
                 }
                 NewKind::Dir { mode } => {
-                    let mut mode = *mode & 0o7777;
-                    if sgid_parent {
-                        mode |= libc::S_ISGID;
-                    }
-                    sys::mkdirat(dir, &tmp, 0o700)?;
+                    // As mkdir(2): set-id bits are not taken from the
+                    // caller; setgid comes from the parent.
+                    let nm = self.new_mode(ctx, parent_fd, *mode & 0o1777);
+                    let mode = nm.mode | if sgid_parent { libc::S_ISGID } else { 0 };
+                    sys::mkdirat(dir, &tmp, nm.mode)?;
                     let fd = sys::open_path(dir, &tmp)?;
                     self.own(&fd, Some(ctx.uid), Some(gid))?;
-                    sys::fchmod(&fd, mode)?;
+                    // Built in the work dir, it did not inherit setgid.
+                    if nm.fix_after || (sgid_parent && slot.over_whiteout) {
+                        sys::fchmod(&fd, mode)?;
+                    }
                     if slot.over_whiteout {
                         self.upper.set_opaque(&fd)?;
                     }
                 }
                 NewKind::Node { mode, rdev } => {
                     let fmt = mode & libc::S_IFMT;
-                    let m = fmt | self.allowed_mode(*mode & 0o7777, false);
+                    let nm =
+                        self.new_mode(ctx, parent_fd, self.allowed_mode(*mode & 0o7777, false));
+                    let m = fmt | nm.mode;
                     sys::mknodat(dir, &tmp, m, *rdev)?;
                     let fd = sys::open_path(dir, &tmp)?;
                     self.own(&fd, Some(ctx.uid), Some(gid))?;
-                    if m & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                    if nm.fix_after || m & (libc::S_ISUID | libc::S_ISGID) != 0 {
                         sys::fchmod(&fd, m & 0o7777)?;
                     }
                 }

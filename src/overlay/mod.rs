@@ -9,6 +9,7 @@ pub mod dir;
 pub mod file;
 pub mod guard;
 pub mod inode;
+pub mod mode;
 pub mod namei;
 pub mod quota;
 pub mod readdir;

@@ -206,6 +206,8 @@ enum Op {
         path: String,
         len: u64,
         fill: u8,
+        mode: u32,
+        umask: u32,
     },
     WriteAt {
         path: String,
@@ -228,6 +230,7 @@ enum Op {
     Mkdir {
         path: String,
         mode: u32,
+        umask: u32,
     },
     Rmdir {
         path: String,
@@ -265,8 +268,17 @@ enum Op {
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Op::CreateWrite { path, len, fill } => {
-                write!(f, "create+write {path} len={len} fill={fill}")
+            Op::CreateWrite {
+                path,
+                len,
+                fill,
+                mode,
+                umask,
+            } => {
+                write!(
+                    f,
+                    "create+write {path} len={len} fill={fill} mode={mode:o} umask={umask:03o}"
+                )
             }
             Op::WriteAt {
                 path,
@@ -277,7 +289,7 @@ impl fmt::Display for Op {
             Op::Append { path, len, fill } => write!(f, "append {path} len={len} fill={fill}"),
             Op::Truncate { path, len } => write!(f, "truncate {path} {len}"),
             Op::Read { path } => write!(f, "read {path}"),
-            Op::Mkdir { path, mode } => write!(f, "mkdir {path} {mode:o}"),
+            Op::Mkdir { path, mode, umask } => write!(f, "mkdir {path} {mode:o} umask={umask:03o}"),
             Op::Rmdir { path } => write!(f, "rmdir {path}"),
             Op::Unlink { path } => write!(f, "unlink {path}"),
             Op::Rename { from, to, flags } => write!(f, "rename {from} {to} {flags:?}"),
@@ -295,6 +307,37 @@ impl fmt::Display for Op {
             Op::RemoveXattr { path } => write!(f, "removexattr {path} user.x"),
         }
     }
+}
+
+/// The callers' umasks new files and directories are made under.
+const UMASKS: [u32; 4] = [0o000, 0o002, 0o022, 0o077];
+
+/// Runs `f` under `umask` in this thread only: the thread gets a private
+/// fs context (`unshare(CLONE_FS)`) once, so other tests' threads keep
+/// theirs.
+fn with_umask<T>(umask: u32, f: impl FnOnce() -> T) -> T {
+    thread_local! {
+        static PRIVATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    PRIVATE.with(|p| {
+        if !p.get() {
+            // SAFETY: detaches this thread's cwd, root and umask only.
+            let rc = unsafe { libc::unshare(libc::CLONE_FS) };
+            assert_eq!(
+                rc,
+                0,
+                "unshare(CLONE_FS): {}",
+                std::io::Error::last_os_error()
+            );
+            p.set(true);
+        }
+    });
+    // SAFETY: umask has no preconditions; it affects this thread only now.
+    let old = unsafe { libc::umask(umask as libc::mode_t) };
+    let r = f();
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    r
 }
 
 /// Ok(value) — bytes written, a content hash for reads, 0 otherwise — or errno.
@@ -348,14 +391,22 @@ fn close(f: fs::File) -> OpResult {
 fn apply(root: &Path, op: &Op) -> OpResult {
     let at = |p: &str| root.join(p);
     match op {
-        Op::CreateWrite { path, len, fill } => {
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o644)
-                .open(at(path))
-                .map_err(io_errno)?;
+        Op::CreateWrite {
+            path,
+            len,
+            fill,
+            mode,
+            umask,
+        } => {
+            let mut f = with_umask(*umask, || {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(*mode)
+                    .open(at(path))
+            })
+            .map_err(io_errno)?;
             f.write_all(&data(*len, *fill)).map_err(io_errno)?;
             close(f)?;
             Ok(*len)
@@ -389,11 +440,11 @@ fn apply(root: &Path, op: &Op) -> OpResult {
             libc_result(unsafe { libc::truncate(p.as_ptr(), *len as libc::off_t) })
         }
         Op::Read { path } => fs::read(at(path)).map(|d| fnv(&d)).map_err(io_errno),
-        Op::Mkdir { path, mode } => fs::DirBuilder::new()
-            .mode(*mode)
-            .create(at(path))
-            .map(|_| 0)
-            .map_err(io_errno),
+        Op::Mkdir { path, mode, umask } => with_umask(*umask, || {
+            fs::DirBuilder::new().mode(*mode).create(at(path))
+        })
+        .map(|_| 0)
+        .map_err(io_errno),
         Op::Rmdir { path } => fs::remove_dir(at(path)).map(|_| 0).map_err(io_errno),
         Op::Unlink { path } => fs::remove_file(at(path)).map(|_| 0).map_err(io_errno),
         Op::Rename { from, to, flags } => {
@@ -651,6 +702,8 @@ fn gen_op(rng: &mut Rng, known: &Known) -> Op {
                 path,
                 len: gen_len(rng),
                 fill,
+                mode: *rng.pick(&[0o644, 0o666, 0o777, 0o600]),
+                umask: *rng.pick(&UMASKS),
             }
         }
         10..=17 => Op::WriteAt {
@@ -677,7 +730,8 @@ fn gen_op(rng: &mut Rng, known: &Known) -> Op {
         },
         34..=42 => Op::Mkdir {
             path: known.fresh(rng),
-            mode: *rng.pick(&[0o755, 0o700, 0o750]),
+            mode: *rng.pick(&[0o755, 0o777, 0o700, 0o750]),
+            umask: *rng.pick(&UMASKS),
         },
         43..=48 => Op::Rmdir {
             path: known.existing(rng, Some(Kind::Dir)),

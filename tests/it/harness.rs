@@ -85,8 +85,34 @@ impl Workspace {
         fs::read_to_string(self.mnt.with_file_name("daemon.log")).unwrap_or_default()
     }
 
+    /// `mount_with`, with the daemon started under `umask` (its own umask
+    /// must never show in the modes of what callers create).
+    pub fn mount_daemon_umask(&self, extra: &[&str], umask: u32) -> Mount {
+        self.try_mount_cmd(extra, &[], Some(umask))
+            .unwrap_or_else(|e| panic!("mount failed: {e}"))
+    }
+
     fn try_mount_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Result<Mount, String> {
+        self.try_mount_cmd(extra, env, None)
+    }
+
+    fn try_mount_cmd(
+        &self,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        umask: Option<u32>,
+    ) -> Result<Mount, String> {
         let mut cmd = Command::new(bin());
+        if let Some(mask) = umask {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: umask is async-signal-safe and touches only the child.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::umask(mask as libc::mode_t);
+                    Ok(())
+                });
+            }
+        }
         cmd.envs(env.iter().copied());
         cmd.arg("mount").arg("--foreground");
         for l in &self.lowers {

@@ -7,6 +7,7 @@ mod basic;
 mod daemon;
 mod differential;
 mod identity;
+mod modes;
 mod pjdfstest;
 mod policy;
 mod posix;
