@@ -11,4 +11,5 @@ mod modes;
 mod pjdfstest;
 mod policy;
 mod posix;
+mod stress;
 mod tools;

@@ -1,0 +1,64 @@
+//! Short stress run (scripts/stress against a harness mount): racing
+//! operations on shared lower and new paths, concurrent copy-ups of one
+//! lower file, per-worker op sequences checked against a plain directory,
+//! and stress-ng filesystem stressors inside the mount. The script's
+//! watchdog, daemon-log scan and fd/RSS bounds decide; its report is
+//! printed. The long campaign is `scripts/stress SECONDS THREADS`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::harness::*;
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/stress")
+}
+
+#[test]
+fn stress_short_run_is_clean() {
+    const THREADS: &str = "4";
+    let ws = Workspace::new();
+    let out = Command::new("python3")
+        .arg(script())
+        .args(["--prepare", ws.lower().to_str().unwrap(), THREADS])
+        .output()
+        .expect("run scripts/stress --prepare");
+    assert!(out.status.success(), "prepare: {out:?}");
+    // The plain directory the per-worker sequences are replayed on.
+    let reference = ws.dir.path().join("ref");
+    sh(
+        ws.dir.path(),
+        &format!("cp -a {}/own {}", ws.lower().display(), reference.display()),
+    );
+    let m = ws.mount();
+    let log = ws.mnt.with_file_name("daemon.log");
+    let out = Command::new("python3")
+        .arg(script())
+        .arg("--mnt")
+        .arg(m.path())
+        .arg("--daemon-pid")
+        .arg(m.pid().to_string())
+        .arg("--daemon-log")
+        .arg(&log)
+        .arg("--ref")
+        .arg(&reference)
+        .args(["12", THREADS])
+        .output()
+        .expect("run scripts/stress");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{report}");
+    assert!(out.status.success(), "stress run failed:\n{report}");
+    assert!(report.contains("stress: PASS"), "{report}");
+    // Every prepared lower file is untouched by the run.
+    assert!(m.unmount(), "daemon exited with an error after the run");
+    let again = Command::new("python3")
+        .arg(script())
+        .args(["--check-lower", ws.lower().to_str().unwrap(), THREADS])
+        .output()
+        .expect("run scripts/stress --check-lower");
+    assert!(again.status.success(), "lower changed: {again:?}");
+}
