@@ -4,6 +4,7 @@
 mod harness;
 
 mod basic;
+mod crash;
 mod daemon;
 mod differential;
 mod pjdfstest;
