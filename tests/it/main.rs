@@ -7,6 +7,7 @@ mod basic;
 mod crash;
 mod daemon;
 mod differential;
+mod fulldisk;
 mod pjdfstest;
 mod policy;
 mod posix;
