@@ -40,6 +40,17 @@ impl LoopFs {
         fs
     }
 
+    /// Mounts an existing image `img` at `mnt`.
+    pub fn attach(img: &Path, mnt: &Path, opts: &str) -> LoopFs {
+        fs::create_dir_all(mnt).unwrap();
+        let fs = LoopFs {
+            mnt: mnt.to_path_buf(),
+            img: img.to_path_buf(),
+        };
+        fs.mount(opts);
+        fs
+    }
+
     pub fn mount(&self, opts: &str) {
         let o = if opts.is_empty() {
             "loop".to_string()

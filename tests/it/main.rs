@@ -11,4 +11,5 @@ mod fulldisk;
 mod pjdfstest;
 mod policy;
 mod posix;
+mod powerloss;
 mod tools;
