@@ -8,9 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The layerfs binary under test.
+/// The layerfs binary under test (LAYERFS_TEST_BIN overrides it: long
+/// campaigns run a copy so a rebuild meanwhile does not change it).
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_layerfs"))
+    std::env::var_os("LAYERFS_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_layerfs")))
 }
 
 /// A temporary directory tree: `lower0..lowerN`, `upper`, `work`, `mnt`.

@@ -4,12 +4,15 @@
 mod harness;
 
 mod basic;
+mod crash;
 mod daemon;
 mod differential;
+mod fulldisk;
 mod identity;
 mod modes;
 mod pjdfstest;
 mod policy;
 mod posix;
+mod powerloss;
 mod stress;
 mod tools;
