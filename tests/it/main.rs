@@ -6,6 +6,7 @@ mod harness;
 mod basic;
 mod daemon;
 mod differential;
+mod odd;
 mod pjdfstest;
 mod policy;
 mod posix;
