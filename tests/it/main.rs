@@ -10,4 +10,5 @@ mod odd;
 mod pjdfstest;
 mod policy;
 mod posix;
+mod robust;
 mod tools;
