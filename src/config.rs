@@ -43,6 +43,9 @@ pub struct Config {
     /// Where the daemon logs (`--log-file`); `None` = stderr (foreground)
     /// or nowhere (background).
     pub log_file: Option<PathBuf>,
+    /// `layerfs mount` created the work dir: a mount that fails removes it
+    /// again (if still empty), so a refused mount leaves nothing behind.
+    pub created_work: bool,
 }
 
 /// Default for `--lower-timeout`.
@@ -436,7 +439,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         }
     }
 
-    let work = resolve_work(args.work.as_deref(), &upper, &lowers)?;
+    let (work, created_work) = resolve_work(args.work.as_deref(), &upper, &lowers)?;
     let mountpoint = resolve_mountpoint(&args.mountpoint)?;
     if is_within(&mountpoint, &upper) || is_within(&mountpoint, &work) {
         return Err(invalid(format!(
@@ -488,21 +491,54 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         threads: args.threads.unwrap_or_else(default_threads),
         lower_timeout: args.lower_timeout.unwrap_or(DEFAULT_LOWER_TIMEOUT),
         log_file,
+        created_work: created_work.keep(),
     })
 }
 
-/// Finds or creates the work dir and checks where it lies.
+/// A work dir this mount created, removed again (only if empty) when
+/// dropped before `keep`: every refusal after its creation goes through
+/// an early return.
+#[must_use]
+struct CreatedDir(Option<PathBuf>);
+
+impl CreatedDir {
+    /// The mount goes ahead: keep the directory; says whether it was created.
+    fn keep(mut self) -> bool {
+        self.0.take().is_some()
+    }
+}
+
+impl Drop for CreatedDir {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            if let Err(e) = fs::remove_dir(&p) {
+                tracing::warn!(
+                    "cannot remove the work dir {} made for a refused mount: {e}",
+                    p.display()
+                );
+            }
+        }
+    }
+}
+
+/// Finds or creates the work dir and checks where it lies. A work dir
+/// created here is removed again if this or any later check refuses the
+/// mount (the returned guard).
 fn resolve_work(
     given: Option<&Path>,
     upper: &Path,
     lowers: &[PathBuf],
-) -> Result<PathBuf, ConfigError> {
+) -> Result<(PathBuf, CreatedDir), ConfigError> {
     let raw = match given {
         Some(w) => absolute(w)?,
         None => default_work_dir(upper)?,
     };
+    let mut created = CreatedDir(None);
     match fs::DirBuilder::new().mode(0o700).create(&raw) {
-        Ok(()) => tracing::debug!("created work dir {}", raw.display()),
+        Ok(()) => {
+            tracing::debug!("created work dir {}", raw.display());
+            created = CreatedDir(Some(raw.clone()));
+        }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => {
             return Err(invalid(format!(
@@ -531,7 +567,7 @@ fn resolve_work(
     }
     let dev = |p: &Path| fs::metadata(p).map(|m| m.dev());
     match (dev(&work), dev(upper)) {
-        (Ok(w), Ok(u)) if w == u => Ok(work),
+        (Ok(w), Ok(u)) if w == u => Ok((work, created)),
         (Ok(_), Ok(_)) => Err(invalid(format!(
             "work dir {} is on a different filesystem than upper {}: copy-up renames from \
              work into upper, so put the work dir next to the upper",

@@ -7,6 +7,7 @@
 //! a lower still works); readiness is reported only after the FUSE
 //! handshake, so a `layerfs mount` that returned 0 has a live mountpoint.
 
+pub mod exclusive;
 pub mod logging;
 pub mod mounts;
 pub mod notify;
@@ -43,6 +44,7 @@ pub fn start(cfg: Config) -> i32 {
         match serve(&cfg, &notify, || {}) {
             Ok(()) => 0,
             Err(e) => {
+                forget_created_work(&cfg);
                 tracing::error!("{e}");
                 if log.is_some() {
                     // stderr is the log file: say it on the terminal too.
@@ -53,6 +55,14 @@ pub fn start(cfg: Config) -> i32 {
         }
     } else {
         background(cfg, log)
+    }
+}
+
+/// A mount that failed removes the work dir `layerfs mount` created for
+/// it, if it is still empty (a refused mount leaves nothing behind).
+fn forget_created_work(cfg: &Config) {
+    if cfg.created_work {
+        let _ = std::fs::remove_dir(&cfg.work);
     }
 }
 
@@ -130,6 +140,7 @@ fn background(cfg: Config, log: Option<File>) -> i32 {
             let code = match res {
                 Ok(()) => 0,
                 Err(e) => {
+                    forget_created_work(&cfg);
                     tracing::error!("{e}");
                     if let Some(mut w) = writer.take() {
                         let _ = w.write_all(e.as_bytes());
@@ -146,6 +157,8 @@ fn background(cfg: Config, log: Option<File>) -> i32 {
 /// mountpoint answers requests. An `Err` is the message for the user.
 fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(), String> {
     signals::block().map_err(|e| format!("blocking signals: {e}"))?;
+    // Before the layers are opened: opening clears the work dir.
+    let _claim = exclusive::claim(cfg)?;
     let fs = LayerFs::new(cfg)?;
     let handle = fs.handle();
     let session_cfg = session_config(cfg);

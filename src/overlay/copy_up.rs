@@ -52,7 +52,7 @@ impl Overlay {
         }
         self.check_writable()?;
         let parent = inode.parent().ok_or(Errno(libc::EIO))?;
-        let parent_upper = self.copy_up(&parent)?;
+        let parent_upper = self.copy_up_parents(&parent)?;
         let _guard = inode.copy_up.lock();
         if let Some(u) = inode.upper_fd()? {
             return Ok(u);
@@ -117,6 +117,35 @@ impl Overlay {
         Ok(fd)
     }
 
+    /// Copies up directory `dir` and every ancestor still without an upper
+    /// copy, top down, in a loop: a lower tree may be thousands of levels
+    /// deep, deeper than a worker thread's stack would allow recursing.
+    /// Each `copy_up_with` below finds its own parent already copied up.
+    fn copy_up_parents(&self, dir: &Arc<Inode>) -> Result<Arc<OwnedFd>> {
+        let mut missing = Vec::new();
+        let mut cur = dir.clone();
+        loop {
+            if let Some(u) = cur.upper_fd()? {
+                if missing.is_empty() {
+                    return Ok(u);
+                }
+                break;
+            }
+            let Some(parent) = cur.parent() else {
+                // The root always has its upper: this cannot happen.
+                tracing::error!(path = %self.path_of(&cur), "copy-up: no parent and no upper");
+                return err(libc::EIO);
+            };
+            missing.push(cur);
+            cur = parent;
+        }
+        let mut upper = None;
+        for d in missing.iter().rev() {
+            upper = Some(self.copy_up_with(d, Data::All)?);
+        }
+        upper.ok_or(Errno(libc::EIO))
+    }
+
     /// Builds the copy of the lower object `lower` as `tmp` in the work dir.
     fn build_copy(
         &self,
@@ -175,13 +204,47 @@ impl Overlay {
     }
 }
 
-/// Copies `len` bytes, in-kernel where the filesystems allow it.
+/// Copies the first `len` bytes of `src` into the empty `dst`, keeping
+/// holes: `dst` is given its size first (so a trailing hole stays one),
+/// then only the data segments `SEEK_DATA`/`SEEK_HOLE` report are copied.
+/// A 5 GiB sparse file with one written block copies as that one block,
+/// not 5 GiB of zeros. Where the source cannot report holes, it is copied
+/// whole.
 fn copy_data(src: &OwnedFd, dst: &OwnedFd, len: u64) -> Result<()> {
-    let mut soff: i64 = 0;
-    let mut doff: i64 = 0;
-    while (soff as u64) < len {
-        let want = (len - soff as u64).min(1 << 30) as usize;
+    sys::ftruncate(dst, len)?;
+    let mut off = 0u64;
+    while off < len {
+        let data = match sys::lseek(src, off as i64, libc::SEEK_DATA) {
+            Ok(d) => d as u64,
+            // No data after `off`: the rest is a hole, already in place.
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+                return copy_range(src, dst, off, len);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if data >= len {
+            return Ok(());
+        }
+        let hole = match sys::lseek(src, data as i64, libc::SEEK_HOLE) {
+            Ok(h) => (h as u64).min(len),
+            Err(_) => len,
+        };
+        copy_range(src, dst, data, hole)?;
+        off = hole;
+    }
+    Ok(())
+}
+
+/// Copies bytes `from..to` of `src` to the same offsets of `dst`,
+/// in-kernel where the filesystems allow it.
+fn copy_range(src: &OwnedFd, dst: &OwnedFd, from: u64, to: u64) -> Result<()> {
+    let mut soff = from as i64;
+    let mut doff = from as i64;
+    while (soff as u64) < to {
+        let want = (to - soff as u64).min(1 << 30) as usize;
         match sys::copy_file_range(src, &mut soff, dst, &mut doff, want) {
+            // The source shrank under us: what is left stays a hole.
             Ok(0) => break,
             Ok(_) => {}
             Err(e)
@@ -194,8 +257,9 @@ fn copy_data(src: &OwnedFd, dst: &OwnedFd, len: u64) -> Result<()> {
                 ) =>
             {
                 let mut buf = vec![0u8; 1 << 20];
-                loop {
-                    let n = sys::pread(src, &mut buf, soff as u64)?;
+                while (soff as u64) < to {
+                    let want = ((to - soff as u64) as usize).min(buf.len());
+                    let n = sys::pread(src, &mut buf[..want], soff as u64)?;
                     if n == 0 {
                         return Ok(());
                     }
@@ -206,6 +270,7 @@ fn copy_data(src: &OwnedFd, dst: &OwnedFd, len: u64) -> Result<()> {
                     soff += n as i64;
                     doff += n as i64;
                 }
+                return Ok(());
             }
             Err(e) => return Err(e.into()),
         }

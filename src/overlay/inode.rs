@@ -78,6 +78,22 @@ pub struct Inode {
     pub watched_layers: Mutex<Option<Vec<usize>>>,
 }
 
+/// The last reference to a chain of inodes (a deep directory the kernel
+/// forgot bottom up, or the whole table at unmount) would drop each parent
+/// from inside its child's drop: unlink the chain in a loop instead, so a
+/// tree thousands of levels deep cannot overflow a thread's stack.
+impl Drop for Inode {
+    fn drop(&mut self) {
+        let mut next = self.loc.get_mut().parent.take();
+        while let Some(p) = next {
+            next = match Arc::try_unwrap(p) {
+                Ok(mut parent) => parent.loc.get_mut().parent.take(),
+                Err(_) => None,
+            };
+        }
+    }
+}
+
 /// How the kernel currently has this inode open: cached opens served by
 /// the daemon and passthrough opens may not coexist on one inode.
 #[derive(Debug, Default)]

@@ -1,0 +1,160 @@
+//! One upper, one mount: a daemon holds an exclusive `flock` on its upper
+//! directory and on its work directory for as long as it serves, and a
+//! second mount of either is refused, naming the daemon that holds it.
+//!
+//! Two daemons on one upper would each cache what the other changes and
+//! race their copy-ups; two on one work dir would delete each other's
+//! copy-ups in progress (each clears the work dir when it starts). Kernel
+//! overlayfs marks an upper or work dir in use too: it refuses a second
+//! mount with `EBUSY` when `index=on`, and otherwise mounts with a warning
+//! that using both "will result in undefined behavior"; layerfs always
+//! refuses.
+//!
+//! The locks sit on the directories themselves (no lock file: the upper
+//! stays a plain overlay tree, and the work dir is emptied at start) and
+//! belong to the daemon's open file descriptions, so the kernel drops them
+//! when the daemon exits however it dies: a `kill -9` never blocks the
+//! next legitimate mount. They are taken in the serving process, before
+//! the work dir is cleared.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use crate::config::Config;
+
+/// Held for as long as the daemon serves; dropping it releases the locks.
+pub struct Claim {
+    _work: File,
+    _upper: File,
+}
+
+/// Locks the work dir, then the upper, or says who holds them.
+pub fn claim(cfg: &Config) -> Result<Claim, String> {
+    let work = lock(&cfg.work, "work dir", "give each mount its own --work DIR")?;
+    let upper = lock(
+        &cfg.upper,
+        "upper dir",
+        "give each mount its own upper, or unmount the other one first",
+    )?;
+    Ok(Claim {
+        _work: work,
+        _upper: upper,
+    })
+}
+
+fn lock(dir: &Path, what: &str, fix: &str) -> Result<File, String> {
+    let f = File::open(dir).map_err(|e| format!("cannot open {what} {}: {e}", dir.display()))?;
+    // A daemon killed a moment ago (its stale mount just recovered) may
+    // still be tearing down and hold the lock for a few more
+    // milliseconds: wait for a holder that is exiting or already gone,
+    // refuse a live one at once.
+    for _ in 0..100 {
+        // SAFETY: flock on a descriptor this process owns.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r == 0 {
+            return Ok(f);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(format!("cannot lock {what} {}: {e}", dir.display()));
+        }
+        let holder = f
+            .metadata()
+            .ok()
+            .and_then(|md| holder_of(md.dev(), md.ino()));
+        match holder {
+            Some(h) if !h.exiting => {
+                return Err(format!(
+                    "{what} {} is already in use by another layerfs mount (pid {}: {}): {fix}",
+                    dir.display(),
+                    h.pid,
+                    h.cmdline
+                ))
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+    Err(format!(
+        "{what} {} is already in use by another layerfs mount: {fix}",
+        dir.display()
+    ))
+}
+
+struct Holder {
+    pid: u32,
+    cmdline: String,
+    /// The process is exiting (a zombie, or `PF_EXITING`): its locks are
+    /// about to go.
+    exiting: bool,
+}
+
+/// The pid and command line of the process holding a `flock` on the
+/// file (`dev`, `ino`), from /proc/locks.
+fn holder_of(dev: u64, ino: u64) -> Option<Holder> {
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let want = format!(
+        "{:02x}:{:02x}:{ino}",
+        libc::major(dev as libc::dev_t),
+        libc::minor(dev as libc::dev_t)
+    );
+    let pid = locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 1234 fd:00:5678 0 EOF"
+        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
+            .then(|| f.get(4)?.parse::<u32>().ok())
+            .flatten()
+    })?;
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            c.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    Some(Holder {
+        pid,
+        cmdline: cmd,
+        exiting: exiting(pid),
+    })
+}
+
+/// Whether process `pid` is gone, a zombie, or exiting (`PF_EXITING` in
+/// the flags field of /proc/PID/stat).
+fn exiting(pid: u32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // Fields after the command name, which is in parentheses: state is
+    // field 3, flags field 9.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return false;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let state = f.first().copied().unwrap_or("");
+    let flags = f.get(6).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    matches!(state, "Z" | "X") || flags & PF_EXITING != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_is_refused_naming_the_holder_and_freed_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = lock(dir.path(), "upper dir", "fix it").unwrap();
+        let err = lock(dir.path(), "upper dir", "fix it").unwrap_err();
+        assert!(err.contains("already in use"), "{err}");
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
+        drop(first);
+        lock(dir.path(), "upper dir", "fix it").unwrap();
+    }
+}
