@@ -232,7 +232,7 @@ impl Scenario {
             root,
             "fs/new.log",
             "",
-            &progress_count(progress, 'n'),
+            progress_count(progress, 'n'),
             new_record,
             &mut bad,
         );
@@ -240,7 +240,7 @@ impl Scenario {
             root,
             "fs/lower.log",
             "lower\n",
-            &progress_count(progress, 'l'),
+            progress_count(progress, 'l'),
             low_record,
             &mut bad,
         );
@@ -360,12 +360,12 @@ fn check_log(
     root: &Path,
     rel: &str,
     header: &str,
-    synced: &usize,
+    synced: usize,
     record: fn(usize) -> String,
     bad: &mut Vec<String>,
 ) {
     let full: String = header.to_string() + &(0..RECORDS).map(record).collect::<String>();
-    let min = header.len() + (0..*synced).map(|i| record(i).len()).sum::<usize>();
+    let min = header.len() + (0..synced).map(|i| record(i).len()).sum::<usize>();
     let got = match fs::read(root.join(rel)) {
         Ok(g) => g,
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) && min == 0 => return,
