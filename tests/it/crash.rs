@@ -232,7 +232,7 @@ impl Scenario {
             root,
             "fs/new.log",
             "",
-            &progress_count(progress, 'n'),
+            progress_count(progress, 'n'),
             new_record,
             &mut bad,
         );
@@ -240,7 +240,7 @@ impl Scenario {
             root,
             "fs/lower.log",
             "lower\n",
-            &progress_count(progress, 'l'),
+            progress_count(progress, 'l'),
             low_record,
             &mut bad,
         );
@@ -360,12 +360,12 @@ fn check_log(
     root: &Path,
     rel: &str,
     header: &str,
-    synced: &usize,
+    synced: usize,
     record: fn(usize) -> String,
     bad: &mut Vec<String>,
 ) {
     let full: String = header.to_string() + &(0..RECORDS).map(record).collect::<String>();
-    let min = header.len() + (0..*synced).map(|i| record(i).len()).sum::<usize>();
+    let min = header.len() + (0..synced).map(|i| record(i).len()).sum::<usize>();
     let got = match fs::read(root.join(rel)) {
         Ok(g) => g,
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) && min == 0 => return,
@@ -585,13 +585,14 @@ fn fresh_upper(ws: &Workspace, kwork: &Path) {
 // ---------------------------------------------------------------------------
 // The campaign
 
-/// One round: returns whether the kill came while workers still ran, or
-/// the list of violations.
+/// One round: returns which workload commands still ran when the kill
+/// came and (without a kill) how long each command took, or the list of
+/// violations.
 fn round(
     ws: &Workspace,
     sc: &Scenario,
     kill_after: Option<Duration>,
-) -> Result<(Vec<bool>, Duration), String> {
+) -> Result<(Vec<bool>, Vec<Duration>), String> {
     let kwork = ws.dir.path().join("kwork");
     let kmnt = ws.dir.path().join("kmnt");
     let progress = ws.dir.path().join("progress");
@@ -601,6 +602,7 @@ fn round(
     let start = Instant::now();
     let mut workers = Workers::start(&m.path, &progress);
     let mut mid_way = Vec::new();
+    let mut durations = Vec::new();
     match kill_after {
         Some(d) => {
             std::thread::sleep(d);
@@ -620,15 +622,25 @@ fn round(
             }
         }
         None => {
-            if !workers.wait(Duration::from_secs(120)) {
-                return Err("workload did not finish within 120 s".into());
+            // Each command's duration, to aim kills at every one of them.
+            let mut done: Vec<Option<Duration>> = vec![None; workers.running_set().len()];
+            while done.iter().any(|d| d.is_none()) {
+                if start.elapsed() > Duration::from_secs(120) {
+                    return Err("workload did not finish within 120 s".into());
+                }
+                for (i, running) in workers.running_set().into_iter().enumerate() {
+                    if !running && done[i].is_none() {
+                        done[i] = Some(start.elapsed());
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
             }
+            durations = done.into_iter().flatten().collect();
             if !workers.all_succeeded() {
                 return Err("workload failed without a crash".into());
             }
         }
     }
-    let elapsed = start.elapsed();
     drop(workers);
     // The dead mount: detached lazily (the harness's guard), then the same
     // upper and work dir mounted again.
@@ -660,7 +672,7 @@ fn round(
         Err(e) => bad.push(e),
     }
     if bad.is_empty() {
-        Ok((mid_way, elapsed))
+        Ok((mid_way, durations))
     } else {
         Err(bad.join("\n"))
     }
@@ -685,18 +697,20 @@ fn kill_9_at_random_moments_leaves_nothing_partial() {
     let t0 = Instant::now();
     // Round 0 runs the workload to its end: the checker must accept the
     // finished state, and its duration sets the range of kill moments.
-    let (_, full) = round(&ws, &sc, None).unwrap_or_else(|e| panic!("round 0 (no kill): {e}"));
-    let span = full.as_micros() as u64 * 11 / 10;
+    let (_, took) = round(&ws, &sc, None).unwrap_or_else(|e| panic!("round 0 (no kill): {e}"));
     eprintln!(
-        "crash: seed {seed}, {rounds} rounds, {big_mib} MiB copy-up, workload {} ms without kill",
-        full.as_millis()
+        "crash: seed {seed}, {rounds} rounds, {big_mib} MiB copy-up; without kill the commands took {:?} ms",
+        took.iter().map(|d| d.as_millis()).collect::<Vec<_>>()
     );
     let mut rng = Rng::new(seed);
     let mut mid = 0;
     // Per workload command: in how many rounds the kill came while it ran.
     let mut per_op = vec![0u64; Scenario::workload(Path::new("p")).len()];
     for r in 1..=rounds {
-        let at = Duration::from_micros(rng.below(span));
+        // Aim at one command: a moment within its duration (plus a tenth,
+        // so some kills come just after it ended).
+        let target = took[rng.below(took.len() as u64) as usize];
+        let at = Duration::from_micros(rng.below(target.as_micros() as u64 * 11 / 10 + 1));
         match round(&ws, &sc, Some(at)) {
             Ok((running, _)) => {
                 mid += running.iter().any(|x| *x) as u64;

@@ -114,6 +114,9 @@ fn round(
     ws.work = up.mnt.join("work");
     fs::create_dir(&ws.upper).unwrap();
     fs::create_dir(&ws.work).unwrap();
+    // The empty upper and work dir exist on disk before the workload
+    // starts (a cut before that would lose them: not layerfs's doing).
+    run(Command::new("sync").arg("-f").arg(&up.mnt));
     let progress = ws.dir.path().join("progress");
     fs::write(&progress, b"").unwrap();
     let m = ws.mount();
