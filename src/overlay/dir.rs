@@ -54,10 +54,7 @@ impl Overlay {
                     }
                     *cur = real;
                 }
-                let mut loc = i.loc.write();
-                loc.parent = Some(parent.clone());
-                loc.name = name.to_os_string();
-                drop(loc);
+                i.seen_at(parent, name);
                 return Ok(i);
             }
         }
@@ -339,6 +336,8 @@ impl Overlay {
         }
         if removal == Removal::RevertToLower {
             victim.real.write().upper = None;
+        } else {
+            victim.name_gone(parent.id, name);
         }
         Ok(())
     }
@@ -534,6 +533,9 @@ impl Overlay {
                 self.quota.release(&st);
             }
         }
+        if let Some(d) = &dst {
+            d.name_gone(newparent.id, newname);
+        }
         if src.is_dir() {
             self.seal_moved_dir(&src, &src_upper, dst_lower_here)?;
         }
@@ -587,8 +589,6 @@ impl Overlay {
 
     /// Records an object's new place after a rename.
     fn moved(&self, inode: &Arc<Inode>, parent: &Arc<Inode>, name: &OsStr) {
-        let mut loc = inode.loc.write();
-        loc.parent = Some(parent.clone());
-        loc.name = name.to_os_string();
+        inode.moved_to(parent, name);
     }
 }
