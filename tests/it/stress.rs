@@ -82,7 +82,7 @@ fn stress_watchdog_reports_a_hung_mount() {
     );
     let m = ws.mount();
     let pid = nix::unistd::Pid::from_raw(m.pid() as i32);
-    let mut child = Command::new("python3")
+    let child = Command::new("python3")
         .arg(script())
         .arg("--mnt")
         .arg(m.path())
