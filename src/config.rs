@@ -170,13 +170,16 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
     let raw = std::mem::take(&mut args.options);
     let mut lowers_from_o: Option<Vec<PathBuf>> = None;
     for opt in raw.iter().flat_map(|s| split_options(s)) {
-        let opt = opt.trim();
-        if opt.is_empty() {
+        // Blanks around keys and flags are forgiven (`-o "ro, nodev"`), but
+        // a value is taken verbatim: a path may end in a space, and
+        // trimming it would mount a different directory.
+        let opt = opt.trim_start();
+        if opt.trim_end().is_empty() {
             continue;
         }
         let (key, value) = match opt.split_once('=') {
-            Some((k, v)) => (k, Some(v)),
-            None => (opt, None),
+            Some((k, v)) => (k.trim_end(), Some(v)),
+            None => (opt.trim_end(), None),
         };
         let need = |v: Option<&str>| -> Result<String, ConfigError> {
             match v {
@@ -579,6 +582,9 @@ fn resolve_work(
 }
 
 #[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -609,6 +615,17 @@ mod tests {
         assert_eq!(a.upper, Some(PathBuf::from("/u")));
         assert_eq!(a.work, Some(PathBuf::from("/w")));
         assert!(a.read_only && a.allow_other);
+    }
+
+    #[test]
+    fn option_values_keep_their_blanks() {
+        // Found by fuzz_rendered_mount_options_round_trip: the whole option
+        // was trimmed, so `upperdir=/data/x ` mounted `/data/x`.
+        let a = opts("upperdir=/u ,workdir= /w\\,,lowerdir=/a :/b, ro ").unwrap();
+        assert_eq!(a.upper, Some(PathBuf::from("/u ")));
+        assert_eq!(a.work, Some(PathBuf::from(" /w,")));
+        assert_eq!(a.lowers, vec![PathBuf::from("/a "), PathBuf::from("/b")]);
+        assert!(a.read_only);
     }
 
     #[test]

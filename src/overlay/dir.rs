@@ -56,10 +56,7 @@ impl Overlay {
                     }
                     *cur = real;
                 }
-                let mut loc = i.loc.write();
-                loc.parent = Some(parent.clone());
-                loc.name = name.to_os_string();
-                drop(loc);
+                i.seen_at(parent, name);
                 return Ok(i);
             }
         }
@@ -346,9 +343,16 @@ impl Overlay {
             (None, true) => self.upper.whiteout(parent_upper.as_ref(), name)?,
             (None, false) => return err(libc::ENOENT),
         }
+        // A reverted object is its lower file again, at this name; unless
+        // its upper copy lives on under other names (see `removed_link`).
+        let reverted_here = removal == Removal::RevertToLower
+            && upper_st.is_some_and(|st| is_dir(&st) || st.st_nlink <= 1);
         if let Some(st) = upper_st {
             self.quota.release(&st);
             self.removed_link(&victim, &st, upper, removal == Removal::RevertToLower);
+        }
+        if !reverted_here {
+            victim.name_gone(parent.id, name);
         }
         Ok(())
     }
@@ -578,6 +582,9 @@ impl Overlay {
                 self.removed_link(d, &st, replaced_fd, false);
             }
         }
+        if let Some(d) = &dst {
+            d.name_gone(newparent.id, newname);
+        }
         if src.is_dir() {
             self.seal_moved_dir(&src, &src_upper, dst_lower_here)?;
         }
@@ -631,8 +638,6 @@ impl Overlay {
 
     /// Records an object's new place after a rename.
     fn moved(&self, inode: &Arc<Inode>, parent: &Arc<Inode>, name: &OsStr) {
-        let mut loc = inode.loc.write();
-        loc.parent = Some(parent.clone());
-        loc.name = name.to_os_string();
+        inode.moved_to(parent, name);
     }
 }

@@ -176,3 +176,52 @@ pub enum Removal {
     /// A protected shared entry: drop the upper copy, the lower shows again.
     RevertToLower,
 }
+
+#[cfg(test)]
+mod proptests {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    use proptest::prelude::*;
+
+    use super::check_name;
+    use crate::layer::ops::Upper;
+    use crate::overlay::Errno;
+
+    /// What a local filesystem accepts as one name: 1..=255 bytes, not `.`
+    /// or `..`, no `/` or NUL (those two are EINVAL through the VFS);
+    /// a longer name is ENAMETOOLONG.
+    fn model(b: &[u8]) -> Result<(), i32> {
+        if b.is_empty() || b == b"." || b == b".." || b.contains(&b'/') || b.contains(&0) {
+            Err(libc::EINVAL)
+        } else if b.len() > 255 {
+            Err(libc::ENAMETOOLONG)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn name_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..300),
+            prop::collection::vec(prop::sample::select(vec![b'.', b'/', 0, b'a', 0xff]), 0..4),
+            (250usize..260).prop_map(|n| vec![b'x'; n]),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn fuzz_check_name_matches_model(b in name_bytes()) {
+            let got = check_name(OsStr::from_bytes(&b)).map_err(|Errno(e)| e);
+            prop_assert_eq!(got, model(&b), "{:?}", String::from_utf8_lossy(&b));
+        }
+
+        /// Exactly the overlay's own xattr namespaces are private.
+        #[test]
+        fn fuzz_private_xattr_names(prefix in prop::sample::select(vec!["trusted.overlay.", "user.overlay.", "trusted.overlay", "user.", "security.", "trusted.", "TRUSTED.overlay.", "user.overlayx.", ""]), rest in "[a-z.]{0,8}") {
+            let name = format!("{prefix}{rest}");
+            let private = name.starts_with("trusted.overlay.") || name.starts_with("user.overlay.");
+            prop_assert_eq!(Upper::is_private_xattr(name.as_bytes()), private, "{}", name);
+        }
+    }
+}

@@ -8,7 +8,7 @@
 //! id it had, so `st_ino` never changes when a file is copied up.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
 
 use crate::layer::real::RealFd;
@@ -46,12 +46,28 @@ impl Real {
     }
 }
 
-/// Where an object was last seen in the tree (for policy paths and for
-/// copying up parents). Hard links share one inode; it keeps the last name.
+/// Where an object was last seen in the tree (for policy paths, for
+/// copying up parents, and for where a copy-up puts the object). Hard links
+/// share one inode; `parent`/`name` is the last name seen, `others` the
+/// other names seen for a non-directory.
+///
+/// Invariant relied on by copy-up: `parent`/`name` names the object while
+/// any name seen does — a removed or replaced name is dropped
+/// (`Inode::name_gone`) and another known one takes its place.
 #[derive(Debug, Clone)]
 pub struct Loc {
     pub parent: Option<Arc<Inode>>,
     pub name: OsString,
+    pub others: Vec<(Arc<Inode>, OsString)>,
+}
+
+/// How many other names of one object are remembered (hard links).
+const MAX_OTHER_NAMES: usize = 64;
+
+impl Loc {
+    fn is(&self, parent_id: u64, name: &OsStr) -> bool {
+        self.parent.as_ref().map(|p| p.id) == Some(parent_id) && self.name == name
+    }
 }
 
 #[derive(Debug)]
@@ -121,7 +137,11 @@ impl Inode {
             kind,
             lookups: AtomicU64::new(0),
             real: RwLock::new(real),
-            loc: RwLock::new(Loc { parent, name }),
+            loc: RwLock::new(Loc {
+                parent,
+                name,
+                others: Vec::new(),
+            }),
             copy_up: Mutex::new(()),
             io: Mutex::new(IoState::default()),
             listing: Mutex::new(None),
@@ -145,6 +165,51 @@ impl Inode {
 
     pub fn parent(&self) -> Option<Arc<Inode>> {
         self.loc.read().parent.clone()
+    }
+
+    /// `name` in `parent` was found to name this object (a lookup). A
+    /// non-directory keeps its previous name among the others: it may be a
+    /// hard link to the same object.
+    pub fn seen_at(&self, parent: &Arc<Inode>, name: &OsStr) {
+        let mut loc = self.loc.write();
+        if loc.is(parent.id, name) {
+            return;
+        }
+        loc.others
+            .retain(|(p, n)| !(p.id == parent.id && n == name));
+        let prev_parent = loc.parent.replace(parent.clone());
+        let prev_name = std::mem::replace(&mut loc.name, name.to_os_string());
+        if let Some(p) = prev_parent.filter(|_| !self.is_dir()) {
+            if loc.others.len() >= MAX_OTHER_NAMES {
+                loc.others.remove(0);
+            }
+            loc.others.push((p, prev_name));
+        }
+    }
+
+    /// The object moved to `name` in `parent` (rename): its old name, the
+    /// last seen, is gone.
+    pub fn moved_to(&self, parent: &Arc<Inode>, name: &OsStr) {
+        let mut loc = self.loc.write();
+        loc.others
+            .retain(|(p, n)| !(p.id == parent.id && n == name));
+        loc.parent = Some(parent.clone());
+        loc.name = name.to_os_string();
+    }
+
+    /// `name` in directory `parent_id` no longer names this object
+    /// (unlinked, or replaced by a rename): another known name, if any,
+    /// becomes the one copy-up uses.
+    pub fn name_gone(&self, parent_id: u64, name: &OsStr) {
+        let mut loc = self.loc.write();
+        loc.others
+            .retain(|(p, n)| !(p.id == parent_id && n == name));
+        if loc.is(parent_id, name) {
+            if let Some((p, n)) = loc.others.pop() {
+                loc.parent = Some(p);
+                loc.name = n;
+            }
+        }
     }
 }
 

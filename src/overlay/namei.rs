@@ -224,9 +224,7 @@ impl Overlay {
                 }
                 *cur = real;
             }
-            let mut loc = inode.loc.write();
-            loc.parent = Some(parent.clone());
-            loc.name = name.to_os_string();
+            inode.seen_at(parent, name);
         }
         if inode.is_dir() {
             self.watch_dir(&inode);

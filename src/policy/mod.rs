@@ -22,6 +22,8 @@
 
 mod explain;
 mod parse;
+#[cfg(test)]
+mod proptests;
 mod rules;
 mod symlink;
 

@@ -268,6 +268,11 @@ impl PathRules {
         &self.rules[index].rule
     }
 
+    #[cfg(test)]
+    pub(super) fn kind(&self, index: usize) -> PathKind {
+        self.rules[index].kind
+    }
+
     /// The latest rule of each class matching `rel` or one of its ancestors.
     pub(super) fn best_matches(&self, rel: &str) -> BestMatches {
         let mut best = BestMatches::default();

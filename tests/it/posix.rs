@@ -524,6 +524,46 @@ fn hard_links_in_the_lower_show_the_same_st_ino() {
     assert_unchanged(&before);
 }
 
+/// Found by scripts/stress: one name of a lower hard-link pair removed
+/// (or replaced by a rename), then the object written through another
+/// name. The copy-up went to the removed name and failed with EEXIST on
+/// its whiteout: `echo >> one` said "File exists".
+#[test]
+fn writing_a_lower_hard_link_after_its_other_name_went_away() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("one"), b"linked\n");
+    fs::create_dir(ws.lower().join("sub")).unwrap();
+    fs::hard_link(ws.lower().join("one"), ws.lower().join("sub/two")).unwrap();
+    fs::hard_link(ws.lower().join("one"), ws.lower().join("three")).unwrap();
+    write(&ws.lower().join("other"), b"other\n");
+    let before = snapshot_lowers(&ws);
+    let m = ws.mount();
+    for name in ["one", "sub/two", "three"] {
+        fs::symlink_metadata(m.p(name)).unwrap();
+    }
+    // Unlinked: the whiteout stands at `sub/two`.
+    fs::remove_file(m.p("sub/two")).unwrap();
+    append(&m.p("one"), b"more\n");
+    assert_eq!(fs::read(m.p("one")).unwrap(), b"linked\nmore\n");
+    // Replaced by a rename: `other` now stands at `one`.
+    fs::rename(m.p("other"), m.p("one")).unwrap();
+    append(&m.p("three"), b"again\n");
+    assert_eq!(fs::read(m.p("one")).unwrap(), b"other\n");
+    assert!(fs::symlink_metadata(m.p("sub/two")).is_err());
+    // `three` still names the object, as on a local filesystem.
+    assert_eq!(fs::read(m.p("three")).unwrap(), b"linked\nmore\nagain\n");
+    drop(m);
+    assert_unchanged(&before);
+}
+
+fn append(path: &Path, data: &[u8]) {
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {} for append: {e}", path.display()));
+    f.write_all(data).unwrap();
+}
+
 // ---------------------------------------------------------------- xattrs, ACLs
 
 #[test]

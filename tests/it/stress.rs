@@ -62,3 +62,53 @@ fn stress_short_run_is_clean() {
         .expect("run scripts/stress --check-lower");
     assert!(again.status.success(), "lower changed: {again:?}");
 }
+
+/// The watchdog itself: with the daemon stopped (SIGSTOP) every operation
+/// hangs; the run must fail within seconds naming a stuck worker and its
+/// operation, not hang with it.
+#[test]
+fn stress_watchdog_reports_a_hung_mount() {
+    let ws = Workspace::new();
+    let out = Command::new("python3")
+        .arg(script())
+        .args(["--prepare", ws.lower().to_str().unwrap(), "2"])
+        .output()
+        .expect("run scripts/stress --prepare");
+    assert!(out.status.success(), "prepare: {out:?}");
+    let reference = ws.dir.path().join("ref");
+    sh(
+        ws.dir.path(),
+        &format!("cp -a {}/own {}", ws.lower().display(), reference.display()),
+    );
+    let m = ws.mount();
+    let pid = nix::unistd::Pid::from_raw(m.pid() as i32);
+    let child = Command::new("python3")
+        .arg(script())
+        .arg("--mnt")
+        .arg(m.path())
+        .arg("--daemon-pid")
+        .arg(m.pid().to_string())
+        .arg("--daemon-log")
+        .arg(ws.mnt.with_file_name("daemon.log"))
+        .arg("--ref")
+        .arg(&reference)
+        .args(["60", "2"])
+        .env("LAYERFS_STRESS_NG", "")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run scripts/stress");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let out = child.wait_with_output();
+    // Let the daemon go on so the guard can unmount it.
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let out = out.expect("wait for scripts/stress");
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "a stopped daemon passed:\n{report}");
+    assert!(
+        report.contains("watchdog: worker") && report.contains(" stuck "),
+        "no stuck worker reported:\n{report}"
+    );
+    drop(m);
+}
