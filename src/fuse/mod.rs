@@ -2,6 +2,7 @@
 //! core, plus what only the kernel interface knows about: errno replies,
 //! cache timeouts, init flags and passthrough (`io_mode`).
 
+mod contain;
 mod convert;
 mod io_mode;
 mod watcher;
@@ -23,6 +24,7 @@ use crate::overlay::attr::SetAttr;
 use crate::overlay::dir::NewKind;
 use crate::overlay::{Ctx, Entry, Overlay};
 use crate::policy::Policy;
+pub use contain::Contained;
 
 struct Shared {
     ov: Overlay,
@@ -94,6 +96,7 @@ impl LayerFs {
     /// Opens every layer root and the work dir; fails with a message naming
     /// the layer and the problem.
     pub fn new(cfg: &Config) -> Result<LayerFs, String> {
+        crate::failpoint::init();
         let ov = Overlay::new(cfg)?;
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
@@ -181,6 +184,7 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        crate::failpoint::hit("lookup", name);
         match self.ov().lookup(&ctx(req, 0), parent.0, name) {
             Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
             // A negative entry, trusted as long as the directory's other

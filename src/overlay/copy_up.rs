@@ -72,6 +72,7 @@ impl Overlay {
         let pst = sys::fstat(parent_upper.as_ref()).ok();
         let tmp = self.upper.tmp_name();
         let built = self.build_copy(&lower_fd, &st, &tmp, data, inode.is_dir());
+        crate::failpoint::hit("copy_up", &name);
         let result = built.and_then(|_| {
             sys::renameat2(
                 &self.upper.work,
