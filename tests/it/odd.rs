@@ -1,7 +1,8 @@
 //! Odd input through a real mount: names at and past NAME_MAX, names that
 //! are not UTF-8 or hold newlines, names other unions use as whiteouts,
-//! a directory of 30k entries (100k and more in scripts/big-dir), trees deeper than PATH_MAX (made through
-//! the mount and in a lower), sparse files over 4 GiB copied up, and lower
+//! a directory of 30k entries (100k and more: scripts/big-dir), trees
+//! deeper than PATH_MAX (made through the mount and in a lower), sparse
+//! files over 4 GiB copied up, and lower
 //! objects replaced, deleted or made unreadable from outside while a
 //! process holds them. Each gives what a local filesystem (or kernel
 //! overlayfs, where the two differ) gives, and the mount keeps serving.
