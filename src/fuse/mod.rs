@@ -491,6 +491,7 @@ impl fuser::Filesystem for LayerFs {
         }
         self.ov().dir_listing_done(&dir);
         reply.ok();
+        release_listing(entries);
     }
 
     fn readdirplus(
@@ -553,6 +554,7 @@ impl fuser::Filesystem for LayerFs {
         }
         self.ov().dir_listing_done(&dir);
         reply.ok();
+        release_listing(entries);
     }
 
     fn fsyncdir(
@@ -718,6 +720,22 @@ impl fuser::Filesystem for LayerFs {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
         }
+    }
+}
+
+/// A big listing is built in one pass (every name, its id, and a map of
+/// the names seen) on whichever worker thread asked, and its peak stays
+/// in that thread's malloc arena after it is freed: once the kernel has
+/// read it all, give the free pages back, so the daemon does not keep one
+/// such peak per worker (a directory of a million names listed three
+/// times grew the daemon from 258 to 634 MiB without this).
+fn release_listing(entries: Arc<Vec<crate::overlay::readdir::DirEntry>>) {
+    let big = entries.len() >= 10_000;
+    drop(entries);
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if big {
+        // SAFETY: malloc_trim only returns free memory to the system.
+        unsafe { libc::malloc_trim(0) };
     }
 }
 
