@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod failpoint;
 pub mod fuse;
 pub mod layer;
 pub mod overlay;

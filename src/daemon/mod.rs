@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use nix::unistd::ForkResult;
 
 use crate::config::Config;
-use crate::fuse::{session_config, LayerFs};
+use crate::fuse::{session_config, Contained, LayerFs};
 use notify::SdNotify;
 use pidfile::PidFile;
 
@@ -165,7 +165,7 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     let acl = session_cfg.acl;
 
     let fd = mounts::mount_fuse(cfg)?;
-    let session = match fuser::Session::from_fd(fs, fd, acl, session_cfg) {
+    let session = match fuser::Session::from_fd(Contained(fs), fd, acl, session_cfg) {
         Ok(s) => s,
         Err(e) => {
             let _ = mounts::detach(&cfg.mountpoint);

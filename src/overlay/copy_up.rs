@@ -72,6 +72,7 @@ impl Overlay {
         let pst = sys::fstat(parent_upper.as_ref()).ok();
         let tmp = self.upper.tmp_name();
         let built = self.build_copy(&lower_fd, &st, &tmp, data, inode.is_dir());
+        crate::failpoint::hit("copy_up", &name);
         // The copy is this object before its name appears in the upper: a
         // lookup that finds it there must already get the object's id.
         let copy = built.and_then(|_| {

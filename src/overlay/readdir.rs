@@ -6,13 +6,22 @@
 //! requests neither repeats nor skips an entry; `seekdir` and short buffers
 //! are then served from the kernel's copy.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::OsString;
 
 use super::inode::Inode;
 use super::Overlay;
 use super::Result;
 use crate::layer::sys;
+
+/// What a name seen in a higher layer does to the same name below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    /// Listed as a directory: lower directories of that name merge in.
+    Dir,
+    /// A whiteout or a non-directory: nothing below shows.
+    Blocked,
+}
 
 /// One merged entry: name, `S_IFMT` type and the node id it will have.
 #[derive(Debug, Clone)]
@@ -40,11 +49,9 @@ impl Overlay {
     pub fn merged_entries(&self, dir: &Inode) -> Result<Vec<DirEntry>> {
         let real = dir.real.read().clone();
         let mut out = Vec::new();
-        let mut seen: HashSet<OsString> = HashSet::new();
-        // Names that end the search below: whiteouts and non-directories.
-        let mut blocked: HashSet<OsString> = HashSet::new();
-        // Directories seen so far, which merge with lower directories.
-        let mut dirs: HashSet<OsString> = HashSet::new();
+        // One record per name seen so far (one copy of each name, not one
+        // per set: a listing of a million names is built in one pass).
+        let mut marks: HashMap<OsString, Mark> = HashMap::new();
         let mut layers: Vec<(u64, std::sync::Arc<std::os::fd::OwnedFd>)> = Vec::new();
         if let Some(u) = &real.upper {
             layers.push((self.upper.layer.dev, u.get()?));
@@ -54,14 +61,15 @@ impl Overlay {
         }
         for (dev, fd) in layers.iter() {
             for e in sys::read_dir(fd.as_ref())? {
-                if blocked.contains(&e.name) {
+                let mark = marks.get(&e.name).copied();
+                if mark == Some(Mark::Blocked) {
                     continue;
                 }
                 let mut dtype = e.dtype;
                 if dtype == libc::DT_CHR || dtype == libc::DT_UNKNOWN {
                     if let Ok(st) = sys::fstatat(fd.as_ref(), &e.name) {
                         if crate::layer::ops::is_whiteout(&st) {
-                            blocked.insert(e.name);
+                            marks.insert(e.name, Mark::Blocked);
                             continue;
                         }
                         dtype = match st.st_mode & libc::S_IFMT {
@@ -75,22 +83,22 @@ impl Overlay {
                         };
                     }
                 }
-                if seen.contains(&e.name) {
+                if mark == Some(Mark::Dir) {
                     // A lower entry under a higher directory of the same
-                    // name: merged, already listed. Under a higher
-                    // non-directory it is hidden (and blocked already).
-                    if dtype != libc::DT_DIR || !dirs.contains(&e.name) {
-                        blocked.insert(e.name);
+                    // name: merged, already listed; a lower non-directory
+                    // ends the merge below it.
+                    if dtype != libc::DT_DIR {
+                        marks.insert(e.name, Mark::Blocked);
                     }
                     continue;
                 }
                 let id = self.ids.id(*dev, e.ino);
-                if dtype == libc::DT_DIR {
-                    dirs.insert(e.name.clone());
+                let m = if dtype == libc::DT_DIR {
+                    Mark::Dir
                 } else {
-                    blocked.insert(e.name.clone());
-                }
-                seen.insert(e.name.clone());
+                    Mark::Blocked
+                };
+                marks.insert(e.name.clone(), m);
                 out.push(DirEntry {
                     name: e.name,
                     kind: dtype_to_kind(dtype),

@@ -1,12 +1,16 @@
 //! One upper, one mount (a second mount of an upper or work dir in use is
 //! refused, naming the daemon holding it; a killed daemon never blocks
-//! the next mount; a refused mount leaves no work dir behind).
+//! the next mount; a refused mount leaves no work dir behind) and panic
+//! containment (a request handler that panics fails that request with
+//! EIO, is logged, and the mount keeps serving).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
-use crate::harness::{bin, is_mounted, Workspace};
+use crate::harness::{bin, errno, is_mounted, Workspace};
 
 /// A second `layerfs mount` (background mode: returns once live or
 /// refused); unmounts it on drop if it was accepted after all.
@@ -143,4 +147,90 @@ fn a_mount_refused_for_its_work_dir_leaves_no_work_dir_behind() {
         inside.is_dir(),
         "removed a work dir the mount did not create"
     );
+}
+
+// ------------------------------------------------------------------ panics
+
+/// Runs `f` on another thread and waits for it, failing (instead of
+/// hanging the test run) if the mount stopped answering.
+fn answered<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: no answer from the mount in 60 s (hung)")
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: unexpected result"),
+    }
+}
+
+#[test]
+fn a_panicking_lookup_fails_with_eio_is_logged_and_the_mount_keeps_serving() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("f"), b"lower").unwrap();
+    let m = ws.mount_env(
+        &["--threads", "2"],
+        &[("LAYERFS_FAILPOINT", "panic:lookup:boom")],
+    );
+    assert!(
+        ws.daemon_log().contains("failpoint armed"),
+        "{}",
+        ws.daemon_log()
+    );
+    // More panics than worker threads: without containment each panic
+    // ended a worker and the mount hung once none was left.
+    for i in 0..6 {
+        let p = m.p("boom");
+        let e = answered("stat boom", move || fs::metadata(p).unwrap_err());
+        assert_eq!(errno(&e), libc::EIO, "panic {i}");
+        let f = m.p("f");
+        let data = answered("read f", move || fs::read(f).unwrap());
+        assert_eq!(data, b"lower");
+    }
+    let log = ws.daemon_log();
+    assert!(
+        log.contains("request handler panicked") && log.contains("lookup"),
+        "{log}"
+    );
+    assert!(log.contains("failpoint lookup:\"boom\" hit"), "{log}");
+    // Everything else still works, including creating the name itself
+    // elsewhere, and the daemon unmounts cleanly.
+    fs::create_dir(m.p("d")).unwrap();
+    fs::write(m.p("d/g"), b"g").unwrap();
+    assert_eq!(fs::read(m.p("d/g")).unwrap(), b"g");
+    assert!(
+        m.unmount(),
+        "the daemon did not exit cleanly after the panics"
+    );
+}
+
+#[test]
+fn a_copy_up_that_panics_holding_its_lock_fails_with_eio_and_can_be_retried() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("f"), b"lower").unwrap();
+    fs::write(ws.lower().join("other"), b"other").unwrap();
+    let m = ws.mount_env(&[], &[("LAYERFS_FAILPOINT", "panic:copy_up:f")]);
+    // Twice: the copy-up lock the first panic held was released, so the
+    // second attempt panics again instead of waiting forever.
+    for _ in 0..2 {
+        let p = m.p("f");
+        let e = answered("write f", move || fs::write(p, b"x").unwrap_err());
+        assert_eq!(errno(&e), libc::EIO);
+    }
+    // Nothing half-copied is visible; the file still reads from the lower.
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"lower");
+    assert!(!ws.upper.join("f").exists());
+    fs::write(m.p("other"), b"changed").unwrap();
+    assert_eq!(fs::read(ws.upper.join("other")).unwrap(), b"changed");
+    let log = ws.daemon_log();
+    assert!(log.contains("request handler panicked"), "{log}");
+    drop(m);
+    // The next mount clears the work dir the panicked copy-up left.
+    let m = ws.mount();
+    assert_eq!(fs::read_dir(&ws.work).unwrap().count(), 0);
+    fs::write(m.p("f"), b"now").unwrap();
+    assert_eq!(fs::read(ws.upper.join("f")).unwrap(), b"now");
 }
