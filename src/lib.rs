@@ -13,3 +13,4 @@ pub mod fuse;
 pub mod layer;
 pub mod overlay;
 pub mod policy;
+pub mod state;

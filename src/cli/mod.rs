@@ -3,6 +3,7 @@
 
 mod mount;
 mod policy;
+mod status;
 mod umount;
 
 use std::io::IsTerminal;
@@ -49,6 +50,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the mount variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Mount a union of lower layers and an upper directory.
@@ -58,6 +61,8 @@ enum Command {
     /// Check a policy file or explain what it says about a path.
     #[command(subcommand)]
     Policy(policy::PolicyCmd),
+    /// Show live mounts: layers, state dir, daemon, usage, journal health.
+    Status(status::StatusCmd),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -78,5 +83,6 @@ pub fn run() -> i32 {
         Command::Mount(m) => m.run(),
         Command::Umount(u) => u.run(),
         Command::Policy(p) => p.run(),
+        Command::Status(s) => s.run(),
     }
 }

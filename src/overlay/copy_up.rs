@@ -115,6 +115,9 @@ impl Overlay {
         }
         let fd = real.get()?;
         inode.real.write().upper = Some(real);
+        super::events::note(super::events::Note::CopyUp {
+            path: self.path_of(inode),
+        });
         Ok(fd)
     }
 

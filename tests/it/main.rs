@@ -16,5 +16,6 @@ mod policy;
 mod posix;
 mod powerloss;
 mod robust;
+mod state;
 mod stress;
 mod tools;
