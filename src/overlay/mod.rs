@@ -10,6 +10,7 @@ pub mod file;
 pub mod guard;
 pub mod inode;
 pub mod namei;
+pub mod origin;
 pub mod quota;
 pub mod readdir;
 pub mod watch;
