@@ -43,6 +43,8 @@ pub struct Config {
     /// Where the daemon logs (`--log-file`); `None` = stderr (foreground)
     /// or nowhere (background).
     pub log_file: Option<PathBuf>,
+    /// `--scratch` globs: paths diff and snapshots leave out, gc empties.
+    pub scratch: Vec<String>,
 }
 
 /// Default for `--lower-timeout`.
@@ -97,6 +99,7 @@ pub struct MountArgs {
     pub log_file: Option<PathBuf>,
     /// Every `-o` value, in order (each a comma-separated list).
     pub options: Vec<String>,
+    pub scratch: Vec<String>,
 }
 
 /// Parses a duration such as `1s`, `500ms`, `1.5s`, `2m` or `250us`; a bare
@@ -474,6 +477,9 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         Some(p) => Some(absolute(p)?),
         None => None,
     };
+    for g in &args.scratch {
+        crate::state::scratch::validate(g).map_err(|e| usage(format!("--scratch: {e}")))?;
+    }
 
     Ok(Config {
         lowers,
@@ -488,6 +494,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         threads: args.threads.unwrap_or_else(default_threads),
         lower_timeout: args.lower_timeout.unwrap_or(DEFAULT_LOWER_TIMEOUT),
         log_file,
+        scratch: args.scratch,
     })
 }
 

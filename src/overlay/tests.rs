@@ -39,6 +39,7 @@ fn env(populate: impl FnOnce(&Path, &Path)) -> Env {
         threads: 1,
         lower_timeout: Duration::from_secs(1),
         log_file: None,
+        scratch: Vec::new(),
     };
     let ov = Overlay::new(&cfg).unwrap();
     Env {

@@ -156,6 +156,8 @@ pub struct Policy {
     suid: Setting<SuidMode>,
     quota: Quota,
     quota_rule: Option<RuleRef>,
+    /// `scratch GLOB` lines: paths diff and snapshots leave out, gc empties.
+    scratch: Vec<String>,
 }
 
 impl Default for Policy {
@@ -174,6 +176,7 @@ impl Default for Policy {
             suid: Setting::default_to(SuidMode::Strip, "suid strip"),
             quota: Quota::default(),
             quota_rule: None,
+            scratch: Vec::new(),
         }
     }
 }
@@ -189,6 +192,11 @@ impl Policy {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read policy file {}: {e}", path.display()))?;
         Policy::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The `scratch` patterns, in file order.
+    pub fn scratch(&self) -> &[String] {
+        &self.scratch
     }
 
     /// Whether any hide / readonly / protect rule exists; when false,
