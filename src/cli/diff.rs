@@ -72,12 +72,12 @@ impl DiffCmd {
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
         for c in &changes {
-            let r = if self.json {
+            let r = if self.json && self.patch {
                 let mut v = c.json();
-                if self.patch {
-                    v["patch"] = serde_json::Value::String(diff::patch(&layers, c));
-                }
+                v["patch"] = serde_json::Value::String(diff::patch(&layers, c));
                 writeln!(out, "{v}")
+            } else if self.json {
+                writeln!(out, "{}", c.json_line())
             } else if self.patch {
                 write!(out, "{}", diff::patch(&layers, c))
             } else {

@@ -13,6 +13,7 @@ pub mod namei;
 pub mod origin;
 pub mod quota;
 pub mod readdir;
+pub mod refresh;
 pub mod watch;
 pub mod xattr;
 

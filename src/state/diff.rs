@@ -115,6 +115,22 @@ impl Change {
         s
     }
 
+    /// The `--json` line: `{"path", "change", "from"?, "type", "conflict"}`.
+    pub fn json_line(&self) -> String {
+        let q = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+        let from = match self.from_str() {
+            Some(f) => format!(",\"from\":{}", q(&f)),
+            None => String::new(),
+        };
+        format!(
+            "{{\"path\":{},\"change\":\"{}\"{from},\"type\":\"{}\",\"conflict\":{}}}",
+            q(&self.path_str()),
+            self.kind.word(),
+            self.ftype,
+            self.conflict
+        )
+    }
+
     pub fn json(&self) -> serde_json::Value {
         let mut v = serde_json::json!({
             "path": self.path_str(),
@@ -197,6 +213,20 @@ pub fn type_name(mode: u32) -> &'static str {
         libc::S_IFCHR => "char",
         libc::S_IFBLK => "block",
         _ => "unknown",
+    }
+}
+
+/// The file type bits of a directory entry type, where it is certain (a
+/// character device may be a whiteout and needs a stat).
+fn mode_of_dtype(dtype: u8) -> Option<u32> {
+    match dtype {
+        libc::DT_REG => Some(libc::S_IFREG),
+        libc::DT_DIR => Some(libc::S_IFDIR),
+        libc::DT_LNK => Some(libc::S_IFLNK),
+        libc::DT_FIFO => Some(libc::S_IFIFO),
+        libc::DT_SOCK => Some(libc::S_IFSOCK),
+        libc::DT_BLK => Some(libc::S_IFBLK),
+        _ => None,
     }
 }
 
@@ -438,7 +468,8 @@ struct Walk<'a> {
     layers: &'a Layers,
     filter: &'a Filter,
     out: Vec<Change>,
-    /// Regular files added, as candidates for moved shared files.
+    /// Regular files added: moved shared files when their origin record
+    /// names a deleted original.
     added_files: Vec<usize>,
     /// Deleted shared non-directories by their (layer, lower path).
     deleted: HashMap<(usize, OsString), usize>,
@@ -529,7 +560,17 @@ impl Walk<'_> {
                 continue;
             }
             let ectx = |err: io::Error| (rel.clone(), err);
-            let st = sys::fstatat(&f.upper, &e.name).map_err(ectx)?;
+            // In a directory without a shared version (new), the entry
+            // type from the listing is enough: no stat per entry.
+            let st = match mode_of_dtype(e.dtype) {
+                Some(mode) if f.base.is_empty() => {
+                    // SAFETY: a zeroed stat is a valid value of a plain C struct.
+                    let mut st: Stat = unsafe { std::mem::zeroed() };
+                    st.st_mode = mode;
+                    st
+                }
+                _ => sys::fstatat(&f.upper, &e.name).map_err(ectx)?,
+            };
             let base = base_lookup(&f.base, nlowers, &e.name).map_err(ectx)?;
             let base_rel = f
                 .base_path
@@ -765,13 +806,29 @@ impl Walk<'_> {
         if self.deleted.is_empty() {
             return;
         }
+        // Only now, and only when a shared file was deleted, are the added
+        // files' xattrs read: a diff without deletions costs no call per
+        // new file. Candidates come grouped by directory (walk order).
         let mut gone = Vec::new();
-        for &idx in &self.added_files {
-            let rel = self.out[idx].path.clone();
-            let Ok(fd) = sys::open_beneath(&self.layers.upper, &rel, libc::O_PATH, 0) else {
+        let mut dir: Option<(OsString, OwnedFd)> = None;
+        for idx in std::mem::take(&mut self.added_files) {
+            let path = self.out[idx].path.clone();
+            let (parent, name) = split_parent(&path);
+            if dir.as_ref().is_none_or(|(p, _)| p != parent) {
+                let fd = if parent.is_empty() {
+                    sys::open_path(&self.layers.upper, OsStr::new("."))
+                } else {
+                    sys::open_beneath(&self.layers.upper, parent, libc::O_PATH, 0)
+                };
+                let Ok(fd) = fd else {
+                    continue;
+                };
+                dir = Some((parent.to_os_string(), fd));
+            }
+            let Some((_, dfd)) = &dir else {
                 continue;
             };
-            let Some(o) = Origin::read(&fd) else {
+            let Some(o) = origin_at(dfd, name) else {
                 continue;
             };
             let Some(d) = self.deleted.remove(&(o.layer, rel_of(&o.path))) else {
@@ -787,11 +844,37 @@ impl Walk<'_> {
             c.old = old;
             gone.push(d);
         }
-        gone.sort_unstable();
-        for d in gone.into_iter().rev() {
-            self.out.remove(d);
-        }
+        let gone: std::collections::HashSet<usize> = gone.into_iter().collect();
+        let mut i = 0;
+        self.out.retain(|_| {
+            i += 1;
+            !gone.contains(&(i - 1))
+        });
     }
+}
+
+/// (parent, name) of a relative path.
+fn split_parent(p: &OsStr) -> (&OsStr, &OsStr) {
+    let b = p.as_bytes();
+    match b.iter().rposition(|&c| c == b'/') {
+        Some(i) => (OsStr::from_bytes(&b[..i]), OsStr::from_bytes(&b[i + 1..])),
+        None => (OsStr::new(""), p),
+    }
+}
+
+/// The origin record of `name` in `dir`, if it has one. Most upper files
+/// have no xattrs at all: one `listxattrat` call answers for them.
+fn origin_at(dir: &OwnedFd, name: &OsStr) -> Option<Origin> {
+    let list = sys::listxattr_at(dir, name).ok()?;
+    let has = list.split(|&b| b == 0).any(|n| {
+        crate::overlay::origin::ORIGIN_NAMES
+            .iter()
+            .any(|o| o.as_bytes() == n)
+    });
+    if !has {
+        return None;
+    }
+    Origin::read(&sys::open_path(dir, name).ok()?)
 }
 
 /// `dir/name` for lower paths (`/a` + `b` = `/a/b`; "" + `b` = `/b`).
