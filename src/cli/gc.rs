@@ -49,9 +49,11 @@ impl GcCmd {
         let layers = Layers::open(&ws.upper, &ws.lowers)?;
         let work = sys::open_root(&ws.work)
             .map_err(|e| format!("cannot open work dir {}: {e}", ws.work.display()))?;
-        for p in scratch::gc(&layers, &work, &sc)? {
-            println!("emptied {}", super::reset::shown(&p));
+        let mut done = Vec::new();
+        let r = scratch::gc(&layers, &work, &sc, &mut done);
+        for p in &done {
+            println!("emptied {}", super::reset::shown(p));
         }
-        Ok(())
+        r
     }
 }

@@ -108,16 +108,18 @@ pub fn of_workspace(ws: &super::workspace::Workspace) -> Result<Scratch, String>
 
 /// Empties the scratch paths of a workspace: every topmost upper entry
 /// matching a pattern is reset (removed from the upper, so the path shows
-/// its shared version, or nothing). Returns the paths reset.
+/// its shared version, or nothing). The paths reset are added to `done`,
+/// also when a later one fails.
 pub fn gc(
     layers: &super::diff::Layers,
     work: &std::os::fd::OwnedFd,
     scratch: &Scratch,
-) -> Result<Vec<std::ffi::OsString>, String> {
+    done: &mut Vec<std::ffi::OsString>,
+) -> Result<(), String> {
     use crate::layer::sys;
     let mut found = Vec::new();
     if scratch.is_empty() {
-        return Ok(found);
+        return Ok(());
     }
     let root = sys::open_path(&layers.upper, std::ffi::OsStr::new("."))
         .map_err(|e| format!("cannot open the upper root: {e}"))?;
@@ -138,11 +140,10 @@ pub fn gc(
         }
     }
     found.sort();
-    let mut done = Vec::new();
     for p in found {
         done.extend(super::reset::reset_path(layers, work, &p)?.changed);
     }
-    Ok(done)
+    Ok(())
 }
 
 #[cfg(test)]
