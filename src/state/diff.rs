@@ -522,8 +522,11 @@ pub fn diff(layers: &Layers, filter: &Filter) -> Result<Vec<Change>, String> {
         .filter(|c| c.kind == Kind::Renamed && c.ftype == "dir")
         .filter_map(|c| c.from.clone())
         .collect();
-    w.out
-        .retain(|c| !(c.kind == Kind::Deleted && c.ftype == "dir" && moved_dirs.contains(&c.path)));
+    w.out.retain(|c| {
+        !(c.kind == Kind::Deleted
+            && c.ftype == "dir"
+            && c.old.as_ref().is_some_and(|(_, p)| moved_dirs.contains(p)))
+    });
     let mut out: Vec<Change> = w
         .out
         .into_iter()
