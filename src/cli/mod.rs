@@ -6,6 +6,7 @@ mod gc;
 mod mount;
 mod policy;
 mod reset;
+mod status;
 mod umount;
 
 use std::io::IsTerminal;
@@ -52,6 +53,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the mount variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Mount a union of lower layers and an upper directory.
@@ -67,6 +70,8 @@ enum Command {
     Reset(reset::ResetCmd),
     /// Empty a workspace's scratch paths.
     Gc(gc::GcCmd),
+    /// Show live mounts: layers, state dir, daemon, usage, journal health.
+    Status(status::StatusCmd),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -90,5 +95,6 @@ pub fn run() -> i32 {
         Command::Diff(d) => d.run(),
         Command::Reset(r) => r.run(),
         Command::Gc(g) => g.run(),
+        Command::Status(s) => s.run(),
     }
 }
