@@ -46,6 +46,12 @@ impl GcCmd {
                 ws.upper.display()
             ));
         }
+        if let Some(client) = ws.client() {
+            for p in super::reset::live(client?, &serde_json::json!({"cmd": "gc"}))? {
+                println!("emptied {}", super::reset::shown(&p));
+            }
+            return Ok(());
+        }
         let layers = Layers::open(&ws.upper, &ws.lowers)?;
         let work = sys::open_root(&ws.work)
             .map_err(|e| format!("cannot open work dir {}: {e}", ws.work.display()))?;

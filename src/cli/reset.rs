@@ -55,11 +55,39 @@ impl ResetCmd {
             .iter()
             .map(|p| reset::normalize(p, &roots))
             .collect::<Result<Vec<_>, _>>()?;
-        for p in offline(&ws, &paths)? {
+        let changed = match ws.client() {
+            Some(client) => {
+                let req = serde_json::json!({
+                    "cmd": "reset",
+                    "paths": paths.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
+                });
+                live(client?, &req)?
+            }
+            None => offline(&ws, &paths)?,
+        };
+        for p in changed {
             println!("reset {}", shown(&p));
         }
         Ok(())
     }
+}
+
+/// Asks a live mount's daemon to change its upper itself (its inode table
+/// holds the real files); returns the paths whose view changed.
+pub fn live(
+    mut client: crate::state::control::Client,
+    req: &serde_json::Value,
+) -> Result<Vec<OsString>, String> {
+    let resp = client.request(req)?;
+    Ok(resp["changed"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p.as_str())
+                .map(OsString::from)
+                .collect()
+        })
+        .unwrap_or_default())
 }
 
 pub fn shown(p: &std::ffi::OsStr) -> String {

@@ -937,8 +937,20 @@ fn content(root: &OwnedFd, rel: &OsStr) -> Content {
     }
 }
 
+/// The mode git would record for the file at `rel`: 100644 or 100755 for
+/// regular files, 120000 for symlinks; `None` for anything else.
+fn git_mode(root: &OwnedFd, rel: &OsStr) -> Option<u32> {
+    let st = stat_in(root, rel).ok()?;
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG if st.st_mode & 0o100 != 0 => Some(0o100755),
+        libc::S_IFREG => Some(0o100644),
+        libc::S_IFLNK => Some(0o120000),
+        _ => None,
+    }
+}
+
 /// A git-style patch for one change ("" for changes without content, such
-/// as directories and metadata-only changes).
+/// as directories and metadata-only changes other than an executable bit).
 pub fn patch(layers: &Layers, c: &Change) -> String {
     let path = c.path.to_string_lossy();
     let from = c.from_str().unwrap_or_else(|| path.to_string());
@@ -951,17 +963,30 @@ pub fn patch(layers: &Layers, c: &Change) -> String {
     } else {
         Content::Absent
     };
+    let old_mode = c
+        .old
+        .as_ref()
+        .and_then(|(layer, rel)| git_mode(&layers.lowers[*layer], rel));
+    let new_mode = if c.new {
+        git_mode(&layers.upper, &c.path)
+    } else {
+        None
+    };
+    let mode_changed = matches!((old_mode, new_mode), (Some(a), Some(b)) if a != b);
     let mut out = String::new();
     let header = |out: &mut String| {
         if out.is_empty() {
             out.push_str(&format!("diff --git a/{from} b/{path}\n"));
-            match c.kind {
-                Kind::Added => out.push_str("new file\n"),
-                Kind::Deleted => out.push_str("deleted file\n"),
-                Kind::Renamed => {
-                    out.push_str(&format!("rename from {from}\nrename to {path}\n"));
+            match (c.kind, old_mode, new_mode) {
+                (Kind::Added, _, Some(m)) => out.push_str(&format!("new file mode {m:o}\n")),
+                (Kind::Deleted, Some(m), _) => out.push_str(&format!("deleted file mode {m:o}\n")),
+                (_, Some(a), Some(b)) if a != b => {
+                    out.push_str(&format!("old mode {a:o}\nnew mode {b:o}\n"))
                 }
                 _ => {}
+            }
+            if c.kind == Kind::Renamed {
+                out.push_str(&format!("rename from {from}\nrename to {path}\n"));
             }
         }
     };
@@ -1002,7 +1027,7 @@ pub fn patch(layers: &Layers, c: &Change) -> String {
             };
             let (o, n) = (text(&old), text(&new));
             if o == n && c.kind != Kind::Added && c.kind != Kind::Deleted {
-                if c.kind == Kind::Renamed {
+                if c.kind == Kind::Renamed || mode_changed {
                     header(&mut out);
                 }
                 return out;

@@ -5,6 +5,7 @@ mod harness;
 
 mod basic;
 mod daemon;
+mod diff;
 mod differential;
 mod pjdfstest;
 mod policy;
