@@ -51,6 +51,8 @@ pub struct Config {
     /// `layerfs mount` created the work dir: a mount that fails removes it
     /// again (if still empty), so a refused mount leaves nothing behind.
     pub created_work: bool,
+    /// `--scratch` globs: paths diff and snapshots leave out, gc empties.
+    pub scratch: Vec<String>,
 }
 
 /// Default for `--lower-timeout`.
@@ -108,6 +110,7 @@ pub struct MountArgs {
     pub log_file: Option<PathBuf>,
     /// Every `-o` value, in order (each a comma-separated list).
     pub options: Vec<String>,
+    pub scratch: Vec<String>,
 }
 
 /// Parses a size such as `64M`, `1G` or `4096` (bytes; K, M, G, T are
@@ -502,6 +505,9 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         Some(p) => Some(absolute(p)?),
         None => None,
     };
+    for g in &args.scratch {
+        crate::state::scratch::validate(g).map_err(|e| usage(format!("--scratch: {e}")))?;
+    }
 
     Ok(Config {
         lowers,
@@ -519,6 +525,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         lower_timeout: args.lower_timeout.unwrap_or(DEFAULT_LOWER_TIMEOUT),
         log_file,
         created_work: created_work.keep(),
+        scratch: args.scratch,
     })
 }
 

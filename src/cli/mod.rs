@@ -1,8 +1,11 @@
 //! Command line: the clap definition of `layerfs` and dispatch to one file
 //! per subcommand. Exit codes: 0 ok, 1 runtime failure, 2 usage error.
 
+mod diff;
+mod gc;
 mod mount;
 mod policy;
+mod reset;
 mod status;
 mod umount;
 
@@ -61,6 +64,12 @@ enum Command {
     /// Check a policy file or explain what it says about a path.
     #[command(subcommand)]
     Policy(policy::PolicyCmd),
+    /// Show what a workspace changed against its shared lowers.
+    Diff(diff::DiffCmd),
+    /// Discard a workspace's changes under some paths.
+    Reset(reset::ResetCmd),
+    /// Empty a workspace's scratch paths.
+    Gc(gc::GcCmd),
     /// Show live mounts: layers, state dir, daemon, usage, journal health.
     Status(status::StatusCmd),
 }
@@ -83,6 +92,9 @@ pub fn run() -> i32 {
         Command::Mount(m) => m.run(),
         Command::Umount(u) => u.run(),
         Command::Policy(p) => p.run(),
+        Command::Diff(d) => d.run(),
+        Command::Reset(r) => r.run(),
+        Command::Gc(g) => g.run(),
         Command::Status(s) => s.run(),
     }
 }

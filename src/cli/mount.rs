@@ -94,6 +94,12 @@ pub struct MountCmd {
     #[arg(short = 'o', value_name = "OPTS")]
     options: Vec<String>,
 
+    /// Scratch paths: a glob (policy-style, relative to the mount root;
+    /// repeatable) whose contents `layerfs diff` and snapshots leave out
+    /// and `layerfs gc` empties, e.g. `target/**`.
+    #[arg(long = "scratch", value_name = "GLOB")]
+    scratch: Vec<String>,
+
     /// Where to mount the union (an existing, empty-ish directory).
     #[arg(value_name = "MOUNTPOINT")]
     mountpoint: PathBuf,
@@ -125,6 +131,7 @@ impl MountCmd {
             lower_timeout: Some(self.lower_timeout),
             log_file: self.log_file,
             options: self.options,
+            scratch: self.scratch,
         };
         match config::validate(args) {
             Ok(cfg) => daemon::start(cfg),

@@ -140,6 +140,8 @@ pub struct Daemon {
     pub started_at: SystemTime,
     /// The daemon's uid: the only one (with root) allowed on the socket.
     pub uid: u32,
+    /// `--scratch` globs (the policy's `scratch` lines are read live).
+    pub scratch: Vec<String>,
 }
 
 impl Daemon {
@@ -155,6 +157,7 @@ impl Daemon {
             started: Instant::now(),
             started_at: SystemTime::now(),
             uid: nix::unistd::geteuid().as_raw(),
+            scratch: cfg.scratch.clone(),
         }
     }
 }
@@ -356,13 +359,15 @@ pub fn dispatch<'a>(daemon: &'a Daemon, conn: &mut Conn<'a>, req: &Value) -> Res
             let fs = daemon.fs.clone();
             Ok(invalidate_bounded(move || fs.invalidate_paths(&paths)))
         }
+        "reset" => super::reset::serve(daemon, req, false),
+        "gc" => super::reset::serve(daemon, req, true),
         "invalidate_all" => {
             let fs = daemon.fs.clone();
             Ok(invalidate_bounded(move || fs.invalidate_all()))
         }
         other => Err(format!(
             "unknown command \"{other}\" (this daemon knows status, pause, resume, invalidate, \
-             invalidate_all)"
+             invalidate_all, reset, gc)"
         )),
     }
 }

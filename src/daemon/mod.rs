@@ -13,6 +13,7 @@ pub mod logging;
 pub mod mounts;
 pub mod notify;
 pub mod pidfile;
+mod reset;
 mod signals;
 
 use std::fs::{File, OpenOptions};
@@ -180,7 +181,7 @@ fn describe(cfg: &Config, mounted: bool) {
         work: &cfg.work,
         mountpoint: mounted.then_some(cfg.mountpoint.as_path()),
         policy: cfg.policy_file.as_deref(),
-        scratch: &[],
+        scratch: &cfg.scratch,
     };
     if let Err(e) = crate::state::workspace::write_description(&cfg.state, &d) {
         tracing::warn!(

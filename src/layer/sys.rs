@@ -590,3 +590,43 @@ pub fn open_by_handle(mount: &impl AsFd, handle: &[u8]) -> io::Result<OwnedFd> {
     // SAFETY: a fresh fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
+
+/// `listxattrat(2)` (Linux 6.13; the same number on every architecture).
+const SYS_LISTXATTRAT: libc::c_long = 465;
+
+/// The raw xattr name list of `name` in `dir`, not following a symlink:
+/// one call with `listxattrat` where the kernel has it, else through an
+/// `O_PATH` fd (symlinks then report none).
+pub fn listxattr_at(dir: &impl AsFd, name: &OsStr) -> io::Result<Vec<u8>> {
+    let n = cstr(name)?;
+    let mut buf = vec![0u8; 256];
+    loop {
+        // SAFETY: n is a valid C string; buf is writable for its length.
+        let r = unsafe {
+            libc::syscall(
+                SYS_LISTXATTRAT,
+                dir.as_fd().as_raw_fd(),
+                n.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        if r >= 0 {
+            buf.truncate(r as usize);
+            return Ok(buf);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ERANGE) => buf.resize(buf.len() * 4, 0),
+            Some(libc::ENOSYS) => {
+                let fd = open_path(dir, name)?;
+                if fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    return Ok(Vec::new());
+                }
+                return listxattr(&fd);
+            }
+            _ => return Err(e),
+        }
+    }
+}

@@ -71,7 +71,9 @@ impl Overlay {
         self.quota.charge_copy_up(&st)?;
         let pst = sys::fstat(parent_upper.as_ref()).ok();
         let tmp = self.upper.tmp_name();
-        let built = self.build_copy(&lower_fd, &st, &tmp, data, inode.is_dir());
+        let built = self
+            .build_copy(&lower_fd, &st, &tmp, data, inode.is_dir())
+            .and_then(|_| self.record_origin(inode, &tmp, &st));
         crate::failpoint::hit("copy_up", &name);
         // The copy is this object before its name appears in the upper: a
         // lookup that finds it there must already get the object's id.

@@ -13,8 +13,10 @@ pub mod guard;
 pub mod inode;
 pub mod mode;
 pub mod namei;
+pub mod origin;
 pub mod quota;
 pub mod readdir;
+pub mod refresh;
 pub mod watch;
 pub mod xattr;
 

@@ -42,6 +42,7 @@ fn env(populate: impl FnOnce(&Path, &Path)) -> Env {
         lower_timeout: Duration::from_secs(1),
         log_file: None,
         created_work: false,
+        scratch: Vec::new(),
     };
     let ov = Overlay::new(&cfg).unwrap();
     Env {

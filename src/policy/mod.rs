@@ -158,6 +158,8 @@ pub struct Policy {
     suid: Setting<SuidMode>,
     quota: Quota,
     quota_rule: Option<RuleRef>,
+    /// `scratch GLOB` lines: paths diff and snapshots leave out, gc empties.
+    scratch: Vec<String>,
 }
 
 impl Default for Policy {
@@ -176,6 +178,7 @@ impl Default for Policy {
             suid: Setting::default_to(SuidMode::Strip, "suid strip"),
             quota: Quota::default(),
             quota_rule: None,
+            scratch: Vec::new(),
         }
     }
 }
@@ -191,6 +194,11 @@ impl Policy {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read policy file {}: {e}", path.display()))?;
         Policy::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The `scratch` patterns, in file order.
+    pub fn scratch(&self) -> &[String] {
+        &self.scratch
     }
 
     /// Whether any hide / readonly / protect rule exists; when false,

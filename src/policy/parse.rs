@@ -7,7 +7,8 @@
 use super::rules::{compile_rule, PathKind, PathRules};
 use super::{DeviceMode, HostPrefix, Policy, PolicyError, RuleRef, Setting, SuidMode, SymlinkMode};
 
-const KEYWORDS: &str = "hide, readonly, protect, symlinks, allow-host, devices, suid, quota";
+const KEYWORDS: &str =
+    "hide, readonly, protect, symlinks, allow-host, devices, suid, quota, scratch";
 
 pub(super) fn parse(text: &str) -> Result<Policy, PolicyError> {
     let mut policy = Policy::default();
@@ -70,6 +71,11 @@ pub(super) fn parse(text: &str) -> Result<Policy, PolicyError> {
                     let components = host_prefix(value).map_err(error)?;
                     policy.allow_host.push(HostPrefix { components });
                 }
+            }
+            "scratch" => {
+                let pattern = one_arg(keyword, args, "a glob such as `build/**`").map_err(error)?;
+                crate::state::scratch::validate(pattern).map_err(error)?;
+                policy.scratch.push(pattern.to_string());
             }
             "quota" => {
                 parse_quota(args, &mut policy).map_err(error)?;
@@ -233,6 +239,17 @@ mod tests {
         assert!(!p.strip_suid());
         assert_eq!(p.quota().bytes, Some(10 << 30));
         assert_eq!(p.quota().inodes, Some(1_000_000));
+    }
+
+    #[test]
+    fn scratch_lines() {
+        let p = Policy::parse("scratch build/**\nscratch *.o # objects\n").unwrap();
+        assert_eq!(p.scratch(), ["build/**", "*.o"]);
+        assert!(!p.has_path_rules(), "scratch is not an access rule");
+        let e = err("hide x\nscratch a/../b\n");
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains(".."), "{}", e.message);
+        assert_eq!(err("scratch\n").line, 1);
     }
 
     #[test]

@@ -1,7 +1,11 @@
 //! Workspace state beside the upper: the state directory and its
-//! `workspace.json`, the control protocol's client, and the change journal.
-//! The daemon's side of the control socket lives in `daemon::control`.
+//! `workspace.json`, the control protocol's client, the change journal,
+//! diff, reset and scratch paths. The daemon's side of the control socket
+//! lives in `daemon::control`.
 
 pub mod control;
+pub mod diff;
 pub mod journal;
+pub mod reset;
+pub mod scratch;
 pub mod workspace;

@@ -25,9 +25,9 @@ use crate::harness::{bin, is_mounted, policy_file, Workspace};
 /// A background mount made with `layerfs mount` (no --foreground). Dropping
 /// it runs `layerfs umount`, then `umount -l`, then kills the recorded
 /// daemon if it is still alive.
-struct BgMount {
-    mnt: PathBuf,
-    pid: Option<u32>,
+pub(crate) struct BgMount {
+    pub(crate) mnt: PathBuf,
+    pub(crate) pid: Option<u32>,
 }
 
 impl BgMount {
@@ -116,7 +116,7 @@ fn kill(pid: u32, sig: i32) {
 }
 
 /// `layerfs mount` arguments for `ws` (all lowers, upper, work) plus `extra`.
-fn mount_args(ws: &Workspace, extra: &[&str]) -> Vec<String> {
+pub(crate) fn mount_args(ws: &Workspace, extra: &[&str]) -> Vec<String> {
     let mut a = vec!["mount".to_string()];
     for l in &ws.lowers {
         a.push("--lower".into());
@@ -140,7 +140,7 @@ fn layerfs(args: &[String]) -> Output {
     cmd.output().expect("run layerfs")
 }
 
-fn text(o: &Output) -> String {
+pub(crate) fn text(o: &Output) -> String {
     format!(
         "exit {:?}\nstdout: {}\nstderr: {}",
         o.status.code(),
@@ -548,18 +548,18 @@ fn foreground_mode_notifies_systemd_ready_and_stopping() {
 // Unprivileged mode (fusermount3)
 // ---------------------------------------------------------------------------
 
-const NOBODY: u32 = 65534;
+pub(crate) const NOBODY: u32 = 65534;
 
 /// Serializes tests that change the mode of /dev/fuse.
-static DEV_FUSE: Mutex<()> = Mutex::new(());
+pub(crate) static DEV_FUSE: Mutex<()> = Mutex::new(());
 
 /// Makes /dev/fuse usable by everyone until dropped (restores the mode).
-struct DevFuseOpen {
+pub(crate) struct DevFuseOpen {
     mode: u32,
 }
 
 impl DevFuseOpen {
-    fn new() -> DevFuseOpen {
+    pub(crate) fn new() -> DevFuseOpen {
         let mode = fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
         fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666)).unwrap();
         DevFuseOpen { mode }
@@ -573,7 +573,7 @@ impl Drop for DevFuseOpen {
 }
 
 /// Runs `args` as uid/gid 65534.
-fn as_nobody(program: &Path, args: &[String]) -> Output {
+pub(crate) fn as_nobody(program: &Path, args: &[String]) -> Output {
     Command::new("setpriv")
         .args([
             format!("--reuid={NOBODY}"),
@@ -589,7 +589,7 @@ fn as_nobody(program: &Path, args: &[String]) -> Output {
         .expect("run setpriv")
 }
 
-fn chown_tree(p: &Path) -> io::Result<()> {
+pub(crate) fn chown_tree(p: &Path) -> io::Result<()> {
     std::os::unix::fs::lchown(p, Some(NOBODY), Some(NOBODY))?;
     if fs::symlink_metadata(p)?.is_dir() {
         for e in fs::read_dir(p)? {

@@ -6,6 +6,7 @@ mod harness;
 mod basic;
 mod crash;
 mod daemon;
+mod diff;
 mod differential;
 mod fulldisk;
 mod identity;

@@ -1,0 +1,65 @@
+//! `layerfs gc`: empty a workspace's scratch paths.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::layer::sys;
+use crate::state::diff::Layers;
+use crate::state::{scratch, workspace::Workspace};
+
+const GC_HELP: &str = "\
+Removes the upper's contents of every scratch path (`--scratch GLOB` on mount,
+`scratch GLOB` policy lines): each topmost matching path is reset to its shared
+version (usually: removed). On a live mount the daemon does it. Prints each
+path emptied.
+
+Examples:
+  layerfs mount --scratch 'target/**' --scratch '*.pyc' ... ~/ws/mnt
+  layerfs gc ~/ws/mnt";
+
+#[derive(Args, Debug)]
+#[command(after_help = GC_HELP)]
+pub struct GcCmd {
+    /// A live layerfs mountpoint, or the upper directory of an unmounted workspace.
+    #[arg(value_name = "WORKSPACE")]
+    workspace: PathBuf,
+}
+
+impl GcCmd {
+    pub fn run(self) -> i32 {
+        match self.gc() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("layerfs gc: {e}");
+                1
+            }
+        }
+    }
+
+    fn gc(&self) -> Result<(), String> {
+        let ws = Workspace::resolve(&self.workspace)?;
+        let sc = scratch::of_workspace(&ws)?;
+        if sc.is_empty() {
+            return Err(format!(
+                "workspace {} has no scratch paths; mount it with --scratch GLOB or add `scratch GLOB` to its policy",
+                ws.upper.display()
+            ));
+        }
+        if let Some(client) = ws.client() {
+            for p in super::reset::live(client?, &serde_json::json!({"cmd": "gc"}))? {
+                println!("emptied {}", super::reset::shown(&p));
+            }
+            return Ok(());
+        }
+        let layers = Layers::open(&ws.upper, &ws.lowers)?;
+        let work = sys::open_root(&ws.work)
+            .map_err(|e| format!("cannot open work dir {}: {e}", ws.work.display()))?;
+        let mut done = Vec::new();
+        let r = scratch::gc(&layers, &work, &sc, &mut done);
+        for p in &done {
+            println!("emptied {}", super::reset::shown(p));
+        }
+        r
+    }
+}

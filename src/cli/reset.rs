@@ -1,0 +1,111 @@
+//! `layerfs reset`: discard a workspace's changes under some paths.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::layer::sys;
+use crate::state::diff::Layers;
+use crate::state::{reset, workspace::Workspace};
+
+const RESET_HELP: &str = "\
+Each PATH (relative to the workspace root; `.` = everything) goes back to the
+shared version: the upper's copy, whiteouts and marks there are removed; a path
+that exists only in the upper is removed; a renamed shared directory gets its
+old name back. On a live mount the daemon does it and the mount shows the
+shared version at once. Prints each path whose view changed.
+
+Examples:
+  layerfs reset ~/ws/mnt src/main.rs        # undo an edit
+  layerfs reset ~/ws/mnt docs               # undo everything under docs/
+  layerfs reset ~/ws/upper .                # an unmounted workspace, all of it";
+
+#[derive(Args, Debug)]
+#[command(after_help = RESET_HELP)]
+pub struct ResetCmd {
+    /// A live layerfs mountpoint, or the upper directory of an unmounted workspace.
+    #[arg(value_name = "WORKSPACE")]
+    workspace: PathBuf,
+
+    /// Paths to reset, relative to the workspace root.
+    #[arg(value_name = "PATH", required = true)]
+    paths: Vec<PathBuf>,
+}
+
+impl ResetCmd {
+    pub fn run(self) -> i32 {
+        match self.reset() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("layerfs reset: {e}");
+                1
+            }
+        }
+    }
+
+    fn reset(&self) -> Result<(), String> {
+        let ws = Workspace::resolve(&self.workspace)?;
+        let mut roots = vec![ws.upper.as_path()];
+        if let Some(m) = &ws.mountpoint {
+            roots.insert(0, m.as_path());
+        }
+        let paths = self
+            .paths
+            .iter()
+            .map(|p| reset::normalize(p, &roots))
+            .collect::<Result<Vec<_>, _>>()?;
+        let changed = match ws.client() {
+            Some(client) => {
+                let req = serde_json::json!({
+                    "cmd": "reset",
+                    "paths": paths.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
+                });
+                live(client?, &req)?
+            }
+            None => offline(&ws, &paths)?,
+        };
+        for p in changed {
+            println!("reset {}", shown(&p));
+        }
+        Ok(())
+    }
+}
+
+/// Asks a live mount's daemon to change its upper itself (its inode table
+/// holds the real files); returns the paths whose view changed.
+pub fn live(
+    mut client: crate::state::control::Client,
+    req: &serde_json::Value,
+) -> Result<Vec<OsString>, String> {
+    let resp = client.request(req)?;
+    Ok(resp["changed"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p.as_str())
+                .map(OsString::from)
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+pub fn shown(p: &std::ffi::OsStr) -> String {
+    if p.is_empty() {
+        ".".into()
+    } else {
+        p.to_string_lossy().into_owned()
+    }
+}
+
+/// Resets `paths` of an unmounted workspace directly in its upper.
+pub fn offline(ws: &Workspace, paths: &[OsString]) -> Result<Vec<OsString>, String> {
+    let layers = Layers::open(&ws.upper, &ws.lowers)?;
+    let work = sys::open_root(&ws.work)
+        .map_err(|e| format!("cannot open work dir {}: {e}", ws.work.display()))?;
+    let mut changed = Vec::new();
+    for p in paths {
+        changed.extend(reset::reset_path(&layers, &work, p)?.changed);
+    }
+    Ok(changed)
+}

@@ -1,0 +1,93 @@
+//! The control socket's `reset` and `gc` commands: the daemon changes the
+//! upper itself, because its inode table holds the real files. Writes are
+//! paused for the moment of the change (a write in flight completes first;
+//! readers go on), the inodes under the changed paths are re-resolved,
+//! then the kernel's caches for those paths are invalidated, so the mount
+//! shows the shared version at once.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::control::Daemon;
+use crate::state::diff::Layers;
+use crate::state::{reset, scratch};
+
+/// How long a reset waits for passthrough write opens to close.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// `{"cmd":"reset","paths":[...]}`, or `{"cmd":"gc"}` when `gc`.
+pub fn serve(daemon: &Daemon, req: &Value, gc: bool) -> Result<Value, String> {
+    let ov = daemon.fs.overlay();
+    let paths: Vec<OsString> = if gc {
+        Vec::new()
+    } else {
+        req["paths"]
+            .as_array()
+            .ok_or("reset needs \"paths\": [\"rel/path\", ...]")?
+            .iter()
+            .map(|p| {
+                let p = p.as_str().ok_or("reset paths must be strings")?;
+                reset::normalize(Path::new(p), &[])
+            })
+            .collect::<Result<_, String>>()?
+    };
+    let dup = |fd: &std::os::fd::OwnedFd, what: &str| {
+        fd.try_clone()
+            .map_err(|e| format!("cannot use the {what}: {e}"))
+    };
+    let lowers = ov
+        .lowers
+        .iter()
+        .map(|l| dup(&l.root, "lower dir"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let layers = Layers::from_fds(dup(&ov.upper.layer.root, "upper dir")?, lowers)
+        .map_err(|e| format!("cannot stat the upper dir: {e}"))?;
+    let work = dup(&ov.upper.work, "work dir")?;
+    let mut patterns = daemon.scratch.clone();
+    patterns.extend(ov.policy().scratch().iter().cloned());
+    let sc = scratch::Scratch::new(&patterns)?;
+    if gc && sc.is_empty() {
+        return Err(
+            "this workspace has no scratch paths; mount it with --scratch GLOB \
+                    or add `scratch GLOB` to its policy"
+                .into(),
+        );
+    }
+    // Whatever was changed before an error is still refreshed and
+    // invalidated: the mount never shows a stale view.
+    let mut changed = Vec::new();
+    let mut failed = None;
+    {
+        let (_pause, _busy) = daemon.fs.pause_writes(DRAIN);
+        if gc {
+            if let Err(e) = scratch::gc(&layers, &work, &sc, &mut changed) {
+                failed = Some(e);
+            }
+        } else {
+            for p in &paths {
+                match reset::reset_path(&layers, &work, p) {
+                    Ok(o) => changed.extend(o.changed),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        ov.refresh_paths(&changed);
+    }
+    let rel: Vec<String> = changed
+        .iter()
+        .map(|p| String::from_utf8_lossy(p.as_bytes()).into_owned())
+        .collect();
+    daemon.fs.invalidate_paths(&rel);
+    match failed {
+        Some(e) if rel.is_empty() => Err(e),
+        Some(e) => Err(format!("{e} (already reset: {})", rel.join(", "))),
+        None => Ok(json!({ "changed": rel })),
+    }
+}

@@ -1,0 +1,177 @@
+//! The origin record: what a copied-up regular file was copied from.
+//!
+//! At copy-up the upper copy gets a private xattr (`<prefix>layerfs.origin`,
+//! the prefix being `trusted.overlay.` or `user.overlay.` like the other
+//! marks) naming the lower original: its layer index, its path in that
+//! layer, and its identity then (inode number, size, mtime, ctime). `diff`
+//! reads it to tell whether the shared original changed after the copy-up
+//! (drift: an administrator updated the lower) and where a moved file came
+//! from.
+//!
+//! Invariants:
+//! - The name lies in the overlay's private namespace, so the mount never
+//!   lists, reads, sets nor removes it (`Upper::is_private_xattr`), and it
+//!   is never copied from a lower (`copy_xattrs` skips private names).
+//! - It is not one of kernel overlayfs's own names (`origin`, `impure`,
+//!   `metacopy`, …): the kernel ignores unknown `overlay.*` names, so
+//!   `mount -t overlay` of the same upper shows the same tree.
+//! - ctime cannot be set by anyone, so a changed original is always seen
+//!   (an original replaced by another file differs in inode or ctime even
+//!   if its inode number is recycled).
+
+use std::ffi::{CString, OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+use super::inode::Inode;
+use super::{Overlay, Result};
+use crate::layer::sys::{self, Stat};
+
+/// The xattr name after the private prefix.
+pub const ORIGIN_XATTR: &str = "layerfs.origin";
+
+/// Both spellings of the record's full name (root and unprivileged daemons).
+pub const ORIGIN_NAMES: [&str; 2] = [
+    "trusted.overlay.layerfs.origin",
+    "user.overlay.layerfs.origin",
+];
+
+/// The identity of a lower original at copy-up time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// Index of the lower layer (0 = topmost) the original was in.
+    pub layer: usize,
+    /// Its path in that layer, `/`-separated with a leading `/`.
+    pub path: OsString,
+    pub ino: u64,
+    pub size: i64,
+    pub mtime: (i64, i64),
+    pub ctime: (i64, i64),
+}
+
+impl Origin {
+    pub fn new(layer: usize, path: OsString, st: &Stat) -> Origin {
+        Origin {
+            layer,
+            path,
+            ino: st.st_ino,
+            size: st.st_size,
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+        }
+    }
+
+    /// `v1 LAYER INO SIZE MSEC.MNSEC CSEC.CNSEC PATH` (the path last, raw
+    /// bytes, so it may hold any character).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = format!(
+            "v1 {} {} {} {}.{} {}.{} ",
+            self.layer, self.ino, self.size, self.mtime.0, self.mtime.1, self.ctime.0, self.ctime.1
+        )
+        .into_bytes();
+        v.extend_from_slice(self.path.as_bytes());
+        v
+    }
+
+    pub fn decode(raw: &[u8]) -> Option<Origin> {
+        let mut parts = raw.splitn(7, |&b| b == b' ');
+        if parts.next()? != b"v1" {
+            return None;
+        }
+        let mut num = || -> Option<&[u8]> { parts.next() };
+        let text = |b: &[u8]| std::str::from_utf8(b).ok().map(str::to_owned);
+        let layer = text(num()?)?.parse().ok()?;
+        let ino = text(num()?)?.parse().ok()?;
+        let size = text(num()?)?.parse().ok()?;
+        let pair = |s: String| -> Option<(i64, i64)> {
+            let (a, b) = s.split_once('.')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        };
+        let mtime = pair(text(num()?)?)?;
+        let ctime = pair(text(num()?)?)?;
+        let path = OsString::from_vec(num()?.to_vec());
+        Some(Origin {
+            layer,
+            path,
+            ino,
+            size,
+            mtime,
+            ctime,
+        })
+    }
+
+    /// Whether `st` (the lower file found at `path` in `layer` now) is still
+    /// the original the copy was made from, unchanged.
+    pub fn matches(&self, st: &Stat) -> bool {
+        self.ino == st.st_ino
+            && self.size == st.st_size
+            && self.mtime == (st.st_mtime, st.st_mtime_nsec)
+            && self.ctime == (st.st_ctime, st.st_ctime_nsec)
+    }
+
+    /// Reads the record of the file behind `fd`, in either spelling.
+    pub fn read(fd: &impl std::os::fd::AsRawFd) -> Option<Origin> {
+        ORIGIN_NAMES.iter().find_map(|n| {
+            let name = CString::new(*n).expect("no NUL");
+            sys::getxattr(fd, &name)
+                .ok()
+                .and_then(|v| Origin::decode(&v))
+        })
+    }
+}
+
+impl Overlay {
+    /// Stores the origin record on a regular file copy being built as `tmp`
+    /// in the work dir, from `st` (the lower original's attributes). Other
+    /// kinds get none (directories have their redirect, symlinks cannot
+    /// carry `user.*` xattrs). An upper without xattr support loses only
+    /// drift detection, never the copy-up: failures are logged, not returned.
+    pub(super) fn record_origin(&self, inode: &Inode, tmp: &OsStr, st: &Stat) -> Result<()> {
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(());
+        }
+        let Some(layer) = inode.real.read().lowers.first().map(|(i, _)| *i) else {
+            return Ok(());
+        };
+        let Some(dir_path) = inode
+            .parent()
+            .and_then(|p| p.real.read().lower_path.clone())
+        else {
+            return Ok(());
+        };
+        let mut path = OsString::from(dir_path);
+        path.push("/");
+        path.push(&inode.loc.read().name);
+        let record = Origin::new(layer, path, st).encode();
+        let stored = sys::open_path(&self.upper.work, tmp)
+            .and_then(|fd| sys::setxattr(&fd, &self.upper.xattr(ORIGIN_XATTR), &record, 0));
+        if let Err(e) = stored {
+            tracing::debug!(path = %self.path_of(inode), "origin record not stored: {e}");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_with_odd_path() {
+        // SAFETY: a zeroed stat is a valid value of a plain C struct.
+        let mut st: Stat = unsafe { std::mem::zeroed() };
+        st.st_ino = 42;
+        st.st_size = 7;
+        st.st_mtime = 1_700_000_000;
+        st.st_mtime_nsec = 5;
+        st.st_ctime = 1_700_000_001;
+        st.st_ctime_nsec = 999_999_999;
+        let o = Origin::new(1, OsString::from("/a b/c\nd e"), &st);
+        let back = Origin::decode(&o.encode()).expect("decodes");
+        assert_eq!(back, o);
+        assert!(back.matches(&st));
+        st.st_ctime_nsec = 0;
+        assert!(!back.matches(&st));
+        assert!(Origin::decode(b"v2 1 2 3 4.5 6.7 /x").is_none());
+        assert!(Origin::decode(b"v1 1 2").is_none());
+    }
+}

@@ -1,0 +1,1047 @@
+//! `diff`: what the upper changes against the lowers, computed from the
+//! upper itself (so it is right with the journal off or lost).
+//!
+//! The *shared version* of a path is what the lowers alone show there; the
+//! diff compares the mount's view with it, walking only the upper:
+//! - a whiteout over a shared entry: `D` (a shared directory removed with
+//!   `rm -rf` is one `D` line, not one per file);
+//! - an opaque directory (it replaced a shared one): the shared entries it
+//!   no longer shows are `D`; its own entries are compared as usual;
+//! - a directory with a redirect mark: `R old -> new` (a shared directory
+//!   renamed); its contents are compared with the shared directory at the
+//!   old path, so only what changed inside it is listed;
+//! - an upper entry where the shared version has none: `A`; every entry of
+//!   a new directory is listed;
+//! - an upper entry where the shared version has one (a copy-up, or a new
+//!   object over a deleted one): `M` when the content differs (file bytes,
+//!   symlink target, device number) or the type changed (the `type` field
+//!   is the new type); else `T` when the metadata differs: permission bits,
+//!   owner (only in a root-owned upper: an unprivileged daemon cannot give
+//!   copies the original owner), xattrs outside the overlay's namespace and,
+//!   for non-directories, mtime (so `touch` alone is a `T`). atime and ctime
+//!   never count; directory times never count (they change with any entry);
+//! - a new file whose origin record names a shared file that is deleted in
+//!   the view: `R old -> new` (a moved file, found without the journal);
+//! - drift: a copied-up file whose shared original changed after the
+//!   copy-up (its origin record no longer matches) has `conflict: true`.
+//!
+//! Scratch paths are left out. Names that are not UTF-8 are shown lossily.
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr, OsString};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::layer::ops::is_whiteout;
+use crate::layer::sys::{self, Stat};
+use crate::overlay::origin::Origin;
+use crate::state::scratch::Scratch;
+
+/// The kind of a change, as `diff` prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Added,
+    Modified,
+    Deleted,
+    Renamed,
+    Metadata,
+}
+
+impl Kind {
+    pub fn letter(self) -> char {
+        match self {
+            Kind::Added => 'A',
+            Kind::Modified => 'M',
+            Kind::Deleted => 'D',
+            Kind::Renamed => 'R',
+            Kind::Metadata => 'T',
+        }
+    }
+
+    pub fn word(self) -> &'static str {
+        match self {
+            Kind::Added => "added",
+            Kind::Modified => "modified",
+            Kind::Deleted => "deleted",
+            Kind::Renamed => "renamed",
+            Kind::Metadata => "metadata",
+        }
+    }
+}
+
+/// One changed path.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// Path relative to the mount root.
+    pub path: OsString,
+    pub kind: Kind,
+    /// The old path of a rename.
+    pub from: Option<OsString>,
+    /// `file`, `dir`, `symlink`, `fifo`, `socket`, `char`, `block`.
+    pub ftype: &'static str,
+    pub conflict: bool,
+    /// The shared version (layer, path in it without leading `/`), if any.
+    old: Option<(usize, OsString)>,
+    /// Whether the upper holds the new version at `path`.
+    new: bool,
+}
+
+impl Change {
+    pub fn path_str(&self) -> String {
+        self.path.to_string_lossy().into_owned()
+    }
+
+    pub fn from_str(&self) -> Option<String> {
+        self.from.as_ref().map(|f| f.to_string_lossy().into_owned())
+    }
+
+    /// `A path`, `R old -> new`, with ` (conflict)` when the shared
+    /// original drifted.
+    pub fn text_line(&self) -> String {
+        let mut s = match &self.from {
+            Some(f) => format!(
+                "{} {} -> {}",
+                self.kind.letter(),
+                f.to_string_lossy(),
+                self.path.to_string_lossy()
+            ),
+            None => format!("{} {}", self.kind.letter(), self.path.to_string_lossy()),
+        };
+        if self.conflict {
+            s.push_str(" (conflict)");
+        }
+        s
+    }
+
+    /// The `--json` line: `{"path", "change", "from"?, "type", "conflict"}`.
+    pub fn json_line(&self) -> String {
+        let q = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+        let from = match self.from_str() {
+            Some(f) => format!(",\"from\":{}", q(&f)),
+            None => String::new(),
+        };
+        format!(
+            "{{\"path\":{},\"change\":\"{}\"{from},\"type\":\"{}\",\"conflict\":{}}}",
+            q(&self.path_str()),
+            self.kind.word(),
+            self.ftype,
+            self.conflict
+        )
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "path": self.path_str(),
+            "change": self.kind.word(),
+            "type": self.ftype,
+            "conflict": self.conflict,
+        });
+        if let Some(f) = self.from_str() {
+            v["from"] = serde_json::Value::String(f);
+        }
+        v
+    }
+}
+
+/// The layers of an (unmounted or mounted) workspace, opened as fds.
+pub struct Layers {
+    pub upper: OwnedFd,
+    pub lowers: Vec<OwnedFd>,
+    /// Owners are compared only in a root-owned upper.
+    compare_owner: bool,
+}
+
+impl Layers {
+    /// Layers from fds the caller already holds (the daemon's own).
+    pub fn from_fds(upper: OwnedFd, lowers: Vec<OwnedFd>) -> io::Result<Layers> {
+        let st = sys::fstat(&upper)?;
+        Ok(Layers {
+            upper,
+            lowers,
+            compare_owner: st.st_uid == 0,
+        })
+    }
+
+    pub fn open(upper: &Path, lowers: &[PathBuf]) -> Result<Layers, String> {
+        let up = sys::open_root(upper)
+            .map_err(|e| format!("cannot open upper dir {}: {e}", upper.display()))?;
+        let st = sys::fstat(&up)
+            .map_err(|e| format!("cannot stat upper dir {}: {e}", upper.display()))?;
+        let mut ls = Vec::new();
+        for (i, l) in lowers.iter().enumerate() {
+            ls.push(
+                sys::open_root(l).map_err(|e| {
+                    format!("cannot open lower dir #{} {}: {e}", i + 1, l.display())
+                })?,
+            );
+        }
+        Ok(Layers {
+            upper: up,
+            lowers: ls,
+            compare_owner: st.st_uid == 0,
+        })
+    }
+}
+
+/// The overlay marks of an upper or lower object, in either spelling
+/// (`trusted.overlay.` as written by a root daemon, `user.overlay.` by an
+/// unprivileged one).
+pub fn mark(fd: &impl std::os::fd::AsRawFd, what: &str) -> Option<Vec<u8>> {
+    ["trusted.overlay.", "user.overlay."].iter().find_map(|p| {
+        let name = CString::new(format!("{p}{what}")).expect("no NUL");
+        sys::getxattr(fd, &name).ok()
+    })
+}
+
+pub fn is_opaque(fd: &impl std::os::fd::AsRawFd) -> bool {
+    mark(fd, "opaque").is_some_and(|v| v == b"y")
+}
+
+pub fn redirect(fd: &impl std::os::fd::AsRawFd) -> Option<OsString> {
+    mark(fd, "redirect").map(|v| OsStr::from_bytes(&v).to_os_string())
+}
+
+pub fn type_name(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "file",
+        libc::S_IFDIR => "dir",
+        libc::S_IFLNK => "symlink",
+        libc::S_IFIFO => "fifo",
+        libc::S_IFSOCK => "socket",
+        libc::S_IFCHR => "char",
+        libc::S_IFBLK => "block",
+        _ => "unknown",
+    }
+}
+
+/// The file type bits of a directory entry type, where it is certain (a
+/// character device may be a whiteout and needs a stat).
+fn mode_of_dtype(dtype: u8) -> Option<u32> {
+    match dtype {
+        libc::DT_REG => Some(libc::S_IFREG),
+        libc::DT_DIR => Some(libc::S_IFDIR),
+        libc::DT_LNK => Some(libc::S_IFLNK),
+        libc::DT_FIFO => Some(libc::S_IFIFO),
+        libc::DT_SOCK => Some(libc::S_IFSOCK),
+        libc::DT_BLK => Some(libc::S_IFBLK),
+        _ => None,
+    }
+}
+
+fn is_dir(st: &Stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+fn not_found(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+}
+
+pub fn join(dir: &OsStr, name: &OsStr) -> OsString {
+    if dir.is_empty() {
+        return name.to_os_string();
+    }
+    let mut p = dir.to_os_string();
+    p.push("/");
+    p.push(name);
+    p
+}
+
+/// Lower directories that make up the shared version of one directory,
+/// topmost first, with the layer index of each.
+pub(crate) type Base = Vec<(usize, OwnedFd)>;
+
+/// The shared version of one name.
+pub(crate) struct BaseEntry {
+    pub st: Stat,
+    pub layer: usize,
+    /// For a directory: its lower directories (merged).
+    pub dirs: Base,
+}
+
+/// Finds `name` in the shared version of a directory (as lookup does over
+/// the lowers alone: a lower whiteout ends the search, a non-directory
+/// ends it, an opaque lower directory stops the merge).
+pub(crate) fn base_lookup(
+    base: &Base,
+    nlowers: usize,
+    name: &OsStr,
+) -> io::Result<Option<BaseEntry>> {
+    let mut found: Option<BaseEntry> = None;
+    for (i, d) in base {
+        let st = match sys::fstatat(d, name) {
+            Ok(s) => s,
+            Err(e) if not_found(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        if is_whiteout(&st) {
+            break;
+        }
+        if !is_dir(&st) {
+            if found.is_none() {
+                found = Some(BaseEntry {
+                    st,
+                    layer: *i,
+                    dirs: Vec::new(),
+                });
+            }
+            break;
+        }
+        if found.as_ref().is_some_and(|f| !is_dir(&f.st)) {
+            break;
+        }
+        let fd = sys::open_path(d, name)?;
+        let opaque = *i + 1 < nlowers && is_opaque(&fd);
+        match &mut found {
+            Some(f) => f.dirs.push((*i, fd)),
+            None => {
+                found = Some(BaseEntry {
+                    st,
+                    layer: *i,
+                    dirs: vec![(*i, fd)],
+                })
+            }
+        }
+        if opaque {
+            break;
+        }
+    }
+    Ok(found)
+}
+
+/// The names the shared version of a directory shows.
+fn base_names(base: &Base) -> io::Result<Vec<OsString>> {
+    let mut seen: HashMap<OsString, bool> = HashMap::new();
+    for (_, d) in base {
+        for e in sys::read_dir(d)? {
+            if seen.contains_key(&e.name) {
+                continue;
+            }
+            let visible = if e.dtype == libc::DT_CHR {
+                !sys::fstatat(d, &e.name).is_ok_and(|s| is_whiteout(&s))
+            } else {
+                true
+            };
+            seen.insert(e.name, visible);
+        }
+    }
+    let mut names: Vec<OsString> = seen
+        .into_iter()
+        .filter_map(|(n, v)| v.then_some(n))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Lower directories at an absolute lower path (`/a/b`), as a redirected
+/// directory finds them.
+pub(crate) fn lowers_at_path(layers: &Layers, path: &OsStr) -> Base {
+    let mut out = Vec::new();
+    'layers: for (i, l) in layers.lowers.iter().enumerate() {
+        let Ok(mut fd) = sys::open_path(l, OsStr::new(".")) else {
+            continue;
+        };
+        for comp in path
+            .as_bytes()
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty())
+        {
+            let c = OsStr::from_bytes(comp);
+            match sys::fstatat(&fd, c) {
+                Ok(s) if is_dir(&s) => {}
+                Ok(s) if is_whiteout(&s) => break 'layers,
+                _ => continue 'layers,
+            }
+            fd = match sys::open_path(&fd, c) {
+                Ok(f) => f,
+                Err(_) => continue 'layers,
+            };
+        }
+        let opaque = i + 1 < layers.lowers.len() && is_opaque(&fd);
+        out.push((i, fd));
+        if opaque {
+            break;
+        }
+    }
+    out
+}
+
+/// A lower path `/a/b` as a path relative to the layer root (`a/b`).
+fn rel_of(lower_path: &OsStr) -> OsString {
+    let b = lower_path.as_bytes();
+    let start = b.iter().position(|&c| c != b'/').unwrap_or(b.len());
+    OsStr::from_bytes(&b[start..]).to_os_string()
+}
+
+/// The stat of the file at `rel` in a layer, not following symlinks.
+fn stat_in(root: &OwnedFd, rel: &OsStr) -> io::Result<Stat> {
+    if rel.is_empty() {
+        return sys::fstat(root);
+    }
+    let fd = sys::open_beneath(root, rel, libc::O_PATH, 0)?;
+    sys::fstat(&fd)
+}
+
+fn open_read(root: &OwnedFd, rel: &OsStr) -> io::Result<OwnedFd> {
+    let fd = sys::open_beneath(root, rel, libc::O_PATH, 0)?;
+    sys::reopen(&fd, libc::O_RDONLY | libc::O_NOATIME).or_else(|_| sys::reopen(&fd, libc::O_RDONLY))
+}
+
+/// Whether two regular files (same size) have the same bytes.
+fn same_bytes(a: &OwnedFd, b: &OwnedFd) -> io::Result<bool> {
+    let mut ba = vec![0u8; 256 * 1024];
+    let mut bb = vec![0u8; 256 * 1024];
+    let mut off = 0u64;
+    loop {
+        let n = read_full(a, &mut ba, off)?;
+        let m = read_full(b, &mut bb[..n.max(1)], off)?;
+        if n != m || ba[..n] != bb[..m] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+        off += n as u64;
+    }
+}
+
+fn read_full(fd: &OwnedFd, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = sys::pread(fd, &mut buf[got..], off + got as u64)?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    Ok(got)
+}
+
+/// The xattrs outside the overlay's namespace, sorted.
+fn user_xattrs(fd: &impl std::os::fd::AsRawFd) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let Ok(list) = sys::listxattr(fd) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(Vec<u8>, Vec<u8>)> = list
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty() && !crate::layer::ops::Upper::is_private_xattr(n))
+        .filter_map(|n| {
+            let c = CString::new(n).ok()?;
+            Some((n.to_vec(), sys::getxattr(fd, &c).ok()?))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// What limits a diff.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub scratch: Scratch,
+    /// Only these paths (and what lies beneath them); empty = everything.
+    pub paths: Vec<OsString>,
+}
+
+impl Filter {
+    fn wants(&self, p: &OsStr) -> bool {
+        self.paths.is_empty() || self.paths.iter().any(|w| is_at_or_under(p, w))
+    }
+
+    /// Whether anything at or under directory `dir` can be wanted.
+    fn enters(&self, dir: &OsStr) -> bool {
+        self.paths.is_empty()
+            || self
+                .paths
+                .iter()
+                .any(|w| is_at_or_under(dir, w) || is_at_or_under(w, dir))
+    }
+}
+
+/// Whether `p` is `dir` or lies beneath it ("" is the root).
+pub fn is_at_or_under(p: &OsStr, dir: &OsStr) -> bool {
+    let (p, d) = (p.as_bytes(), dir.as_bytes());
+    d.is_empty() || p == d || (p.starts_with(d) && p.get(d.len()) == Some(&b'/'))
+}
+
+struct Walk<'a> {
+    layers: &'a Layers,
+    filter: &'a Filter,
+    out: Vec<Change>,
+    /// Regular files added: moved shared files when their origin record
+    /// names a deleted original.
+    added_files: Vec<usize>,
+    /// Deleted shared non-directories by their (layer, lower path).
+    deleted: HashMap<(usize, OsString), usize>,
+}
+
+/// One upper directory being walked and the shared version it is compared
+/// with.
+struct Frame {
+    upper: OwnedFd,
+    rel: OsString,
+    base: Base,
+    /// Lower path of `base` (`/a/b`, "" for the root); `None` if none.
+    base_path: Option<OsString>,
+    /// Whether shared entries missing from the upper are deleted (the
+    /// directory, or one above it, is opaque).
+    hides: bool,
+}
+
+/// Computes the diff of a workspace's upper against its lowers.
+pub fn diff(layers: &Layers, filter: &Filter) -> Result<Vec<Change>, String> {
+    let root = sys::open_path(&layers.upper, OsStr::new("."))
+        .map_err(|e| format!("cannot open upper root: {e}"))?;
+    let mut base = Vec::new();
+    for (i, l) in layers.lowers.iter().enumerate() {
+        let fd = sys::open_path(l, OsStr::new("."))
+            .map_err(|e| format!("cannot open lower dir #{}: {e}", i + 1))?;
+        base.push((i, fd));
+    }
+    let hides = is_opaque(&root);
+    let mut w = Walk {
+        layers,
+        filter,
+        out: Vec::new(),
+        added_files: Vec::new(),
+        deleted: HashMap::new(),
+    };
+    w.dir(Frame {
+        upper: root,
+        rel: OsString::new(),
+        base,
+        base_path: Some(OsString::new()),
+        hides,
+    })
+    .map_err(|(p, e)| format!("cannot read {}: {e}", describe(&p)))?;
+    w.match_moves();
+    // A renamed shared directory's old name is covered by its `R` line.
+    let moved_dirs: std::collections::HashSet<OsString> = w
+        .out
+        .iter()
+        .filter(|c| c.kind == Kind::Renamed && c.ftype == "dir")
+        .filter_map(|c| c.from.clone())
+        .collect();
+    w.out.retain(|c| {
+        !(c.kind == Kind::Deleted
+            && c.ftype == "dir"
+            && c.old.as_ref().is_some_and(|(_, p)| moved_dirs.contains(p)))
+    });
+    let mut out: Vec<Change> = w
+        .out
+        .into_iter()
+        .filter(|c| filter.wants(&c.path) || c.from.as_ref().is_some_and(|f| filter.wants(f)))
+        .collect();
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+fn describe(p: &OsStr) -> String {
+    if p.is_empty() {
+        "the upper root".into()
+    } else {
+        format!("upper path {}", p.to_string_lossy())
+    }
+}
+
+type WalkResult = Result<(), (OsString, io::Error)>;
+
+impl Walk<'_> {
+    fn push(&mut self, c: Change) -> usize {
+        self.out.push(c);
+        self.out.len() - 1
+    }
+
+    fn dir(&mut self, f: Frame) -> WalkResult {
+        let ctx = |e: io::Error| (f.rel.clone(), e);
+        let mut entries = sys::read_dir(&f.upper).map_err(ctx)?;
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        let nlowers = self.layers.lowers.len();
+        for e in &entries {
+            let rel = join(&f.rel, &e.name);
+            if self.filter.scratch.matches(&rel.to_string_lossy()) || !self.filter.enters(&rel) {
+                continue;
+            }
+            let ectx = |err: io::Error| (rel.clone(), err);
+            // In a directory without a shared version (new), the entry
+            // type from the listing is enough: no stat per entry.
+            let st = match mode_of_dtype(e.dtype) {
+                Some(mode) if f.base.is_empty() => {
+                    // SAFETY: a zeroed stat is a valid value of a plain C struct.
+                    let mut st: Stat = unsafe { std::mem::zeroed() };
+                    st.st_mode = mode;
+                    st
+                }
+                _ => sys::fstatat(&f.upper, &e.name).map_err(ectx)?,
+            };
+            let base = base_lookup(&f.base, nlowers, &e.name).map_err(ectx)?;
+            let base_rel = f
+                .base_path
+                .as_ref()
+                .map(|p| rel_of(&join_lower(p, &e.name)));
+            if is_whiteout(&st) {
+                if let Some(b) = base {
+                    let idx = self.push(Change {
+                        path: rel.clone(),
+                        kind: Kind::Deleted,
+                        from: None,
+                        ftype: type_name(b.st.st_mode),
+                        conflict: false,
+                        old: base_rel.clone().map(|r| (b.layer, r)),
+                        new: false,
+                    });
+                    if let (false, Some(r)) = (is_dir(&b.st), base_rel) {
+                        self.deleted.insert((b.layer, r), idx);
+                    }
+                }
+                continue;
+            }
+            if is_dir(&st) {
+                self.child_dir(&f, e.name.as_os_str(), rel, &st, base)?;
+                continue;
+            }
+            match base {
+                None => {
+                    let idx = self.push(Change {
+                        path: rel,
+                        kind: Kind::Added,
+                        from: None,
+                        ftype: type_name(st.st_mode),
+                        conflict: false,
+                        old: None,
+                        new: true,
+                    });
+                    if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                        self.added_files.push(idx);
+                    }
+                }
+                Some(b) => {
+                    let old = base_rel.map(|r| (b.layer, r));
+                    let kind = if is_dir(&b.st) {
+                        Some(Kind::Modified)
+                    } else {
+                        self.compare(&f.upper, &e.name, &st, &b, old.as_ref())
+                            .map_err(ectx)?
+                    };
+                    let conflict = st.st_mode & libc::S_IFMT == libc::S_IFREG
+                        && self.drifted(&f.upper, &e.name);
+                    if let Some(kind) = kind {
+                        self.push(Change {
+                            path: rel,
+                            kind,
+                            from: None,
+                            ftype: type_name(st.st_mode),
+                            conflict,
+                            old,
+                            new: true,
+                        });
+                    }
+                }
+            }
+        }
+        if f.hides {
+            let names: std::collections::HashSet<&OsStr> =
+                entries.iter().map(|e| e.name.as_os_str()).collect();
+            for n in base_names(&f.base).map_err(|e| (f.rel.clone(), e))? {
+                if names.contains(n.as_os_str()) {
+                    continue;
+                }
+                let rel = join(&f.rel, &n);
+                if self.filter.scratch.matches(&rel.to_string_lossy()) {
+                    continue;
+                }
+                let Some(b) = base_lookup(&f.base, nlowers, &n).map_err(|e| (rel.clone(), e))?
+                else {
+                    continue;
+                };
+                let base_rel = f.base_path.as_ref().map(|p| rel_of(&join_lower(p, &n)));
+                self.push(Change {
+                    path: rel,
+                    kind: Kind::Deleted,
+                    from: None,
+                    ftype: type_name(b.st.st_mode),
+                    conflict: false,
+                    old: base_rel.map(|r| (b.layer, r)),
+                    new: false,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn child_dir(
+        &mut self,
+        f: &Frame,
+        name: &OsStr,
+        rel: OsString,
+        st: &Stat,
+        base: Option<BaseEntry>,
+    ) -> WalkResult {
+        let fd = sys::open_path(&f.upper, name).map_err(|e| (rel.clone(), e))?;
+        let opaque = is_opaque(&fd);
+        if let Some(r) = redirect(&fd) {
+            let old_lower = if r.as_bytes().starts_with(b"/") {
+                r
+            } else {
+                join_lower(f.base_path.as_deref().unwrap_or(OsStr::new("")), &r)
+            };
+            let from = rel_of(&old_lower);
+            let base = lowers_at_path(self.layers, &old_lower);
+            self.push(Change {
+                path: rel.clone(),
+                kind: Kind::Renamed,
+                from: Some(from),
+                ftype: "dir",
+                conflict: false,
+                old: None,
+                new: true,
+            });
+            return self.dir(Frame {
+                upper: fd,
+                rel,
+                base,
+                base_path: Some(old_lower),
+                hides: opaque,
+            });
+        }
+        let base_path = f.base_path.as_ref().map(|p| join_lower(p, name));
+        let (kind, sub_base, hides) = match base {
+            Some(b) if is_dir(&b.st) => {
+                let same = self.same_meta(&fd, st, &b.dirs[0].1, &b.st, false);
+                let kind = (!same).then_some(Kind::Metadata);
+                (kind, b.dirs, f.hides || opaque)
+            }
+            Some(_) => (Some(Kind::Modified), Vec::new(), false),
+            None => (Some(Kind::Added), Vec::new(), false),
+        };
+        if let Some(kind) = kind {
+            self.push(Change {
+                path: rel.clone(),
+                kind,
+                from: None,
+                ftype: "dir",
+                conflict: false,
+                old: None,
+                new: true,
+            });
+        }
+        self.dir(Frame {
+            upper: fd,
+            rel,
+            base: sub_base,
+            base_path,
+            hides,
+        })
+    }
+
+    /// `Some(Modified)` when content or type differ, `Some(Metadata)` when
+    /// only metadata does, `None` when the upper entry equals the shared one.
+    fn compare(
+        &self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        st: &Stat,
+        b: &BaseEntry,
+        old: Option<&(usize, OsString)>,
+    ) -> io::Result<Option<Kind>> {
+        let fmt = st.st_mode & libc::S_IFMT;
+        if fmt != b.st.st_mode & libc::S_IFMT {
+            return Ok(Some(Kind::Modified));
+        }
+        let ufd = sys::open_path(dir, name)?;
+        let Some((layer, lrel)) = old else {
+            return Ok(Some(Kind::Modified));
+        };
+        let lfd = sys::open_beneath(&self.layers.lowers[*layer], lrel, libc::O_PATH, 0)?;
+        let content_same = match fmt {
+            libc::S_IFREG => {
+                st.st_size == b.st.st_size && {
+                    let a = sys::reopen(&ufd, libc::O_RDONLY)?;
+                    let l = sys::reopen(&lfd, libc::O_RDONLY | libc::O_NOATIME)
+                        .or_else(|_| sys::reopen(&lfd, libc::O_RDONLY))?;
+                    same_bytes(&a, &l)?
+                }
+            }
+            libc::S_IFLNK => sys::readlink_fd(&ufd)? == sys::readlink_fd(&lfd)?,
+            libc::S_IFCHR | libc::S_IFBLK => st.st_rdev == b.st.st_rdev,
+            _ => true,
+        };
+        if !content_same {
+            return Ok(Some(Kind::Modified));
+        }
+        let same = self.same_meta(&ufd, st, &lfd, &b.st, fmt != libc::S_IFLNK);
+        Ok((!same).then_some(Kind::Metadata))
+    }
+
+    fn same_meta(&self, ufd: &OwnedFd, ust: &Stat, lfd: &OwnedFd, lst: &Stat, times: bool) -> bool {
+        let fmt = ust.st_mode & libc::S_IFMT;
+        ust.st_mode & 0o7777 == lst.st_mode & 0o7777
+            && (!self.layers.compare_owner || (ust.st_uid, ust.st_gid) == (lst.st_uid, lst.st_gid))
+            && (!times || (ust.st_mtime, ust.st_mtime_nsec) == (lst.st_mtime, lst.st_mtime_nsec))
+            && (fmt == libc::S_IFLNK || user_xattrs(ufd) == user_xattrs(lfd))
+    }
+
+    /// Whether the upper file `name` in `dir` has an origin record whose
+    /// shared original is no longer what was copied.
+    fn drifted(&self, dir: &OwnedFd, name: &OsStr) -> bool {
+        let Ok(fd) = sys::open_path(dir, name) else {
+            return false;
+        };
+        match Origin::read(&fd) {
+            Some(o) => self.origin_drifted(&o),
+            None => false,
+        }
+    }
+
+    fn origin_drifted(&self, o: &Origin) -> bool {
+        let Some(root) = self.layers.lowers.get(o.layer) else {
+            return true;
+        };
+        match stat_in(root, &rel_of(&o.path)) {
+            Ok(st) => !o.matches(&st),
+            Err(_) => true,
+        }
+    }
+
+    /// Turns an added file whose origin is a deleted shared file into a
+    /// rename of it (one added file per deleted original).
+    fn match_moves(&mut self) {
+        if self.deleted.is_empty() {
+            return;
+        }
+        // Only now, and only when a shared file was deleted, are the added
+        // files' xattrs read: a diff without deletions costs no call per
+        // new file. Candidates come grouped by directory (walk order).
+        let mut gone = Vec::new();
+        let mut dir: Option<(OsString, OwnedFd)> = None;
+        for idx in std::mem::take(&mut self.added_files) {
+            let path = self.out[idx].path.clone();
+            let (parent, name) = split_parent(&path);
+            if dir.as_ref().is_none_or(|(p, _)| p != parent) {
+                let fd = if parent.is_empty() {
+                    sys::open_path(&self.layers.upper, OsStr::new("."))
+                } else {
+                    sys::open_beneath(&self.layers.upper, parent, libc::O_PATH, 0)
+                };
+                let Ok(fd) = fd else {
+                    continue;
+                };
+                dir = Some((parent.to_os_string(), fd));
+            }
+            let Some((_, dfd)) = &dir else {
+                continue;
+            };
+            let Some(o) = origin_at(dfd, name) else {
+                continue;
+            };
+            let Some(d) = self.deleted.remove(&(o.layer, rel_of(&o.path))) else {
+                continue;
+            };
+            let conflict = self.origin_drifted(&o);
+            let from = self.out[d].path.clone();
+            let old = self.out[d].old.clone();
+            let c = &mut self.out[idx];
+            c.kind = Kind::Renamed;
+            c.from = Some(from);
+            c.conflict = conflict;
+            c.old = old;
+            gone.push(d);
+        }
+        let gone: std::collections::HashSet<usize> = gone.into_iter().collect();
+        let mut i = 0;
+        self.out.retain(|_| {
+            i += 1;
+            !gone.contains(&(i - 1))
+        });
+    }
+}
+
+/// (parent, name) of a relative path.
+fn split_parent(p: &OsStr) -> (&OsStr, &OsStr) {
+    let b = p.as_bytes();
+    match b.iter().rposition(|&c| c == b'/') {
+        Some(i) => (OsStr::from_bytes(&b[..i]), OsStr::from_bytes(&b[i + 1..])),
+        None => (OsStr::new(""), p),
+    }
+}
+
+/// The origin record of `name` in `dir`, if it has one. Most upper files
+/// have no xattrs at all: one `listxattrat` call answers for them.
+fn origin_at(dir: &OwnedFd, name: &OsStr) -> Option<Origin> {
+    let list = sys::listxattr_at(dir, name).ok()?;
+    let has = list.split(|&b| b == 0).any(|n| {
+        crate::overlay::origin::ORIGIN_NAMES
+            .iter()
+            .any(|o| o.as_bytes() == n)
+    });
+    if !has {
+        return None;
+    }
+    Origin::read(&sys::open_path(dir, name).ok()?)
+}
+
+/// `dir/name` for lower paths (`/a` + `b` = `/a/b`; "" + `b` = `/b`).
+pub(crate) fn join_lower(dir: &OsStr, name: &OsStr) -> OsString {
+    let mut p = dir.to_os_string();
+    p.push("/");
+    p.push(name);
+    p
+}
+
+// ------------------------------------------------------------------ patches
+
+/// Above this size a file's patch is not computed (named as too large).
+const PATCH_MAX: u64 = 16 << 20;
+
+enum Content {
+    Absent,
+    Text(String),
+    Binary,
+    TooLarge,
+}
+
+fn content(root: &OwnedFd, rel: &OsStr) -> Content {
+    let Ok(pfd) = sys::open_beneath(root, rel, libc::O_PATH, 0) else {
+        return Content::Absent;
+    };
+    let Ok(st) = sys::fstat(&pfd) else {
+        return Content::Absent;
+    };
+    let bytes = match st.st_mode & libc::S_IFMT {
+        libc::S_IFLNK => match sys::readlink_fd(&pfd) {
+            Ok(t) => t.as_bytes().to_vec(),
+            Err(_) => return Content::Absent,
+        },
+        libc::S_IFREG => {
+            if st.st_size as u64 > PATCH_MAX {
+                return Content::TooLarge;
+            }
+            let Ok(fd) = open_read(root, rel) else {
+                return Content::Absent;
+            };
+            let mut buf = vec![0u8; st.st_size as usize];
+            match read_full(&fd, &mut buf, 0) {
+                Ok(n) => buf.truncate(n),
+                Err(_) => return Content::Absent,
+            }
+            buf
+        }
+        _ => return Content::Absent,
+    };
+    if bytes.contains(&0) {
+        return Content::Binary;
+    }
+    match String::from_utf8(bytes) {
+        Ok(s) => Content::Text(s),
+        Err(_) => Content::Binary,
+    }
+}
+
+/// The mode git would record for the file at `rel`: 100644 or 100755 for
+/// regular files, 120000 for symlinks; `None` for anything else.
+fn git_mode(root: &OwnedFd, rel: &OsStr) -> Option<u32> {
+    let st = stat_in(root, rel).ok()?;
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG if st.st_mode & 0o100 != 0 => Some(0o100755),
+        libc::S_IFREG => Some(0o100644),
+        libc::S_IFLNK => Some(0o120000),
+        _ => None,
+    }
+}
+
+/// A git-style patch for one change ("" for changes without content, such
+/// as directories and metadata-only changes other than an executable bit).
+pub fn patch(layers: &Layers, c: &Change) -> String {
+    let path = c.path.to_string_lossy();
+    let from = c.from_str().unwrap_or_else(|| path.to_string());
+    let old = match &c.old {
+        Some((layer, rel)) => content(&layers.lowers[*layer], rel),
+        None => Content::Absent,
+    };
+    let new = if c.new {
+        content(&layers.upper, &c.path)
+    } else {
+        Content::Absent
+    };
+    let old_mode = c
+        .old
+        .as_ref()
+        .and_then(|(layer, rel)| git_mode(&layers.lowers[*layer], rel));
+    let new_mode = if c.new {
+        git_mode(&layers.upper, &c.path)
+    } else {
+        None
+    };
+    let mode_changed = matches!((old_mode, new_mode), (Some(a), Some(b)) if a != b);
+    let mut out = String::new();
+    let header = |out: &mut String| {
+        if out.is_empty() {
+            out.push_str(&format!("diff --git a/{from} b/{path}\n"));
+            match (c.kind, old_mode, new_mode) {
+                (Kind::Added, _, Some(m)) => out.push_str(&format!("new file mode {m:o}\n")),
+                (Kind::Deleted, Some(m), _) => out.push_str(&format!("deleted file mode {m:o}\n")),
+                (_, Some(a), Some(b)) if a != b => {
+                    out.push_str(&format!("old mode {a:o}\nnew mode {b:o}\n"))
+                }
+                _ => {}
+            }
+            if c.kind == Kind::Renamed {
+                out.push_str(&format!("rename from {from}\nrename to {path}\n"));
+            }
+        }
+    };
+    if c.ftype == "dir" {
+        if c.kind == Kind::Renamed {
+            header(&mut out);
+        }
+        return out;
+    }
+    let (a_name, b_name) = (
+        if matches!(old, Content::Absent) {
+            "/dev/null".to_string()
+        } else {
+            format!("a/{from}")
+        },
+        if matches!(new, Content::Absent) {
+            "/dev/null".to_string()
+        } else {
+            format!("b/{path}")
+        },
+    );
+    match (&old, &new) {
+        (Content::Binary, _) | (_, Content::Binary) => {
+            header(&mut out);
+            out.push_str(&format!("Binary files {a_name} and {b_name} differ\n"));
+        }
+        (Content::TooLarge, _) | (_, Content::TooLarge) => {
+            header(&mut out);
+            out.push_str(&format!(
+                "Files {a_name} and {b_name} differ (larger than {} MiB, no patch)\n",
+                PATCH_MAX >> 20
+            ));
+        }
+        _ => {
+            let text = |c: &Content| match c {
+                Content::Text(s) => s.clone(),
+                _ => String::new(),
+            };
+            let (o, n) = (text(&old), text(&new));
+            if o == n && c.kind != Kind::Added && c.kind != Kind::Deleted {
+                if c.kind == Kind::Renamed || mode_changed {
+                    header(&mut out);
+                }
+                return out;
+            }
+            header(&mut out);
+            let diff = similar::TextDiff::from_lines(&o, &n);
+            let body = diff
+                .unified_diff()
+                .context_radius(3)
+                .header(&a_name, &b_name)
+                .missing_newline_hint(true)
+                .to_string();
+            out.push_str(&body);
+        }
+    }
+    out
+}

@@ -1,0 +1,307 @@
+//! `reset`: discard the upper's changes under some paths, so they show the
+//! shared version again.
+//!
+//! For each path: whatever the upper holds there goes (a file, a whiteout,
+//! a whole upper directory with the whiteouts, opaque and redirect marks
+//! beneath it); a renamed shared directory (redirect mark) or a moved
+//! shared file (origin record) also gets its old name back (the whiteout
+//! left there by the rename is removed). A path
+//! that exists only in the upper is thereby removed.
+//!
+//! All access is fd-relative beneath the upper root and never follows a
+//! symlink (`layer::sys`). An upper directory is first renamed into the
+//! work dir, then removed there: the view never shows it half removed.
+//!
+//! A path whose ancestor is deleted, replaced by a non-directory, or opaque
+//! over a shared entry of that path cannot come back alone: that is refused,
+//! naming the ancestor to reset instead.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::diff::{base_lookup, is_opaque, join_lower, lowers_at_path, redirect, Base, Layers};
+use crate::layer::ops::is_whiteout;
+use crate::layer::sys;
+use crate::overlay::origin::Origin;
+
+/// Turns a command-line path into a path relative to the workspace root
+/// ("" = the root itself). Absolute paths are accepted inside the given
+/// roots (mountpoint, upper); `..` never is.
+pub fn normalize(arg: &Path, roots: &[&Path]) -> Result<OsString, String> {
+    let rel: &Path = if arg.is_absolute() {
+        roots
+            .iter()
+            .find_map(|r| arg.strip_prefix(r).ok())
+            .ok_or_else(|| {
+                format!(
+                    "path {} is outside the workspace; give a path relative to the workspace root",
+                    arg.display()
+                )
+            })?
+    } else {
+        arg
+    };
+    let mut out = OsString::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) => {
+                if !out.is_empty() {
+                    out.push("/");
+                }
+                out.push(n);
+            }
+            Component::CurDir => {}
+            Component::ParentDir => {
+                return Err(format!(
+                    "path {} contains `..`; give a path inside the workspace, relative to its root",
+                    arg.display()
+                ))
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!(
+                    "path {} is outside the workspace; give a path relative to the workspace root",
+                    arg.display()
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn display(rel: &OsStr) -> String {
+    if rel.is_empty() {
+        "the workspace root".into()
+    } else {
+        rel.to_string_lossy().into_owned()
+    }
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn tmp_name() -> OsString {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    OsString::from(format!("#reset.{:x}.{n}", std::process::id()))
+}
+
+/// Removes `name` in `dir` recursively (fd-relative, no symlink followed).
+pub fn remove_tree(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
+    let st = sys::fstatat(dir, name)?;
+    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        let sub = sys::open_path(dir, name)?;
+        for e in sys::read_dir(&sub)? {
+            remove_tree(&sub, &e.name)?;
+        }
+        sys::unlinkat(dir, name, true)
+    } else {
+        sys::unlinkat(dir, name, false)
+    }
+}
+
+/// Removes the upper object `name` in `dir`: a directory is moved into the
+/// work dir first, so it disappears from the upper at once.
+fn remove_upper(dir: &OwnedFd, name: &OsStr, work: &OwnedFd, is_dir: bool) -> io::Result<()> {
+    if !is_dir {
+        return sys::unlinkat(dir, name, false);
+    }
+    let tmp = tmp_name();
+    sys::renameat2(dir, name, work, &tmp, sys::RENAME_NOREPLACE)?;
+    remove_tree(work, &tmp)
+}
+
+/// What a reset did to one path.
+#[derive(Debug, Default, Clone)]
+pub struct Outcome {
+    /// Paths (relative to the root) whose view changed: the reset path and,
+    /// for a renamed directory, its old name.
+    pub changed: Vec<OsString>,
+}
+
+/// Where the walk to a path's parent ended.
+struct Parent {
+    upper: OwnedFd,
+    base: Base,
+    base_path: Option<OsString>,
+    /// The nearest opaque ancestor (or the parent itself), if any.
+    opaque: Option<OsString>,
+}
+
+/// Walks the upper (and the shared version beside it) to the parent of
+/// `rel`. `Ok(None)`: the upper has nothing there, nothing to reset.
+fn walk_parent(layers: &Layers, rel: &OsStr) -> Result<Option<Parent>, String> {
+    let root = sys::open_path(&layers.upper, OsStr::new("."))
+        .map_err(|e| format!("cannot open the upper root: {e}"))?;
+    let mut base: Base = Vec::new();
+    for (i, l) in layers.lowers.iter().enumerate() {
+        let fd = sys::open_path(l, OsStr::new("."))
+            .map_err(|e| format!("cannot open lower dir #{}: {e}", i + 1))?;
+        base.push((i, fd));
+    }
+    let mut cur = Parent {
+        opaque: is_opaque(&root).then(OsString::new),
+        upper: root,
+        base,
+        base_path: Some(OsString::new()),
+    };
+    let comps: Vec<&[u8]> = rel.as_bytes().split(|&b| b == b'/').collect();
+    let mut walked = OsString::new();
+    for comp in &comps[..comps.len().saturating_sub(1)] {
+        let name = OsStr::from_bytes(comp);
+        walked = super::diff::join(&walked, name);
+        let st = match sys::fstatat(&cur.upper, name) {
+            Ok(s) => s,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT)) => return Ok(None),
+            Err(e) => return Err(format!("cannot read upper path {}: {e}", display(&walked))),
+        };
+        if is_whiteout(&st) {
+            return Err(format!(
+                "{} is deleted in this workspace, so {} cannot come back alone; reset {} instead",
+                display(&walked),
+                display(rel),
+                display(&walked)
+            ));
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(format!(
+                "{} is no longer a directory in this workspace, so {} cannot come back alone; reset {} instead",
+                display(&walked),
+                display(rel),
+                display(&walked)
+            ));
+        }
+        let fd = sys::open_path(&cur.upper, name)
+            .map_err(|e| format!("cannot open upper path {}: {e}", display(&walked)))?;
+        let nlowers = layers.lowers.len();
+        let (base, base_path) = match redirect(&fd) {
+            Some(r) => {
+                let old = if r.as_bytes().starts_with(b"/") {
+                    r
+                } else {
+                    join_lower(cur.base_path.as_deref().unwrap_or(OsStr::new("")), &r)
+                };
+                (lowers_at_path(layers, &old), Some(old))
+            }
+            None => {
+                let b = base_lookup(&cur.base, nlowers, name)
+                    .map_err(|e| format!("cannot read the shared {}: {e}", display(&walked)))?;
+                let dirs = match b {
+                    Some(b) if b.st.st_mode & libc::S_IFMT == libc::S_IFDIR => b.dirs,
+                    _ => Vec::new(),
+                };
+                (dirs, cur.base_path.as_ref().map(|p| join_lower(p, name)))
+            }
+        };
+        let opaque = if is_opaque(&fd) {
+            Some(walked.clone())
+        } else {
+            cur.opaque.take()
+        };
+        cur = Parent {
+            upper: fd,
+            base,
+            base_path,
+            opaque,
+        };
+    }
+    Ok(Some(cur))
+}
+
+/// Resets one path (relative to the root; "" resets everything) of the
+/// workspace whose layers are `layers`, using `work` (on the upper's
+/// filesystem) to remove directories atomically.
+pub fn reset_path(layers: &Layers, work: &OwnedFd, rel: &OsStr) -> Result<Outcome, String> {
+    if rel.is_empty() {
+        let root = sys::open_path(&layers.upper, OsStr::new("."))
+            .map_err(|e| format!("cannot open the upper root: {e}"))?;
+        for p in ["trusted.overlay.opaque", "user.overlay.opaque"] {
+            let name = std::ffi::CString::new(p).expect("no NUL");
+            let _ = sys::removexattr(&root, &name);
+        }
+        let mut out = Outcome::default();
+        for e in sys::read_dir(&root).map_err(|e| format!("cannot read the upper root: {e}"))? {
+            out.changed
+                .extend(reset_path(layers, work, &e.name)?.changed);
+        }
+        out.changed.push(OsString::new());
+        return Ok(out);
+    }
+    let Some(parent) = walk_parent(layers, rel)? else {
+        return Ok(Outcome::default());
+    };
+    let name = OsStr::from_bytes(rel.as_bytes().rsplit(|&b| b == b'/').next().unwrap_or(b""));
+    let shared = base_lookup(&parent.base, layers.lowers.len(), name)
+        .map_err(|e| format!("cannot read the shared {}: {e}", display(rel)))?
+        .is_some();
+    if let (true, Some(op)) = (shared, &parent.opaque) {
+        return Err(format!(
+            "{} replaced the shared directory (it is opaque), so the shared {} cannot come back alone; reset {} instead",
+            display(op),
+            display(rel),
+            display(op)
+        ));
+    }
+    let st = match sys::fstatat(&parent.upper, name) {
+        Ok(s) => s,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Outcome::default()),
+        Err(e) => return Err(format!("cannot read upper path {}: {e}", display(rel))),
+    };
+    let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+    let moved_from = if is_dir {
+        sys::open_path(&parent.upper, name)
+            .ok()
+            .and_then(|fd| redirect(&fd))
+            .map(|r| {
+                if r.as_bytes().starts_with(b"/") {
+                    r
+                } else {
+                    join_lower(parent.base_path.as_deref().unwrap_or(OsStr::new("")), &r)
+                }
+            })
+    } else if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+        // A moved shared file: its origin record names the old path.
+        sys::open_path(&parent.upper, name)
+            .ok()
+            .and_then(|fd| Origin::read(&fd))
+            .map(|o| o.path)
+            .filter(|p| p.as_bytes().get(1..) != Some(rel.as_bytes()))
+    } else {
+        None
+    };
+    remove_upper(&parent.upper, name, work, is_dir)
+        .map_err(|e| format!("cannot remove upper path {}: {e}", display(rel)))?;
+    let mut out = Outcome {
+        changed: vec![rel.to_os_string()],
+    };
+    if let Some(old) = moved_from {
+        let old_rel =
+            OsStr::from_bytes(old.as_bytes().strip_prefix(b"/").unwrap_or(old.as_bytes()))
+                .to_os_string();
+        if unhide_moved(layers, &old_rel)? {
+            out.changed.push(old_rel);
+        }
+    }
+    Ok(out)
+}
+
+/// Removes the whiteout a directory rename left at the old name `rel`, if
+/// it is still there and nothing else took the name.
+fn unhide_moved(layers: &Layers, rel: &OsStr) -> Result<bool, String> {
+    let Ok(Some(parent)) = walk_parent(layers, rel) else {
+        return Ok(false);
+    };
+    if parent.opaque.is_some() {
+        return Ok(false);
+    }
+    let name = OsStr::from_bytes(rel.as_bytes().rsplit(|&b| b == b'/').next().unwrap_or(b""));
+    match sys::fstatat(&parent.upper, name) {
+        Ok(st) if is_whiteout(&st) => {
+            sys::unlinkat(&parent.upper, name, false)
+                .map_err(|e| format!("cannot remove the whiteout at {}: {e}", display(rel)))?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}

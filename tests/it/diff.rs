@@ -1,0 +1,552 @@
+//! Workspace state through real mounts: `layerfs diff` (every change kind,
+//! text, `--json`, `--patch`, drift), `layerfs reset` (live and unmounted,
+//! path escapes refused), scratch paths and `layerfs gc`, and the copy-up
+//! origin record (hidden through the mount, harmless to kernel overlayfs).
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::basic::fsutil::write;
+use crate::harness::{bin, errno, sh, Workspace};
+
+fn layerfs(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .output()
+        .expect("run layerfs")
+}
+
+/// Runs layerfs, requires success, returns stdout.
+fn ok(args: &[&str]) -> String {
+    let out = layerfs(args);
+    assert!(
+        out.status.success(),
+        "layerfs {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn lines(text: &str) -> Vec<String> {
+    text.lines().map(str::to_string).collect()
+}
+
+fn json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect()
+}
+
+/// A lower with files, nested directories and fixed modes.
+fn populate(lower: &Path) {
+    write(&lower.join("a.txt"), b"hello\n");
+    write(&lower.join("b.txt"), b"bye\n");
+    write(&lower.join("src/main.rs"), b"line1\nline2\nline3\n");
+    write(&lower.join("src/lib.rs"), b"pub fn x() {}\n");
+    write(&lower.join("docs/x.md"), b"x\n");
+    write(&lower.join("docs/sub/y.md"), b"y\n");
+    write(&lower.join("old/o.txt"), b"o\n");
+    write(&lower.join("old/inner/p.txt"), b"p\n");
+    write(&lower.join("keep/k1"), b"k1\n");
+    write(&lower.join("keep/k2"), b"k2\n");
+    write(&lower.join("mv.txt"), b"moved\n");
+    write(&lower.join("chm.txt"), b"c\n");
+    write(&lower.join("touch.txt"), b"t\n");
+    write(&lower.join("bin.dat"), b"\x00\x01\x02bin");
+    for d in ["", "src", "docs", "docs/sub", "old", "old/inner", "keep"] {
+        fs::set_permissions(lower.join(d), fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+/// Every change kind, made through the mount under `umask`.
+fn make_changes(mnt: &Path, umask: &str) {
+    sh(
+        mnt,
+        &format!(
+            "umask {umask}
+             echo new > new.txt
+             echo x > src/added.rs
+             mkdir -p newdir/deep && echo n > newdir/deep/f
+             echo more >> a.txt
+             sed -i s/line2/LINE2/ src/main.rs
+             rm b.txt
+             rm -rf docs
+             rm -rf keep && mkdir -m 700 keep && echo k1new > keep/k1
+             mv old renamed
+             echo inside > renamed/inner/q.txt
+             mv mv.txt moved.txt
+             chmod 600 chm.txt
+             touch -d 2001-01-01 touch.txt
+             ln -s a.txt link"
+        ),
+    );
+}
+
+const EXPECTED: &[&str] = &[
+    "M a.txt",
+    "D b.txt",
+    "T chm.txt",
+    "D docs",
+    "T keep",
+    "M keep/k1",
+    "D keep/k2",
+    "A link",
+    "R mv.txt -> moved.txt",
+    "A new.txt",
+    "A newdir",
+    "A newdir/deep",
+    "A newdir/deep/f",
+    "R old -> renamed",
+    "A renamed/inner/q.txt",
+    "A src/added.rs",
+    "M src/main.rs",
+    "T touch.txt",
+];
+
+fn check_json(out: &str) {
+    let objs = json_lines(out);
+    assert_eq!(objs.len(), EXPECTED.len(), "{out}");
+    let find = |p: &str| {
+        objs.iter()
+            .find(|o| o["path"] == p)
+            .unwrap_or_else(|| panic!("{p} missing from {out}"))
+    };
+    for o in &objs {
+        assert!(o["conflict"].is_boolean() && o["type"].is_string(), "{o}");
+    }
+    let want = [
+        ("a.txt", "modified", "file"),
+        ("b.txt", "deleted", "file"),
+        ("chm.txt", "metadata", "file"),
+        ("docs", "deleted", "dir"),
+        ("keep", "metadata", "dir"),
+        ("keep/k2", "deleted", "file"),
+        ("link", "added", "symlink"),
+        ("moved.txt", "renamed", "file"),
+        ("newdir", "added", "dir"),
+        ("renamed", "renamed", "dir"),
+        ("touch.txt", "metadata", "file"),
+    ];
+    for (p, change, t) in want {
+        let o = find(p);
+        assert_eq!(o["change"], change, "{o}");
+        assert_eq!(o["type"], t, "{o}");
+        assert_eq!(o["conflict"], false, "{o}");
+    }
+    assert_eq!(find("moved.txt")["from"], "mv.txt");
+    assert_eq!(find("renamed")["from"], "old");
+    assert!(find("a.txt").get("from").is_none());
+}
+
+fn diff_kinds(umask: &str) {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    make_changes(m.path(), umask);
+    // Live: answered from the upper while mounted.
+    assert_eq!(lines(&ok(&["diff", s(m.path())])), EXPECTED);
+    check_json(&ok(&["diff", "--json", s(m.path())]));
+    // PATH… limits the output.
+    assert_eq!(
+        lines(&ok(&["diff", s(m.path()), "src", "keep/k2"])),
+        ["D keep/k2", "A src/added.rs", "M src/main.rs"]
+    );
+    drop(m);
+    // Unmounted: the upper directory names the workspace.
+    assert_eq!(lines(&ok(&["diff", s(&ws.upper)])), EXPECTED);
+    check_json(&ok(&["diff", "--json", s(&ws.upper)]));
+}
+
+#[test]
+fn diff_lists_every_change_kind_in_text_and_json() {
+    diff_kinds("022");
+}
+
+#[test]
+fn diff_under_umask_002() {
+    diff_kinds("002");
+}
+
+#[test]
+fn diff_marks_drift_of_a_copied_up_file_as_conflict() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    sh(m.path(), "echo more >> a.txt; echo more >> src/lib.rs");
+    let before = json_lines(&ok(&["diff", "--json", s(m.path())]));
+    assert!(before.iter().all(|o| o["conflict"] == false), "{before:?}");
+    // An administrator updates the shared original after the copy-up.
+    write(&ws.lower().join("a.txt"), b"hello, updated upstream\n");
+    let after = json_lines(&ok(&["diff", "--json", s(m.path())]));
+    let get = |p: &str| after.iter().find(|o| o["path"] == p).unwrap().clone();
+    assert_eq!(get("a.txt")["conflict"], true, "{after:?}");
+    assert_eq!(get("a.txt")["change"], "modified");
+    assert_eq!(get("src/lib.rs")["conflict"], false);
+    let text = ok(&["diff", s(m.path())]);
+    assert!(text.contains("M a.txt (conflict)\n"), "{text}");
+    // The workspace's own copy is untouched by the upstream change.
+    assert_eq!(fs::read_to_string(m.p("a.txt")).unwrap(), "hello\nmore\n");
+}
+
+#[test]
+fn diff_patch_shows_text_edits_and_names_binary_files() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "sed -i s/line2/LINE2/ src/main.rs; printf '\\000\\003bin' > bin.dat; rm b.txt; echo n > new.txt",
+    );
+    let patch = ok(&["diff", "--patch", s(m.path())]);
+    let want = "\
+diff --git a/b.txt b/b.txt
+deleted file mode 100644
+--- a/b.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-bye
+diff --git a/bin.dat b/bin.dat
+Binary files a/bin.dat and b/bin.dat differ
+diff --git a/new.txt b/new.txt
+new file mode 100644
+--- /dev/null
++++ b/new.txt
+@@ -0,0 +1 @@
++n
+diff --git a/src/main.rs b/src/main.rs
+--- a/src/main.rs
++++ b/src/main.rs
+@@ -1,3 +1,3 @@
+ line1
+-line2
++LINE2
+ line3
+";
+    assert_eq!(patch, want);
+    // `git apply` accepts it against a copy of the shared tree.
+    let tree = ws.dir.path().join("applied");
+    sh(
+        ws.dir.path(),
+        &format!("cp -a {} {}", s(ws.lower()), s(&tree)),
+    );
+    let text_only: String = patch
+        .split("diff --git ")
+        .filter(|p| !p.is_empty() && !p.contains("Binary files"))
+        .map(|p| format!("diff --git {p}"))
+        .collect();
+    fs::write(ws.dir.path().join("p.patch"), text_only).unwrap();
+    sh(&tree, "git apply ../p.patch");
+    assert_eq!(
+        fs::read_to_string(tree.join("src/main.rs")).unwrap(),
+        "line1\nLINE2\nline3\n"
+    );
+    let json = json_lines(&ok(&["diff", "--json", "--patch", s(m.path()), "src"]));
+    assert_eq!(json.len(), 1);
+    assert!(json[0]["patch"].as_str().unwrap().contains("+LINE2\n"));
+}
+
+#[test]
+fn reset_on_a_live_mount_shows_the_shared_version_at_once() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    make_changes(m.path(), "022");
+    // Let the kernel cache what it sees now.
+    assert_eq!(fs::read_to_string(m.p("a.txt")).unwrap(), "hello\nmore\n");
+    assert!(!m.p("b.txt").exists() && !m.p("old").exists());
+    let out = ok(&[
+        "reset",
+        s(m.path()),
+        "a.txt",
+        "b.txt",
+        "renamed",
+        "new.txt",
+        "keep",
+    ]);
+    assert!(out.contains("reset old\n"), "{out}");
+    assert_eq!(fs::read_to_string(m.p("a.txt")).unwrap(), "hello\n");
+    assert_eq!(fs::read_to_string(m.p("b.txt")).unwrap(), "bye\n");
+    assert_eq!(fs::read_to_string(m.p("old/o.txt")).unwrap(), "o\n");
+    assert!(!m.p("old/inner/q.txt").exists());
+    assert_eq!(
+        errno(&fs::symlink_metadata(m.p("renamed")).unwrap_err()),
+        libc::ENOENT
+    );
+    assert_eq!(
+        errno(&fs::symlink_metadata(m.p("new.txt")).unwrap_err()),
+        libc::ENOENT
+    );
+    assert_eq!(fs::read_to_string(m.p("keep/k2")).unwrap(), "k2\n");
+    assert_eq!(fs::read_to_string(m.p("keep/k1")).unwrap(), "k1\n");
+    let left = lines(&ok(&["diff", s(m.path())]));
+    for gone in ["a.txt", "b.txt", "old", "new.txt", "keep"] {
+        assert!(
+            !left.iter().any(|l| l.contains(&format!(" {gone}"))),
+            "{gone} still in {left:?}"
+        );
+    }
+    assert!(left.contains(&"M src/main.rs".to_string()), "{left:?}");
+    // The mount keeps working on reset paths.
+    fs::write(m.p("a.txt"), "again\n").unwrap();
+    assert_eq!(fs::read_to_string(m.p("a.txt")).unwrap(), "again\n");
+    assert_eq!(lines(&ok(&["diff", s(m.path()), "a.txt"])), ["M a.txt"]);
+}
+
+#[test]
+fn reset_of_an_unmounted_upper() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    make_changes(m.path(), "077");
+    drop(m);
+    ok(&[
+        "reset",
+        s(&ws.upper),
+        "a.txt",
+        "b.txt",
+        "renamed",
+        "moved.txt",
+        "docs",
+    ]);
+    let left = lines(&ok(&["diff", s(&ws.upper)]));
+    for gone in ["a.txt", "b.txt", "old", "mv.txt", "docs"] {
+        assert!(
+            !left.iter().any(|l| l.contains(&format!(" {gone}"))),
+            "{gone} still in {left:?}"
+        );
+    }
+    let m = ws.mount();
+    assert_eq!(fs::read_to_string(m.p("a.txt")).unwrap(), "hello\n");
+    assert_eq!(fs::read_to_string(m.p("mv.txt")).unwrap(), "moved\n");
+    assert!(!m.p("moved.txt").exists());
+    assert_eq!(fs::read_to_string(m.p("old/inner/p.txt")).unwrap(), "p\n");
+    assert_eq!(fs::read_to_string(m.p("docs/sub/y.md")).unwrap(), "y\n");
+    drop(m);
+    // Everything: the upper holds nothing that changes the view.
+    ok(&["reset", s(&ws.upper), "."]);
+    assert_eq!(ok(&["diff", s(&ws.upper)]), "");
+}
+
+#[test]
+fn reset_refuses_paths_outside_the_workspace() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    sh(m.path(), "echo more >> a.txt; rm -rf docs");
+    let outside = ws.dir.path().join("outside.txt");
+    fs::write(&outside, "keep me").unwrap();
+    for bad in [
+        "../outside.txt",
+        "src/../../outside.txt",
+        s(&outside),
+        "/etc/passwd",
+    ] {
+        let out = layerfs(&["reset", s(m.path()), bad]);
+        assert_eq!(out.status.code(), Some(1), "{bad} refused");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("outside the workspace") || err.contains("`..`"),
+            "{bad}: {err}"
+        );
+    }
+    // Under a deleted shared directory: names the directory to reset.
+    let out = layerfs(&["reset", s(m.path()), "docs/x.md"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("reset docs instead"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read_to_string(&outside).unwrap(), "keep me");
+    assert_eq!(fs::read_to_string(m.p("a.txt")).unwrap(), "hello\nmore\n");
+    // A symlink in the upper (planted there directly) is never followed.
+    fs::create_dir(ws.upper.join("d")).unwrap();
+    std::os::unix::fs::symlink(ws.dir.path(), ws.upper.join("d/esc")).unwrap();
+    let out = layerfs(&["reset", s(m.path()), "d/esc/outside.txt"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(fs::read_to_string(&outside).unwrap(), "keep me");
+}
+
+#[test]
+fn scratch_paths_are_left_out_of_diff_and_emptied_by_gc() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    write(&ws.lower().join("cache/shared.bin"), b"shared");
+    let policy = crate::harness::policy_file(&ws, "scratch cache\n");
+    let m = ws.mount_with(&[
+        "--scratch",
+        "build/**",
+        "--scratch",
+        "*.o",
+        "--policy",
+        s(&policy),
+    ]);
+    sh(
+        m.path(),
+        "mkdir -p build/x && echo o > build/x/out && echo o > src/m.o && echo c > cache/mine \
+         && echo kept > keep/k1",
+    );
+    assert_eq!(lines(&ok(&["diff", s(m.path())])), ["A build", "M keep/k1"]);
+    let out = ok(&["gc", s(m.path())]);
+    assert_eq!(
+        lines(&out),
+        ["emptied build/x", "emptied cache", "emptied src/m.o"]
+    );
+    // The live mount shows it at once: scratch contents gone, shared ones back.
+    assert!(m.p("build").is_dir());
+    assert_eq!(fs::read_dir(m.p("build")).unwrap().count(), 0);
+    assert!(!m.p("src/m.o").exists());
+    assert!(!m.p("cache/mine").exists());
+    assert_eq!(fs::read(m.p("cache/shared.bin")).unwrap(), b"shared");
+    assert_eq!(fs::read_to_string(m.p("keep/k1")).unwrap(), "kept\n");
+    drop(m);
+    // Unmounted too.
+    write(&ws.upper.join("build/again"), b"a");
+    ok(&["gc", s(&ws.upper)]);
+    assert!(!ws.upper.join("build/again").exists());
+    // A workspace without scratch paths says how to get some.
+    let plain = Workspace::new();
+    drop(plain.mount());
+    let out = layerfs(&["gc", s(&plain.upper)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--scratch"));
+}
+
+/// A kernel overlayfs mount, unmounted on drop.
+struct KernelOverlay(PathBuf);
+
+impl Drop for KernelOverlay {
+    fn drop(&mut self) {
+        if !Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+#[test]
+fn origin_record_is_hidden_and_harmless_to_kernel_overlayfs() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    sh(m.path(), "echo more >> a.txt");
+    let name = "trusted.overlay.layerfs.origin";
+    // In the upper: the record names the lower original.
+    let raw = xattr::get(ws.upper.join("a.txt"), name)
+        .unwrap()
+        .expect("origin recorded");
+    let text = String::from_utf8(raw).unwrap();
+    assert!(
+        text.starts_with("v1 0 ") && text.ends_with(" /a.txt"),
+        "{text}"
+    );
+    // Through the mount: never listed, read, set nor removed.
+    let listed: Vec<_> = xattr::list(m.p("a.txt")).unwrap().collect();
+    assert!(
+        listed
+            .iter()
+            .all(|n| !n.to_string_lossy().contains("layerfs")),
+        "{listed:?}"
+    );
+    assert_eq!(xattr::get(m.p("a.txt"), name).unwrap(), None);
+    for n in [name, "user.overlay.layerfs.origin"] {
+        let e = xattr::set(m.p("a.txt"), n, b"v1 0 1 1 1.1 1.1 /x").unwrap_err();
+        assert_eq!(errno(&e), libc::EPERM, "set {n}");
+        let e = xattr::remove(m.p("a.txt"), n).unwrap_err();
+        assert_eq!(errno(&e), libc::EPERM, "remove {n}");
+    }
+    make_changes(m.path(), "022");
+    let view = crate::basic::fsutil::tree_listing(m.path());
+    drop(m);
+    // Kernel overlayfs mounts the same upper and shows the same tree.
+    let kwork = ws.dir.path().join("kwork");
+    let kmnt = ws.dir.path().join("kmnt");
+    fs::create_dir_all(&kwork).unwrap();
+    fs::create_dir_all(&kmnt).unwrap();
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},redirect_dir=on",
+        s(ws.lower()),
+        s(&ws.upper),
+        s(&kwork)
+    );
+    let st = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &opts])
+        .arg(&kmnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "kernel overlay mount");
+    let k = KernelOverlay(kmnt.clone());
+    assert_eq!(crate::basic::fsutil::tree_listing(&kmnt), view);
+    assert_eq!(xattr::get(kmnt.join("a.txt"), name).unwrap(), None);
+    drop(k);
+}
+
+#[test]
+fn diff_and_reset_of_an_unprivileged_workspace() {
+    use crate::daemon::{
+        as_nobody, chown_tree, mount_args, text, BgMount, DevFuseOpen, DEV_FUSE, NOBODY,
+    };
+    let _serial = DEV_FUSE.lock().unwrap_or_else(|e| e.into_inner());
+    let ws = Workspace::new();
+    populate(ws.lower());
+    fs::create_dir(&ws.work).unwrap();
+    fs::set_permissions(ws.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    chown_tree(ws.dir.path()).unwrap();
+    let _dev = DevFuseOpen::new();
+    let out = as_nobody(&bin(), &mount_args(&ws, &[]));
+    let _guard = BgMount {
+        mnt: ws.mnt.clone(),
+        pid: layerfs::daemon::pidfile::find_daemon(&ws.mnt, Some(NOBODY)),
+    };
+    assert!(out.status.success(), "unprivileged mount: {}", text(&out));
+    let run = |args: &[&str]| {
+        let out = as_nobody(
+            Path::new(args[0]),
+            &args[1..].iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        );
+        assert!(out.status.success(), "{args:?} as nobody: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mnt = s(&ws.mnt);
+    run(&[
+        "/bin/sh",
+        "-c",
+        &format!(
+            "cd {mnt} && echo more >> a.txt && mv old renamed && chmod 600 chm.txt && rm b.txt"
+        ),
+    ]);
+    // Owners are not compared: copies keep the daemon's owner here.
+    let b = bin();
+    let b = s(&b);
+    assert_eq!(
+        lines(&run(&[b, "diff", mnt])),
+        ["M a.txt", "D b.txt", "T chm.txt", "R old -> renamed"]
+    );
+    let rec = xattr::get(ws.upper.join("a.txt"), "user.overlay.layerfs.origin").unwrap();
+    assert!(
+        rec.is_some(),
+        "origin recorded in the user.overlay namespace"
+    );
+    run(&[b, "reset", mnt, "a.txt", "renamed", "b.txt"]);
+    assert_eq!(
+        run(&[
+            "/bin/cat",
+            &format!("{mnt}/a.txt"),
+            &format!("{mnt}/old/o.txt"),
+            &format!("{mnt}/b.txt")
+        ]),
+        "hello\no\nbye\n"
+    );
+    assert_eq!(lines(&run(&[b, "diff", mnt])), ["T chm.txt"]);
+    run(&[b, "umount", mnt]);
+}
