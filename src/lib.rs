@@ -12,3 +12,4 @@ pub mod fuse;
 pub mod layer;
 pub mod overlay;
 pub mod policy;
+pub mod state;

@@ -3,6 +3,7 @@
 
 mod mount;
 mod policy;
+mod snapshot;
 mod umount;
 
 use std::io::IsTerminal;
@@ -58,6 +59,9 @@ enum Command {
     /// Check a policy file or explain what it says about a path.
     #[command(subcommand)]
     Policy(policy::PolicyCmd),
+    /// Save, restore, list or remove snapshots of a workspace's upper.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCmd),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -78,5 +82,6 @@ pub fn run() -> i32 {
         Command::Mount(m) => m.run(),
         Command::Umount(u) => u.run(),
         Command::Policy(p) => p.run(),
+        Command::Snapshot(s) => s.run(),
     }
 }
