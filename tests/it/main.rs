@@ -9,4 +9,5 @@ mod differential;
 mod pjdfstest;
 mod policy;
 mod posix;
+mod snapshot;
 mod tools;
