@@ -529,16 +529,36 @@ impl<W: Write> ArchiveWriter<'_, W> {
             }
             let xattrs = read_xattrs_fd(&f, &full)?;
             self.pax(rel, &fm, xattrs)?;
-            if fm.mtime() < 0 {
-                // append_file takes the header from the file; keep it valid.
-                let mut h = header_for(&fm);
-                self.b
-                    .append_data(&mut h, &name, &mut f)
-                    .map_err(ctx(format!("cannot archive {}", full.display())))?;
-            } else {
+            let changed = || {
+                format!(
+                    "{} changed size while being archived (the upper was modified outside the mount); retry",
+                    full.display()
+                )
+            };
+            if fm.blocks() * 512 < fm.len() && fm.mtime() >= 0 {
+                // Sparse: the tar crate writes the data map (SEEK_DATA/HOLE)
+                // and reads each data extent; the header has the size.
                 self.b
                     .append_file(&name, &mut f)
                     .map_err(ctx(format!("cannot archive {}", full.display())))?;
+                let now = f.metadata().map(|m| m.len()).unwrap_or(0);
+                if now != fm.len() {
+                    return Err(changed());
+                }
+            } else {
+                // Exactly the size in the header, whatever happens to the
+                // file meanwhile: the archive stays well-formed.
+                let mut h = header_for(&fm);
+                let mut data = ExactReader {
+                    inner: (&f).take(fm.len()),
+                    short: false,
+                };
+                self.b
+                    .append_data(&mut h, &name, &mut data)
+                    .map_err(ctx(format!("cannot archive {}", full.display())))?;
+                if data.short {
+                    return Err(changed());
+                }
             }
         } else if ft.is_symlink() {
             let target = fs::read_link(&full)
@@ -571,6 +591,31 @@ impl<W: Write> ArchiveWriter<'_, W> {
         }
         self.entries += 1;
         Ok(())
+    }
+}
+
+/// Yields exactly the bytes its `Take` allows, zero-filled (and flagged)
+/// if the file ends early.
+struct ExactReader<R: Read> {
+    inner: io::Take<R>,
+    short: bool,
+}
+
+impl<R: Read> Read for ExactReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = (self.inner.limit() as usize).min(buf.len());
+        if want == 0 {
+            return Ok(0);
+        }
+        match self.inner.read(&mut buf[..want])? {
+            0 => {
+                self.short = true;
+                buf[..want].fill(0);
+                self.inner.set_limit(self.inner.limit() - want as u64);
+                Ok(want)
+            }
+            n => Ok(n),
+        }
     }
 }
 
