@@ -27,6 +27,11 @@ pub struct Config {
     pub upper: PathBuf,
     /// Work directory on the upper's filesystem, outside the upper tree.
     pub work: PathBuf,
+    /// Workspace state directory (control socket, journal, snapshots),
+    /// outside the upper, the lowers and the work dir.
+    pub state: PathBuf,
+    /// The change journal's settings; `None` with `--no-journal`.
+    pub journal: Option<crate::state::journal::Options>,
     pub mountpoint: PathBuf,
     pub foreground: bool,
     pub allow_other: bool,
@@ -87,6 +92,9 @@ pub struct MountArgs {
     pub lowers: Vec<PathBuf>,
     pub upper: Option<PathBuf>,
     pub work: Option<PathBuf>,
+    pub state: Option<PathBuf>,
+    /// `None` with `--no-journal`.
+    pub journal: Option<crate::state::journal::Options>,
     pub mountpoint: PathBuf,
     pub foreground: bool,
     pub allow_other: bool,
@@ -97,6 +105,19 @@ pub struct MountArgs {
     pub log_file: Option<PathBuf>,
     /// Every `-o` value, in order (each a comma-separated list).
     pub options: Vec<String>,
+}
+
+/// Parses a size such as `64M`, `1G` or `4096` (bytes; K, M, G, T are
+/// powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    crate::policy::parse::parse_amount(s.trim(), 1024)
+        .map_err(|e| format!("invalid size `{s}`: {e}"))
+}
+
+/// Parses a retention age such as `30d`, `12h`, `90min` (humantime units).
+pub fn parse_age(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("invalid age `{s}`: {e} (e.g. 30d, 12h, 90min)"))
 }
 
 /// Parses a duration such as `1s`, `500ms`, `1.5s`, `2m` or `250us`; a bare
@@ -470,6 +491,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         Some(p) => Policy::load(p).map_err(|e| invalid(format!("bad policy: {e}")))?,
         None => Policy::default(),
     };
+    let state = resolve_state(args.state.as_deref(), &upper, &lowers, &work, &mountpoint)?;
     let log_file = match &args.log_file {
         Some(p) => Some(absolute(p)?),
         None => None,
@@ -479,6 +501,8 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         lowers,
         upper,
         work,
+        state,
+        journal: args.journal.clone(),
         mountpoint,
         foreground: args.foreground,
         allow_other: args.allow_other,
@@ -489,6 +513,53 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         lower_timeout: args.lower_timeout.unwrap_or(DEFAULT_LOWER_TIMEOUT),
         log_file,
     })
+}
+
+/// Finds or creates (mode 0700) the state directory and checks where it
+/// lies: never inside the upper, a lower, the work dir (cleared at every
+/// mount) or the mountpoint (the daemon would write through itself).
+fn resolve_state(
+    given: Option<&Path>,
+    upper: &Path,
+    lowers: &[PathBuf],
+    work: &Path,
+    mountpoint: &Path,
+) -> Result<PathBuf, ConfigError> {
+    let raw = match given {
+        Some(s) => absolute(s)?,
+        None => crate::state::workspace::default_state_dir(upper),
+    };
+    // Checked before creating anything, then again once canonical.
+    let check = |dir: &Path| -> Result<(), ConfigError> {
+        let places = [
+            (upper, "the upper"),
+            (work, "the work dir"),
+            (mountpoint, "the mountpoint"),
+        ];
+        for (place, what) in places
+            .into_iter()
+            .chain(lowers.iter().map(|l| (l.as_path(), "a lower")))
+        {
+            if is_within(dir, place) {
+                return Err(invalid(format!(
+                    "state dir {} is inside {what} {}: keep workspace state outside the layers,                      the work dir and the mountpoint (give another --state DIR)",
+                    dir.display(),
+                    place.display()
+                )));
+            }
+        }
+        Ok(())
+    };
+    check(&raw)?;
+    crate::state::workspace::create_state_dir(&raw).map_err(|e| {
+        invalid(format!(
+            "state dir {}: cannot create it: {e} (give another --state DIR)",
+            raw.display()
+        ))
+    })?;
+    let state = existing_dir(&raw, "state dir", "--state")?;
+    check(&state)?;
+    Ok(state)
 }
 
 /// Finds or creates the work dir and checks where it lies.

@@ -4,6 +4,7 @@
 mod mount;
 mod policy;
 mod snapshot;
+mod status;
 mod umount;
 
 use std::io::IsTerminal;
@@ -50,6 +51,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the mount variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Mount a union of lower layers and an upper directory.
@@ -62,6 +65,8 @@ enum Command {
     /// Save, restore, list or remove snapshots of a workspace's upper.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCmd),
+    /// Show live mounts: layers, state dir, daemon, usage, journal health.
+    Status(status::StatusCmd),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -83,5 +88,6 @@ pub fn run() -> i32 {
         Command::Umount(u) => u.run(),
         Command::Policy(p) => p.run(),
         Command::Snapshot(s) => s.run(),
+        Command::Status(s) => s.run(),
     }
 }

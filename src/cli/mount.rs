@@ -37,6 +37,24 @@ pub struct MountCmd {
     #[arg(long, value_name = "DIR")]
     work: Option<PathBuf>,
 
+    /// Workspace state directory: control socket, journal, snapshots; outside
+    /// the upper and the lowers [default: .<upper-name>.layerfs-state next to
+    /// the upper, created mode 0700 if missing].
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+
+    /// Keep no change journal (for benchmarking, or where no record is wanted).
+    #[arg(long)]
+    no_journal: bool,
+
+    /// Trim the journal (oldest rows first) beyond this size, e.g. 64M, 1G.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = config::parse_size)]
+    journal_max_size: u64,
+
+    /// Delete journal rows older than this, e.g. 30d, 12h.
+    #[arg(long, value_name = "AGE", default_value = "30days", value_parser = config::parse_age)]
+    journal_max_age: Duration,
+
     /// Serve in this process until unmounted or SIGTERM (for systemd, Type=notify).
     #[arg(short, long)]
     foreground: bool,
@@ -92,6 +110,12 @@ impl MountCmd {
             lowers: self.lowers,
             upper: self.upper,
             work: self.work,
+            state: self.state,
+            journal: (!self.no_journal).then(|| crate::state::journal::Options {
+                max_bytes: self.journal_max_size,
+                max_age: self.journal_max_age,
+                ..Default::default()
+            }),
             mountpoint: self.mountpoint,
             foreground: self.foreground,
             allow_other: self.allow_other,

@@ -9,7 +9,7 @@ use clap::Subcommand;
 
 use crate::state::snapshot::{self, Exclude, SaveOptions};
 use crate::state::snapshot_id;
-use crate::state::workspace_standin::Workspace;
+use crate::state::workspace::Workspace;
 
 const SNAPSHOT_HELP: &str = "\
 WORKSPACE is a live layerfs mountpoint or, for an unmounted workspace, its

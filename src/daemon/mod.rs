@@ -7,6 +7,7 @@
 //! a lower still works); readiness is reported only after the FUSE
 //! handshake, so a `layerfs mount` that returned 0 has a live mountpoint.
 
+pub mod control;
 pub mod logging;
 pub mod mounts;
 pub mod notify;
@@ -142,12 +143,71 @@ fn background(cfg: Config, log: Option<File>) -> i32 {
     }
 }
 
+/// `workspace.json` names the mountpoint while this lives, and no
+/// mountpoint once it is dropped (the daemon is done, whichever way).
+struct Described<'a>(&'a Config);
+
+impl<'a> Described<'a> {
+    fn new(cfg: &'a Config) -> Described<'a> {
+        describe(cfg, true);
+        Described(cfg)
+    }
+}
+
+impl Drop for Described<'_> {
+    fn drop(&mut self) {
+        describe(self.0, false);
+    }
+}
+
+/// Writes the state dir's `workspace.json` (atomically), with the
+/// mountpoint while `mounted`. A failure is logged: the mount serves on.
+fn describe(cfg: &Config, mounted: bool) {
+    let d = crate::state::workspace::Description {
+        upper: &cfg.upper,
+        lowers: &cfg.lowers,
+        work: &cfg.work,
+        mountpoint: mounted.then_some(cfg.mountpoint.as_path()),
+        policy: cfg.policy_file.as_deref(),
+        scratch: &[],
+    };
+    if let Err(e) = crate::state::workspace::write_description(&cfg.state, &d) {
+        tracing::warn!(
+            "cannot write {}/workspace.json: {e}; state commands given the upper directory \
+             will not find this workspace",
+            cfg.state.display()
+        );
+    }
+}
+
 /// Mounts, serves until unmounted, and cleans up. `on_ready` runs once the
 /// mountpoint answers requests. An `Err` is the message for the user.
 fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(), String> {
     signals::block().map_err(|e| format!("blocking signals: {e}"))?;
+    // The control socket first: a workspace another daemon serves is
+    // refused before anything is mounted.
+    let control = match control::bind(&cfg.state) {
+        Ok(c) => Some(c),
+        Err(control::BindError::InUse(msg)) => return Err(msg),
+        Err(control::BindError::Other(msg)) => {
+            tracing::warn!(
+                "{msg}; status, pause and the other state commands will not reach this mount"
+            );
+            None
+        }
+    };
     let fs = LayerFs::new(cfg)?;
     let handle = fs.handle();
+    // Described and registered before the mount appears, so a state
+    // command run as soon as the mountpoint is live finds both.
+    let _described = Described::new(cfg);
+    let pid_file = match PidFile::create(&cfg.mountpoint, &cfg.state) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!("no pid file (layerfs umount will not wait for this daemon): {e}");
+            None
+        }
+    };
     let session_cfg = session_config(cfg);
     let acl = session_cfg.acl;
 
@@ -164,22 +224,22 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     };
     handle.set_notifier(session.notifier());
 
-    let pid_file = match PidFile::create(&cfg.mountpoint) {
-        Ok(p) => Some(p),
-        Err(e) => {
-            tracing::warn!("no pid file (layerfs umount will not wait for this daemon): {e}");
-            None
-        }
-    };
     let ctx = signals::SignalContext {
         mountpoint: cfg.mountpoint.clone(),
-        handle,
+        handle: handle.clone(),
         policy_file: cfg.policy_file.clone(),
         notify: notify.clone(),
     };
     if let Err(e) = signals::spawn(ctx) {
         let _ = mounts::detach(&cfg.mountpoint);
         return Err(format!("starting the signal thread: {e}"));
+    }
+
+    if let Some(c) = &control {
+        let daemon = std::sync::Arc::new(control::Daemon::new(cfg, handle.clone()));
+        if let Err(e) = c.serve(daemon) {
+            tracing::warn!("cannot start the control socket thread: {e}");
+        }
     }
 
     tracing::info!(
@@ -199,6 +259,7 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
 
     let result = session.run();
     notify.send("STOPPING=1");
+    drop(control);
     drop(pid_file);
     match result {
         Ok(()) => {

@@ -48,15 +48,21 @@ pub struct PidFile {
 }
 
 impl PidFile {
-    /// Records this process as the daemon of `mountpoint`.
-    pub fn create(mountpoint: &Path) -> io::Result<PidFile> {
+    /// Records this process as the daemon of `mountpoint`, with the
+    /// workspace's state directory.
+    pub fn create(mountpoint: &Path, state: &Path) -> io::Result<PidFile> {
         let uid = nix::unistd::geteuid().as_raw();
         let mut last = io::Error::other("no pid directory");
         for dir in dirs_for_uid(uid) {
             match ensure_private_dir(&dir, uid) {
                 Ok(()) => {
                     let path = dir.join(file_name(mountpoint));
-                    let text = format!("{}\n{}\n", std::process::id(), mountpoint.display());
+                    let text = format!(
+                        "{}\n{}\n{}\n",
+                        std::process::id(),
+                        mountpoint.display(),
+                        state.display()
+                    );
                     fs::write(&path, text)?;
                     return Ok(PidFile { path });
                 }
@@ -116,9 +122,22 @@ pub fn is_daemon_alive(pid: u32) -> bool {
     comm == "layerfs" && state != 'Z' && state != 'X'
 }
 
+/// A live daemon's registry entry.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub pid: u32,
+    /// The workspace's state directory (absent in entries of older daemons).
+    pub state: Option<PathBuf>,
+}
+
 /// The pid recorded for the daemon serving `mountpoint`, if one is alive.
 /// `owner` is the uid that made the mount (from mountinfo), when known.
 pub fn find_daemon(mountpoint: &Path, owner: Option<u32>) -> Option<u32> {
+    find_entry(mountpoint, owner).map(|e| e.pid)
+}
+
+/// The registry entry of the live daemon serving `mountpoint`.
+pub fn find_entry(mountpoint: &Path, owner: Option<u32>) -> Option<Entry> {
     let me = nix::unistd::geteuid().as_raw();
     let mut uids = vec![];
     for u in [owner, Some(me), Some(0)].into_iter().flatten() {
@@ -142,9 +161,10 @@ pub fn find_daemon(mountpoint: &Path, owner: Option<u32>) -> Option<u32> {
             let mut lines = text.lines();
             let pid = lines.next().and_then(|l| l.trim().parse::<u32>().ok());
             let recorded = lines.next().map(PathBuf::from);
+            let state = lines.next().filter(|l| !l.is_empty()).map(PathBuf::from);
             if let (Some(pid), Some(rec)) = (pid, recorded) {
                 if rec == mountpoint && is_daemon_alive(pid) {
-                    return Some(pid);
+                    return Some(Entry { pid, state });
                 }
             }
         }

@@ -34,6 +34,9 @@ struct State {
     /// Handles served by the daemon, by node id (count).
     cached: HashMap<u64, u32>,
     cached_handles: HashMap<u64, u64>,
+    /// Passthrough handles open for writing → node id. Their writes never
+    /// reach the daemon, so a pause waits for them to close.
+    pt_writers: HashMap<u64, u64>,
 }
 
 pub struct IoModes {
@@ -97,6 +100,9 @@ impl IoModes {
             };
             if let Some(b) = backing {
                 st.held.insert(o.fh, b.clone());
+                if o.writable {
+                    st.pt_writers.insert(o.fh, id);
+                }
                 return Mode::Passthrough(b);
             }
         }
@@ -165,8 +171,17 @@ impl IoModes {
         }
     }
 
+    /// Node ids of passthrough handles open for writing.
+    pub fn passthrough_writers(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.state.lock().pt_writers.values().copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     pub fn release(&self, _ov: &Overlay, id: u64, fh: u64) {
         let mut st = self.state.lock();
+        st.pt_writers.remove(&fh);
         if st.held.remove(&fh).is_some() {
             if st.backing.get(&id).is_some_and(|w| w.strong_count() == 0) {
                 st.backing.remove(&id);

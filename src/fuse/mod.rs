@@ -3,6 +3,7 @@
 //! cache timeouts, init flags and passthrough (`io_mode`).
 
 mod convert;
+mod invalidate;
 mod io_mode;
 mod watcher;
 
@@ -21,12 +22,22 @@ use fuser::{
 use crate::config::Config;
 use crate::overlay::attr::SetAttr;
 use crate::overlay::dir::NewKind;
+use crate::overlay::file::wants_write;
+use crate::overlay::gate::PauseGuard;
 use crate::overlay::{Ctx, Entry, Overlay};
 use crate::policy::Policy;
 
+/// Everything a request needs, shared with the daemon's handle and with
+/// requests parked while writes are paused (`LayerFs::gated`).
 struct Shared {
     ov: Overlay,
     notifier: OnceLock<fuser::Notifier>,
+    /// Cache timeout for anything that involves a lower layer.
+    lower_ttl: Duration,
+    /// Cache timeout for objects that live only in the upper, which only
+    /// this daemon changes.
+    upper_ttl: Duration,
+    io: io_mode::IoModes,
 }
 
 /// Handle the daemon keeps after the filesystem moved into the session:
@@ -52,6 +63,57 @@ impl FsHandle {
         let dropped = watcher::invalidate_all(&self.inner.ov, notifier);
         tracing::info!(names = dropped, "policy reloaded; cached names invalidated");
     }
+    /// The overlay core being served.
+    pub fn overlay(&self) -> &Overlay {
+        &self.inner.ov
+    }
+
+    /// Pauses every mutating request (see `overlay::gate`) and waits, up to
+    /// `wait`, for passthrough handles open for writing to close: their
+    /// writes bypass the daemon, so only their closing ends them. Returns
+    /// the guard (writes resume when it is dropped) and the paths still
+    /// open for writing when the wait ended (empty when drained).
+    pub fn pause_writes(&self, wait: Duration) -> (PauseGuard<'_>, Vec<String>) {
+        let guard = self.inner.ov.pause_writes();
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            let ids = self.inner.io.passthrough_writers();
+            if ids.is_empty() {
+                return (guard, Vec::new());
+            }
+            if std::time::Instant::now() >= deadline {
+                let ov = &self.inner.ov;
+                let busy = ids
+                    .into_iter()
+                    .filter_map(|id| ov.inodes.get(id))
+                    .map(|i| ov.path_of(&i))
+                    .collect();
+                return (guard, busy);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Drops the kernel's cached names, attributes, pages and listings for
+    /// these paths (relative to the mount root) and below, and re-resolves
+    /// the daemon's record of them. Returns how many objects were
+    /// invalidated; 0 before the session is up. Never call it from inside
+    /// a request: the kernel may hold locks the invalidation needs.
+    pub fn invalidate_paths(&self, paths: &[String]) -> usize {
+        match self.inner.notifier.get() {
+            Some(n) => invalidate::invalidate_paths(&self.inner.ov, n, paths),
+            None => 0,
+        }
+    }
+
+    /// Drops every name, attribute and listing the kernel caches.
+    pub fn invalidate_all(&self) -> usize {
+        match self.inner.notifier.get() {
+            Some(n) => watcher::invalidate_all(&self.inner.ov, n),
+            None => 0,
+        }
+    }
+
     /// Give the filesystem the session's notifier, for cache invalidations,
     /// and start turning lower changes into invalidations.
     pub fn set_notifier(&self, notifier: fuser::Notifier) {
@@ -69,12 +131,6 @@ impl FsHandle {
 
 pub struct LayerFs {
     inner: Arc<Shared>,
-    /// Cache timeout for anything that involves a lower layer.
-    lower_ttl: Duration,
-    /// Cache timeout for objects that live only in the upper, which only
-    /// this daemon changes.
-    upper_ttl: Duration,
-    io: io_mode::IoModes,
 }
 
 fn ctx(req: &Request, umask: u32) -> Ctx {
@@ -101,10 +157,10 @@ impl LayerFs {
             inner: Arc::new(Shared {
                 ov,
                 notifier: OnceLock::new(),
+                lower_ttl: cfg.lower_timeout,
+                upper_ttl: cfg.lower_timeout.max(Duration::from_secs(60)),
+                io: io_mode::IoModes::new(root),
             }),
-            lower_ttl: cfg.lower_timeout,
-            upper_ttl: cfg.lower_timeout.max(Duration::from_secs(60)),
-            io: io_mode::IoModes::new(root),
         })
     }
 
@@ -116,6 +172,39 @@ impl LayerFs {
 
     fn ov(&self) -> &Overlay {
         &self.inner.ov
+    }
+
+    /// Runs a mutating request inside the write gate. While writes are
+    /// paused the request is parked on a thread of its own until the pause
+    /// ends, so the FUSE worker threads stay free for readers.
+    fn gated(&self, op: impl FnOnce(&Shared) + Send + 'static) {
+        if let Some(_pass) = self.inner.ov.gate.try_enter() {
+            return op(&self.inner);
+        }
+        let inner = self.inner.clone();
+        let parked = std::thread::Builder::new()
+            .name("parked-write".into())
+            .spawn(move || {
+                let _pass = inner.ov.gate.enter();
+                op(&inner)
+            });
+        if let Err(e) = parked {
+            // The closure (and its reply) went with the failed spawn: the
+            // request is answered EIO when the unsent reply is dropped.
+            tracing::error!("cannot park a write while paused: {e}; it fails with EIO");
+        }
+    }
+}
+
+impl LayerFs {
+    fn ttl(&self, lower: bool) -> Duration {
+        self.inner.ttl(lower)
+    }
+}
+
+impl Shared {
+    fn ov(&self) -> &Overlay {
+        &self.ov
     }
 
     fn ttl(&self, lower: bool) -> Duration {
@@ -148,6 +237,36 @@ impl LayerFs {
             Err(e) => reply.error(errno(e)),
         }
     }
+
+    fn write(&self, fh: u64, offset: u64, data: &[u8], reply: ReplyWrite) {
+        match self.ov().write(fh, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn create(
+        &self,
+        c: &Ctx,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let kind = NewKind::File { mode, flags };
+        let (entry, fd) = match self.ov().create_object(c, parent.0, name, kind) {
+            Ok((e, Some(fd))) => (e, fd),
+            Ok((_, None)) => return reply.error(Errno::EIO),
+            Err(e) => return reply.error(errno(e)),
+        };
+        match self.ov().adopt(entry.id, fd, flags) {
+            Ok(o) => self
+                .io
+                .reply_create(self.ov(), &entry, self.ttl(entry.lower), o, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
 }
 
 impl fuser::Filesystem for LayerFs {
@@ -168,10 +287,11 @@ impl fuser::Filesystem for LayerFs {
         if let Err(missing) = config.add_capabilities(wanted) {
             tracing::debug!("kernel lacks {missing:?}");
         }
-        if self.io.passthrough_wanted() {
+        if self.inner.io.passthrough_wanted() {
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok();
-            self.io
+            self.inner
+                .io
                 .set_passthrough(ok && !self.ov().quota.bytes_limited());
         }
         let _ = config.set_max_write(1 << 20);
@@ -191,7 +311,7 @@ impl fuser::Filesystem for LayerFs {
             Err(e) if e.0 == libc::ENOENT && self.ov().hides(parent.0, name) => {
                 reply.error(errno(e))
             }
-            Err(e) if e.0 == libc::ENOENT && !self.lower_ttl.is_zero() => {
+            Err(e) if e.0 == libc::ENOENT && !self.inner.lower_ttl.is_zero() => {
                 let mut attr = convert::attr(&crate::overlay::attr::zero_stat());
                 attr.ino = INodeNo(0);
                 let ttl = self.ttl(!self.ov().dir_watched(parent.0));
@@ -239,17 +359,18 @@ impl fuser::Filesystem for LayerFs {
             mtime: mtime.map(convert::timespec),
             fh: fh.map(|f| f.0),
         };
-        match self.ov().setattr(&ctx(req, 0), ino.0, &a) {
+        let c = ctx(req, 0);
+        self.gated(move |s| match s.ov().setattr(&c, ino.0, &a) {
             Ok(st) => {
-                let lower = self
+                let lower = s
                     .ov()
                     .inode(ino.0)
-                    .map(|i| self.ov().volatile(&i))
+                    .map(|i| s.ov().volatile(&i))
                     .unwrap_or(true);
-                reply.attr(&self.ttl(lower), &convert::attr(&st))
+                reply.attr(&s.ttl(lower), &convert::attr(&st))
             }
             Err(e) => reply.error(errno(e)),
-        }
+        })
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -269,11 +390,14 @@ impl fuser::Filesystem for LayerFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let kind = NewKind::Node {
-            mode,
-            rdev: rdev as u64,
-        };
-        self.create_entry(&ctx(req, umask), parent, name, kind, reply)
+        let (c, name) = (ctx(req, umask), name.to_owned());
+        self.gated(move |s| {
+            let kind = NewKind::Node {
+                mode,
+                rdev: rdev as u64,
+            };
+            s.create_entry(&c, parent, &name, kind, reply)
+        })
     }
 
     fn mkdir(
@@ -285,21 +409,24 @@ impl fuser::Filesystem for LayerFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.create_entry(&ctx(req, umask), parent, name, NewKind::Dir { mode }, reply)
+        let (c, name) = (ctx(req, umask), name.to_owned());
+        self.gated(move |s| s.create_entry(&c, parent, &name, NewKind::Dir { mode }, reply))
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.ov().unlink(&ctx(req, 0), parent.0, name) {
+        let (c, name) = (ctx(req, 0), name.to_owned());
+        self.gated(move |s| match s.ov().unlink(&c, parent.0, &name) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
-        }
+        })
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.ov().rmdir(&ctx(req, 0), parent.0, name) {
+        let (c, name) = (ctx(req, 0), name.to_owned());
+        self.gated(move |s| match s.ov().rmdir(&c, parent.0, &name) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
-        }
+        })
     }
 
     fn symlink(
@@ -310,10 +437,13 @@ impl fuser::Filesystem for LayerFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let kind = NewKind::Symlink {
-            target: target.as_os_str(),
-        };
-        self.create_entry(&ctx(req, 0), parent, link_name, kind, reply)
+        let (c, name, target) = (ctx(req, 0), link_name.to_owned(), target.to_owned());
+        self.gated(move |s| {
+            let kind = NewKind::Symlink {
+                target: target.as_os_str(),
+            };
+            s.create_entry(&c, parent, &name, kind, reply)
+        })
     }
 
     fn rename(
@@ -326,17 +456,17 @@ impl fuser::Filesystem for LayerFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self.ov().rename(
-            &ctx(req, 0),
-            parent.0,
-            name,
-            newparent.0,
-            newname,
-            flags.bits(),
-        ) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        let c = ctx(req, 0);
+        let (name, newname) = (name.to_owned(), newname.to_owned());
+        self.gated(move |s| {
+            match s
+                .ov()
+                .rename(&c, parent.0, &name, newparent.0, &newname, flags.bits())
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        })
     }
 
     fn link(
@@ -347,18 +477,29 @@ impl fuser::Filesystem for LayerFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let source = match self.ov().inode(ino.0) {
-            Ok(s) => s,
-            Err(e) => return reply.error(errno(e)),
-        };
-        let kind = NewKind::Link { source: &source };
-        self.create_entry(&ctx(req, 0), newparent, newname, kind, reply)
+        let (c, newname) = (ctx(req, 0), newname.to_owned());
+        self.gated(move |s| {
+            let source = match s.ov().inode(ino.0) {
+                Ok(src) => src,
+                Err(e) => return reply.error(errno(e)),
+            };
+            let kind = NewKind::Link { source: &source };
+            s.create_entry(&c, newparent, &newname, kind, reply)
+        })
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.ov().open(&ctx(req, 0), ino.0, flags.0) {
-            Ok(o) => self.io.reply_open(self.ov(), ino.0, o, reply),
+        let c = ctx(req, 0);
+        let open = move |s: &Shared| match s.ov().open(&c, ino.0, flags.0) {
+            Ok(o) => s.io.reply_open(s.ov(), ino.0, o, reply),
             Err(e) => reply.error(errno(e)),
+        };
+        // An open for writing copies up and lets passthrough writes
+        // through: it waits while writes are paused. Reads never do.
+        if wants_write(flags.0) {
+            self.gated(open)
+        } else {
+            open(&self.inner)
         }
     }
 
@@ -391,10 +532,12 @@ impl fuser::Filesystem for LayerFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.ov().write(fh.0, offset, data) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
+        // The data is copied only for a request parked by a pause.
+        if let Some(_pass) = self.ov().gate.try_enter() {
+            return self.inner.write(fh.0, offset, data, reply);
         }
+        let data = data.to_vec();
+        self.gated(move |s| s.write(fh.0, offset, &data, reply))
     }
 
     /// Nothing is buffered in the daemon and locks live in the kernel, so
@@ -421,7 +564,7 @@ impl fuser::Filesystem for LayerFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.io.release(self.ov(), ino.0, fh.0);
+        self.inner.io.release(self.ov(), ino.0, fh.0);
         self.ov().release(fh.0);
         reply.ok();
     }
@@ -591,10 +734,13 @@ impl fuser::Filesystem for LayerFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        match self.ov().setxattr(&ctx(req, 0), ino.0, name, value, flags) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        let (c, name, value) = (ctx(req, 0), name.to_owned(), value.to_vec());
+        self.gated(
+            move |s| match s.ov().setxattr(&c, ino.0, &name, &value, flags) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+        )
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -612,10 +758,11 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.ov().removexattr(&ctx(req, 0), ino.0, name) {
+        let (c, name) = (ctx(req, 0), name.to_owned());
+        self.gated(move |s| match s.ov().removexattr(&c, ino.0, &name) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
-        }
+        })
     }
 
     fn create(
@@ -628,22 +775,8 @@ impl fuser::Filesystem for LayerFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let c = ctx(req, umask);
-        let (entry, fd) =
-            match self
-                .ov()
-                .create_object(&c, parent.0, name, NewKind::File { mode, flags })
-            {
-                Ok((e, Some(fd))) => (e, fd),
-                Ok((_, None)) => return reply.error(Errno::EIO),
-                Err(e) => return reply.error(errno(e)),
-            };
-        match self.ov().adopt(entry.id, fd, flags) {
-            Ok(o) => self
-                .io
-                .reply_create(self.ov(), &entry, self.ttl(entry.lower), o, reply),
-            Err(e) => reply.error(errno(e)),
-        }
+        let (c, name) = (ctx(req, umask), name.to_owned());
+        self.gated(move |s| s.create(&c, parent, &name, mode, flags, reply))
     }
 
     /// No file ioctls are forwarded: tools probing for flags or reflinks
@@ -673,10 +806,12 @@ impl fuser::Filesystem for LayerFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.ov().fallocate(fh.0, mode, offset, length) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.gated(
+            move |s| match s.ov().fallocate(fh.0, mode, offset, length) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+        )
     }
 
     fn lseek(
@@ -707,13 +842,15 @@ impl fuser::Filesystem for LayerFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        match self
-            .ov()
-            .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
-        {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.gated(move |s| {
+            match s
+                .ov()
+                .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
+            {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(e)),
+            }
+        })
     }
 }
 

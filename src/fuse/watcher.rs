@@ -36,7 +36,9 @@ pub fn run(ov: &Overlay, notifier: Option<&Notifier>) {
     }
 }
 
-fn forget_listing(ov: &Overlay, n: &Notifier, dir: u64) {
+/// Drops a directory's kept listing and the kernel's cached attributes and
+/// listing of it.
+pub fn forget_listing(ov: &Overlay, n: &Notifier, dir: u64) {
     if let Some(d) = ov.inodes.get(dir) {
         d.listing.lock().take();
     }

@@ -101,6 +101,9 @@ impl Overlay {
         let ust = sys::fstat(fd.as_ref())?;
         self.ids.alias(ust.st_dev, ust.st_ino, inode.id);
         inode.real.write().upper = Some(real);
+        super::events::note(super::events::Note::CopyUp {
+            path: self.path_of(inode),
+        });
         Ok(fd)
     }
 

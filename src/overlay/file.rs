@@ -26,6 +26,8 @@ pub struct FileHandle {
     fd: RwLock<Arc<OwnedFd>>,
     on_upper: std::sync::atomic::AtomicBool,
     pub writable: bool,
+    /// Bytes written through the daemon since the journal last took them.
+    written: AtomicU64,
 }
 
 pub enum Handle {
@@ -70,6 +72,22 @@ impl Handles {
         self.shards[fh as usize % SHARDS].lock().remove(&fh)
     }
 
+    /// Bytes written through handle `fh` since the last call (the journal
+    /// records writes per open file, at fsync and close).
+    pub fn take_written(&self, fh: u64) -> u64 {
+        match self.get(fh).ok().as_deref() {
+            Some(Handle::File(f)) => f.written.swap(0, Ordering::Relaxed),
+            None => 0,
+        }
+    }
+
+    /// The inode and real fd behind an open handle.
+    pub fn target(&self, fh: u64) -> Option<(Arc<Inode>, Arc<OwnedFd>)> {
+        match self.get(fh).ok()?.as_ref() {
+            Handle::File(f) => Some((f.inode.clone(), f.fd.read().clone())),
+        }
+    }
+
     /// The real fd of a handle open for writing (for ftruncate).
     pub fn writable_fd(&self, fh: u64) -> Option<Arc<OwnedFd>> {
         match self.get(fh).ok()?.as_ref() {
@@ -85,9 +103,12 @@ pub struct Opened {
     /// The real file lives in the upper (eligible for passthrough).
     pub upper: bool,
     pub fd: Arc<OwnedFd>,
+    /// Opened for writing (or truncating).
+    pub writable: bool,
 }
 
-fn wants_write(flags: i32) -> bool {
+/// Whether an open with these flags changes the file (copies it up).
+pub fn wants_write(flags: i32) -> bool {
     flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0
 }
 
@@ -136,8 +157,14 @@ impl Overlay {
             fd: RwLock::new(fd.clone()),
             on_upper: upper.into(),
             writable: wants_write(flags),
+            written: AtomicU64::new(0),
         }));
-        Ok(Opened { fh, upper, fd })
+        Ok(Opened {
+            fh,
+            upper,
+            fd,
+            writable: wants_write(flags),
+        })
     }
 
     /// Registers a file just created (`create`) as an open handle.
@@ -149,11 +176,13 @@ impl Overlay {
             fd: RwLock::new(fd.clone()),
             on_upper: true.into(),
             writable: wants_write(flags),
+            written: AtomicU64::new(0),
         }));
         Ok(Opened {
             fh,
             upper: true,
             fd,
+            writable: wants_write(flags),
         })
     }
 
@@ -192,7 +221,7 @@ impl Overlay {
     }
 
     pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> Result<u32> {
-        let (_h, fd) = self.file(fh)?;
+        let (h, fd) = self.file(fh)?;
         let charged = if self.quota.bytes_limited() {
             let size = sys::fstat(fd.as_ref())?.st_size as u64;
             let end = off + data.len() as u64;
@@ -206,7 +235,11 @@ impl Overlay {
             None
         };
         match sys::pwrite(fd.as_ref(), data, off) {
-            Ok(n) => Ok(n as u32),
+            Ok(n) => {
+                let Handle::File(f) = h.as_ref();
+                f.written.fetch_add(n as u64, Ordering::Relaxed);
+                Ok(n as u32)
+            }
             Err(e) => {
                 if let Some((a, b)) = charged {
                     let _ = self.quota.charge_resize(b, a);
@@ -253,7 +286,7 @@ impl Overlay {
         len: u64,
     ) -> Result<u32> {
         let (_a, src) = self.file(fh_in)?;
-        let (_b, dst) = self.file(fh_out)?;
+        let (out, dst) = self.file(fh_out)?;
         let len = len.min(1 << 30) as usize;
         if self.quota.bytes_limited() {
             let size = sys::fstat(dst.as_ref())?.st_size as u64;
@@ -263,7 +296,10 @@ impl Overlay {
         }
         let mut si = off_in as i64;
         let mut so = off_out as i64;
-        Ok(sys::copy_file_range(src.as_ref(), &mut si, dst.as_ref(), &mut so, len)? as u32)
+        let n = sys::copy_file_range(src.as_ref(), &mut si, dst.as_ref(), &mut so, len)?;
+        let Handle::File(f) = out.as_ref();
+        f.written.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n as u32)
     }
 
     /// Opens a directory: its merged listing is taken now, once.

@@ -38,6 +38,8 @@ pub enum Op {
 
 pub fn deny(ctx: &Ctx, op: Op, path: &str, rule: &RuleRef, errno: i32) -> Errno {
     tracing::info!(op = ?op, path, rule = %rule, pid = ctx.pid, errno, "policy denied");
+    let (path, rule) = (path.to_string(), rule.to_string());
+    super::events::note(super::events::Note::Denied { path, rule, errno });
     Errno(errno)
 }
 

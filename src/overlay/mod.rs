@@ -6,7 +6,9 @@
 pub mod attr;
 pub mod copy_up;
 pub mod dir;
+pub mod events;
 pub mod file;
+pub mod gate;
 pub mod guard;
 pub mod inode;
 pub mod namei;
@@ -126,6 +128,8 @@ pub struct Overlay {
     pub privileged: bool,
     /// Watches on lower directories, where inotify is available.
     pub watch: Option<watch::LowerWatch>,
+    /// Held shared by every mutating operation; a pause holds it exclusively.
+    pub gate: gate::WriteGate,
 }
 
 impl Overlay {
@@ -168,6 +172,7 @@ impl Overlay {
             files: Default::default(),
             privileged,
             watch: watch::LowerWatch::new(),
+            gate: Default::default(),
         };
         ov.init_root()?;
         if ov.quota.limited() {
@@ -210,6 +215,14 @@ impl Overlay {
             self.watch_dir(&root);
         }
         Ok(())
+    }
+
+    /// Pauses every mutating operation until the guard is dropped (after
+    /// those in flight have finished). Readers go on. Passthrough writes
+    /// bypass the daemon: `fuse::FsHandle::pause_writes` also waits for
+    /// those opens to close.
+    pub fn pause_writes(&self) -> gate::PauseGuard<'_> {
+        self.gate.pause()
     }
 
     pub fn policy(&self) -> Arc<Policy> {

@@ -30,6 +30,8 @@ fn env(populate: impl FnOnce(&Path, &Path)) -> Env {
         lowers: vec![lower.clone()],
         upper: upper.clone(),
         work,
+        state: dir.path().join("state"),
+        journal: None,
         mountpoint: dir.path().join("mnt"),
         foreground: true,
         allow_other: false,

@@ -21,7 +21,7 @@
 //!   powers of 1000 (`1M` = 1,000,000); suffixes are case-insensitive.
 
 mod explain;
-mod parse;
+pub(crate) mod parse;
 mod rules;
 mod symlink;
 

@@ -175,7 +175,7 @@ fn parse_quota(args: &[&str], policy: &mut Policy) -> Result<(), String> {
 
 /// A whole number with an optional suffix K, M, G or T (either case),
 /// multiplied by powers of `base`.
-fn parse_amount(value: &str, base: u64) -> Result<u64, String> {
+pub(crate) fn parse_amount(value: &str, base: u64) -> Result<u64, String> {
     const EXPECTED: &str =
         "expected a whole number with an optional suffix K, M, G or T (e.g. 10G)";
     let (digits, power) = match value.chars().last().map(|c| c.to_ascii_uppercase()) {

@@ -10,4 +10,5 @@ mod pjdfstest;
 mod policy;
 mod posix;
 mod snapshot;
+mod state;
 mod tools;

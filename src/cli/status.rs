@@ -1,0 +1,243 @@
+//! `layerfs status [--json] [WORKSPACE]`: what a live mount's daemon says
+//! about itself (through its control socket); without WORKSPACE, every
+//! layerfs mount this caller can see (from /proc/self/mountinfo and each
+//! daemon's registry entry). An unmounted workspace shows its layers and
+//! journal from the state directory.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::daemon::mounts;
+use crate::state::control::Client;
+use crate::state::workspace::{self, Workspace};
+
+const STATUS_HELP: &str = "\
+Examples:
+  layerfs status                 # every layerfs mount you can see
+  layerfs status ~/ws/mnt        # one mount (or its upper directory)
+  layerfs status --json ~/ws/mnt
+
+WORKSPACE is a live mountpoint or, for an unmounted workspace, its upper
+directory. --json prints one JSON object per workspace, one a line.";
+
+#[derive(Args, Debug)]
+#[command(after_help = STATUS_HELP)]
+pub struct StatusCmd {
+    /// One JSON object per workspace, one a line.
+    #[arg(long)]
+    json: bool,
+
+    /// A layerfs mountpoint or an upper directory [default: every mount].
+    #[arg(value_name = "WORKSPACE")]
+    workspace: Option<PathBuf>,
+}
+
+impl StatusCmd {
+    pub fn run(self) -> i32 {
+        let reports = match &self.workspace {
+            Some(w) => match one(w) {
+                Ok(v) => vec![v],
+                Err(e) => {
+                    eprintln!("layerfs status: {e}");
+                    return 1;
+                }
+            },
+            None => match every_mount() {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("layerfs status: {e}");
+                    return 1;
+                }
+            },
+        };
+        if self.json {
+            for r in &reports {
+                println!("{r}");
+            }
+        } else if reports.is_empty() {
+            println!("no layerfs mounts");
+        } else {
+            for (i, r) in reports.iter().enumerate() {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", render(r));
+            }
+        }
+        0
+    }
+}
+
+/// Asks the daemon of a live workspace for its status.
+fn ask(state: &Path) -> Result<Value, String> {
+    let mut c = Client::connect(state)?;
+    let mut v = c.request(&json!({"cmd": "status"}))?;
+    if let Some(o) = v.as_object_mut() {
+        o.remove("ok");
+        o.insert("mounted".into(), Value::Bool(true));
+    }
+    Ok(v)
+}
+
+fn one(arg: &Path) -> Result<Value, String> {
+    let ws = Workspace::resolve(arg)?;
+    match ws.client() {
+        Some(_) => ask(&ws.state),
+        None => Ok(unmounted(&ws)),
+    }
+}
+
+/// What the state directory says about a workspace nobody serves.
+fn unmounted(ws: &Workspace) -> Value {
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    json!({
+        "mounted": false,
+        "mountpoint": null,
+        "upper": s(&ws.upper),
+        "lowers": ws.lowers.iter().map(|l| s(l)).collect::<Vec<_>>(),
+        "work": s(&ws.work),
+        "state": s(&ws.state),
+        "journal": crate::state::journal::offline_health(&ws.journal_path()),
+    })
+}
+
+/// Every layerfs mount in this mount namespace; the ones whose daemon
+/// cannot be asked say why.
+fn every_mount() -> Result<Vec<Value>, String> {
+    let list = mounts::list().map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    let mut out = Vec::new();
+    for m in list.into_iter().filter(|m| m.is_layerfs()) {
+        let mp = m.mount_point.to_string_lossy().into_owned();
+        let v = match workspace::state_of_mount(&m.mount_point) {
+            Some(state) => ask(&state).unwrap_or_else(|e| {
+                json!({"mounted": true, "mountpoint": mp, "state": state.to_string_lossy(),
+                       "error": e})
+            }),
+            None => json!({
+                "mounted": true,
+                "mountpoint": mp,
+                "owner_uid": m.owner_uid(),
+                "error": "no registry entry naming its state dir is readable by you (another \
+                          user's mount, a daemon from an older layerfs, or the daemon is gone)",
+            }),
+        };
+        out.push(v);
+    }
+    Ok(out)
+}
+
+fn field(v: &Value, k: &str) -> String {
+    match v.get(k) {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(x) => x.to_string(),
+    }
+}
+
+/// A whole number of bytes as B, KiB, MiB or GiB.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn duration(secs: f64) -> String {
+    let s = secs as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The text form of one status object.
+fn render(v: &Value) -> String {
+    let mut out = String::new();
+    let mut line = |k: &str, val: String| out.push_str(&format!("{k:<12} {val}\n"));
+    let mounted = v.get("mounted").and_then(Value::as_bool).unwrap_or(false);
+    line(
+        "mountpoint",
+        if mounted {
+            field(v, "mountpoint")
+        } else {
+            "(not mounted)".into()
+        },
+    );
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        line("error", e.to_string());
+        return out;
+    }
+    line("upper", field(v, "upper"));
+    if let Some(ls) = v.get("lowers").and_then(Value::as_array) {
+        let ls: Vec<String> = ls
+            .iter()
+            .filter_map(|l| l.as_str().map(String::from))
+            .collect();
+        line("lowers", ls.join(", "));
+    }
+    line("state", field(v, "state"));
+    if mounted {
+        let up = v
+            .get("uptime_seconds")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0);
+        line("pid", format!("{}, up {}", field(v, "pid"), duration(up)));
+        if v.get("paused").and_then(Value::as_bool) == Some(true) {
+            line("writes", "PAUSED".into());
+        }
+    }
+    if let Some(u) = v.get("upper_usage") {
+        let bytes = u.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+        let mut s = format!("{}, {} inodes", human_bytes(bytes), field(u, "inodes"));
+        if let Some(q) = u.get("quota_bytes").and_then(Value::as_u64) {
+            s.push_str(&format!(
+                " (quota {} bytes: {:.0}%)",
+                human_bytes(q),
+                100.0 * bytes as f64 / q.max(1) as f64
+            ));
+        }
+        if let Some(q) = u.get("quota_inodes").and_then(Value::as_u64) {
+            let n = u.get("inodes").and_then(Value::as_u64).unwrap_or(0);
+            s.push_str(&format!(
+                " (quota {q} inodes: {:.0}%)",
+                100.0 * n as f64 / q.max(1) as f64
+            ));
+        }
+        line("upper use", s);
+    }
+    if let Some(c) = v.get("counters") {
+        line(
+            "activity",
+            format!(
+                "{} copy-ups, {} denials, {} requests ({} /s)",
+                field(c, "copy_ups"),
+                field(c, "denials"),
+                field(c, "requests"),
+                field(c, "requests_per_second")
+            ),
+        );
+    }
+    if let Some(j) = v.get("journal").filter(|j| !j.is_null()) {
+        let mut s = if j.get("enabled").and_then(Value::as_bool) == Some(false) {
+            "off".to_string()
+        } else {
+            format!("{} rows, {} dropped", field(j, "rows"), field(j, "dropped"))
+        };
+        if let Some(e) = j.get("last_error").and_then(Value::as_str) {
+            s.push_str(&format!("; last error: {e}"));
+        }
+        line("journal", s);
+    }
+    out
+}

@@ -1,0 +1,408 @@
+//! The control socket server: `control.sock` in the workspace's state
+//! directory, JSON lines (one request object, one response object per
+//! line; see `state::control` for the client). Each connection gets a
+//! thread of its own; a request is dispatched by its `cmd`.
+//!
+//! Access: the socket is mode 0600 in a 0700 directory, owned by the
+//! daemon's user, and each connection's peer uid (SO_PEERCRED) must be
+//! that user's or root's, so another user gets a clear refusal.
+//!
+//! A pause belongs to the connection that took it: it ends with `resume`
+//! or when the connection closes, so a killed client never leaves the
+//! mount paused.
+
+use std::fs;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{json, Value};
+
+use crate::config::Config;
+use crate::fuse::FsHandle;
+use crate::overlay::gate::PauseGuard;
+use crate::state::workspace::SOCKET_FILE;
+
+/// How long `pause` waits for passthrough write opens to close, unless
+/// the request says otherwise (`"wait_ms"`).
+const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
+/// How long an invalidation may take before the answer says it is still
+/// pending (it may wait on a request parked by a pause).
+const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
+
+/// The bound socket, removed when dropped (at daemon exit) if it is still
+/// the one this daemon created.
+pub struct ControlSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    id: (u64, u64),
+}
+
+/// Why the socket could not be bound.
+#[derive(Debug)]
+pub enum BindError {
+    /// Another daemon answers on it: this workspace is mounted already.
+    InUse(String),
+    /// Anything else (a read-only state dir, …): the mount can still serve.
+    Other(String),
+}
+
+/// Binds `control.sock` in `state`. A stale socket (nothing listening) is
+/// replaced; a live one means another daemon serves this workspace.
+pub fn bind(state: &Path) -> Result<ControlSocket, BindError> {
+    bind_inner(state).map_err(|(in_use, msg)| {
+        if in_use {
+            BindError::InUse(msg)
+        } else {
+            BindError::Other(msg)
+        }
+    })
+}
+
+fn bind_inner(state: &Path) -> Result<ControlSocket, (bool, String)> {
+    let path = state.join(SOCKET_FILE);
+    let p = path.display();
+    if let Ok(md) = fs::symlink_metadata(&path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !md.file_type().is_socket() {
+            return Err((
+                false,
+                format!(
+                    "{p} exists and is not a socket: move it away (the state dir holds the \
+                     control socket there)"
+                ),
+            ));
+        }
+        match UnixStream::connect(&path) {
+            Ok(_) => {
+                return Err((
+                    true,
+                    format!(
+                        "another layerfs daemon serves this workspace (its control socket {p} \
+                         answers): unmount it first, or give this mount another --state DIR"
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                tracing::info!("replacing stale control socket {p}");
+                fs::remove_file(&path).map_err(|e| (false, format!("removing stale {p}: {e}")))?;
+            }
+            Err(e) => return Err((false, format!("control socket {p}: {e}"))),
+        }
+    }
+    // Created 0600 from the start: no moment where others may connect.
+    // SAFETY: umask only changes this process's file creation mask; the
+    // previous mask is restored right after the bind.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(&path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let listener = bound.map_err(|e| {
+        (
+            false,
+            format!("cannot create control socket {p}: {e} (is the state dir writable?)"),
+        )
+    })?;
+    let _ = fs::set_permissions(&path, fs::Permissions::from_mode(0o600));
+    let md = fs::symlink_metadata(&path).map_err(|e| (false, format!("{p}: {e}")))?;
+    Ok(ControlSocket {
+        listener,
+        path,
+        id: (md.dev(), md.ino()),
+    })
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        let ours = fs::symlink_metadata(&self.path)
+            .map(|m| (m.dev(), m.ino()) == self.id)
+            .unwrap_or(false);
+        if ours {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// What the server answers from: the filesystem and the mount's facts.
+pub struct Daemon {
+    pub fs: FsHandle,
+    pub mountpoint: PathBuf,
+    pub upper: PathBuf,
+    pub lowers: Vec<PathBuf>,
+    pub work: PathBuf,
+    pub state: PathBuf,
+    pub policy_file: Option<PathBuf>,
+    pub started: Instant,
+    pub started_at: SystemTime,
+    /// The daemon's uid: the only one (with root) allowed on the socket.
+    pub uid: u32,
+}
+
+impl Daemon {
+    pub fn new(cfg: &Config, fs: FsHandle) -> Daemon {
+        Daemon {
+            fs,
+            mountpoint: cfg.mountpoint.clone(),
+            upper: cfg.upper.clone(),
+            lowers: cfg.lowers.clone(),
+            work: cfg.work.clone(),
+            state: cfg.state.clone(),
+            policy_file: cfg.policy_file.clone(),
+            started: Instant::now(),
+            started_at: SystemTime::now(),
+            uid: nix::unistd::geteuid().as_raw(),
+        }
+    }
+}
+
+/// Per-connection state: the pause this connection holds, if any.
+pub struct Conn<'a> {
+    pause: Option<PauseGuard<'a>>,
+}
+
+impl ControlSocket {
+    /// Serves the socket on a thread of its own until the process exits.
+    pub fn serve(&self, daemon: Arc<Daemon>) -> io::Result<()> {
+        let listener = self.listener.try_clone()?;
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || accept_loop(listener, daemon))
+            .map(|_| ())
+    }
+}
+
+fn accept_loop(listener: UnixListener, daemon: Arc<Daemon>) {
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("control socket accept: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let d = daemon.clone();
+        let spawned = std::thread::Builder::new()
+            .name("control-conn".into())
+            .spawn(move || serve_conn(stream, &d));
+        if let Err(e) = spawned {
+            tracing::warn!("control socket: cannot serve a connection: {e}");
+        }
+    }
+}
+
+/// The peer's uid and pid (SO_PEERCRED).
+fn peer(s: &UnixStream) -> io::Result<(u32, i32)> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which we own.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((cred.uid, cred.pid))
+}
+
+/// Whether the process `pid` is gone or dying (its main thread exited).
+/// A pausing client killed while one of its threads waits on a paused
+/// write cannot exit (the kernel waits for the daemon's answer), so its
+/// socket never closes: the pause must end when the process dies.
+fn dying(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_none_or(|state| matches!(state, 'Z' | 'X' | 'x')),
+        Err(_) => true,
+    }
+}
+
+/// Polling interval for a paused connection's client (see `dying`).
+const PEER_POLL: Duration = Duration::from_millis(100);
+
+fn send(w: &mut UnixStream, v: &Value) -> io::Result<()> {
+    let mut line = v.to_string();
+    line.push('\n');
+    w.write_all(line.as_bytes())
+}
+
+fn serve_conn(stream: UnixStream, daemon: &Daemon) {
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let pid = match peer(&stream) {
+        Ok((uid, pid)) if uid == daemon.uid || uid == 0 => pid,
+        Ok((uid, _)) => {
+            let msg = format!(
+                "permission denied: this workspace's daemon runs as uid {}, you are uid {uid}; \
+                 run the command as that user or as root",
+                daemon.uid
+            );
+            let _ = send(&mut writer, &json!({"ok": false, "error": msg}));
+            return;
+        }
+        Err(e) => {
+            tracing::warn!("control socket: cannot read the peer's credentials: {e}");
+            return;
+        }
+    };
+    let mut conn = Conn { pause: None };
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        // While this connection holds a pause, wake up to check that its
+        // client still lives.
+        let timeout = conn.pause.as_ref().map(|_| PEER_POLL);
+        let _ = reader.get_ref().set_read_timeout(timeout);
+        match reader.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                // A partial line stays in `line` for the next read.
+                if dying(pid) {
+                    tracing::info!("pausing client (pid {pid}) died: writes resume");
+                    break;
+                }
+                continue;
+            }
+            Err(_) => break,
+        }
+        let line = std::mem::take(&mut line);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let answer = match serde_json::from_str::<Value>(&line) {
+            Ok(req) => match dispatch(daemon, &mut conn, &req) {
+                Ok(mut v) => {
+                    if let Some(o) = v.as_object_mut() {
+                        o.insert("ok".into(), Value::Bool(true));
+                    }
+                    v
+                }
+                Err(e) => json!({"ok": false, "error": e}),
+            },
+            Err(e) => json!({"ok": false, "error": format!("request is not JSON: {e}")}),
+        };
+        if send(&mut writer, &answer).is_err() {
+            break;
+        }
+    }
+    if conn.pause.take().is_some() {
+        tracing::info!("control connection closed while paused: writes resume");
+    }
+}
+
+/// Answers one request. An `Err` is the message for the client.
+pub fn dispatch<'a>(daemon: &'a Daemon, conn: &mut Conn<'a>, req: &Value) -> Result<Value, String> {
+    let cmd = req
+        .get("cmd")
+        .and_then(Value::as_str)
+        .ok_or("request has no \"cmd\"")?;
+    match cmd {
+        "status" => Ok(status(daemon, conn)),
+        "pause" => {
+            if conn.pause.is_some() {
+                return Ok(json!({"paused": true, "busy": []}));
+            }
+            let wait = req
+                .get("wait_ms")
+                .and_then(Value::as_u64)
+                .map(Duration::from_millis)
+                .unwrap_or(DEFAULT_DRAIN);
+            let (guard, busy) = daemon.fs.pause_writes(wait);
+            conn.pause = Some(guard);
+            tracing::info!(
+                busy = busy.len(),
+                "writes paused through the control socket"
+            );
+            Ok(json!({"paused": true, "busy": busy}))
+        }
+        "resume" => {
+            let was = conn.pause.take().is_some();
+            if was {
+                tracing::info!("writes resumed through the control socket");
+            }
+            Ok(json!({"resumed": was}))
+        }
+        "invalidate" => {
+            let paths: Vec<String> = req
+                .get("paths")
+                .and_then(Value::as_array)
+                .ok_or("invalidate needs \"paths\": [\"rel/path\", ...]")?
+                .iter()
+                .map(|p| p.as_str().map(String::from).ok_or("a path is not a string"))
+                .collect::<Result<_, _>>()?;
+            let fs = daemon.fs.clone();
+            Ok(invalidate_bounded(move || fs.invalidate_paths(&paths)))
+        }
+        "invalidate_all" => {
+            let fs = daemon.fs.clone();
+            Ok(invalidate_bounded(move || fs.invalidate_all()))
+        }
+        other => Err(format!(
+            "unknown command \"{other}\" (this daemon knows status, pause, resume, invalidate, \
+             invalidate_all)"
+        )),
+    }
+}
+
+/// Runs an invalidation on a thread of its own and waits for it a
+/// bounded time: the kernel takes a directory's lock to drop a name in
+/// it, and a request parked by a pause may hold that lock until writes
+/// resume. Then the answer says the invalidation is still pending.
+fn invalidate_bounded(work: impl FnOnce() -> usize + Send + 'static) -> Value {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("invalidate".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        });
+    if let Err(e) = spawned {
+        return json!({"invalidated": 0, "pending": false, "warning": format!("cannot start: {e}")});
+    }
+    match rx.recv_timeout(INVALIDATE_WAIT) {
+        Ok(n) => json!({"invalidated": n, "pending": false}),
+        Err(_) => json!({"invalidated": 0, "pending": true}),
+    }
+}
+
+fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    let ov = daemon.fs.overlay();
+    json!({
+        "mountpoint": s(&daemon.mountpoint),
+        "upper": s(&daemon.upper),
+        "lowers": daemon.lowers.iter().map(|l| s(l)).collect::<Vec<_>>(),
+        "work": s(&daemon.work),
+        "state": s(&daemon.state),
+        "policy": daemon.policy_file.as_deref().map(s),
+        "pid": std::process::id(),
+        "uid": daemon.uid,
+        "started": humantime::format_rfc3339_seconds(daemon.started_at).to_string(),
+        "uptime_seconds": daemon.started.elapsed().as_secs_f64(),
+        "paused": ov.gate.paused(),
+        "paused_by_you": conn.pause.is_some(),
+        "read_only": ov.read_only,
+    })
+}

@@ -1,0 +1,113 @@
+//! The control protocol, client side: JSON lines over the daemon's
+//! `control.sock` in the state directory. One request object per line,
+//! one response object per line: `{"ok": true, ...}` or
+//! `{"ok": false, "error": "message"}`.
+//!
+//! The socket is mode 0600 in a 0700 directory, owned by the daemon's
+//! user; the daemon also checks the caller's uid (SO_PEERCRED), so only
+//! that user and root may use it.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::workspace::SOCKET_FILE;
+
+/// How long a request may take before the client gives up (a pause waits
+/// for write opens to drain first).
+const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub struct Client {
+    path: PathBuf,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+/// The message for a socket that cannot be used, saying what to do.
+fn connect_error(path: &Path, e: &io::Error) -> String {
+    let p = path.display();
+    match e.kind() {
+        io::ErrorKind::PermissionDenied => {
+            let owner = path.metadata().ok().map(|m| m.uid()).or_else(|| {
+                path.parent()
+                    .and_then(|d| d.metadata().ok())
+                    .map(|m| m.uid())
+            });
+            let who = owner.map_or_else(String::new, |u| format!(" (uid {u})"));
+            format!(
+                "permission denied on control socket {p}: it belongs to the user who mounted \
+                 the workspace{who}; run the command as that user or as root"
+            )
+        }
+        io::ErrorKind::NotFound => format!(
+            "no control socket at {p}: the workspace is not mounted (or its daemon is gone)"
+        ),
+        io::ErrorKind::ConnectionRefused => format!(
+            "nothing listens on control socket {p}: the daemon is gone; unmount and mount \
+             the workspace again"
+        ),
+        _ => format!("control socket {p}: {e}"),
+    }
+}
+
+impl Client {
+    /// Connects to the daemon serving the workspace whose state directory
+    /// is `state_dir`.
+    pub fn connect(state_dir: &Path) -> Result<Client, String> {
+        let path = state_dir.join(SOCKET_FILE);
+        let stream = UnixStream::connect(&path).map_err(|e| connect_error(&path, &e))?;
+        let _ = stream.set_read_timeout(Some(REPLY_TIMEOUT));
+        let writer = stream
+            .try_clone()
+            .map_err(|e| format!("control socket {}: {e}", path.display()))?;
+        Ok(Client {
+            path,
+            reader: BufReader::new(stream),
+            writer,
+        })
+    }
+
+    /// Sends one request and returns the daemon's response; an
+    /// `{"ok": false}` response becomes `Err(its error message)`.
+    pub fn request(&mut self, req: &Value) -> Result<Value, String> {
+        let p = self.path.display().to_string();
+        let mut line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+        line.push('\n');
+        self.writer
+            .write_all(line.as_bytes())
+            .map_err(|e| self.lost(&p, &e))?;
+        let mut answer = String::new();
+        match self.reader.read_line(&mut answer) {
+            Ok(0) => {
+                return Err(format!(
+                    "control socket {p}: the daemon closed the connection"
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(self.lost(&p, &e)),
+        }
+        let v: Value = serde_json::from_str(&answer)
+            .map_err(|e| format!("control socket {p}: bad response ({e}): {answer}"))?;
+        if v.get("ok").and_then(Value::as_bool) == Some(true) {
+            Ok(v)
+        } else {
+            Err(v
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("the daemon refused the request without saying why")
+                .to_string())
+        }
+    }
+
+    fn lost(&self, p: &str, e: &io::Error) -> String {
+        if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut {
+            format!("control socket {p}: no answer within {REPLY_TIMEOUT:?}")
+        } else {
+            format!("control socket {p}: {e}")
+        }
+    }
+}

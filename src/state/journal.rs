@@ -1,0 +1,587 @@
+//! The change journal: SQLite (WAL mode) in the state directory, one row
+//! per change made through the mount and per policy denial.
+//!
+//! The request path only offers events to a bounded channel
+//! (`Sink::record` never blocks); one writer thread inserts them in
+//! batches, each batch one transaction. When the channel is full or
+//! SQLite fails (read-only or full state dir, corrupt or deleted
+//! database) events are dropped and counted, the filesystem serves on,
+//! and `status` shows the count and the last error; once the journal can
+//! write again it records a `journal-dropped` row saying how many it
+//! lost. The journal is an index of what happened; the upper is the
+//! truth.
+//!
+//! Retention: rows older than `max_age` are deleted, and the oldest rows
+//! go when the database outgrows `max_bytes` (SQLite reuses the freed
+//! pages, so the file stays about that size).
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use rusqlite::{params, Connection, OpenFlags};
+use serde_json::{json, Value};
+
+use crate::overlay::events::{EvOp, Event, Sink};
+
+/// Retention and queue settings (`mount --journal-max-size/-age`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// The database is trimmed (oldest rows first) beyond this size.
+    pub max_bytes: u64,
+    /// Rows older than this are deleted.
+    pub max_age: Duration,
+    /// Events waiting for the writer; beyond this they are dropped.
+    pub queue: usize,
+}
+
+pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(30 * 86_400);
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            max_bytes: DEFAULT_MAX_BYTES,
+            max_age: DEFAULT_MAX_AGE,
+            queue: 65_536,
+        }
+    }
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS events (
+    id     INTEGER PRIMARY KEY,
+    time   INTEGER NOT NULL,  -- microseconds since the Unix epoch, UTC
+    op     TEXT NOT NULL,
+    path   TEXT NOT NULL,
+    \"to\"   TEXT,
+    result TEXT NOT NULL,     -- 'ok' or the errno name
+    bytes  INTEGER,
+    pid    INTEGER,
+    comm   TEXT,
+    rule   TEXT
+);
+CREATE INDEX IF NOT EXISTS events_time ON events(time);
+";
+
+/// How many events one transaction takes at most.
+const BATCH: usize = 4096;
+/// How often retention runs.
+const RETENTION_EVERY: Duration = Duration::from_secs(60);
+/// How long the writer waits before reopening a database that failed.
+const REOPEN_AFTER: Duration = Duration::from_secs(1);
+
+/// Counters `status` reports.
+#[derive(Default)]
+struct Health {
+    /// Rows in the database (as far as this daemon knows).
+    rows: AtomicU64,
+    /// Rows this daemon inserted.
+    written: AtomicU64,
+    /// Events lost (full queue or a failed insert).
+    dropped: AtomicU64,
+    last_error: Mutex<Option<(SystemTime, String)>>,
+}
+
+impl Health {
+    fn fail(&self, msg: String) {
+        tracing::warn!("journal: {msg}");
+        *self.last_error.lock() = Some((SystemTime::now(), msg));
+    }
+}
+
+enum Msg {
+    Event(Event),
+    /// Write everything queued so far, then answer.
+    Flush(mpsc::Sender<()>),
+}
+
+/// The journal of one mount: a `Sink` for the adapter, health for `status`.
+pub struct Journal {
+    tx: SyncSender<Msg>,
+    health: Arc<Health>,
+    path: PathBuf,
+    opts: Options,
+}
+
+impl Sink for Journal {
+    fn record(&self, ev: Event) {
+        if self.tx.try_send(Msg::Event(ev)).is_err() {
+            self.health.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Journal {
+    /// Starts the writer for the database at `path`. Never fails: a
+    /// database that cannot be opened is retried, and events dropped
+    /// meanwhile are counted.
+    pub fn start(path: PathBuf, opts: Options) -> Arc<Journal> {
+        let (tx, rx) = mpsc::sync_channel(opts.queue.max(1));
+        let health = Arc::new(Health::default());
+        let j = Arc::new(Journal {
+            tx,
+            health: health.clone(),
+            path: path.clone(),
+            opts: opts.clone(),
+        });
+        let spawned = std::thread::Builder::new()
+            .name("journal".into())
+            .spawn(move || Writer::new(path, opts, health).run(rx));
+        if let Err(e) = spawned {
+            j.health
+                .fail(format!("cannot start the journal writer: {e}"));
+        }
+        j
+    }
+
+    /// Waits (up to `limit`) until every event queued so far is written
+    /// or dropped: at unmount, and for tests that read the database.
+    pub fn flush(&self, limit: Duration) -> bool {
+        let (tx, rx) = mpsc::channel();
+        if self.tx.send(Msg::Flush(tx)).is_err() {
+            return false;
+        }
+        rx.recv_timeout(limit).is_ok()
+    }
+
+    /// The journal's health as `status` shows it.
+    pub fn health(&self) -> Value {
+        let h = &self.health;
+        let (err, err_time) = match &*h.last_error.lock() {
+            Some((t, m)) => (
+                Some(m.clone()),
+                Some(humantime::format_rfc3339_seconds(*t).to_string()),
+            ),
+            None => (None, None),
+        };
+        json!({
+            "enabled": true,
+            "path": self.path.to_string_lossy(),
+            "rows": h.rows.load(Ordering::Relaxed),
+            "written": h.written.load(Ordering::Relaxed),
+            "dropped": h.dropped.load(Ordering::Relaxed),
+            "last_error": err,
+            "last_error_time": err_time,
+            "max_bytes": self.opts.max_bytes,
+            "max_age_seconds": self.opts.max_age.as_secs(),
+        })
+    }
+}
+
+/// Microseconds since the epoch.
+fn micros(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// The symbolic name of an errno ("ENOENT"), or its number.
+pub fn errno_name(e: i32) -> String {
+    if e == 0 {
+        return "ok".into();
+    }
+    nix::errno::Errno::from_raw(e)
+        .to_string()
+        .split(':')
+        .next()
+        .filter(|n| n.starts_with('E'))
+        .map(String::from)
+        .unwrap_or_else(|| format!("errno {e}"))
+}
+
+/// The database's identity on disk, to notice it being deleted or replaced.
+fn file_id(p: &Path) -> Option<(u64, u64)> {
+    fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+fn is_corrupt(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+    )
+}
+
+/// Opens (creating if needed) the journal database in WAL mode.
+pub fn open_rw(path: &Path) -> rusqlite::Result<Connection> {
+    let c = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    c.busy_timeout(Duration::from_millis(500))?;
+    c.pragma_update(None, "journal_mode", "WAL")?;
+    c.pragma_update(None, "synchronous", "NORMAL")?;
+    c.execute_batch(SCHEMA)?;
+    Ok(c)
+}
+
+struct Writer {
+    path: PathBuf,
+    opts: Options,
+    health: Arc<Health>,
+    conn: Option<Connection>,
+    id: Option<(u64, u64)>,
+    /// Dropped events not yet recorded as a `journal-dropped` row.
+    unrecorded: u64,
+    seen_dropped: u64,
+    next_open: Instant,
+    next_retention: Instant,
+}
+
+impl Writer {
+    fn new(path: PathBuf, opts: Options, health: Arc<Health>) -> Writer {
+        Writer {
+            path,
+            opts,
+            health,
+            conn: None,
+            id: None,
+            unrecorded: 0,
+            seen_dropped: 0,
+            next_open: Instant::now(),
+            next_retention: Instant::now(),
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Msg>) {
+        self.ensure_open();
+        loop {
+            let first = match rx.recv_timeout(RETENTION_EVERY) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.maintain();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            let mut batch = Vec::new();
+            let mut flushes = Vec::new();
+            let mut next = Some(first);
+            while let Some(m) = next.take() {
+                match m {
+                    Msg::Event(e) => batch.push(e),
+                    Msg::Flush(t) => flushes.push(t),
+                }
+                if batch.len() < BATCH {
+                    next = rx.try_recv().ok();
+                }
+            }
+            if !batch.is_empty() {
+                self.write(batch);
+            }
+            self.maintain();
+            for f in flushes {
+                let _ = f.send(());
+            }
+        }
+    }
+
+    /// Opens the database when there is none (retrying failures at most
+    /// every `REOPEN_AFTER`); a corrupt one is moved aside first.
+    fn ensure_open(&mut self) -> bool {
+        if self.conn.is_some() {
+            // Deleted or replaced behind the daemon: SQLite would write on
+            // into the unlinked file, so start a new one where it was.
+            if file_id(&self.path) != self.id {
+                self.health.fail(format!(
+                    "{} was deleted or replaced while mounted; a new journal was started \
+                     (earlier rows are gone with the old file)",
+                    self.path.display()
+                ));
+                self.conn = None;
+                self.next_open = Instant::now();
+            } else {
+                return true;
+            }
+        }
+        if Instant::now() < self.next_open {
+            return false;
+        }
+        self.next_open = Instant::now() + REOPEN_AFTER;
+        let opened = match open_rw(&self.path) {
+            Err(e) if is_corrupt(&e) => {
+                let aside = self.path.with_extension(format!(
+                    "db.corrupt-{}",
+                    micros(SystemTime::now()) / 1_000_000
+                ));
+                let moved = fs::rename(&self.path, &aside);
+                for ext in ["db-wal", "db-shm"] {
+                    let _ = fs::remove_file(self.path.with_extension(ext));
+                }
+                self.health.fail(match moved {
+                    Ok(()) => format!(
+                        "{} was corrupt ({e}); moved to {} and a new journal was started",
+                        self.path.display(),
+                        aside.display()
+                    ),
+                    Err(m) => format!(
+                        "{} is corrupt ({e}) and cannot be moved: {m}",
+                        self.path.display()
+                    ),
+                });
+                open_rw(&self.path)
+            }
+            r => r,
+        };
+        match opened {
+            Ok(c) => {
+                let rows: i64 = c
+                    .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+                    .unwrap_or(0);
+                self.health.rows.store(rows as u64, Ordering::Relaxed);
+                self.id = file_id(&self.path);
+                self.conn = Some(c);
+                true
+            }
+            Err(e) => {
+                self.health
+                    .fail(format!("cannot open {}: {e}", self.path.display()));
+                false
+            }
+        }
+    }
+
+    fn drop_events(&mut self, n: u64) {
+        self.health.dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn write(&mut self, batch: Vec<Event>) {
+        let n = batch.len() as u64;
+        if !self.ensure_open() {
+            return self.drop_events(n);
+        }
+        // Events the queue refused since the last look.
+        let dropped = self.health.dropped.load(Ordering::Relaxed);
+        self.unrecorded += dropped - self.seen_dropped;
+        self.seen_dropped = dropped;
+        let unrecorded = self.unrecorded;
+        let Some(conn) = self.conn.as_mut() else {
+            return self.drop_events(n);
+        };
+        let result = (|| -> rusqlite::Result<u64> {
+            let tx = conn.transaction()?;
+            let mut rows = 0;
+            {
+                let mut ins = tx.prepare_cached(
+                    "INSERT INTO events (time, op, path, \"to\", result, bytes, pid, comm, rule)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                )?;
+                if unrecorded > 0 {
+                    ins.execute(params![
+                        micros(SystemTime::now()),
+                        EvOp::Dropped.name(),
+                        "",
+                        None::<String>,
+                        "ok",
+                        unrecorded as i64,
+                        std::process::id(),
+                        "layerfs",
+                        None::<String>,
+                    ])?;
+                    rows += 1;
+                }
+                for e in &batch {
+                    ins.execute(params![
+                        micros(e.time),
+                        e.op.name(),
+                        e.path,
+                        e.to,
+                        errno_name(e.errno),
+                        e.bytes.map(|b| b as i64),
+                        e.pid,
+                        &*e.comm,
+                        e.rule,
+                    ])?;
+                    rows += 1;
+                }
+            }
+            tx.commit()?;
+            Ok(rows)
+        })();
+        match result {
+            Ok(rows) => {
+                self.unrecorded = 0;
+                self.health.rows.fetch_add(rows, Ordering::Relaxed);
+                self.health.written.fetch_add(rows, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.health.fail(format!(
+                    "writing to {} failed: {e}; {n} event(s) dropped",
+                    self.path.display()
+                ));
+                self.drop_events(n);
+                // Counted now: the refusal of these is not a queue drop.
+                self.seen_dropped += n;
+                self.unrecorded += n;
+                if is_corrupt(&e) {
+                    let _ = fs::remove_file(&self.path);
+                }
+                self.conn = None;
+            }
+        }
+    }
+
+    /// Retention: rows beyond the age limit, then the oldest beyond the size.
+    fn maintain(&mut self) {
+        if Instant::now() < self.next_retention {
+            return;
+        }
+        self.next_retention = Instant::now() + RETENTION_EVERY;
+        let _ = self.ensure_open();
+        let Some(conn) = self.conn.as_ref() else {
+            return;
+        };
+        let cutoff = micros(SystemTime::now()) - self.opts.max_age.as_micros() as i64;
+        let r = (|| -> rusqlite::Result<u64> {
+            let mut deleted = conn.execute("DELETE FROM events WHERE time < ?1", [cutoff])? as u64;
+            for _ in 0..8 {
+                let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+                let free: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+                let size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+                if ((pages - free) * size) as u64 <= self.opts.max_bytes {
+                    break;
+                }
+                // The oldest quarter goes; freed pages are reused.
+                deleted += conn.execute(
+                    "DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id
+                     LIMIT 1 OFFSET (SELECT count(*) / 4 FROM events))",
+                    [],
+                )? as u64;
+            }
+            conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
+            Ok(deleted)
+        })();
+        match r {
+            Ok(d) if d > 0 => {
+                let _ = self
+                    .health
+                    .rows
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                        Some(r.saturating_sub(d))
+                    });
+            }
+            Ok(_) => {}
+            Err(e) => self.health.fail(format!("journal retention failed: {e}")),
+        }
+    }
+}
+
+/// Opens the journal read-only (for `layerfs log` and offline status).
+pub fn open_ro(path: &Path) -> Result<Connection, String> {
+    if !path.exists() {
+        return Err(format!(
+            "no journal at {} (the workspace was mounted with --no-journal, or never mounted)",
+            path.display()
+        ));
+    }
+    let c = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| format!("cannot open journal {}: {e}", path.display()))?;
+    let _ = c.busy_timeout(Duration::from_secs(2));
+    Ok(c)
+}
+
+/// Journal health of an unmounted workspace, read from the database.
+pub fn offline_health(db: &Path) -> Value {
+    match open_ro(db).and_then(|c| {
+        c.query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0))
+            .map_err(|e| format!("{}: {e}", db.display()))
+    }) {
+        Ok(rows) => json!({"path": db.to_string_lossy(), "rows": rows}),
+        Err(e) => json!({"path": db.to_string_lossy(), "rows": null, "last_error": e}),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(op: EvOp, path: &str) -> Event {
+        Event {
+            time: SystemTime::now(),
+            op,
+            path: path.into(),
+            to: None,
+            errno: 0,
+            bytes: Some(3),
+            pid: 1,
+            comm: Arc::from("test"),
+            rule: None,
+        }
+    }
+
+    #[test]
+    fn errno_names() {
+        assert_eq!(errno_name(0), "ok");
+        assert_eq!(errno_name(libc::ENOENT), "ENOENT");
+        assert_eq!(errno_name(libc::EROFS), "EROFS");
+    }
+
+    #[test]
+    fn writes_rows_and_recovers_from_a_deleted_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("journal.db");
+        let j = Journal::start(db.clone(), Options::default());
+        j.record(ev(EvOp::Create, "a"));
+        j.record(ev(EvOp::Write, "a"));
+        assert!(j.flush(Duration::from_secs(10)));
+        let c = open_ro(&db).unwrap();
+        let n: i64 = c
+            .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 2);
+        drop(c);
+        fs::remove_file(&db).unwrap();
+        j.record(ev(EvOp::Unlink, "a"));
+        assert!(j.flush(Duration::from_secs(10)));
+        let h = j.health();
+        assert!(h["last_error"].as_str().unwrap().contains("deleted"), "{h}");
+        let c = open_ro(&db).unwrap();
+        let ops: Vec<String> = c
+            .prepare("SELECT op FROM events")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(ops, vec!["unlink".to_string()]);
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options {
+            queue: 1,
+            ..Options::default()
+        };
+        let j = Journal::start(dir.path().join("journal.db"), opts);
+        for i in 0..10_000 {
+            j.record(ev(EvOp::Write, &format!("f{i}")));
+        }
+        assert!(j.flush(Duration::from_secs(10)));
+        let h = j.health();
+        let dropped = h["dropped"].as_u64().unwrap();
+        assert!(dropped > 0, "{h}");
+        // The next write records the loss.
+        j.record(ev(EvOp::Create, "after"));
+        assert!(j.flush(Duration::from_secs(10)));
+        let c = open_ro(&dir.path().join("journal.db")).unwrap();
+        let lost: i64 = c
+            .query_row(
+                "SELECT coalesce(sum(bytes), 0) FROM events WHERE op = 'journal-dropped'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(lost as u64, dropped);
+    }
+}
