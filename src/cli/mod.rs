@@ -6,6 +6,7 @@ mod gc;
 mod mount;
 mod policy;
 mod reset;
+mod snapshot;
 mod status;
 mod umount;
 
@@ -70,6 +71,9 @@ enum Command {
     Reset(reset::ResetCmd),
     /// Empty a workspace's scratch paths.
     Gc(gc::GcCmd),
+    /// Save, restore, list or remove snapshots of a workspace's upper.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCmd),
     /// Show live mounts: layers, state dir, daemon, usage, journal health.
     Status(status::StatusCmd),
 }
@@ -95,6 +99,7 @@ pub fn run() -> i32 {
         Command::Diff(d) => d.run(),
         Command::Reset(r) => r.run(),
         Command::Gc(g) => g.run(),
+        Command::Snapshot(s) => s.run(),
         Command::Status(s) => s.run(),
     }
 }

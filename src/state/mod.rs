@@ -9,3 +9,5 @@ pub mod journal;
 pub mod reset;
 pub mod scratch;
 pub mod workspace;
+pub mod snapshot;
+pub mod snapshot_id;

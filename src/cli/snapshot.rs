@@ -1,0 +1,222 @@
+//! `layerfs snapshot save|restore|list|rm`: keep and bring back whole
+//! states of a workspace's upper (see `state::snapshot`).
+
+use std::ffi::{OsStr, OsString};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use clap::Subcommand;
+
+use crate::state::snapshot::{self, Exclude, SaveOptions};
+use crate::state::snapshot_id;
+use crate::state::workspace::Workspace;
+
+const SNAPSHOT_HELP: &str = "\
+WORKSPACE is a live layerfs mountpoint or, for an unmounted workspace, its
+upper directory. Snapshots live in the state dir's snapshots/ as ID.tar
+(plain tar files: `tar tvf` lists them). An ID is 1-128 characters of
+A-Z a-z 0-9 . _ -, not starting with `.`.
+
+Examples:
+  layerfs snapshot save ~/ws/mnt before-refactor
+  layerfs snapshot save ~/ws/mnt                 # ID from the UTC time
+  layerfs snapshot list ~/ws/mnt
+  layerfs snapshot list --json ~/ws/upper
+  layerfs umount ~/ws/mnt && layerfs snapshot restore ~/ws/upper before-refactor
+  layerfs snapshot rm ~/ws/mnt before-refactor";
+
+#[derive(Subcommand, Debug)]
+#[command(after_help = SNAPSHOT_HELP)]
+pub enum SnapshotCmd {
+    /// Save the upper as snapshot ID (a consistent capture: writes through
+    /// the mount are paused while it is taken; reads go on).
+    Save {
+        /// Replace an existing snapshot of the same ID.
+        #[arg(long)]
+        force: bool,
+        #[arg(value_name = "WORKSPACE")]
+        workspace: PathBuf,
+        /// Snapshot ID [default: the UTC time, e.g. 20261203T150102.123Z].
+        #[arg(value_name = "ID")]
+        id: Option<OsString>,
+    },
+    /// Replace the upper by snapshot ID, atomically. The workspace must be
+    /// unmounted (layerfs umount MOUNTPOINT) first.
+    Restore {
+        #[arg(value_name = "WORKSPACE")]
+        workspace: PathBuf,
+        #[arg(value_name = "ID")]
+        id: OsString,
+    },
+    /// List snapshots: ID, size, time, number of entries.
+    List {
+        /// One JSON object per line: {"id","size","time","entries"}.
+        #[arg(long)]
+        json: bool,
+        #[arg(value_name = "WORKSPACE")]
+        workspace: PathBuf,
+    },
+    /// Remove snapshot ID.
+    Rm {
+        #[arg(value_name = "WORKSPACE")]
+        workspace: PathBuf,
+        #[arg(value_name = "ID")]
+        id: OsString,
+    },
+}
+
+impl SnapshotCmd {
+    pub fn run(self) -> i32 {
+        let (what, r) = match self {
+            SnapshotCmd::Save {
+                force,
+                workspace,
+                id,
+            } => ("save", save(&workspace, id.as_deref(), force)),
+            SnapshotCmd::Restore { workspace, id } => ("restore", restore(&workspace, &id)),
+            SnapshotCmd::List { json, workspace } => ("list", list(&workspace, json)),
+            SnapshotCmd::Rm { workspace, id } => ("rm", rm(&workspace, &id)),
+        };
+        match r {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("layerfs snapshot {what}: {e}");
+                1
+            }
+        }
+    }
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
+    // Invariant: a bad ID is refused before anything is read or written.
+    let given = id.map(snapshot_id::validate).transpose()?;
+    let ws = Workspace::resolve(ws_arg)?;
+    let id = match given {
+        Some(id) => id.to_string(),
+        None => snapshot_id::generate(|c| snapshot::exists(&ws.state, c)),
+    };
+    let opts = SaveOptions {
+        exclude: Exclude::new(&ws.scratch)?,
+        force,
+        progress: std::io::stderr().is_terminal(),
+    };
+    // On a live mount, hold the daemon's write pause for the capture:
+    // writes in flight complete first, later ones wait; closing the
+    // connection (also when this process dies) ends the pause.
+    let pause = match ws.client() {
+        None => None,
+        Some(client) => {
+            let mut c = client?;
+            let r = c.request(&serde_json::json!({"cmd": "pause"}))?;
+            if r["ok"] != serde_json::Value::Bool(true) {
+                return Err(format!(
+                    "the daemon of {} refused to pause writes: {}",
+                    ws_arg.display(),
+                    r["error"].as_str().unwrap_or("no reason given")
+                ));
+            }
+            if let Some(busy) = r["busy"].as_array().filter(|b| !b.is_empty()) {
+                let paths: Vec<&str> = busy.iter().filter_map(|p| p.as_str()).collect();
+                return Err(format!(
+                    "files are still open for writing and cannot be paused: {}; close them and retry",
+                    paths.join(", ")
+                ));
+            }
+            Some(c)
+        }
+    };
+    let info = snapshot::save(&ws.upper, &ws.state, &id, &opts)?;
+    if let Some(mut c) = pause {
+        // Dropping the connection also resumes; asking says so explicitly.
+        let _ = c.request(&serde_json::json!({"cmd": "resume"}));
+    }
+    println!(
+        "saved snapshot {} ({}, {} entries) to {}",
+        info.id,
+        human(info.size),
+        info.entries.unwrap_or(0),
+        snapshot::path(&ws.state, &info.id).display()
+    );
+    Ok(())
+}
+
+fn restore(ws_arg: &Path, id: &OsStr) -> Result<(), String> {
+    let id = snapshot_id::validate(id)?;
+    let ws = Workspace::resolve(ws_arg)?;
+    if let Some(m) = &ws.mountpoint {
+        return Err(format!(
+            "the workspace is mounted at {}: unmount first (layerfs umount {}), then run \
+             layerfs snapshot restore {} {id}",
+            m.display(),
+            m.display(),
+            ws.upper.display()
+        ));
+    }
+    let info = snapshot::restore(
+        &ws.upper,
+        Some(&ws.work),
+        &ws.state,
+        id,
+        std::io::stderr().is_terminal(),
+    )?;
+    println!(
+        "restored snapshot {} ({}) into {}",
+        info.id,
+        human(info.size),
+        ws.upper.display()
+    );
+    Ok(())
+}
+
+fn list(ws_arg: &Path, json: bool) -> Result<(), String> {
+    let ws = Workspace::resolve(ws_arg)?;
+    let all = snapshot::list(&ws.state, true)?;
+    if json {
+        for i in &all {
+            println!("{}", i.to_json());
+        }
+        return Ok(());
+    }
+    if all.is_empty() {
+        eprintln!("no snapshots in {}", snapshot::dir(&ws.state).display());
+        return Ok(());
+    }
+    let w = all.iter().map(|i| i.id.len()).max().unwrap_or(2).max(2);
+    println!(
+        "{:<w$}  {:>10}  {:<20}  {:>8}",
+        "ID", "SIZE", "TIME", "ENTRIES"
+    );
+    for i in &all {
+        println!(
+            "{:<w$}  {:>10}  {:<20}  {:>8}",
+            i.id,
+            human(i.size),
+            snapshot_id::rfc3339(i.time),
+            i.entries.map_or("?".to_string(), |n| n.to_string())
+        );
+    }
+    Ok(())
+}
+
+fn rm(ws_arg: &Path, id: &OsStr) -> Result<(), String> {
+    let id = snapshot_id::validate(id)?;
+    let ws = Workspace::resolve(ws_arg)?;
+    snapshot::remove(&ws.state, id)?;
+    println!("removed snapshot {id}");
+    Ok(())
+}

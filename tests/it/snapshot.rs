@@ -1,0 +1,465 @@
+//! `layerfs snapshot`: save/restore roundtrips seen through real mounts,
+//! unsafe IDs, kill -9 during a save, a full state dir.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::hash::{Hash, Hasher};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::harness::{bin, eventually, sh, Workspace};
+
+fn layerfs(args: &[&OsStr]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run layerfs")
+}
+
+fn snap(args: &[&str]) -> Output {
+    let mut a: Vec<&OsStr> = vec![OsStr::new("snapshot")];
+    a.extend(args.iter().map(OsStr::new));
+    layerfs(&a)
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "layerfs failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn state_dir(ws: &Workspace) -> PathBuf {
+    ws.dir.path().join(".upper.layerfs-state")
+}
+
+fn snapshots(ws: &Workspace) -> Vec<OsString> {
+    let mut v: Vec<OsString> = match fs::read_dir(state_dir(ws).join("snapshots")) {
+        Ok(rd) => rd.map(|e| e.unwrap().file_name()).collect(),
+        Err(_) => Vec::new(),
+    };
+    v.sort();
+    v
+}
+
+/// One object as seen through the mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Obj {
+    kind: u32,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    blocks_nonzero: bool,
+    mtime: (i64, i64),
+    content: u64,
+    target: Option<OsString>,
+    xattrs: Vec<(OsString, Vec<u8>)>,
+    rdev: u64,
+    /// First path (in walk order) of the hard-link group, for nlink > 1.
+    link_group: Option<String>,
+}
+
+/// Every object under `root` (not following symlinks), by relative path.
+fn walk(root: &Path) -> BTreeMap<String, Obj> {
+    let mut out = BTreeMap::new();
+    let mut groups: BTreeMap<u64, String> = BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = root.join(&rel);
+        let mut names: Vec<OsString> = fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("list {}: {e}", dir.display()))
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        for n in names.into_iter().rev() {
+            let r = rel.join(&n);
+            let p = root.join(&r);
+            let m = fs::symlink_metadata(&p).unwrap();
+            let kind = m.mode() & libc::S_IFMT;
+            let key = format!("{:?}", r.as_os_str());
+            let content = if m.is_file() {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                fs::read(&p).unwrap().hash(&mut h);
+                h.finish()
+            } else {
+                0
+            };
+            let link_group = (!m.is_dir() && m.nlink() > 1)
+                .then(|| groups.entry(m.ino()).or_insert_with(|| key.clone()).clone());
+            let mut xattrs: Vec<(OsString, Vec<u8>)> = if m.file_type().is_symlink() {
+                Vec::new()
+            } else {
+                xattr::list(&p)
+                    .unwrap()
+                    .map(|n| {
+                        let v = xattr::get(&p, &n).unwrap().unwrap_or_default();
+                        (n, v)
+                    })
+                    .collect()
+            };
+            xattrs.sort();
+            out.insert(
+                key,
+                Obj {
+                    kind,
+                    mode: m.mode() & 0o7777,
+                    uid: m.uid(),
+                    gid: m.gid(),
+                    size: if m.is_dir() { 0 } else { m.size() },
+                    blocks_nonzero: m.blocks() > 0,
+                    mtime: (m.mtime(), m.mtime_nsec()),
+                    content,
+                    target: m
+                        .file_type()
+                        .is_symlink()
+                        .then(|| fs::read_link(&p).unwrap().into()),
+                    xattrs,
+                    rdev: m.rdev(),
+                    link_group,
+                },
+            );
+            if m.is_dir() {
+                stack.push(r);
+            }
+        }
+    }
+    // Directory mtimes through the mount mix layers; every other field
+    // must match exactly.
+    out
+}
+
+/// Lower content every roundtrip test starts from.
+fn populate_lower(lower: &Path) {
+    sh(
+        lower,
+        "mkdir -p a b/sub c keep && echo one > a/1 && echo two > a/2 && echo x > b/x \
+         && echo deep > b/sub/d && echo y > c/y && echo k > keep/k && echo gone > del \
+         && ln -s a/1 lsym && echo shared > keep/shared",
+    );
+}
+
+/// Changes of every kind, made through the mount.
+fn change_everything(m: &Path) {
+    sh(
+        m,
+        "set -e
+         rm del                               # whiteout
+         mv b b2                              # redirect (renamed lower dir)
+         rm -rf c && mkdir c && echo z > c/z  # opaque dir
+         echo more >> a/1                     # copy-up
+         rm keep/shared                       # whiteout inside a lower dir
+         echo n > n1 && ln n1 n2 && ln n1 a/n3   # hard links
+         ln -s a/1 s1
+         echo p > perm && chmod 4751 perm
+         mkdir sticky && chmod 1777 sticky
+         mkdir ro && echo r > ro/f && chmod 555 ro
+         echo x > xa && setfattr -n user.k -v 'v 1' xa && setfattr -n user.bin -v 0sAAEC/w== xa
+         setfattr -n user.dir -v d a
+         echo o > owned && chown 65534:65534 owned
+         mkfifo fifo
+         truncate -s 5M sparse && echo tail >> sparse
+         echo t > timed && touch -d '2001-02-03 04:05:06.123456789' timed
+         long=$(printf 'd%.0s' $(seq 1 120)); mkdir -p \"$long/$long\" && echo L > \"$long/$long/$long.txt\"
+         ln -s \"$long/$long/$long.txt\" longlink
+         printf 'nl' > \"$(printf 'new\\nline')\"
+         printf 'bin' > \"$(printf 'x\\377y')\"
+         echo e > 'sp ace'",
+    );
+}
+
+#[test]
+fn snapshot_roundtrip_gives_the_same_view() {
+    let ws = Workspace::new();
+    populate_lower(ws.lower());
+    let m = ws.mount();
+    change_everything(m.path());
+    let before = walk(m.path());
+    assert!(
+        before.values().any(|o| o.link_group.is_some()) && before.len() > 20,
+        "{before:#?}"
+    );
+    // The view the marks make: whiteouts hide, the redirect renames, the
+    // opaque dir hides its lower contents.
+    let has = |v: &BTreeMap<String, Obj>, p: &str| v.contains_key(&format!("{p:?}"));
+    for p in ["b2/sub/d", "c/z", "a/1", "keep/k", "n2", "perm"] {
+        assert!(has(&before, p), "{p} missing");
+    }
+    for p in ["del", "b", "c/y", "keep/shared"] {
+        assert!(!has(&before, p), "{p} present");
+    }
+    drop(m);
+    let upper = ws.upper.to_str().unwrap();
+    let out = ok(&snap(&["save", upper, "s1"]));
+    assert!(out.contains("saved snapshot s1"), "{out}");
+
+    // Change it all again, then go back.
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "chmod -R u+w . && rm -rf ./* && echo junk > junk && mkdir b && echo back > b/x",
+    );
+    assert_ne!(walk(m.path()), before);
+    drop(m);
+    let out = ok(&snap(&["restore", upper, "s1"]));
+    assert!(out.contains("restored snapshot s1"), "{out}");
+    let m = ws.mount();
+    let after = walk(m.path());
+    for (k, v) in &before {
+        let mut a = after.get(k).cloned();
+        // A merged directory's mtime can come from its lower.
+        if let Some(a) = a.as_mut().filter(|a| a.kind == libc::S_IFDIR) {
+            a.mtime = v.mtime;
+        }
+        assert_eq!(a.as_ref(), Some(v), "{k} differs after restore");
+    }
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    for p in ["del", "b", "c/y", "keep/shared", "junk"] {
+        assert!(!has(&after, p), "{p} present after restore");
+    }
+    // The upper holds the overlay's own marks again (the view depends on them).
+    drop(m);
+    let wh = fs::symlink_metadata(ws.upper.join("del")).unwrap();
+    assert_eq!((wh.mode() & libc::S_IFMT, wh.rdev()), (libc::S_IFCHR, 0));
+    let sparse = fs::metadata(ws.upper.join("sparse")).unwrap();
+    assert!(
+        sparse.blocks() * 512 < 1 << 20,
+        "sparse file not kept sparse"
+    );
+    // No staging leftovers anywhere beside the upper.
+    let stray: Vec<_> = fs::read_dir(ws.dir.path())
+        .unwrap()
+        .chain(fs::read_dir(&ws.work).unwrap())
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains("restore"))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+}
+
+#[test]
+fn snapshot_list_rm_and_existing_ids() {
+    let ws = Workspace::new();
+    fs::write(ws.upper.join("f"), "x").unwrap();
+    let upper = ws.upper.to_str().unwrap();
+    ok(&snap(&["save", upper, "one"]));
+    let again = snap(&["save", upper, "one"]);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already exists"),
+        "{again:?}"
+    );
+    ok(&snap(&["save", "--force", upper, "one"]));
+    let auto = ok(&snap(&["save", upper]));
+    let auto_id = auto.split_whitespace().nth(2).unwrap().to_string();
+    let json = ok(&snap(&["list", "--json", upper]));
+    let rows: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{json}");
+    for r in &rows {
+        assert!(r["size"].as_u64().unwrap() > 0);
+        assert_eq!(r["entries"].as_u64(), Some(2), "{r}");
+        assert!(r["time"].as_str().unwrap().ends_with('Z'));
+    }
+    let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert!(
+        ids.contains(&"one") && ids.contains(&auto_id.as_str()),
+        "{ids:?}"
+    );
+    let text = ok(&snap(&["list", upper]));
+    assert!(text.starts_with("ID") && text.contains("one"), "{text}");
+    ok(&snap(&["rm", upper, "one"]));
+    let gone = snap(&["rm", upper, "one"]);
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("no snapshot `one`"));
+    let missing = snap(&["restore", upper, "one"]);
+    assert!(!missing.status.success());
+    assert_eq!(
+        snapshots(&ws),
+        vec![OsString::from(format!("{auto_id}.tar"))]
+    );
+}
+
+#[test]
+fn snapshot_unsafe_ids_are_refused_before_anything_is_written() {
+    let ws = Workspace::new();
+    fs::write(ws.upper.join("f"), "x").unwrap();
+    let long = "x".repeat(300);
+    let bad: Vec<OsString> = vec![
+        "../x".into(),
+        "a/b".into(),
+        ".hidden".into(),
+        "".into(),
+        ".".into(),
+        "..".into(),
+        long.into(),
+        "a\nb".into(),
+        "a b".into(),
+        "/abs".into(),
+        OsString::from_vec(b"a\xffb".to_vec()),
+    ];
+    for id in &bad {
+        for cmd in ["save", "restore", "rm"] {
+            let out = layerfs(&[
+                OsStr::new("snapshot"),
+                OsStr::new(cmd),
+                ws.upper.as_os_str(),
+                id,
+            ]);
+            assert_eq!(out.status.code(), Some(1), "{cmd} {id:?}: {out:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("invalid snapshot ID"), "{cmd} {id:?}: {err}");
+        }
+    }
+    assert!(!state_dir(&ws).exists(), "a refused save wrote something");
+    let names: Vec<_> = fs::read_dir(ws.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.to_string_lossy().contains("x")),
+        "{names:?}"
+    );
+    assert_eq!(fs::read_dir(&ws.upper).unwrap().count(), 1);
+}
+
+#[test]
+fn snapshot_kill9_during_save_leaves_nothing_partial() {
+    let ws = Workspace::new();
+    // Enough data that the save is still writing when it is killed.
+    let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 1) as u8).collect();
+    for i in 0..96 {
+        fs::write(ws.upper.join(format!("big{i}")), &chunk).unwrap();
+    }
+    let upper = ws.upper.to_str().unwrap();
+    let snaps = state_dir(&ws).join("snapshots");
+    for id in ["k1", "k2"] {
+        let mut child = Command::new(bin())
+            .args(["snapshot", "save", upper, id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let tmp = snaps.join(format!(".{id}.tar.tmp"));
+        assert!(
+            eventually(Duration::from_secs(20), || fs::metadata(&tmp)
+                .is_ok_and(|m| m.len() > 0)),
+            "save never started writing"
+        );
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "the save finished before it was killed");
+        assert!(!snaps.join(format!("{id}.tar")).exists());
+    }
+    // Leftovers never show in list.
+    assert_eq!(ok(&snap(&["list", "--json", upper])), "");
+    // A later save of the same ID is not tripped up; it also clears the
+    // other killed save's leftover.
+    ok(&snap(&["save", upper, "k1"]));
+    assert_eq!(snapshots(&ws), vec![OsString::from("k1.tar")]);
+    ok(&snap(&["save", upper, "k2"]));
+    assert_eq!(
+        snapshots(&ws),
+        vec![OsString::from("k1.tar"), OsString::from("k2.tar")]
+    );
+    let json = ok(&snap(&["list", "--json", upper]));
+    assert_eq!(json.lines().count(), 2, "{json}");
+}
+
+/// A small tmpfs mounted on a path, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(path: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(path).unwrap();
+        let st = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs on {}", path.display());
+        Tmpfs(path.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn snapshot_full_state_dir_leaves_no_partial_snapshot() {
+    let ws = Workspace::new();
+    let _full = Tmpfs::mount(&state_dir(&ws), "1m");
+    let chunk: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+    fs::write(ws.upper.join("big"), &chunk).unwrap();
+    let upper = ws.upper.to_str().unwrap();
+    let out = snap(&["save", upper, "full"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no space left"), "{err}");
+    assert!(snapshots(&ws).is_empty(), "{:?}", snapshots(&ws));
+    // Once there is room, the same ID saves.
+    fs::write(ws.upper.join("big"), "small").unwrap();
+    ok(&snap(&["save", upper, "full"]));
+    assert_eq!(snapshots(&ws), vec![OsString::from("full.tar")]);
+}
+
+#[test]
+fn snapshot_roundtrip_as_another_user() {
+    // The unprivileged convention: user.overlay.* marks, files owned by the
+    // caller; save and restore run as that user.
+    let ws = Workspace::new();
+    sh(
+        ws.dir.path(),
+        "mkdir -p upper/d/e && echo hi > upper/d/f && ln upper/d/f upper/g \
+         && mknod upper/wh c 0 0 && setfattr -n user.overlay.opaque -v y upper/d \
+         && chmod 0444 upper/d/f && setfattr -n user.overlay.redirect -v /x upper/d/e \
+         && chmod 555 upper/d/e && chown -R 65534:65534 upper && chmod 0777 . \
+         && chmod 0755 upper",
+    );
+    let before = walk(&ws.upper);
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(bin())
+            .arg("snapshot")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let upper = ws.upper.to_str().unwrap();
+    ok(&as_nobody(&["save", upper, "u1"]));
+    sh(&ws.upper, "chmod -R u+w . && rm -rf d && echo new > new");
+    ok(&as_nobody(&["restore", upper, "u1"]));
+    let after = walk(&ws.upper);
+    assert_eq!(after, before);
+    let m = fs::metadata(state_dir(&ws)).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (65534, 0o700));
+    assert_eq!(
+        fs::metadata(ws.upper.join("d/f"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o444
+    );
+}
