@@ -3,6 +3,7 @@
 
 mod diff;
 mod gc;
+mod log;
 mod mount;
 mod policy;
 mod reset;
@@ -74,6 +75,8 @@ enum Command {
     /// Save, restore, list or remove snapshots of a workspace's upper.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCmd),
+    /// Show the change journal of a workspace.
+    Log(log::LogCmd),
     /// Show live mounts: layers, state dir, daemon, usage, journal health.
     Status(status::StatusCmd),
 }
@@ -101,5 +104,6 @@ pub fn run() -> i32 {
         Command::Gc(g) => g.run(),
         Command::Snapshot(s) => s.run(),
         Command::Status(s) => s.run(),
+        Command::Log(l) => l.run(),
     }
 }

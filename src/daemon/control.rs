@@ -22,9 +22,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
+use std::collections::VecDeque;
+
+use parking_lot::Mutex;
+
 use crate::config::Config;
 use crate::fuse::FsHandle;
 use crate::overlay::gate::PauseGuard;
+use crate::state::journal::Journal;
 use crate::state::workspace::SOCKET_FILE;
 
 /// How long `pause` waits for passthrough write opens to close, unless
@@ -142,10 +147,13 @@ pub struct Daemon {
     pub uid: u32,
     /// `--scratch` globs (the policy's `scratch` lines are read live).
     pub scratch: Vec<String>,
+    pub journal: Option<Arc<Journal>>,
+    /// Request counts sampled each second, for requests per second.
+    samples: Mutex<VecDeque<(Instant, u64)>>,
 }
 
 impl Daemon {
-    pub fn new(cfg: &Config, fs: FsHandle) -> Daemon {
+    pub fn new(cfg: &Config, fs: FsHandle, journal: Option<Arc<Journal>>) -> Daemon {
         Daemon {
             fs,
             mountpoint: cfg.mountpoint.clone(),
@@ -158,7 +166,42 @@ impl Daemon {
             started_at: SystemTime::now(),
             uid: nix::unistd::geteuid().as_raw(),
             scratch: cfg.scratch.clone(),
+            journal,
+            samples: Mutex::new(VecDeque::new()),
         }
+    }
+
+    /// Records the request count now; keeps the last `RATE_WINDOW` seconds.
+    fn sample(&self) {
+        let (requests, _, _) = self.fs.counters();
+        let mut s = self.samples.lock();
+        s.push_back((Instant::now(), requests));
+        while s.len() > RATE_WINDOW + 1 {
+            s.pop_front();
+        }
+    }
+
+    /// Requests per second over the last few seconds.
+    fn rate(&self) -> f64 {
+        self.sample();
+        let s = self.samples.lock();
+        match (s.front(), s.back()) {
+            (Some((t0, n0)), Some((t1, n1))) if t1 > t0 => {
+                (n1 - n0) as f64 / t1.duration_since(*t0).as_secs_f64()
+            }
+            _ => 0.0,
+        }
+    }
+}
+
+/// Seconds of request counts kept for the rate.
+const RATE_WINDOW: usize = 10;
+
+/// Samples the request count once a second for as long as the daemon runs.
+fn sampler(daemon: Arc<Daemon>) {
+    loop {
+        daemon.sample();
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 
@@ -171,6 +214,10 @@ impl ControlSocket {
     /// Serves the socket on a thread of its own until the process exits.
     pub fn serve(&self, daemon: Arc<Daemon>) -> io::Result<()> {
         let listener = self.listener.try_clone()?;
+        let d = daemon.clone();
+        std::thread::Builder::new()
+            .name("rate-sampler".into())
+            .spawn(move || sampler(d))?;
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || accept_loop(listener, daemon))
@@ -395,6 +442,7 @@ fn invalidate_bounded(work: impl FnOnce() -> usize + Send + 'static) -> Value {
 fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
     let s = |p: &Path| p.to_string_lossy().into_owned();
     let ov = daemon.fs.overlay();
+    let (requests, copy_ups, denials) = daemon.fs.counters();
     json!({
         "mountpoint": s(&daemon.mountpoint),
         "upper": s(&daemon.upper),
@@ -409,5 +457,46 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
         "paused": ov.gate.paused(),
         "paused_by_you": conn.pause.is_some(),
         "read_only": ov.read_only,
+        "upper_usage": upper_usage(ov),
+        "counters": {
+            "requests": requests,
+            "requests_per_second": (daemon.rate() * 10.0).round() / 10.0,
+            "copy_ups": copy_ups,
+            "denials": denials,
+        },
+        "journal": match &daemon.journal {
+            Some(j) => j.health(),
+            None => json!({"enabled": false}),
+        },
+    })
+}
+
+/// Bytes and inodes the upper holds (whiteouts are free), with the quota
+/// limits when the policy sets them. Without a quota the upper is
+/// measured now (a walk of the upper).
+fn upper_usage(ov: &crate::overlay::Overlay) -> Value {
+    let limits = ov.quota.limits();
+    let (bytes, inodes, measured) = if ov.quota.limited() {
+        let (b, i) = ov.quota.used();
+        (Some(b), Some(i), "counted")
+    } else {
+        let u = crate::overlay::quota::Usage::new(Default::default());
+        match u.scan(&ov.upper) {
+            Ok(()) => {
+                let (b, i) = u.used();
+                (Some(b), Some(i), "measured")
+            }
+            Err(e) => {
+                tracing::warn!("status: cannot measure the upper: {e}");
+                (None, None, "unknown")
+            }
+        }
+    };
+    json!({
+        "bytes": bytes,
+        "inodes": inodes,
+        "how": measured,
+        "quota_bytes": limits.bytes,
+        "quota_inodes": limits.inodes,
     })
 }

@@ -212,6 +212,12 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     };
     let fs = LayerFs::new(cfg)?;
     let handle = fs.handle();
+    let journal = cfg.journal.clone().map(|opts| {
+        let path = cfg.state.join(crate::state::workspace::JOURNAL_FILE);
+        let j = crate::state::journal::Journal::start(path, opts);
+        handle.set_journal(j.clone());
+        j
+    });
     // Described and registered before the mount appears, so a state
     // command run as soon as the mountpoint is live finds both.
     let _described = Described::new(cfg);
@@ -250,7 +256,8 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     }
 
     if let Some(c) = &control {
-        let daemon = std::sync::Arc::new(control::Daemon::new(cfg, handle.clone()));
+        let daemon =
+            std::sync::Arc::new(control::Daemon::new(cfg, handle.clone(), journal.clone()));
         if let Err(e) = c.serve(daemon) {
             tracing::warn!("cannot start the control socket thread: {e}");
         }
@@ -274,6 +281,13 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     let result = session.run();
     notify.send("STOPPING=1");
     drop(control);
+    if let Some(j) = &journal {
+        if !j.flush(std::time::Duration::from_secs(5)) {
+            tracing::warn!(
+                "the journal did not finish writing within 5 s; its last events are lost"
+            );
+        }
+    }
     drop(pid_file);
     match result {
         Ok(()) => {

@@ -138,8 +138,19 @@ impl IoModes {
         }
     }
 
-    pub fn reply_open(&self, ov: &Overlay, id: u64, o: Opened, reply: ReplyOpen) {
-        match self.decide(ov, id, &o, |fd| reply.open_backing(fd)) {
+    /// Replies to an open; `before_reply` learns whether it is passthrough
+    /// before the kernel can use the handle.
+    pub fn reply_open(
+        &self,
+        ov: &Overlay,
+        id: u64,
+        o: Opened,
+        reply: ReplyOpen,
+        before_reply: impl FnOnce(bool),
+    ) {
+        let mode = self.decide(ov, id, &o, |fd| reply.open_backing(fd));
+        before_reply(matches!(mode, Mode::Passthrough(_)));
+        match mode {
             Mode::Passthrough(b) => {
                 reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), &b)
             }
@@ -154,9 +165,12 @@ impl IoModes {
         ttl: Duration,
         o: Opened,
         reply: ReplyCreate,
+        before_reply: impl FnOnce(bool),
     ) {
         let attr = super::convert::attr(&e.st);
-        match self.decide(ov, e.id, &o, |fd| reply.open_backing(fd)) {
+        let mode = self.decide(ov, e.id, &o, |fd| reply.open_backing(fd));
+        before_reply(matches!(mode, Mode::Passthrough(_)));
+        match mode {
             Mode::Passthrough(b) => reply.created_passthrough(
                 &ttl,
                 &attr,

@@ -6,6 +6,7 @@ mod contain;
 mod convert;
 mod invalidate;
 mod io_mode;
+mod record;
 mod watcher;
 
 use std::ffi::OsStr;
@@ -23,6 +24,7 @@ use fuser::{
 use crate::config::Config;
 use crate::overlay::attr::SetAttr;
 use crate::overlay::dir::NewKind;
+use crate::overlay::events::{EvOp, Sink};
 use crate::overlay::file::wants_write;
 use crate::overlay::gate::PauseGuard;
 use crate::overlay::{Ctx, Entry, Overlay};
@@ -40,6 +42,7 @@ struct Shared {
     /// this daemon changes.
     upper_ttl: Duration,
     io: io_mode::IoModes,
+    rec: record::Recorder,
 }
 
 /// Handle the daemon keeps after the filesystem moved into the session:
@@ -65,6 +68,22 @@ impl FsHandle {
         let dropped = watcher::invalidate_all(&self.inner.ov, notifier);
         tracing::info!(names = dropped, "policy reloaded; cached names invalidated");
     }
+    /// Sends change events to `sink` (the journal) from now on.
+    pub fn set_journal(&self, sink: Arc<dyn Sink>) {
+        self.inner.rec.set_sink(sink);
+    }
+
+    /// (requests, copy-ups, policy denials) since the mount.
+    pub fn counters(&self) -> (u64, u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let r = &self.inner.rec;
+        (
+            r.requests.load(Relaxed),
+            r.copy_ups.load(Relaxed),
+            r.denials.load(Relaxed),
+        )
+    }
+
     /// The overlay core being served.
     pub fn overlay(&self) -> &Overlay {
         &self.inner.ov
@@ -163,6 +182,7 @@ impl LayerFs {
                 lower_ttl: cfg.lower_timeout,
                 upper_ttl: cfg.lower_timeout.max(Duration::from_secs(60)),
                 io: io_mode::IoModes::new(root),
+                rec: Default::default(),
             }),
         })
     }
@@ -181,6 +201,7 @@ impl LayerFs {
     /// paused the request is parked on a thread of its own until the pause
     /// ends, so the FUSE worker threads stay free for readers.
     fn gated(&self, op: impl FnOnce(&Shared) + Send + 'static) {
+        self.inner.rec.tick();
         if let Some(_pass) = self.inner.ov.gate.try_enter() {
             return op(&self.inner);
         }
@@ -218,6 +239,41 @@ impl Shared {
         }
     }
 
+    /// The path of object `ino`, when the journal wants it.
+    fn path(&self, ino: u64) -> Option<String> {
+        if !self.rec.on() {
+            return None;
+        }
+        Some(match self.ov().inode(ino) {
+            Ok(i) => self.ov().path_of(&i),
+            Err(_) => format!("<node {ino}>"),
+        })
+    }
+
+    /// The path of `name` in directory `parent`, when the journal wants it.
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Option<String> {
+        if !self.rec.on() {
+            return None;
+        }
+        Some(match self.ov().inode(parent.0) {
+            Ok(p) => self.ov().child_path(&p, name),
+            Err(_) => name.to_string_lossy().into_owned(),
+        })
+    }
+
+    /// Records the end of a mutating request (see `record::Recorder::done`).
+    fn done<T>(
+        &self,
+        c: &Ctx,
+        op: EvOp,
+        path: Option<String>,
+        to: Option<String>,
+        r: &crate::overlay::Result<T>,
+    ) {
+        let errno = r.as_ref().err().map_or(0, |e| e.0);
+        self.rec.done(c, &[(op, None)], path, to, errno);
+    }
+
     /// mknod, mkdir, symlink and link: create the object, reply its entry.
     fn create_entry(
         &self,
@@ -227,16 +283,48 @@ impl Shared {
         kind: NewKind<'_>,
         reply: ReplyEntry,
     ) {
+        let new_path = self.child(parent, name);
+        let (op, path, to) = match &kind {
+            NewKind::Dir { .. } => (EvOp::Mkdir, new_path, None),
+            NewKind::Node { .. } => (EvOp::Mknod, new_path, None),
+            NewKind::File { .. } => (EvOp::Create, new_path, None),
+            NewKind::Symlink { target } => (
+                EvOp::Symlink,
+                new_path,
+                Some(target.to_string_lossy().into_owned()),
+            ),
+            NewKind::Link { source } => (EvOp::Link, self.path(source.id), new_path),
+        };
         let r = self
             .ov()
             .create_object(c, parent.0, name, kind)
             .map(|(e, _)| e);
+        self.done(c, op, path, to, &r);
         self.reply_entry(r, reply)
     }
 
     fn reply_entry(&self, r: crate::overlay::Result<Entry>, reply: ReplyEntry) {
         match r {
             Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn reply_attr(
+        &self,
+        ino: INodeNo,
+        r: crate::overlay::Result<crate::layer::sys::Stat>,
+        reply: ReplyAttr,
+    ) {
+        match r {
+            Ok(st) => {
+                let lower = self
+                    .ov()
+                    .inode(ino.0)
+                    .map(|i| self.ov().volatile(&i))
+                    .unwrap_or(true);
+                reply.attr(&self.ttl(lower), &convert::attr(&st))
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -258,15 +346,25 @@ impl Shared {
         reply: ReplyCreate,
     ) {
         let kind = NewKind::File { mode, flags };
-        let (entry, fd) = match self.ov().create_object(c, parent.0, name, kind) {
+        let path = self.child(parent, name);
+        let created = self.ov().create_object(c, parent.0, name, kind);
+        self.done(c, EvOp::Create, path, None, &created);
+        let (entry, fd) = match created {
             Ok((e, Some(fd))) => (e, fd),
             Ok((_, None)) => return reply.error(Errno::EIO),
             Err(e) => return reply.error(errno(e)),
         };
         match self.ov().adopt(entry.id, fd, flags) {
-            Ok(o) => self
-                .io
-                .reply_create(self.ov(), &entry, self.ttl(entry.lower), o, reply),
+            Ok(o) => {
+                let (fh, writable) = (o.fh, o.writable);
+                let ttl = self.ttl(entry.lower);
+                self.io
+                    .reply_create(self.ov(), &entry, ttl, o, reply, |pt| {
+                        if writable {
+                            self.rec.opened(self.ov(), fh, c, pt)
+                        }
+                    })
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -309,6 +407,7 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.inner.rec.tick();
         crate::failpoint::hit("lookup", name);
         match self.ov().lookup(&ctx(req, 0), parent.0, name) {
             Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
@@ -335,6 +434,7 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.inner.rec.tick();
         match self.ov().getattr(ino.0) {
             Ok((st, lower)) => reply.attr(&self.ttl(lower), &convert::attr(&st)),
             Err(e) => reply.error(errno(e)),
@@ -369,20 +469,32 @@ impl fuser::Filesystem for LayerFs {
             fh: fh.map(|f| f.0),
         };
         let c = ctx(req, 0);
-        self.gated(move |s| match s.ov().setattr(&c, ino.0, &a) {
-            Ok(st) => {
-                let lower = s
-                    .ov()
-                    .inode(ino.0)
-                    .map(|i| s.ov().volatile(&i))
-                    .unwrap_or(true);
-                reply.attr(&s.ttl(lower), &convert::attr(&st))
+        self.gated(move |s| {
+            let path = s.path(ino.0);
+            s.rec.around_setattr(s.ov(), ino.0, false);
+            let r = s.ov().setattr(&c, ino.0, &a);
+            s.rec.around_setattr(s.ov(), ino.0, true);
+            let mut rows = Vec::with_capacity(4);
+            if a.mode.is_some() {
+                rows.push((EvOp::Chmod, None));
             }
-            Err(e) => reply.error(errno(e)),
+            if a.uid.is_some() || a.gid.is_some() {
+                rows.push((EvOp::Chown, None));
+            }
+            if let Some(size) = a.size {
+                rows.push((EvOp::Truncate, Some(size)));
+            }
+            if a.atime.is_some() || a.mtime.is_some() {
+                rows.push((EvOp::Utimes, None));
+            }
+            let errno = r.as_ref().err().map_or(0, |e| e.0);
+            s.rec.done(&c, &rows, path, None, errno);
+            s.reply_attr(ino, r, reply)
         })
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.inner.rec.tick();
         match self.ov().readlink(ino.0) {
             Ok(t) => reply.data(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str())),
             Err(e) => reply.error(errno(e)),
@@ -424,17 +536,21 @@ impl fuser::Filesystem for LayerFs {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (ctx(req, 0), name.to_owned());
-        self.gated(move |s| match s.ov().unlink(&c, parent.0, &name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+        self.gated(move |s| {
+            let path = s.child(parent, &name);
+            let r = s.ov().unlink(&c, parent.0, &name);
+            s.done(&c, EvOp::Unlink, path, None, &r);
+            reply_empty(r, reply)
         })
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (ctx(req, 0), name.to_owned());
-        self.gated(move |s| match s.ov().rmdir(&c, parent.0, &name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+        self.gated(move |s| {
+            let path = s.child(parent, &name);
+            let r = s.ov().rmdir(&c, parent.0, &name);
+            s.done(&c, EvOp::Rmdir, path, None, &r);
+            reply_empty(r, reply)
         })
     }
 
@@ -468,13 +584,12 @@ impl fuser::Filesystem for LayerFs {
         let c = ctx(req, 0);
         let (name, newname) = (name.to_owned(), newname.to_owned());
         self.gated(move |s| {
-            match s
+            let (from, to) = (s.child(parent, &name), s.child(newparent, &newname));
+            let r = s
                 .ov()
-                .rename(&c, parent.0, &name, newparent.0, &newname, flags.bits())
-            {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            }
+                .rename(&c, parent.0, &name, newparent.0, &newname, flags.bits());
+            s.done(&c, EvOp::Rename, from, to, &r);
+            reply_empty(r, reply)
         })
     }
 
@@ -499,15 +614,41 @@ impl fuser::Filesystem for LayerFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let c = ctx(req, 0);
-        let open = move |s: &Shared| match s.ov().open(&c, ino.0, flags.0) {
-            Ok(o) => s.io.reply_open(s.ov(), ino.0, o, reply),
-            Err(e) => reply.error(errno(e)),
+        let open = move |s: &Shared| {
+            let writing = wants_write(flags.0);
+            let path = if writing { s.path(ino.0) } else { None };
+            let r = s.ov().open(&c, ino.0, flags.0);
+            if writing {
+                // The open itself is a change only when it truncates; a
+                // refused open for writing is recorded as a refused write.
+                let trunc = flags.0 & libc::O_TRUNC != 0;
+                let row = match (&r, trunc) {
+                    (Ok(_), true) => Some((EvOp::Truncate, Some(0))),
+                    (Ok(_), false) => None,
+                    (Err(_), true) => Some((EvOp::Truncate, None)),
+                    (Err(_), false) => Some((EvOp::Write, None)),
+                };
+                let errno = r.as_ref().err().map_or(0, |e| e.0);
+                s.rec.done(&c, row.as_slice(), path, None, errno);
+            }
+            match r {
+                Ok(o) => {
+                    let (fh, writable) = (o.fh, o.writable);
+                    s.io.reply_open(s.ov(), ino.0, o, reply, |pt| {
+                        if writable {
+                            s.rec.opened(s.ov(), fh, &c, pt)
+                        }
+                    })
+                }
+                Err(e) => reply.error(errno(e)),
+            }
         };
         // An open for writing copies up and lets passthrough writes
         // through: it waits while writes are paused. Reads never do.
         if wants_write(flags.0) {
             self.gated(open)
         } else {
+            self.inner.rec.tick();
             open(&self.inner)
         }
     }
@@ -523,6 +664,7 @@ impl fuser::Filesystem for LayerFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.inner.rec.tick();
         match self.ov().read(fh.0, offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(e)),
@@ -543,6 +685,7 @@ impl fuser::Filesystem for LayerFs {
     ) {
         // The data is copied only for a request parked by a pause.
         if let Some(_pass) = self.ov().gate.try_enter() {
+            self.inner.rec.tick();
             return self.inner.write(fh.0, offset, data, reply);
         }
         let data = data.to_vec();
@@ -565,7 +708,7 @@ impl fuser::Filesystem for LayerFs {
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -573,6 +716,8 @@ impl fuser::Filesystem for LayerFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.inner.rec.tick();
+        self.inner.rec.writes(self.ov(), fh.0, req.pid(), true);
         self.inner.io.release(self.ov(), ino.0, fh.0);
         self.ov().release(fh.0);
         reply.ok();
@@ -580,12 +725,14 @@ impl fuser::Filesystem for LayerFs {
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.inner.rec.tick();
+        self.inner.rec.writes(self.ov(), fh.0, req.pid(), false);
         match self.ov().fsync(fh.0, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -613,6 +760,7 @@ impl fuser::Filesystem for LayerFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.inner.rec.tick();
         let (dir, entries) = match self.ov().dir_listing(ino.0, offset) {
             Ok(x) => x,
             Err(e) => return reply.error(errno(e)),
@@ -650,6 +798,7 @@ impl fuser::Filesystem for LayerFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.inner.rec.tick();
         let (dir, entries) = match self.ov().dir_listing(ino.0, offset) {
             Ok(x) => x,
             Err(e) => return reply.error(errno(e)),
@@ -713,6 +862,7 @@ impl fuser::Filesystem for LayerFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.inner.rec.tick();
         match self.ov().fsyncdir(ino.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -720,6 +870,7 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.inner.rec.tick();
         match self.ov().statfs() {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -746,15 +897,17 @@ impl fuser::Filesystem for LayerFs {
         reply: ReplyEmpty,
     ) {
         let (c, name, value) = (ctx(req, 0), name.to_owned(), value.to_vec());
-        self.gated(
-            move |s| match s.ov().setxattr(&c, ino.0, &name, &value, flags) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            },
-        )
+        self.gated(move |s| {
+            let path = s.path(ino.0);
+            let r = s.ov().setxattr(&c, ino.0, &name, &value, flags);
+            let attr = Some(name.to_string_lossy().into_owned());
+            s.done(&c, EvOp::Setxattr, path, attr, &r);
+            reply_empty(r, reply)
+        })
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.inner.rec.tick();
         match self.ov().getxattr(ino.0, name) {
             Ok(v) => xattr_reply(&v, size, reply),
             Err(e) => reply.error(errno(e)),
@@ -762,6 +915,7 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.inner.rec.tick();
         match self.ov().listxattr(ino.0) {
             Ok(v) => xattr_reply(&v, size, reply),
             Err(e) => reply.error(errno(e)),
@@ -770,9 +924,12 @@ impl fuser::Filesystem for LayerFs {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (ctx(req, 0), name.to_owned());
-        self.gated(move |s| match s.ov().removexattr(&c, ino.0, &name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+        self.gated(move |s| {
+            let path = s.path(ino.0);
+            let r = s.ov().removexattr(&c, ino.0, &name);
+            let attr = Some(name.to_string_lossy().into_owned());
+            s.done(&c, EvOp::Removexattr, path, attr, &r);
+            reply_empty(r, reply)
         })
     }
 
@@ -834,6 +991,7 @@ impl fuser::Filesystem for LayerFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        self.inner.rec.tick();
         match self.ov().lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(errno(e)),
@@ -878,6 +1036,13 @@ fn release_listing(entries: Arc<Vec<crate::overlay::readdir::DirEntry>>) {
     if big {
         // SAFETY: malloc_trim only returns free memory to the system.
         unsafe { libc::malloc_trim(0) };
+    }
+}
+
+fn reply_empty(r: crate::overlay::Result<()>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
     }
 }
 

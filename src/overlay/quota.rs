@@ -36,6 +36,18 @@ impl Usage {
         l.bytes.is_some() || l.inodes.is_some()
     }
 
+    /// (bytes, inodes) the upper holds, as counted (only kept while limited).
+    pub fn used(&self) -> (u64, u64) {
+        (
+            self.bytes.load(Ordering::Relaxed).max(0) as u64,
+            self.inodes.load(Ordering::Relaxed).max(0) as u64,
+        )
+    }
+
+    pub fn limits(&self) -> Quota {
+        *self.limits.read()
+    }
+
     pub fn bytes_limited(&self) -> bool {
         self.limits.read().bytes.is_some()
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::harness::{bin, Workspace};
+use crate::harness::{bin, eventually, Workspace};
 
 const NOBODY: u32 = 65534;
 
@@ -458,4 +458,374 @@ fn another_user_is_refused_with_a_clear_message() {
     let mut c = Control::connect(&state);
     assert_eq!(c.ask(json!({"cmd": "status"}))["ok"], json!(true));
     drop(m);
+}
+
+/// The journal's rows through `layerfs log --json` (extra filter args).
+fn log_rows(ws: &Path, extra: &[&str]) -> Vec<Value> {
+    try_log_rows(ws, extra).unwrap_or_else(|e| panic!("layerfs log: {e}"))
+}
+
+fn try_log_rows(ws: &Path, extra: &[&str]) -> Result<Vec<Value>, String> {
+    let mut args = vec!["log", "--json"];
+    args.extend_from_slice(extra);
+    let w = ws.to_str().unwrap();
+    args.push(w);
+    let out = layerfs(&args);
+    if !out.status.success() {
+        return Err(stderr(&out));
+    }
+    Ok(stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad row {l:?}: {e}")))
+        .collect())
+}
+
+/// Polls the journal (written asynchronously) until `done` holds.
+fn poll_log(ws: &Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let mut rows = Vec::new();
+    // (A journal being recreated may be missing for a moment.)
+    let ok = eventually(Duration::from_secs(20), || {
+        rows = try_log_rows(ws, &[]).unwrap_or_else(|e| vec![json!({ "error": e })]);
+        done(&rows)
+    });
+    assert!(ok, "the journal never got there: {rows:#?}");
+    rows
+}
+
+fn status_json(ws: &Path) -> Value {
+    let out = layerfs(&["status", "--json", ws.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_str(stdout(&out).trim()).unwrap()
+}
+
+fn find<'a>(rows: &'a [Value], op: &str, path: &str) -> &'a Value {
+    rows.iter()
+        .find(|r| r["op"] == json!(op) && r["path"] == json!(path))
+        .unwrap_or_else(|| panic!("no {op} row for {path} in {rows:#?}"))
+}
+
+#[test]
+fn journal_records_every_operation_kind_with_its_fields() {
+    let ws = Workspace::new();
+    fs::create_dir(ws.lower().join("ro")).unwrap();
+    fs::write(ws.lower().join("shared.txt"), "shared\n").unwrap();
+    let policy = crate::harness::policy_file(&ws, "readonly ro/**\n");
+    // Through the daemon, so it counts the bytes written.
+    let m = ws.mount_env(
+        &["--policy", policy.to_str().unwrap()],
+        &[("LAYERFS_NO_PASSTHROUGH", "1")],
+    );
+    let script = "set -e
+        printf 'abc' > new.txt
+        printf 'more' >> shared.txt
+        mkdir d
+        mv new.txt d/moved.txt
+        ln d/moved.txt d/hard.txt
+        ln -s moved.txt d/sym
+        chmod 600 d/moved.txt
+        touch -d 2020-01-01 d/moved.txt
+        truncate -s 2 d/moved.txt
+        setfattr -n user.k -v v d/moved.txt
+        setfattr -x user.k d/moved.txt
+        rm d/hard.txt d/sym
+        mkdir e && rmdir e
+        touch ro/denied 2>/dev/null && exit 1
+        echo last > last.txt";
+    crate::harness::sh(m.path(), script);
+    let rows = poll_log(m.path(), |r| {
+        r.iter()
+            .any(|x| x["op"] == json!("write") && x["path"] == json!("last.txt"))
+    });
+    for r in &rows {
+        assert!(r["time"].as_str().unwrap().ends_with('Z'), "{r}");
+        assert!(r["pid"].as_u64().unwrap() > 0, "{r}");
+        assert!(!r["comm"].as_str().unwrap().is_empty(), "{r}");
+    }
+    let create = find(&rows, "create", "new.txt");
+    assert_eq!(create["result"], json!("ok"));
+    assert_eq!(create["comm"], json!("bash"));
+    // One coalesced row per open file, with the bytes written.
+    assert_eq!(find(&rows, "write", "new.txt")["bytes"], json!(3));
+    assert_eq!(find(&rows, "copy-up", "shared.txt")["result"], json!("ok"));
+    assert_eq!(find(&rows, "write", "shared.txt")["bytes"], json!(4));
+    assert_eq!(find(&rows, "mkdir", "d")["comm"], json!("mkdir"));
+    let mv = find(&rows, "rename", "new.txt");
+    assert_eq!(mv["to"], json!("d/moved.txt"));
+    assert_eq!(mv["comm"], json!("mv"));
+    assert_eq!(
+        find(&rows, "link", "d/moved.txt")["to"],
+        json!("d/hard.txt")
+    );
+    assert_eq!(find(&rows, "symlink", "d/sym")["to"], json!("moved.txt"));
+    assert_eq!(find(&rows, "chmod", "d/moved.txt")["comm"], json!("chmod"));
+    assert_eq!(find(&rows, "utimes", "d/moved.txt")["comm"], json!("touch"));
+    assert_eq!(find(&rows, "truncate", "d/moved.txt")["bytes"], json!(2));
+    assert_eq!(
+        find(&rows, "setxattr", "d/moved.txt")["to"],
+        json!("user.k")
+    );
+    assert_eq!(
+        find(&rows, "removexattr", "d/moved.txt")["to"],
+        json!("user.k")
+    );
+    assert_eq!(find(&rows, "unlink", "d/hard.txt")["comm"], json!("rm"));
+    assert_eq!(find(&rows, "unlink", "d/sym")["result"], json!("ok"));
+    assert_eq!(find(&rows, "rmdir", "e")["comm"], json!("rmdir"));
+    // The denial: the errno and the rule that fired.
+    let denied = find(&rows, "create", "ro/denied");
+    assert_eq!(denied["result"], json!("EROFS"));
+    assert!(
+        denied["rule"].as_str().unwrap().contains("readonly ro/**"),
+        "{denied}"
+    );
+    assert!(rows.iter().filter(|r| !r["rule"].is_null()).count() == 1);
+    // Filters.
+    let denials = log_rows(m.path(), &["--op", "deny"]);
+    assert_eq!(denials.len(), 1, "{denials:#?}");
+    let under_d = log_rows(m.path(), &["--path", "d/*"]);
+    assert!(!under_d.is_empty());
+    assert!(under_d
+        .iter()
+        .all(|r| r["path"].as_str().unwrap().starts_with("d/")
+            || r["to"].as_str().is_some_and(|t| t.starts_with("d/"))));
+    let last = log_rows(m.path(), &["--limit", "1"]);
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0]["path"], json!("last.txt"));
+    assert!(log_rows(m.path(), &["--since", "2099-01-01T00:00:00Z"]).is_empty());
+    assert_eq!(
+        log_rows(m.path(), &["--since", "1h", "--op", "mkdir"]).len(),
+        2
+    );
+    // Readable after unmount too, from the upper directory.
+    assert!(m.unmount());
+    assert_eq!(log_rows(&ws.upper, &["--op", "symlink"]).len(), 1);
+    let text = layerfs(&["log", "--op", "rename", ws.upper.to_str().unwrap()]);
+    assert!(
+        stdout(&text).contains("new.txt -> d/moved.txt  ok"),
+        "{}",
+        stdout(&text)
+    );
+}
+
+#[test]
+fn passthrough_writes_are_recorded_at_close() {
+    let ws = Workspace::new();
+    let m = ws.mount();
+    let mut f = fs::File::create(m.p("pt.txt")).unwrap();
+    f.write_all(b"hello").unwrap();
+    f.sync_all().unwrap();
+    f.write_all(b" world").unwrap();
+    drop(f);
+    let rows = poll_log(m.path(), |r| {
+        r.iter().filter(|x| x["op"] == json!("write")).count() >= 2
+    });
+    let writes: Vec<&Value> = rows.iter().filter(|x| x["op"] == json!("write")).collect();
+    assert!(
+        writes.iter().all(|w| w["path"] == json!("pt.txt")),
+        "{writes:#?}"
+    );
+    // Passthrough writes never reach the daemon: no byte count then.
+    for w in &writes {
+        assert!(
+            w["bytes"].is_null() || w["bytes"].as_u64().unwrap() > 0,
+            "{w}"
+        );
+    }
+    drop(m);
+}
+
+#[test]
+fn status_reports_usage_counters_and_journal_health() {
+    let ws = Workspace::new();
+    fs::create_dir(ws.lower().join("ro")).unwrap();
+    fs::write(ws.lower().join("shared.txt"), "shared\n").unwrap();
+    let policy = crate::harness::policy_file(&ws, "readonly ro/**\nquota bytes=1M inodes=100\n");
+    let m = ws.mount_with(&["--policy", policy.to_str().unwrap()]);
+    fs::write(m.p("a.txt"), vec![b'x'; 1000]).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("shared.txt"))
+        .unwrap()
+        .write_all(b"!")
+        .unwrap();
+    assert!(fs::write(m.p("ro/x"), "no").is_err());
+    poll_log(m.path(), |r| r.iter().any(|x| x["path"] == json!("ro/x")));
+    let v = status_json(m.path());
+    assert_eq!(v["pid"], json!(m.pid()));
+    assert!(v["lowers"].as_array().unwrap().len() == 1);
+    let u = &v["upper_usage"];
+    assert_eq!(u["bytes"], json!(1000 + 8));
+    assert_eq!(u["inodes"], json!(2));
+    assert_eq!(u["quota_bytes"], json!(1 << 20));
+    assert_eq!(u["quota_inodes"], json!(100));
+    let c = &v["counters"];
+    assert_eq!(c["copy_ups"], json!(1));
+    assert_eq!(c["denials"], json!(1));
+    assert!(c["requests"].as_u64().unwrap() > 5, "{c}");
+    assert!(c["requests_per_second"].as_f64().unwrap() >= 0.0);
+    let j = &v["journal"];
+    assert_eq!(j["enabled"], json!(true));
+    assert!(j["rows"].as_u64().unwrap() >= 4, "{j}");
+    assert_eq!(j["dropped"], json!(0));
+    assert!(j["last_error"].is_null());
+    // The text form names the same things.
+    let out = layerfs(&["status", m.path().to_str().unwrap()]);
+    let text = stdout(&out);
+    for word in [
+        "upper use",
+        "quota",
+        "1 copy-ups, 1 denials",
+        "journal",
+        "0 dropped",
+    ] {
+        assert!(text.contains(word), "{word}: {text}");
+    }
+    drop(m);
+
+    // Without a journal.
+    let m = ws.mount_with(&["--no-journal"]);
+    fs::remove_file(state_dir(&ws).join("journal.db")).unwrap();
+    fs::write(m.p("b.txt"), "b").unwrap();
+    let v = status_json(m.path());
+    assert_eq!(v["journal"]["enabled"], json!(false));
+    assert!(!state_dir(&ws).join("journal.db").exists());
+    drop(m);
+}
+
+/// A tmpfs mounted for a test, unmounted (lazily) when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(dir: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(dir).unwrap();
+        let ok = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount tmpfs on {}", dir.display());
+        Tmpfs(dir.to_path_buf())
+    }
+
+    fn read_only(&self) {
+        let ok = Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Writes through the mount keep working, and read back right.
+fn still_serving(m: &crate::harness::Mount, tag: &str) {
+    for i in 0..20 {
+        let p = m.p(&format!("{tag}-{i}.txt"));
+        fs::write(&p, format!("{tag} {i}")).unwrap();
+        assert_eq!(fs::read_to_string(&p).unwrap(), format!("{tag} {i}"));
+    }
+}
+
+#[test]
+fn journal_failures_never_stop_the_mount() {
+    // A deleted database: a new one is started and status says so.
+    let ws = Workspace::new();
+    let m = ws.mount();
+    fs::write(m.p("first.txt"), "1").unwrap();
+    poll_log(m.path(), |r| {
+        r.iter().any(|x| x["path"] == json!("first.txt"))
+    });
+    for f in ["journal.db", "journal.db-wal", "journal.db-shm"] {
+        let _ = fs::remove_file(state_dir(&ws).join(f));
+    }
+    still_serving(&m, "after-delete");
+    poll_log(m.path(), |r| {
+        r.iter().any(|x| x["path"] == json!("after-delete-19.txt"))
+    });
+    let v = status_json(m.path());
+    assert!(
+        v["journal"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("deleted"),
+        "{v}"
+    );
+    drop(m);
+
+    // A read-only state dir: the mount serves; the journal drops and says
+    // why in the log (no control socket can be created there either).
+    let ws = Workspace::new();
+    let state = ws.dir.path().join("ro-state");
+    let tmpfs = Tmpfs::new(&state, "16m");
+    tmpfs.read_only();
+    let m = ws.mount_with(&["--state", state.to_str().unwrap()]);
+    still_serving(&m, "ro");
+    assert!(
+        eventually(Duration::from_secs(20), || ws
+            .daemon_log()
+            .contains("journal: cannot open")),
+        "{}",
+        ws.daemon_log()
+    );
+    assert!(ws.daemon_log().contains("cannot create control socket"));
+    drop(m);
+    drop(tmpfs);
+
+    // A full state dir.
+    let ws = Workspace::new();
+    let state = ws.dir.path().join("full-state");
+    let tmpfs = Tmpfs::new(&state, "256k");
+    let m = ws.mount_with(&["--state", state.to_str().unwrap()]);
+    // Fill the tmpfs beside the journal.
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4k", "count=1000"])
+        .arg(format!("of={}", state.join("filler").display()))
+        .stderr(Stdio::null())
+        .status();
+    still_serving(&m, "full");
+    let names: Vec<String> = (0..300)
+        .map(|i| format!("n{i:03}-{}", "x".repeat(100)))
+        .collect();
+    for n in &names {
+        fs::write(m.p(n), "x").unwrap();
+    }
+    let mut v = Value::Null;
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            v = status_json(m.path());
+            v["journal"]["dropped"].as_u64().unwrap_or(0) > 0
+        }),
+        "{v}"
+    );
+    let err = v["journal"]["last_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(err.contains("full"), "{v}");
+    still_serving(&m, "still");
+    // Space again: the journal records what it lost.
+    fs::remove_file(state.join("filler")).unwrap();
+    fs::write(m.p("recovered.txt"), "r").unwrap();
+    let rows = poll_log(m.path(), |r| {
+        r.iter().any(|x| x["path"] == json!("recovered.txt"))
+    });
+    assert!(
+        rows.iter()
+            .any(|r| r["op"] == json!("journal-dropped") && r["bytes"].as_u64().unwrap() > 0),
+        "{rows:#?}"
+    );
+    drop(m);
+    drop(tmpfs);
 }

@@ -1,0 +1,269 @@
+//! The adapter's side of the journal: after each mutating request it
+//! takes what the core noted (copy-ups, policy denials), adds what only
+//! the request knows (op, path, result, the caller's pid and command
+//! name) and hands events to the sink. Writes are coalesced per open
+//! file: one event at fsync and at close, with the bytes the daemon wrote
+//! (passthrough writes bypass the daemon: their event has no byte count
+//! and is recorded when the file changed). Counters for `status` are
+//! kept whether or not a journal is on.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
+
+use crate::layer::sys;
+use crate::overlay::events::{self, EvOp, Event, Note, Sink};
+use crate::overlay::{Ctx, Overlay};
+
+/// How long a pid's command name is trusted (pids are reused).
+const COMM_TTL: Duration = Duration::from_secs(2);
+const SHARDS: usize = 16;
+
+/// An open file whose writes are recorded at fsync and close.
+struct Track {
+    /// Node id of the file.
+    ino: u64,
+    pid: u32,
+    comm: Arc<str>,
+    passthrough: bool,
+    /// (mtime s, mtime ns, size) last seen, for passthrough handles.
+    seen: Option<(i64, i64, u64)>,
+}
+
+#[derive(Default)]
+pub struct Recorder {
+    sink: OnceLock<Arc<dyn Sink>>,
+    comms: Mutex<HashMap<u32, (Arc<str>, Instant)>>,
+    tracks: [Mutex<HashMap<u64, Track>>; SHARDS],
+    pub requests: AtomicU64,
+    pub copy_ups: AtomicU64,
+    pub denials: AtomicU64,
+}
+
+fn seen(fd: &impl std::os::fd::AsFd) -> Option<(i64, i64, u64)> {
+    sys::fstat(fd)
+        .ok()
+        .map(|st| (st.st_mtime, st.st_mtime_nsec, st.st_size as u64))
+}
+
+impl Recorder {
+    pub fn set_sink(&self, sink: Arc<dyn Sink>) {
+        let _ = self.sink.set(sink);
+    }
+
+    /// Whether events are recorded (paths are computed only then).
+    pub fn on(&self) -> bool {
+        self.sink.get().is_some()
+    }
+
+    /// Counts one request (for `status`'s requests per second).
+    pub fn tick(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The command name of `pid`, cached briefly.
+    fn comm(&self, pid: u32) -> Arc<str> {
+        if pid == 0 {
+            return Arc::from("-");
+        }
+        let now = Instant::now();
+        if let Some((c, t)) = self.comms.lock().get(&pid) {
+            if now.duration_since(*t) < COMM_TTL {
+                return c.clone();
+            }
+        }
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_else(|_| "?".into());
+        let name: Arc<str> = Arc::from(name);
+        let mut comms = self.comms.lock();
+        if comms.len() > 4096 {
+            comms.retain(|_, (_, t)| now.duration_since(*t) < COMM_TTL);
+        }
+        comms.insert(pid, (name.clone(), now));
+        name
+    }
+
+    fn emit(&self, ev: Event) {
+        if let Some(s) = self.sink.get() {
+            s.record(ev);
+        }
+    }
+
+    /// Ends a mutating request: records what the core noted (copy-ups
+    /// first), then one event per `(op, bytes)` for the request itself,
+    /// carrying the rule of a policy denial. `path` is `None` when the
+    /// journal is off (only the counters move then).
+    pub fn done(
+        &self,
+        c: &Ctx,
+        rows: &[(EvOp, Option<u64>)],
+        path: Option<String>,
+        to: Option<String>,
+        errno: i32,
+    ) {
+        let notes = events::take_notes();
+        let mut rule = None;
+        let comm = path.as_ref().map(|_| self.comm(c.pid));
+        let now = SystemTime::now();
+        for n in notes {
+            match n {
+                Note::CopyUp { path: p } => {
+                    self.copy_ups.fetch_add(1, Ordering::Relaxed);
+                    if let Some(comm) = &comm {
+                        self.emit(Event {
+                            time: now,
+                            op: EvOp::CopyUp,
+                            path: p,
+                            to: None,
+                            errno: 0,
+                            bytes: None,
+                            pid: c.pid,
+                            comm: comm.clone(),
+                            rule: None,
+                        });
+                    }
+                }
+                Note::Denied { rule: r, .. } => {
+                    self.denials.fetch_add(1, Ordering::Relaxed);
+                    rule = Some(r);
+                }
+            }
+        }
+        let (Some(path), Some(comm)) = (path, comm) else {
+            return;
+        };
+        for (op, bytes) in rows {
+            self.emit(Event {
+                time: now,
+                op: *op,
+                path: path.clone(),
+                to: to.clone(),
+                errno,
+                bytes: *bytes,
+                pid: c.pid,
+                comm: comm.clone(),
+                rule: rule.clone(),
+            });
+        }
+    }
+
+    /// A file was opened for writing: its writes are recorded later.
+    pub fn opened(&self, ov: &Overlay, fh: u64, c: &Ctx, passthrough: bool) {
+        if !self.on() {
+            return;
+        }
+        let seen = if passthrough {
+            ov.files.target(fh).and_then(|(_, fd)| seen(fd.as_ref()))
+        } else {
+            None
+        };
+        let ino = ov.files.target(fh).map_or(0, |(i, _)| i.id);
+        let t = Track {
+            ino,
+            pid: c.pid,
+            comm: self.comm(c.pid),
+            passthrough,
+            seen,
+        };
+        self.tracks[fh as usize % SHARDS].lock().insert(fh, t);
+    }
+
+    /// Passthrough handles open on node `ino`.
+    fn passthrough_handles(&self, ino: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for shard in &self.tracks {
+            let shard = shard.lock();
+            out.extend(
+                shard
+                    .iter()
+                    .filter(|(_, t)| t.passthrough && t.ino == ino)
+                    .map(|(fh, _)| *fh),
+            );
+        }
+        out
+    }
+
+    /// Around a setattr of node `ino`: passthrough writes are noticed by
+    /// the file's mtime and size changing, which a truncate or utimes
+    /// changes too. Before it, writes made so far are recorded; after it
+    /// (`after`), the new mtime and size become the baseline.
+    pub fn around_setattr(&self, ov: &Overlay, ino: u64, after: bool) {
+        if !self.on() {
+            return;
+        }
+        for fh in self.passthrough_handles(ino) {
+            if after {
+                let now = ov.files.target(fh).and_then(|(_, fd)| seen(fd.as_ref()));
+                if let Some(t) = self.tracks[fh as usize % SHARDS].lock().get_mut(&fh) {
+                    t.seen = now;
+                }
+            } else {
+                self.writes(ov, fh, 0, false);
+            }
+        }
+    }
+
+    /// Records the writes made through `fh` since the last record (at
+    /// fsync, and at close with `closing`). Call before the core releases
+    /// the handle.
+    pub fn writes(&self, ov: &Overlay, fh: u64, pid: u32, closing: bool) {
+        if !self.on() {
+            return;
+        }
+        let mut shard = self.tracks[fh as usize % SHARDS].lock();
+        let track = if closing {
+            shard.remove(&fh)
+        } else {
+            shard.get_mut(&fh).map(|t| Track {
+                ino: t.ino,
+                pid: t.pid,
+                comm: t.comm.clone(),
+                passthrough: t.passthrough,
+                seen: t.seen,
+            })
+        };
+        drop(shard);
+        let Some(t) = track else { return };
+        let Some((inode, fd)) = ov.files.target(fh) else {
+            return;
+        };
+        let bytes = if t.passthrough {
+            let now = seen(fd.as_ref());
+            if now == t.seen {
+                return;
+            }
+            if !closing {
+                if let Some(t) = self.tracks[fh as usize % SHARDS].lock().get_mut(&fh) {
+                    t.seen = now;
+                }
+            }
+            None
+        } else {
+            match ov.files.take_written(fh) {
+                0 => return,
+                n => Some(n),
+            }
+        };
+        // The closing process when the kernel says who it is, else the opener.
+        let (pid, comm) = if pid != 0 && pid != t.pid {
+            (pid, self.comm(pid))
+        } else {
+            (t.pid, t.comm)
+        };
+        self.emit(Event {
+            time: SystemTime::now(),
+            op: EvOp::Write,
+            path: ov.path_of(&inode),
+            to: None,
+            errno: 0,
+            bytes,
+            pid,
+            comm,
+            rule: None,
+        });
+    }
+}
