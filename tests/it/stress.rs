@@ -82,7 +82,8 @@ fn stress_watchdog_reports_a_hung_mount() {
     );
     let m = ws.mount();
     let pid = nix::unistd::Pid::from_raw(m.pid() as i32);
-    let child = Command::new("python3")
+    let report_path = ws.dir.path().join("stress-report");
+    let mut child = Command::new("python3")
         .arg(script())
         .arg("--mnt")
         .arg(m.path())
@@ -94,18 +95,20 @@ fn stress_watchdog_reports_a_hung_mount() {
         .arg(&reference)
         .args(["60", "2"])
         .env("LAYERFS_STRESS_NG", "")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&report_path).unwrap())
         .spawn()
         .expect("run scripts/stress");
     std::thread::sleep(std::time::Duration::from_secs(2));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let out = child.wait_with_output();
+    // The script's own exit, not the end of its output: a process it
+    // left behind on the stopped mount would keep a pipe open forever.
+    let status = child.wait();
     // Let the daemon go on so the guard can unmount it.
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    let out = out.expect("wait for scripts/stress");
-    let report = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "a stopped daemon passed:\n{report}");
+    let status = status.expect("wait for scripts/stress");
+    let report = std::fs::read_to_string(&report_path).unwrap();
+    assert!(!status.success(), "a stopped daemon passed:\n{report}");
     assert!(
         report.contains("watchdog: worker") && report.contains(" stuck "),
         "no stuck worker reported:\n{report}"
