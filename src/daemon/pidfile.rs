@@ -108,7 +108,8 @@ fn ensure_private_dir(dir: &Path, uid: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether `pid` is a live (not zombie) layerfs process.
+/// Whether `pid` is a layerfs process still alive: running, or a zombie
+/// main thread whose other threads have not all exited yet.
 pub fn is_daemon_alive(pid: u32) -> bool {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
@@ -119,7 +120,24 @@ pub fn is_daemon_alive(pid: u32) -> bool {
     };
     let state = rest.trim_start().chars().next().unwrap_or('?');
     let comm = comm_part.split_once('(').map(|x| x.1).unwrap_or("");
-    comm == "layerfs" && state != 'Z' && state != 'X'
+    if comm != "layerfs" {
+        return false;
+    }
+    if state != 'Z' && state != 'X' {
+        return true;
+    }
+    // A zombie main thread is not yet a dead daemon: its other threads may
+    // still be exiting and hold the files they share (the upper, the work
+    // dir, the journal), so the upper's filesystem would still be busy.
+    // They are gone once the group counts only the zombie itself.
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse::<u32>().ok())
+        })
+        .is_some_and(|threads| threads > 1)
 }
 
 /// A live daemon's registry entry.

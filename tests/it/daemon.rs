@@ -248,6 +248,50 @@ fn background_mount_returns_only_when_live_and_umount_waits_for_the_daemon() {
     );
 }
 
+/// `layerfs umount MNT && umount UPPER_FS` must work: once `layerfs umount`
+/// returns, nothing of the daemon holds the upper's filesystem. (Its main
+/// thread turns zombie while the other threads still exit holding the
+/// shared fds; waiting only for the main thread lost that race about half
+/// the time.)
+#[test]
+fn after_umount_the_upper_filesystem_is_free_to_unmount() {
+    use std::io::Write as _;
+    let mut ws = Workspace::new();
+    fs::write(ws.lower().join("f"), "shared\n").unwrap();
+    let base = ws.dir.path().to_path_buf();
+    let disk = crate::fulldisk::LoopFs::new(&base, "disk", 32, &["mkfs.ext4", "-q", "-F"], "");
+    ws.upper = disk.mnt.join("upper");
+    ws.work = disk.mnt.join("work");
+    for round in 0..6 {
+        if round > 0 {
+            disk.mount("");
+        }
+        fs::create_dir_all(&ws.upper).unwrap();
+        let m = bg_mount(&ws, &[]);
+        let pid = m.pid();
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(ws.mnt.join("f"))
+            .unwrap();
+        writeln!(f, "round {round}").unwrap();
+        drop(f);
+        let out = layerfs(&["umount".into(), ws.mnt.display().to_string()]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(!pidfile::is_daemon_alive(pid));
+        // No retry, no lazy unmount: busy now is the bug.
+        let um = Command::new("umount").arg(&disk.mnt).output().unwrap();
+        assert!(
+            um.status.success(),
+            "round {round}: the upper's filesystem is still busy right after \
+             layerfs umount returned: {}",
+            String::from_utf8_lossy(&um.stderr)
+        );
+    }
+    disk.mount("");
+    let text = fs::read_to_string(ws.upper.join("f")).unwrap();
+    assert_eq!(text.lines().count(), 7, "{text}");
+}
+
 #[test]
 fn umount_of_something_not_mounted_fails_clearly() {
     let ws = Workspace::new();
