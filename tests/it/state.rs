@@ -795,7 +795,9 @@ fn journal_failures_never_stop_the_mount() {
         .stderr(Stdio::null())
         .status();
     still_serving(&m, "full");
-    let names: Vec<String> = (0..300)
+    // More events than the writer holds for a retry (journal::HOLD, 4096):
+    // a create and a write each.
+    let names: Vec<String> = (0..2500)
         .map(|i| format!("n{i:03}-{}", "x".repeat(100)))
         .collect();
     for n in &names {
