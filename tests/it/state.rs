@@ -210,7 +210,42 @@ fn stale_control_socket_is_replaced_and_a_live_one_refuses_a_second_daemon() {
         stderr(&out)
     );
     assert!(!crate::harness::is_mounted(&mnt2));
-    // The first mount's socket survived the attempt.
+    // Refused by the lock on the upper (the first check): the message names
+    // the daemon, its mountpoint and what to do.
+    let canon_mnt = fs::canonicalize(&ws.mnt).unwrap();
+    let err = stderr(&out);
+    assert!(err.contains(&format!("pid {}", m.pid())), "{err}");
+    assert!(
+        err.contains(&format!("layerfs umount {}", canon_mnt.display())),
+        "{err}"
+    );
+    // Another upper and work dir with this workspace's state dir: the
+    // control socket (the second check) refuses it, in the same words.
+    let upper3 = ws.dir.path().join("upper3");
+    fs::create_dir(&upper3).unwrap();
+    let out = Command::new(bin())
+        .args(["mount", "--lower"])
+        .arg(ws.lower())
+        .arg("--upper")
+        .arg(&upper3)
+        .arg("--work")
+        .arg(ws.dir.path().join("work3"))
+        .arg("--state")
+        .arg(&state)
+        .arg(&mnt2)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("another layerfs daemon serves this workspace")
+            && err.contains("control socket")
+            && err.contains(&format!("pid {}", m.pid()))
+            && err.contains(&format!("layerfs umount {}", canon_mnt.display())),
+        "{err}"
+    );
+    assert!(!crate::harness::is_mounted(&mnt2));
+    // The first mount's socket survived the attempts.
     assert_eq!(c.ask(json!({"cmd": "status"}))["ok"], json!(true));
     drop(m);
 }
