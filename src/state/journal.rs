@@ -73,6 +73,10 @@ CREATE INDEX IF NOT EXISTS events_time ON events(time);
 
 /// How many events one transaction takes at most.
 const BATCH: usize = 4096;
+/// After a small batch the writer waits this long for more events: one
+/// transaction per window instead of one per event keeps its CPU time and
+/// wakeups small beside the FUSE threads (a flush waits at most this).
+const GATHER: Duration = Duration::from_millis(20);
 /// How often retention runs.
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 /// How long the writer waits before reopening a database that failed.
@@ -316,12 +320,17 @@ impl Writer {
                     next = rx.try_recv().ok();
                 }
             }
+            let small = batch.len() < BATCH;
+            let flushed = !flushes.is_empty();
             if !batch.is_empty() || !self.held.is_empty() {
                 self.write(batch);
             }
             self.maintain();
             for f in flushes {
                 let _ = f.send(());
+            }
+            if small && !flushed {
+                std::thread::sleep(GATHER);
             }
         }
     }
@@ -575,13 +584,22 @@ pub fn open_ro(path: &Path) -> Result<Connection, String> {
     Ok(c)
 }
 
-/// Journal health of an unmounted workspace, read from the database.
+/// Journal health of an unmounted workspace, read from the database:
+/// its rows, and the events its `journal-dropped` rows say were lost
+/// (`dropped_recorded`; a live mount's `dropped` counts since the mount).
 pub fn offline_health(db: &Path) -> Value {
     match open_ro(db).and_then(|c| {
-        c.query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0))
-            .map_err(|e| format!("{}: {e}", db.display()))
+        c.query_row(
+            "SELECT count(*), coalesce(sum(CASE WHEN op = 'journal-dropped' THEN bytes END), 0)
+             FROM events",
+            [],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+        )
+        .map_err(|e| format!("{}: {e}", db.display()))
     }) {
-        Ok(rows) => json!({"path": db.to_string_lossy(), "rows": rows}),
+        Ok((rows, lost)) => {
+            json!({"path": db.to_string_lossy(), "rows": rows, "dropped_recorded": lost})
+        }
         Err(e) => json!({"path": db.to_string_lossy(), "rows": null, "last_error": e}),
     }
 }
