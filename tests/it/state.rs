@@ -900,20 +900,21 @@ fn journal_retention_trims_by_age_and_by_size() {
     let m = ws.mount_with(&["--journal-max-size", "64K"]);
     let script = "for i in $(seq 1500); do echo x > f$i; done";
     crate::harness::sh(m.path(), script);
-    poll_log(m.path(), |r| r.iter().any(|x| x["path"] == json!("f1500")));
+    // (The last file's write row comes at its close, after its create row.)
+    poll_log(m.path(), |r| {
+        r.iter()
+            .any(|x| x["op"] == json!("write") && x["path"] == json!("f1500"))
+    });
     let before = row_count(m.path());
     assert!(before >= 3000, "{before} rows");
     assert!(m.unmount());
     let m = ws.mount_with(&["--journal-max-size", "64K"]);
     fs::write(m.p("last.txt"), "last").unwrap();
+    // Retention runs right after the writer's first batch is committed:
+    // the new row may show a moment before the old ones go.
     let rows = poll_log(m.path(), |r| {
-        r.iter().any(|x| x["path"] == json!("last.txt"))
+        r.iter().any(|x| x["path"] == json!("last.txt")) && r.len() < before / 2
     });
-    assert!(
-        rows.len() < before / 2,
-        "{} of {before} rows left",
-        rows.len()
-    );
     assert!(rows.iter().any(|x| x["path"] == json!("f1500")));
     assert!(rows.iter().all(|x| x["path"] != json!("f1")));
     drop(m);
