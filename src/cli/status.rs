@@ -232,7 +232,18 @@ fn render(v: &Value) -> String {
         let mut s = if j.get("enabled").and_then(Value::as_bool) == Some(false) {
             "off".to_string()
         } else {
-            format!("{} rows, {} dropped", field(j, "rows"), field(j, "dropped"))
+            match (j.get("dropped"), j.get("dropped_recorded")) {
+                (Some(d), _) if !d.is_null() => {
+                    format!("{} rows, {} dropped", field(j, "rows"), field(j, "dropped"))
+                }
+                // Unmounted: what the journal's own journal-dropped rows say.
+                (_, Some(d)) if !d.is_null() => format!(
+                    "{} rows, {} dropped (journal-dropped rows)",
+                    field(j, "rows"),
+                    field(j, "dropped_recorded")
+                ),
+                _ => format!("{} rows", field(j, "rows")),
+            }
         };
         if let Some(e) = j.get("last_error").and_then(Value::as_str) {
             s.push_str(&format!("; last error: {e}"));

@@ -83,14 +83,22 @@ fn bind_inner(state: &Path) -> Result<ControlSocket, (bool, String)> {
             ));
         }
         match UnixStream::connect(&path) {
-            Ok(_) => {
+            Ok(s) => {
+                let (who, hint) = match ask_status(s) {
+                    Some((pid, mnt)) => (
+                        format!("pid {pid}, mounted at {mnt}"),
+                        format!("layerfs umount {mnt}"),
+                    ),
+                    None => ("its daemon".into(), "layerfs umount MOUNTPOINT".into()),
+                };
                 return Err((
                     true,
                     format!(
-                        "another layerfs daemon serves this workspace (its control socket {p} \
-                         answers): unmount it first, or give this mount another --state DIR"
+                        "another layerfs daemon serves this workspace: its control socket {p} \
+                         answers ({who}); unmount it first ({hint}), or give this mount \
+                         another --state DIR"
                     ),
-                ))
+                ));
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 tracing::info!("replacing stale control socket {p}");
@@ -119,6 +127,19 @@ fn bind_inner(state: &Path) -> Result<ControlSocket, (bool, String)> {
         path,
         id: (md.dev(), md.ino()),
     })
+}
+
+/// The pid and mountpoint a live daemon reports on its socket (briefly:
+/// a daemon that does not answer within a second is left unnamed).
+fn ask_status(s: UnixStream) -> Option<(u64, String)> {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+    let mut w = s.try_clone().ok()?;
+    send(&mut w, &json!({"cmd": "status"})).ok()?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).ok()?;
+    let v: Value = serde_json::from_str(&line).ok()?;
+    Some((v["pid"].as_u64()?, v["mountpoint"].as_str()?.to_string()))
 }
 
 impl Drop for ControlSocket {

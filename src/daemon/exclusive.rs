@@ -30,26 +30,47 @@ pub struct Claim {
     _upper: File,
 }
 
-/// Locks the work dir, then the upper, or says who holds them.
+/// Locks the upper, then the work dir, or says who holds them.
+///
+/// This is the first check a mount makes, before the control socket's:
+/// it holds whichever `--state` the other mount uses, and survives a
+/// `kill -9`. A locked upper means the same workspace is mounted, and the
+/// message says so as the control socket's does, naming the daemon and
+/// its mountpoint.
 pub fn claim(cfg: &Config) -> Result<Claim, String> {
-    let work = lock(&cfg.work, "work dir", "give each mount its own --work DIR")?;
-    let upper = lock(
-        &cfg.upper,
-        "upper dir",
-        "give each mount its own upper, or unmount the other one first",
-    )?;
+    let upper = lock(&cfg.upper, |h| {
+        format!(
+            "another layerfs daemon serves this workspace: its upper dir {} is already in use \
+             by {}; unmount it first ({}), or give this mount another --upper",
+            cfg.upper.display(),
+            h.describe(),
+            h.umount_hint()
+        )
+    })?;
+    let work = lock(&cfg.work, |h| {
+        format!(
+            "work dir {} is already in use by another layerfs mount ({}); give each mount \
+             its own --work DIR, or unmount the other one first ({})",
+            cfg.work.display(),
+            h.describe(),
+            h.umount_hint()
+        )
+    })?;
     Ok(Claim {
         _work: work,
         _upper: upper,
     })
 }
 
-fn lock(dir: &Path, what: &str, fix: &str) -> Result<File, String> {
-    let f = File::open(dir).map_err(|e| format!("cannot open {what} {}: {e}", dir.display()))?;
+/// Takes the lock on `dir`; `busy` words the refusal when a live daemon
+/// holds it.
+fn lock(dir: &Path, busy: impl Fn(&Holder) -> String) -> Result<File, String> {
+    let f = File::open(dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
     // A daemon killed a moment ago (its stale mount just recovered) may
     // still be tearing down and hold the lock for a few more
     // milliseconds: wait for a holder that is exiting or already gone,
     // refuse a live one at once.
+    let mut last = None;
     for _ in 0..100 {
         // SAFETY: flock on a descriptor this process owns.
         let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
@@ -58,36 +79,56 @@ fn lock(dir: &Path, what: &str, fix: &str) -> Result<File, String> {
         }
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(format!("cannot lock {what} {}: {e}", dir.display()));
+            return Err(format!("cannot lock {}: {e}", dir.display()));
         }
         let holder = f
             .metadata()
             .ok()
             .and_then(|md| holder_of(md.dev(), md.ino()));
         match holder {
-            Some(h) if !h.exiting => {
-                return Err(format!(
-                    "{what} {} is already in use by another layerfs mount (pid {}: {}): {fix}",
-                    dir.display(),
-                    h.pid,
-                    h.cmdline
-                ))
+            Some(h) if !h.exiting => return Err(busy(&h)),
+            h => {
+                last = h;
+                std::thread::sleep(std::time::Duration::from_millis(50))
             }
-            _ => std::thread::sleep(std::time::Duration::from_millis(50)),
         }
     }
-    Err(format!(
-        "{what} {} is already in use by another layerfs mount: {fix}",
-        dir.display()
-    ))
+    Err(busy(&last.unwrap_or(Holder {
+        pid: 0,
+        cmdline: String::new(),
+        mountpoint: None,
+        exiting: true,
+    })))
 }
 
 struct Holder {
     pid: u32,
     cmdline: String,
+    /// Where it serves, from its pid file (absent for a moment while it
+    /// starts).
+    mountpoint: Option<std::path::PathBuf>,
     /// The process is exiting (a zombie, or `PF_EXITING`): its locks are
     /// about to go.
     exiting: bool,
+}
+
+impl Holder {
+    /// "pid N, mounted at M" (or its command line while it has no pid file).
+    fn describe(&self) -> String {
+        match (&self.mountpoint, self.pid) {
+            (_, 0) => "a daemon that did not let go within 5 s".into(),
+            (Some(m), p) => format!("pid {p}, mounted at {}", m.display()),
+            (None, p) => format!("pid {p}: {}", self.cmdline),
+        }
+    }
+
+    fn umount_hint(&self) -> String {
+        match &self.mountpoint {
+            Some(m) => format!("layerfs umount {}", m.display()),
+            None if self.pid != 0 => format!("layerfs umount MOUNTPOINT, or kill {}", self.pid),
+            None => "layerfs umount MOUNTPOINT".into(),
+        }
+    }
 }
 
 /// The pid and command line of the process holding a `flock` on the
@@ -118,6 +159,7 @@ fn holder_of(dev: u64, ino: u64) -> Option<Holder> {
     Some(Holder {
         pid,
         cmdline: cmd,
+        mountpoint: super::pidfile::mount_of_pid(pid).map(|(m, _)| m),
         exiting: exiting(pid),
     })
 }
@@ -147,14 +189,15 @@ mod tests {
     #[test]
     fn a_second_lock_is_refused_naming_the_holder_and_freed_on_drop() {
         let dir = tempfile::tempdir().unwrap();
-        let first = lock(dir.path(), "upper dir", "fix it").unwrap();
-        let err = lock(dir.path(), "upper dir", "fix it").unwrap_err();
+        let busy = |h: &Holder| format!("already in use by {}", h.describe());
+        let first = lock(dir.path(), busy).unwrap();
+        let err = lock(dir.path(), busy).unwrap_err();
         assert!(err.contains("already in use"), "{err}");
         assert!(
             err.contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
         drop(first);
-        lock(dir.path(), "upper dir", "fix it").unwrap();
+        lock(dir.path(), busy).unwrap();
     }
 }

@@ -190,6 +190,30 @@ pub fn find_entry(mountpoint: &Path, owner: Option<u32>) -> Option<Entry> {
     None
 }
 
+/// The mountpoint and state dir a live daemon `pid` registered, read
+/// from the registry of the user it runs as.
+pub fn mount_of_pid(pid: u32) -> Option<(PathBuf, Option<PathBuf>)> {
+    let uid = fs::metadata(format!("/proc/{pid}")).ok()?.uid();
+    for dir in dirs_for_uid(uid) {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(text) = fs::read_to_string(e.path()) else {
+                continue;
+            };
+            let mut lines = text.lines();
+            if lines.next().and_then(|l| l.trim().parse::<u32>().ok()) != Some(pid) {
+                continue;
+            }
+            let mountpoint = lines.next().map(PathBuf::from)?;
+            let state = lines.next().filter(|l| !l.is_empty()).map(PathBuf::from);
+            return Some((mountpoint, state));
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,13 +3,15 @@
 //!
 //! The request path only offers events to a bounded channel
 //! (`Sink::record` never blocks); one writer thread inserts them in
-//! batches, each batch one transaction. When the channel is full or
-//! SQLite fails (read-only or full state dir, corrupt or deleted
-//! database) events are dropped and counted, the filesystem serves on,
-//! and `status` shows the count and the last error; once the journal can
-//! write again it records a `journal-dropped` row saying how many it
-//! lost. The journal is an index of what happened; the upper is the
-//! truth.
+//! batches, each batch one transaction. When SQLite fails (read-only or
+//! full state dir, corrupt or deleted database) the writer keeps the
+//! events it could not write (at most `HOLD`) and retries every
+//! `REOPEN_AFTER`, also when no new event arrives, so a short outage
+//! loses nothing. Beyond that, and when the channel is full, events are
+//! dropped and counted; the filesystem serves on, `status` shows the
+//! count and the last error, and once the journal can write again it
+//! records a `journal-dropped` row saying how many it lost. The journal
+//! is an index of what happened; the upper is the truth.
 //!
 //! Retention: rows older than `max_age` are deleted, and the oldest rows
 //! go when the database outgrows `max_bytes` (SQLite reuses the freed
@@ -71,10 +73,17 @@ CREATE INDEX IF NOT EXISTS events_time ON events(time);
 
 /// How many events one transaction takes at most.
 const BATCH: usize = 4096;
+/// After a small batch the writer waits this long for more events: one
+/// transaction per window instead of one per event keeps its CPU time and
+/// wakeups small beside the FUSE threads (a flush waits at most this).
+const GATHER: Duration = Duration::from_millis(20);
 /// How often retention runs.
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 /// How long the writer waits before reopening a database that failed.
 const REOPEN_AFTER: Duration = Duration::from_secs(1);
+/// Events the writer keeps while the database cannot take them; the
+/// oldest beyond this are dropped (and counted).
+pub const HOLD: usize = 4096;
 
 /// Counters `status` reports.
 #[derive(Default)]
@@ -89,9 +98,14 @@ struct Health {
 }
 
 impl Health {
+    /// Records an error for `status`; logged once until it changes (a
+    /// failing journal retries every second).
     fn fail(&self, msg: String) {
-        tracing::warn!("journal: {msg}");
-        *self.last_error.lock() = Some((SystemTime::now(), msg));
+        let mut last = self.last_error.lock();
+        if last.as_ref().map(|(_, m)| m) != Some(&msg) {
+            tracing::warn!("journal: {msg}");
+        }
+        *last = Some((SystemTime::now(), msg));
     }
 }
 
@@ -209,6 +223,18 @@ fn is_corrupt(e: &rusqlite::Error) -> bool {
 
 /// Opens (creating if needed) the journal database in WAL mode.
 pub fn open_rw(path: &Path) -> rusqlite::Result<Connection> {
+    // Private whatever the daemon's umask (SQLite gives the -wal and -shm
+    // files the database's mode); a failure here is SQLite's to report.
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let _ = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .and_then(|f| f.set_permissions(fs::Permissions::from_mode(0o600)));
+    }
     let c = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -228,6 +254,8 @@ struct Writer {
     health: Arc<Health>,
     conn: Option<Connection>,
     id: Option<(u64, u64)>,
+    /// Events not yet written because the database failed (oldest first).
+    held: Vec<Event>,
     /// Dropped events not yet recorded as a `journal-dropped` row.
     unrecorded: u64,
     seen_dropped: u64,
@@ -243,6 +271,7 @@ impl Writer {
             health,
             conn: None,
             id: None,
+            held: Vec::new(),
             unrecorded: 0,
             seen_dropped: 0,
             next_open: Instant::now(),
@@ -253,13 +282,31 @@ impl Writer {
     fn run(mut self, rx: Receiver<Msg>) {
         self.ensure_open();
         loop {
-            let first = match rx.recv_timeout(RETENTION_EVERY) {
+            // Held events are retried on time, not only when new ones come.
+            let wait = if self.held.is_empty() {
+                RETENTION_EVERY
+            } else {
+                REOPEN_AFTER
+            };
+            let first = match rx.recv_timeout(wait) {
                 Ok(m) => m,
                 Err(RecvTimeoutError::Timeout) => {
+                    if !self.held.is_empty() {
+                        self.write(Vec::new());
+                    }
                     self.maintain();
                     continue;
                 }
-                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Disconnected) => {
+                    if !self.held.is_empty() {
+                        tracing::warn!(
+                            "journal: {} event(s) could not be written to {} and are lost",
+                            self.held.len(),
+                            self.path.display()
+                        );
+                    }
+                    return;
+                }
             };
             let mut batch = Vec::new();
             let mut flushes = Vec::new();
@@ -273,12 +320,17 @@ impl Writer {
                     next = rx.try_recv().ok();
                 }
             }
-            if !batch.is_empty() {
+            let small = batch.len() < BATCH;
+            let flushed = !flushes.is_empty();
+            if !batch.is_empty() || !self.held.is_empty() {
                 self.write(batch);
             }
             self.maintain();
             for f in flushes {
                 let _ = f.send(());
+            }
+            if small && !flushed {
+                std::thread::sleep(GATHER);
             }
         }
     }
@@ -307,25 +359,7 @@ impl Writer {
         self.next_open = Instant::now() + REOPEN_AFTER;
         let opened = match open_rw(&self.path) {
             Err(e) if is_corrupt(&e) => {
-                let aside = self.path.with_extension(format!(
-                    "db.corrupt-{}",
-                    micros(SystemTime::now()) / 1_000_000
-                ));
-                let moved = fs::rename(&self.path, &aside);
-                for ext in ["db-wal", "db-shm"] {
-                    let _ = fs::remove_file(self.path.with_extension(ext));
-                }
-                self.health.fail(match moved {
-                    Ok(()) => format!(
-                        "{} was corrupt ({e}); moved to {} and a new journal was started",
-                        self.path.display(),
-                        aside.display()
-                    ),
-                    Err(m) => format!(
-                        "{} is corrupt ({e}) and cannot be moved: {m}",
-                        self.path.display()
-                    ),
-                });
+                self.set_aside(&e);
                 open_rw(&self.path)
             }
             r => r,
@@ -348,84 +382,101 @@ impl Writer {
         }
     }
 
-    fn drop_events(&mut self, n: u64) {
-        self.health.dropped.fetch_add(n, Ordering::Relaxed);
+    /// Keeps `events` (after the ones already held) for the next try;
+    /// the oldest beyond `HOLD` are dropped and counted, to be recorded as
+    /// a `journal-dropped` row once the journal writes again.
+    fn hold(&mut self, events: Vec<Event>) {
+        self.held = events;
+        if self.held.len() > HOLD {
+            let excess = self.held.len() - HOLD;
+            self.held.drain(..excess);
+            self.health
+                .dropped
+                .fetch_add(excess as u64, Ordering::Relaxed);
+        }
     }
 
+    /// Writes the held events and `batch` in one transaction, or holds
+    /// them when the database cannot take them. A full disk drops the
+    /// oldest half and tries again at once, so the newest events (and the
+    /// count of the lost ones) get in when a little space is left.
     fn write(&mut self, batch: Vec<Event>) {
-        let n = batch.len() as u64;
-        if !self.ensure_open() {
-            return self.drop_events(n);
+        let mut batch = batch;
+        if !self.held.is_empty() {
+            let mut all = std::mem::take(&mut self.held);
+            all.append(&mut batch);
+            batch = all;
         }
-        // Events the queue refused since the last look.
-        let dropped = self.health.dropped.load(Ordering::Relaxed);
-        self.unrecorded += dropped - self.seen_dropped;
-        self.seen_dropped = dropped;
-        let unrecorded = self.unrecorded;
-        let Some(conn) = self.conn.as_mut() else {
-            return self.drop_events(n);
-        };
-        let result = (|| -> rusqlite::Result<u64> {
-            let tx = conn.transaction()?;
-            let mut rows = 0;
-            {
-                let mut ins = tx.prepare_cached(
-                    "INSERT INTO events (time, op, path, \"to\", result, bytes, pid, comm, rule)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                )?;
-                if unrecorded > 0 {
-                    ins.execute(params![
-                        micros(SystemTime::now()),
-                        EvOp::Dropped.name(),
-                        "",
-                        None::<String>,
-                        "ok",
-                        unrecorded as i64,
-                        std::process::id(),
-                        "layerfs",
-                        None::<String>,
-                    ])?;
-                    rows += 1;
+        if !self.ensure_open() {
+            return self.hold(batch);
+        }
+        loop {
+            // Events the queue (or a full disk) refused since the last look.
+            let dropped = self.health.dropped.load(Ordering::Relaxed);
+            self.unrecorded += dropped - self.seen_dropped;
+            self.seen_dropped = dropped;
+            let Some(conn) = self.conn.as_mut() else {
+                return self.hold(batch);
+            };
+            let e = match insert(conn, &batch, self.unrecorded) {
+                Ok(rows) => {
+                    self.unrecorded = 0;
+                    self.health.rows.fetch_add(rows, Ordering::Relaxed);
+                    self.health.written.fetch_add(rows, Ordering::Relaxed);
+                    return;
                 }
-                for e in &batch {
-                    ins.execute(params![
-                        micros(e.time),
-                        e.op.name(),
-                        e.path,
-                        e.to,
-                        errno_name(e.errno),
-                        e.bytes.map(|b| b as i64),
-                        e.pid,
-                        &*e.comm,
-                        e.rule,
-                    ])?;
-                    rows += 1;
-                }
-            }
-            tx.commit()?;
-            Ok(rows)
-        })();
-        match result {
-            Ok(rows) => {
-                self.unrecorded = 0;
-                self.health.rows.fetch_add(rows, Ordering::Relaxed);
-                self.health.written.fetch_add(rows, Ordering::Relaxed);
-            }
-            Err(e) => {
+                Err(e) => e,
+            };
+            let full = e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull);
+            if full && !batch.is_empty() {
+                let half = batch.len().div_ceil(2);
+                batch.drain(..half);
+                self.health
+                    .dropped
+                    .fetch_add(half as u64, Ordering::Relaxed);
                 self.health.fail(format!(
-                    "writing to {} failed: {e}; {n} event(s) dropped",
+                    "writing to {} failed: {e}; the oldest events waiting were dropped \
+                     (free space in the state dir, or lower --journal-max-size)",
                     self.path.display()
                 ));
-                self.drop_events(n);
-                // Counted now: the refusal of these is not a queue drop.
-                self.seen_dropped += n;
-                self.unrecorded += n;
-                if is_corrupt(&e) {
-                    let _ = fs::remove_file(&self.path);
-                }
-                self.conn = None;
+                continue;
             }
+            self.health.fail(format!(
+                "writing to {} failed: {e}; {} event(s) kept for a retry (at most {HOLD}, \
+                 then dropped)",
+                self.path.display(),
+                batch.len()
+            ));
+            self.conn = None;
+            if is_corrupt(&e) {
+                self.set_aside(&e);
+            }
+            return self.hold(batch);
         }
+    }
+
+    /// Moves a corrupt database aside (its WAL and shared-memory files go:
+    /// they belong to it and must not be replayed into a new one).
+    fn set_aside(&mut self, e: &rusqlite::Error) {
+        let aside = self.path.with_extension(format!(
+            "db.corrupt-{}",
+            micros(SystemTime::now()) / 1_000_000
+        ));
+        let moved = fs::rename(&self.path, &aside);
+        for ext in ["db-wal", "db-shm"] {
+            let _ = fs::remove_file(self.path.with_extension(ext));
+        }
+        self.health.fail(match moved {
+            Ok(()) => format!(
+                "{} was corrupt ({e}); moved to {} and a new journal was started",
+                self.path.display(),
+                aside.display()
+            ),
+            Err(m) => format!(
+                "{} is corrupt ({e}) and cannot be moved: {m}; remove it to start a new journal",
+                self.path.display()
+            ),
+        });
     }
 
     /// Retention: rows beyond the age limit, then the oldest beyond the size.
@@ -473,6 +524,49 @@ impl Writer {
     }
 }
 
+/// Inserts `batch` in one transaction, after a `journal-dropped` row
+/// when `unrecorded` events were lost; returns the rows written.
+fn insert(conn: &mut Connection, batch: &[Event], unrecorded: u64) -> rusqlite::Result<u64> {
+    let tx = conn.transaction()?;
+    let mut rows = 0;
+    {
+        let mut ins = tx.prepare_cached(
+            "INSERT INTO events (time, op, path, \"to\", result, bytes, pid, comm, rule)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )?;
+        if unrecorded > 0 {
+            ins.execute(params![
+                micros(SystemTime::now()),
+                EvOp::Dropped.name(),
+                "",
+                None::<String>,
+                "ok",
+                unrecorded as i64,
+                std::process::id(),
+                "layerfs",
+                None::<String>,
+            ])?;
+            rows += 1;
+        }
+        for e in batch {
+            ins.execute(params![
+                micros(e.time),
+                e.op.name(),
+                e.path,
+                e.to,
+                errno_name(e.errno),
+                e.bytes.map(|b| b as i64),
+                e.pid,
+                &*e.comm,
+                e.rule,
+            ])?;
+            rows += 1;
+        }
+    }
+    tx.commit()?;
+    Ok(rows)
+}
+
 /// Opens the journal read-only (for `layerfs log` and offline status).
 pub fn open_ro(path: &Path) -> Result<Connection, String> {
     if !path.exists() {
@@ -490,13 +584,22 @@ pub fn open_ro(path: &Path) -> Result<Connection, String> {
     Ok(c)
 }
 
-/// Journal health of an unmounted workspace, read from the database.
+/// Journal health of an unmounted workspace, read from the database:
+/// its rows, and the events its `journal-dropped` rows say were lost
+/// (`dropped_recorded`; a live mount's `dropped` counts since the mount).
 pub fn offline_health(db: &Path) -> Value {
     match open_ro(db).and_then(|c| {
-        c.query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0))
-            .map_err(|e| format!("{}: {e}", db.display()))
+        c.query_row(
+            "SELECT count(*), coalesce(sum(CASE WHEN op = 'journal-dropped' THEN bytes END), 0)
+             FROM events",
+            [],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+        )
+        .map_err(|e| format!("{}: {e}", db.display()))
     }) {
-        Ok(rows) => json!({"path": db.to_string_lossy(), "rows": rows}),
+        Ok((rows, lost)) => {
+            json!({"path": db.to_string_lossy(), "rows": rows, "dropped_recorded": lost})
+        }
         Err(e) => json!({"path": db.to_string_lossy(), "rows": null, "last_error": e}),
     }
 }
@@ -554,6 +657,49 @@ mod tests {
             .map(|r| r.unwrap())
             .collect();
         assert_eq!(ops, vec!["unlink".to_string()]);
+    }
+
+    fn count(db: &Path) -> Option<i64> {
+        let c = open_ro(db).ok()?;
+        c.query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+            .ok()
+    }
+
+    #[test]
+    fn events_are_held_while_the_database_cannot_open_and_written_when_it_can() {
+        let dir = tempfile::tempdir().unwrap();
+        let later = dir.path().join("later");
+        let db = later.join("journal.db");
+        let j = Journal::start(db.clone(), Options::default());
+        // More than the writer holds: the oldest are dropped and counted.
+        for i in 0..HOLD + 10 {
+            j.record(ev(EvOp::Create, &format!("f{i}")));
+        }
+        assert!(j.flush(Duration::from_secs(10)));
+        let h = j.health();
+        assert!(
+            h["last_error"].as_str().unwrap().contains("cannot open"),
+            "{h}"
+        );
+        assert_eq!(h["dropped"], json!(10), "{h}");
+        // The directory appears; no new event comes, the writer retries alone.
+        fs::create_dir(&later).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while count(&db) != Some(HOLD as i64 + 1) {
+            assert!(Instant::now() < deadline, "held events never written");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let c = open_ro(&db).unwrap();
+        let (first, lost): (String, i64) = c
+            .query_row(
+                "SELECT (SELECT path FROM events WHERE op = 'create' ORDER BY id LIMIT 1),
+                        (SELECT bytes FROM events WHERE op = 'journal-dropped')",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(first, "f10");
+        assert_eq!(lost, 10);
     }
 
     #[test]

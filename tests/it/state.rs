@@ -210,7 +210,42 @@ fn stale_control_socket_is_replaced_and_a_live_one_refuses_a_second_daemon() {
         stderr(&out)
     );
     assert!(!crate::harness::is_mounted(&mnt2));
-    // The first mount's socket survived the attempt.
+    // Refused by the lock on the upper (the first check): the message names
+    // the daemon, its mountpoint and what to do.
+    let canon_mnt = fs::canonicalize(&ws.mnt).unwrap();
+    let err = stderr(&out);
+    assert!(err.contains(&format!("pid {}", m.pid())), "{err}");
+    assert!(
+        err.contains(&format!("layerfs umount {}", canon_mnt.display())),
+        "{err}"
+    );
+    // Another upper and work dir with this workspace's state dir: the
+    // control socket (the second check) refuses it, in the same words.
+    let upper3 = ws.dir.path().join("upper3");
+    fs::create_dir(&upper3).unwrap();
+    let out = Command::new(bin())
+        .args(["mount", "--lower"])
+        .arg(ws.lower())
+        .arg("--upper")
+        .arg(&upper3)
+        .arg("--work")
+        .arg(ws.dir.path().join("work3"))
+        .arg("--state")
+        .arg(&state)
+        .arg(&mnt2)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("another layerfs daemon serves this workspace")
+            && err.contains("control socket")
+            && err.contains(&format!("pid {}", m.pid()))
+            && err.contains(&format!("layerfs umount {}", canon_mnt.display())),
+        "{err}"
+    );
+    assert!(!crate::harness::is_mounted(&mnt2));
+    // The first mount's socket survived the attempts.
     assert_eq!(c.ask(json!({"cmd": "status"}))["ok"], json!(true));
     drop(m);
 }
@@ -795,7 +830,9 @@ fn journal_failures_never_stop_the_mount() {
         .stderr(Stdio::null())
         .status();
     still_serving(&m, "full");
-    let names: Vec<String> = (0..300)
+    // More events than the writer holds for a retry (journal::HOLD, 4096):
+    // a create and a write each.
+    let names: Vec<String> = (0..2500)
         .map(|i| format!("n{i:03}-{}", "x".repeat(100)))
         .collect();
     for n in &names {
@@ -828,4 +865,156 @@ fn journal_failures_never_stop_the_mount() {
     );
     drop(m);
     drop(tmpfs);
+}
+
+/// The number of rows `layerfs log` shows for `ws`.
+fn row_count(ws: &Path) -> usize {
+    log_rows(ws, &[]).len()
+}
+
+#[test]
+fn journal_retention_trims_by_age_and_by_size() {
+    // Age: rows older than --journal-max-age go (retention runs when the
+    // writer starts and every minute after).
+    let ws = Workspace::new();
+    let m = ws.mount_with(&["--journal-max-age", "4s"]);
+    fs::write(m.p("old.txt"), "old").unwrap();
+    poll_log(m.path(), |r| {
+        r.iter().any(|x| x["path"] == json!("old.txt"))
+    });
+    assert!(m.unmount());
+    std::thread::sleep(Duration::from_secs(5));
+    let m = ws.mount_with(&["--journal-max-age", "4s"]);
+    fs::write(m.p("new.txt"), "new").unwrap();
+    let rows = poll_log(m.path(), |r| {
+        r.iter().any(|x| x["path"] == json!("new.txt"))
+    });
+    assert!(
+        rows.iter().all(|x| x["path"] != json!("old.txt")),
+        "{rows:#?}"
+    );
+    assert!(m.unmount());
+
+    // Size: beyond --journal-max-size the oldest rows go, the newest stay.
+    let ws = Workspace::new();
+    let m = ws.mount_with(&["--journal-max-size", "64K"]);
+    let script = "for i in $(seq 1500); do echo x > f$i; done";
+    crate::harness::sh(m.path(), script);
+    // (The last file's write row comes at its close, after its create row.)
+    poll_log(m.path(), |r| {
+        r.iter()
+            .any(|x| x["op"] == json!("write") && x["path"] == json!("f1500"))
+    });
+    let before = row_count(m.path());
+    assert!(before >= 3000, "{before} rows");
+    assert!(m.unmount());
+    let m = ws.mount_with(&["--journal-max-size", "64K"]);
+    fs::write(m.p("last.txt"), "last").unwrap();
+    // Retention runs right after the writer's first batch is committed:
+    // the new row may show a moment before the old ones go.
+    let rows = poll_log(m.path(), |r| {
+        r.iter().any(|x| x["path"] == json!("last.txt")) && r.len() < before / 2
+    });
+    assert!(rows.iter().any(|x| x["path"] == json!("f1500")));
+    assert!(rows.iter().all(|x| x["path"] != json!("f1")));
+    drop(m);
+}
+
+#[test]
+fn state_files_stay_private_under_any_umask() {
+    for umask in [0o000, 0o022, 0o077] {
+        let ws = Workspace::new();
+        let m = ws.mount_daemon_umask(&[], umask);
+        fs::write(m.p("a.txt"), "a").unwrap();
+        poll_log(m.path(), |r| r.iter().any(|x| x["path"] == json!("a.txt")));
+        let state = state_dir(&ws);
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&state), 0o700, "umask {umask:03o}");
+        assert_eq!(
+            mode(&state.join("control.sock")),
+            0o600,
+            "umask {umask:03o}"
+        );
+        for f in ["journal.db", "journal.db-wal", "journal.db-shm"] {
+            let p = state.join(f);
+            if p.exists() {
+                assert_eq!(mode(&p), 0o600, "{f} under umask {umask:03o}");
+            }
+        }
+        // Log and status work for the owner whatever the umask.
+        let v = status_json(m.path());
+        assert_eq!(v["journal"]["dropped"], json!(0), "{v}");
+        assert!(m.unmount());
+        assert_eq!(log_rows(&ws.upper, &["--path", "a.txt"]).len(), 2);
+    }
+}
+
+#[test]
+fn another_user_may_use_an_allow_other_mount_but_not_its_log_or_status() {
+    let ws = Workspace::new();
+    let m = ws.mount_with(&["--allow-other"]);
+    fs::set_permissions(ws.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::create_dir(m.p("pub")).unwrap();
+    fs::set_permissions(m.p("pub"), fs::Permissions::from_mode(0o777)).unwrap();
+    let as_tests = |args: &[&str]| {
+        Command::new("runuser")
+            .args(["-u", "tests", "--"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .current_dir("/")
+            .output()
+            .expect("run runuser")
+    };
+    // The other user writes through the mount; the journal names them.
+    let target = m.p("pub/theirs.txt");
+    let out = as_tests(&["sh", "-c", &format!("echo hi > '{}'", target.display())]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = poll_log(m.path(), |r| {
+        r.iter()
+            .any(|x| x["op"] == json!("create") && x["path"] == json!("pub/theirs.txt"))
+    });
+    let create = find(&rows, "create", "pub/theirs.txt");
+    assert_eq!(create["comm"], json!("sh"), "{create}");
+    // But neither the journal nor the control socket is theirs to read.
+    let b = bin();
+    let b = b.to_str().unwrap();
+    let mnt = m.path().to_str().unwrap();
+    for args in [vec![b, "status", mnt], vec![b, "log", mnt]] {
+        let out = as_tests(&args);
+        assert!(!out.status.success(), "{args:?}: {}", stdout(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("another user") && err.contains("run as the user who mounted it"),
+            "{args:?}: {err}"
+        );
+    }
+    let up = ws.upper.to_str().unwrap();
+    for args in [vec![b, "status", up], vec![b, "log", up]] {
+        let out = as_tests(&args);
+        assert!(!out.status.success(), "{args:?}: {}", stdout(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("permission denied") && err.contains("another user"),
+            "{args:?}: {err}"
+        );
+    }
+    // `status` without a workspace lists the mount and says why it cannot
+    // tell more.
+    let out = as_tests(&[b, "status", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let canon = fs::canonicalize(m.path()).unwrap();
+    let mine = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v["mountpoint"] == json!(canon.to_string_lossy()))
+        .unwrap_or_else(|| panic!("{}", stdout(&out)));
+    assert!(
+        mine["error"]
+            .as_str()
+            .unwrap()
+            .contains("another user's mount"),
+        "{mine}"
+    );
+    assert!(mine["pid"].is_null(), "{mine}");
+    drop(m);
 }
