@@ -8,6 +8,6 @@ pub mod diff;
 pub mod journal;
 pub mod reset;
 pub mod scratch;
-pub mod workspace;
 pub mod snapshot;
 pub mod snapshot_id;
+pub mod workspace;
