@@ -545,6 +545,8 @@ fn snapshot_save_while_8_writers_append_is_consistent() {
     let writers: Vec<_> = (0..8)
         .map(|w| {
             let path = m.p(&format!("w{w}.log"));
+            let count = m.p(&format!("w{w}.count"));
+            let tmp = m.p(&format!("w{w}.count.tmp"));
             let stop = stop.clone();
             std::thread::spawn(move || {
                 let mut seq = 0;
@@ -556,7 +558,12 @@ fn snapshot_save_while_8_writers_append_is_consistent() {
                         .open(&path)
                         .unwrap();
                     f.write_all(&record(w, seq)).unwrap();
+                    drop(f);
                     seq += 1;
+                    // Then the count of records, replaced by a rename:
+                    // the two files are updated together.
+                    fs::write(&tmp, format!("{seq}\n")).unwrap();
+                    fs::rename(&tmp, &count).unwrap();
                 }
                 seq
             })
@@ -578,14 +585,49 @@ fn snapshot_save_while_8_writers_append_is_consistent() {
         let p = state_dir(&ws).join(format!("snapshots/live{i}.tar"));
         let mut ar = tar::Archive::new(fs::File::open(&p).unwrap());
         let mut total = 0;
+        let mut logs: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
         for e in ar.entries().unwrap() {
             let mut e = e.unwrap();
             let name = e.path().unwrap().to_string_lossy().into_owned();
-            if let Some(w) = name.strip_prefix('w').and_then(|n| n.strip_suffix(".log")) {
-                let mut data = Vec::new();
-                std::io::Read::read_to_end(&mut e, &mut data).unwrap();
-                total += check_records(&name, w.parse().unwrap(), &data);
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            let Some(rest) = name.strip_prefix('w') else {
+                continue;
+            };
+            if let Some(w) = rest.strip_suffix(".log") {
+                let w: usize = w.parse().unwrap();
+                let n = check_records(&name, w, &data);
+                logs.insert(w, n);
+                total += n;
+            } else if let Some(w) = rest.strip_suffix(".count") {
+                let text = String::from_utf8(data).unwrap();
+                let n: usize = text
+                    .strip_suffix('\n')
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or_else(|| panic!("live{i}: {name} holds {text:?}"));
+                counts.insert(w.parse().unwrap(), n);
+            } else if rest.ends_with(".count.tmp") {
+                // Caught between its creation and its rename: empty (the
+                // write not yet done) or the whole line.
+                let text = String::from_utf8(data).unwrap();
+                assert!(
+                    text.is_empty()
+                        || text
+                            .strip_suffix('\n')
+                            .is_some_and(|t| t.parse::<usize>().is_ok()),
+                    "live{i}: {name} holds {text:?}"
+                );
             }
+        }
+        // A writer's count file says how many whole records its log held
+        // (or one fewer: caught between the append and the rename).
+        for (w, &n) in &logs {
+            let c = counts.get(w).copied().unwrap_or(0);
+            assert!(
+                n == c || n == c + 1,
+                "live{i}: w{w}.log has {n} records, w{w}.count says {c}"
+            );
         }
         seen.push(total);
     }
@@ -600,11 +642,130 @@ fn snapshot_save_while_8_writers_append_is_consistent() {
     for (w, &n) in written.iter().enumerate() {
         let data = fs::read(m.p(&format!("w{w}.log"))).unwrap();
         assert_eq!(check_records("mount", w, &data), n);
+        assert_eq!(
+            fs::read_to_string(m.p(&format!("w{w}.count"))).unwrap(),
+            format!("{n}\n")
+        );
     }
 }
 
+/// Asserts that the walk `got` is `want`, but for directories' mtimes (a
+/// merged directory's mtime through the mount can come from its lower).
+fn same_view(got: &BTreeMap<String, Obj>, want: &BTreeMap<String, Obj>, what: &str) {
+    for (k, v) in want {
+        let mut a = got.get(k).cloned();
+        if let Some(a) = a.as_mut().filter(|a| a.kind == libc::S_IFDIR) {
+            a.mtime = v.mtime;
+        }
+        assert_eq!(a.as_ref(), Some(v), "{what}: {k} differs");
+    }
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{what}: other names"
+    );
+}
+
+fn no_staging_left(ws: &Workspace) {
+    let stray: Vec<_> = fs::read_dir(ws.dir.path())
+        .unwrap()
+        .chain(fs::read_dir(&ws.work).unwrap())
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains("restore"))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+}
+
 #[test]
-fn snapshot_restore_on_a_live_mount_is_refused() {
+fn snapshot_restore_on_a_live_mount_shows_the_snapshot_at_once() {
+    use std::io::{Read, Seek};
+    let ws = Workspace::new();
+    populate_lower(ws.lower());
+    let m = ws.mount();
+    change_everything(m.path());
+    sh(
+        m.path(),
+        "echo one > a/f && echo snap-only > only && echo k > kept",
+    );
+    let mnt = m.path().to_str().unwrap().to_string();
+    let out = ok(&snap(&["save", &mnt, "s1"]));
+    assert!(out.contains("saved snapshot s1"), "{out}");
+    let snap_view = walk(m.path());
+
+    // Changes after the snapshot, each kind: an edit, a removal, a
+    // whiteout replaced by a file, a new file and directory, a copy-up,
+    // a directory removed, a renamed directory.
+    sh(
+        m.path(),
+        "set -e; echo two > a/f; rm only; echo back > del; echo new > new; mkdir nd \
+         && echo n > nd/x; echo edited >> keep/k; chmod -R u+w ro; rm -rf ro; mv a a2",
+    );
+    // Cached by the kernel: the absence of `only` and `a`, the presence
+    // of `new`, `del`, `a2` and their attributes and pages.
+    for p in ["only", "a/f"] {
+        assert!(fs::metadata(m.p(p)).is_err(), "{p}");
+    }
+    for p in ["new", "del", "nd/x", "keep/k", "a2/f"] {
+        fs::read(m.p(p)).unwrap();
+    }
+    let before_restore = walk(m.path());
+    assert_ne!(before_restore, snap_view);
+    // A file open for reading keeps what it opened.
+    let mut held = fs::File::open(m.p("a2/f")).unwrap();
+
+    let out = ok(&snap(&["restore", &mnt, "s1"]));
+    assert!(out.contains("restored snapshot s1"), "{out}");
+    // At once, through the same mount and the same cached names.
+    same_view(&walk(m.path()), &snap_view, "live restore");
+    let read = |p: &str| fs::read_to_string(m.p(p)).unwrap();
+    assert_eq!(read("a/f"), "one\n");
+    assert_eq!(read("only"), "snap-only\n");
+    assert_eq!(read("kept"), "k\n");
+    assert_eq!(read("keep/k"), "k\n");
+    assert_eq!(read("a/1"), "one\nmore\n");
+    assert_eq!(read("ro/f"), "r\n");
+    for p in ["del", "new", "nd", "a2", "keep/shared", "c/y"] {
+        assert!(
+            fs::symlink_metadata(m.p(p)).is_err(),
+            "{p} still shows after the restore"
+        );
+    }
+    let mut s = String::new();
+    held.rewind().unwrap();
+    held.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "two\n", "an open file changed under its reader");
+    drop(held);
+    no_staging_left(&ws);
+
+    // Create/unlink cycles after the restore: inode numbers of the
+    // discarded tree come back; each name must show its own content.
+    for round in 0..3 {
+        for i in 0..150 {
+            fs::write(m.p(&format!("c{i}")), format!("round {round} file {i}\n")).unwrap();
+        }
+        for i in 0..150 {
+            assert_eq!(read(&format!("c{i}")), format!("round {round} file {i}\n"));
+            if i % 2 == round % 2 {
+                fs::remove_file(m.p(&format!("c{i}"))).unwrap();
+            }
+        }
+        assert_eq!(read("a/f"), "one\n");
+        assert_eq!(read("only"), "snap-only\n");
+    }
+    for i in 0..150 {
+        let _ = fs::remove_file(m.p(&format!("c{i}")));
+    }
+    // The upper itself is the snapshot's tree: a fresh mount agrees.
+    let live = walk(m.path());
+    same_view(&live, &snap_view, "after cycles");
+    drop(m);
+    let m = ws.mount();
+    same_view(&walk(m.path()), &snap_view, "remounted");
+}
+
+#[test]
+fn snapshot_restore_on_a_live_mount_refuses_while_a_file_is_open_for_writing() {
+    use std::io::Write;
     let ws = Workspace::new();
     fs::write(ws.lower().join("l"), "lower").unwrap();
     let m = ws.mount();
@@ -613,17 +774,21 @@ fn snapshot_restore_on_a_live_mount_is_refused() {
     ok(&snap(&["save", mnt, "s"]));
     fs::write(m.p("a"), "two").unwrap();
     let view = walk(m.path());
-    for ws_arg in [mnt, ws.upper.to_str().unwrap()] {
-        let out = snap(&["restore", ws_arg, "s"]);
-        assert_eq!(out.status.code(), Some(1));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("unmount first (layerfs umount"), "{err}");
-    }
+    let mut w = fs::OpenOptions::new().append(true).open(m.p("a")).unwrap();
+    let out = snap(&["restore", mnt, "s"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("open for writing") && err.contains(": a;") && err.contains("retry"),
+        "{err}"
+    );
+    // Nothing changed, nothing left behind, writing goes on.
     assert_eq!(walk(m.path()), view);
-    assert_eq!(fs::read_to_string(m.p("a")).unwrap(), "two");
-    drop(m);
-    ok(&snap(&["restore", ws.upper.to_str().unwrap(), "s"]));
-    let m = ws.mount();
+    no_staging_left(&ws);
+    w.write_all(b"+").unwrap();
+    drop(w);
+    assert_eq!(fs::read_to_string(m.p("a")).unwrap(), "two+");
+    ok(&snap(&["restore", mnt, "s"]));
     assert_eq!(fs::read_to_string(m.p("a")).unwrap(), "one");
     assert_eq!(fs::read_to_string(m.p("l")).unwrap(), "lower");
 }
