@@ -22,7 +22,8 @@ Examples:
   layerfs snapshot save ~/ws/mnt                 # ID from the UTC time
   layerfs snapshot list ~/ws/mnt
   layerfs snapshot list --json ~/ws/upper
-  layerfs umount ~/ws/mnt && layerfs snapshot restore ~/ws/upper before-refactor
+  layerfs snapshot restore ~/ws/mnt before-refactor
+  layerfs snapshot restore ~/ws/upper before-refactor   # unmounted
   layerfs snapshot rm ~/ws/mnt before-refactor";
 
 #[derive(Subcommand, Debug)]
@@ -40,8 +41,10 @@ pub enum SnapshotCmd {
         #[arg(value_name = "ID")]
         id: Option<OsString>,
     },
-    /// Replace the upper by snapshot ID, atomically. The workspace must be
-    /// unmounted (layerfs umount MOUNTPOINT) first.
+    /// Replace the upper by snapshot ID, atomically. On a live mount the
+    /// mount shows the restored state at once; refused while files are
+    /// open for writing in it (files open for reading keep their old
+    /// contents).
     Restore {
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
@@ -158,22 +161,11 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
 fn restore(ws_arg: &Path, id: &OsStr) -> Result<(), String> {
     let id = snapshot_id::validate(id)?;
     let ws = Workspace::resolve(ws_arg)?;
-    if let Some(m) = &ws.mountpoint {
-        return Err(format!(
-            "the workspace is mounted at {}: unmount first (layerfs umount {}), then run \
-             layerfs snapshot restore {} {id}",
-            m.display(),
-            m.display(),
-            ws.upper.display()
-        ));
-    }
-    let info = snapshot::restore(
-        &ws.upper,
-        Some(&ws.work),
-        &ws.state,
-        id,
-        std::io::stderr().is_terminal(),
-    )?;
+    let progress = std::io::stderr().is_terminal();
+    let info = match ws.client() {
+        None => snapshot::restore(&ws.upper, Some(&ws.work), &ws.state, id, progress)?,
+        Some(client) => live_restore(&ws, client?, id, progress)?,
+    };
     println!(
         "restored snapshot {} ({}) into {}",
         info.id,
@@ -181,6 +173,49 @@ fn restore(ws_arg: &Path, id: &OsStr) -> Result<(), String> {
         ws.upper.display()
     );
     Ok(())
+}
+
+/// Restores on a live mount: the snapshot is extracted into a staging dir
+/// in the work dir while the mount goes on serving, then the daemon
+/// exchanges it with the upper, writes paused (see `daemon::restore`), and
+/// the old tree is removed.
+fn live_restore(
+    ws: &Workspace,
+    mut client: crate::state::control::Client,
+    id: &str,
+    progress: bool,
+) -> Result<snapshot::Info, String> {
+    let staged = snapshot::stage(&ws.upper, Some(&ws.work), &ws.state, id, progress)?;
+    let staging = staged.path();
+    if staged.parent != ws.work {
+        let _ = snapshot::remove_tree(&staging);
+        return Err(format!(
+            "work dir {} is not on the upper's filesystem: a live restore needs it there",
+            ws.work.display()
+        ));
+    }
+    let req = serde_json::json!({
+        "cmd": "restore",
+        "staging": staged.name.to_string_lossy(),
+    });
+    let answer = client.request(&req);
+    // Either way `staging` is to go: on success it holds the old upper,
+    // else the unused restored tree. (Killed here, it stays in the work
+    // dir, which the next mount cleans.)
+    let removed = snapshot::remove_tree(&staging);
+    let answer = answer.map_err(|e| format!("the mount was not changed: {e}"))?;
+    if answer["pending"] == serde_json::Value::Bool(true) {
+        eprintln!(
+            "layerfs snapshot restore: warning: the kernel's caches are still being              invalidated; the mount may show old attributes for a moment"
+        );
+    }
+    if let Err(e) = removed {
+        eprintln!(
+            "layerfs snapshot restore: warning: restored, but cannot remove the old upper              (now {}): {e}; remove it by hand (or it goes at the next mount)",
+            staging.display()
+        );
+    }
+    Ok(staged.info)
 }
 
 fn list(ws_arg: &Path, json: bool) -> Result<(), String> {

@@ -429,13 +429,14 @@ pub fn dispatch<'a>(daemon: &'a Daemon, conn: &mut Conn<'a>, req: &Value) -> Res
         }
         "reset" => super::reset::serve(daemon, req, false),
         "gc" => super::reset::serve(daemon, req, true),
+        "restore" => super::restore::serve(daemon, req),
         "invalidate_all" => {
             let fs = daemon.fs.clone();
             Ok(invalidate_bounded(move || fs.invalidate_all()))
         }
         other => Err(format!(
             "unknown command \"{other}\" (this daemon knows status, pause, resume, invalidate, \
-             invalidate_all, reset, gc)"
+             invalidate_all, reset, gc, restore)"
         )),
     }
 }
@@ -444,7 +445,7 @@ pub fn dispatch<'a>(daemon: &'a Daemon, conn: &mut Conn<'a>, req: &Value) -> Res
 /// bounded time: the kernel takes a directory's lock to drop a name in
 /// it, and a request parked by a pause may hold that lock until writes
 /// resume. Then the answer says the invalidation is still pending.
-fn invalidate_bounded(work: impl FnOnce() -> usize + Send + 'static) -> Value {
+pub(super) fn invalidate_bounded(work: impl FnOnce() -> usize + Send + 'static) -> Value {
     let (tx, rx) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("invalidate".into())
@@ -502,7 +503,7 @@ fn upper_usage(ov: &crate::overlay::Overlay) -> Value {
         (Some(b), Some(i), "counted")
     } else {
         let u = crate::overlay::quota::Usage::new(Default::default());
-        match u.scan(&ov.upper) {
+        match ov.upper_root().and_then(|r| u.scan(r.as_ref())) {
             Ok(()) => {
                 let (b, i) = u.used();
                 (Some(b), Some(i), "measured")

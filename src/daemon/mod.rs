@@ -14,6 +14,7 @@ pub mod mounts;
 pub mod notify;
 pub mod pidfile;
 mod reset;
+pub mod restore;
 mod signals;
 
 use std::fs::{File, OpenOptions};

@@ -44,7 +44,11 @@ pub fn serve(daemon: &Daemon, req: &Value, gc: bool) -> Result<Value, String> {
         .iter()
         .map(|l| dup(&l.root, "lower dir"))
         .collect::<Result<Vec<_>, _>>()?;
-    let layers = Layers::from_fds(dup(&ov.upper.layer.root, "upper dir")?, lowers)
+    // The upper as served now (a live restore may have replaced it).
+    let upper_root = ov
+        .upper_root()
+        .map_err(|e| format!("cannot use the upper dir: {e}"))?;
+    let layers = Layers::from_fds(dup(&upper_root, "upper dir")?, lowers)
         .map_err(|e| format!("cannot stat the upper dir: {e}"))?;
     let work = dup(&ov.upper.work, "work dir")?;
     let mut patterns = daemon.scratch.clone();

@@ -114,3 +114,32 @@ pub fn invalidate_paths(ov: &Overlay, n: &Notifier, paths: &[String]) -> usize {
     }
     count
 }
+
+/// After the whole upper was replaced (a live restore): drops every name,
+/// attribute, page and listing the kernel holds for any object, and the
+/// names in `names` ((directory id, name): what the kernel may hold as
+/// absent, which no inode records). The daemon's inodes were re-resolved
+/// beforehand, with writes paused; nothing is re-resolved here, since
+/// writes go on meanwhile. Returns how many objects were invalidated.
+pub fn invalidate_everything(ov: &Overlay, n: &Notifier, names: &[(u64, OsString)]) -> usize {
+    let mut count = 0;
+    for inode in ov.inodes.all() {
+        inode.io.lock().last_seen = None;
+        if inode.is_dir() {
+            forget_listing(ov, n, inode.id);
+        } else {
+            let _ = n.inval_inode(INodeNo(inode.id), 0, 0);
+        }
+        if let Some(parent) = inode.parent() {
+            let name = inode.loc.read().name.clone();
+            let _ = n.inval_entry(INodeNo(parent.id), &name);
+        }
+        count += 1;
+    }
+    for (dir, name) in names {
+        if n.inval_entry(INodeNo(*dir), name).is_ok() {
+            count += 1;
+        }
+    }
+    count
+}

@@ -127,6 +127,17 @@ impl FsHandle {
         }
     }
 
+    /// After a live restore replaced the upper: drops everything the
+    /// kernel caches about any object it holds, and the names `names`
+    /// ((directory id, name), which it may cache as absent). See
+    /// `invalidate::invalidate_everything`; same rules as `invalidate_paths`.
+    pub fn invalidate_restored(&self, names: &[(u64, std::ffi::OsString)]) -> usize {
+        match self.inner.notifier.get() {
+            Some(n) => invalidate::invalidate_everything(&self.inner.ov, n, names),
+            None => 0,
+        }
+    }
+
     /// Drops every name, attribute and listing the kernel caches.
     pub fn invalidate_all(&self) -> usize {
         match self.inner.notifier.get() {

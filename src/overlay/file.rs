@@ -72,6 +72,21 @@ impl Handles {
         self.shards[fh as usize % SHARDS].lock().remove(&fh)
     }
 
+    /// The objects that handles open for writing (passthrough or not)
+    /// refer to, each once.
+    pub fn writers(&self) -> Vec<Arc<Inode>> {
+        let mut out: Vec<Arc<Inode>> = Vec::new();
+        for shard in &self.shards {
+            for h in shard.lock().values() {
+                let Handle::File(f) = h.as_ref();
+                if f.writable && !out.iter().any(|i| i.id == f.inode.id) {
+                    out.push(f.inode.clone());
+                }
+            }
+        }
+        out
+    }
+
     /// Bytes written through handle `fh` since the last call (the journal
     /// records writes per open file, at fsync and close).
     pub fn take_written(&self, fh: u64) -> u64 {

@@ -180,7 +180,7 @@ impl Overlay {
         ov.init_root()?;
         if ov.quota.limited() {
             ov.quota
-                .scan(&ov.upper)
+                .scan(&ov.upper.layer.root)
                 .map_err(|e| format!("cannot measure upper usage: {e}"))?;
         }
         Ok(ov)

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use parking_lot::RwLock;
 
 use super::{Errno, Result};
-use crate::layer::ops::Upper;
 use crate::layer::sys::{self, Stat};
 use crate::policy::Quota;
 
@@ -52,14 +51,13 @@ impl Usage {
         self.limits.read().bytes.is_some()
     }
 
-    /// Counts what the upper holds now (whiteouts are free).
-    pub fn scan(&self, upper: &Upper) -> std::io::Result<()> {
+    /// Counts what the upper holds now (whiteouts are free); `root` is
+    /// the upper's root directory (`Overlay::upper_root`: a live restore
+    /// replaces it).
+    pub fn scan(&self, root: &impl std::os::fd::AsFd) -> std::io::Result<()> {
         let mut bytes = 0i64;
         let mut inodes = 0i64;
-        let mut stack = vec![sys::open_path(
-            &upper.layer.root,
-            std::ffi::OsStr::new("."),
-        )?];
+        let mut stack = vec![sys::open_path(root, std::ffi::OsStr::new("."))?];
         while let Some(dir) = stack.pop() {
             for e in sys::read_dir(&dir)? {
                 let st = sys::fstatat(&dir, &e.name)?;

@@ -13,8 +13,10 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
-use super::inode::{Inode, Real};
+use super::inode::{Inode, Real, ROOT_ID};
 use super::Overlay;
+use crate::layer::real::RealFd;
+use crate::layer::sys;
 
 /// What the kernel must forget after a refresh.
 #[derive(Debug, Default)]
@@ -77,11 +79,57 @@ impl Overlay {
             inv.inodes.push(inode.id);
         }
         if self.quota.limited() {
-            if let Err(e) = self.quota.scan(&self.upper) {
+            if let Err(e) = self.upper_root().and_then(|r| self.quota.scan(r.as_ref())) {
                 tracing::warn!("cannot re-measure upper usage after a reset: {e}");
             }
         }
         inv
+    }
+
+    /// The upper's root directory as served now (`O_PATH`). Not
+    /// `upper.layer.root`, which stays the directory that was the upper at
+    /// mount time: a live restore replaces the upper by another directory
+    /// (`replace_upper_root`).
+    pub fn upper_root(&self) -> std::io::Result<Arc<std::os::fd::OwnedFd>> {
+        let root = self
+            .inode(ROOT_ID)
+            .map_err(|e| std::io::Error::from_raw_os_error(e.0))?;
+        let upper = root.upper();
+        match upper {
+            Some(u) => u.get(),
+            None => Err(std::io::Error::from_raw_os_error(libc::ESTALE)),
+        }
+    }
+
+    /// Makes `root` (an `O_PATH` fd of a directory on the upper's
+    /// filesystem, now at the upper's path) the upper's root: the root
+    /// object's real files are resolved again from it (its opaque mark
+    /// decides whether the lower roots are merged). Every other held
+    /// inode must then be re-resolved (`refresh_paths(&[""])`). Call with
+    /// writes paused.
+    pub fn replace_upper_root(&self, root: std::os::fd::OwnedFd) -> Result<(), String> {
+        let opaque = self.upper.is_opaque(&root);
+        let mut lowers = Vec::new();
+        if !opaque {
+            for (i, l) in self.lowers.iter().enumerate() {
+                let fd = sys::open_path(&l.root, OsStr::new("."))
+                    .map_err(|e| format!("cannot open {}: {e}", l.path.display()))?;
+                lowers.push((i, RealFd::new(fd, &l.mount)));
+            }
+        }
+        let real = Real {
+            upper: Some(RealFd::new(root, &self.upper.layer.mount)),
+            lowers,
+            opaque,
+            lower_path: Some(String::new()),
+        };
+        let inode = self
+            .inode(ROOT_ID)
+            .map_err(|e| format!("the root object is gone: {e}"))?;
+        *inode.real.write() = real;
+        *inode.listing.lock() = None;
+        self.watch_dir(&inode);
+        Ok(())
     }
 
     fn re_resolve(&self, inode: &Arc<Inode>) {

@@ -777,26 +777,38 @@ fn staging_parent(upper: &Path, work: Option<&Path>) -> Result<PathBuf, String> 
     Ok(parent.to_path_buf())
 }
 
-/// Replaces the upper by the contents of snapshot `id`, atomically (see
-/// the module invariants). The upper must not be in use by a daemon.
-pub fn restore(
+/// A snapshot extracted into a staging directory beside the upper (on its
+/// filesystem), synced, ready to be exchanged with it.
+pub struct Staged {
+    pub info: Info,
+    /// Where the staging dir is (the work dir, or the upper's parent).
+    pub parent: PathBuf,
+    /// Its name there (`.layerfs-restore.PID.NANOS`).
+    pub name: OsString,
+}
+
+impl Staged {
+    pub fn path(&self) -> PathBuf {
+        self.parent.join(&self.name)
+    }
+}
+
+/// Extracts snapshot `id` into a new staging directory (in `work` when it
+/// is on the upper's filesystem, else beside the upper) and syncs it. On
+/// error nothing is left behind.
+pub fn stage(
     upper: &Path,
     work: Option<&Path>,
     state: &Path,
     id: &str,
     progress: bool,
-) -> Result<Info, String> {
+) -> Result<Staged, String> {
     snapshot_id::validate(OsStr::new(id))?;
     let info = info_of(state, id)?;
-    let upper_name = upper
-        .file_name()
-        .ok_or_else(|| format!("upper dir {} has no name", upper.display()))?;
-    let upper_parent = upper
-        .parent()
-        .ok_or_else(|| format!("upper dir {} has no parent directory", upper.display()))?;
     let parent = staging_parent(upper, work)?;
     let staging_name = OsString::from(format!(
-        ".layerfs-restore.{}.{}",
+        "{}{}.{}",
+        crate::daemon::restore::STAGING_PREFIX,
         std::process::id(),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -811,8 +823,7 @@ pub fn restore(
             "cannot create staging dir {}",
             staging.display()
         )))?;
-    // Invariant: until the exchange succeeds, every failure removes the
-    // staging tree and leaves the upper as it was.
+    // Invariant: every failure removes the staging tree.
     let extracted = (|| -> Result<(), String> {
         let p = path(state, id);
         let f = File::open(&p).map_err(ctx(format!("cannot open {}", p.display())))?;
@@ -836,10 +847,36 @@ pub fn restore(
         let _ = remove_tree(&staging);
         return Err(e);
     }
-    let pfd = sys::open_root(&parent).map_err(ctx(format!("cannot open {}", parent.display())))?;
+    Ok(Staged {
+        info,
+        parent,
+        name: staging_name,
+    })
+}
+
+/// Replaces the upper by the contents of snapshot `id`, atomically (see
+/// the module invariants). The upper must not be in use by a daemon (a
+/// live mount's daemon does the exchange itself: `daemon::restore`).
+pub fn restore(
+    upper: &Path,
+    work: Option<&Path>,
+    state: &Path,
+    id: &str,
+    progress: bool,
+) -> Result<Info, String> {
+    let upper_name = upper
+        .file_name()
+        .ok_or_else(|| format!("upper dir {} has no name", upper.display()))?;
+    let upper_parent = upper
+        .parent()
+        .ok_or_else(|| format!("upper dir {} has no parent directory", upper.display()))?;
+    let staged = stage(upper, work, state, id, progress)?;
+    let staging = staged.path();
+    let pfd = sys::open_root(&staged.parent)
+        .map_err(ctx(format!("cannot open {}", staged.parent.display())))?;
     let ufd = sys::open_root(upper_parent)
         .map_err(ctx(format!("cannot open {}", upper_parent.display())))?;
-    if let Err(e) = sys::renameat2(&pfd, &staging_name, &ufd, upper_name, sys::RENAME_EXCHANGE) {
+    if let Err(e) = sys::renameat2(&pfd, &staged.name, &ufd, upper_name, sys::RENAME_EXCHANGE) {
         let _ = remove_tree(&staging);
         return Err(ctx(format!(
             "cannot exchange {} with upper dir {}",
@@ -847,7 +884,7 @@ pub fn restore(
             upper.display()
         ))(e));
     }
-    for d in [upper_parent, parent.as_path()] {
+    for d in [upper_parent, staged.parent.as_path()] {
         fsync_dir(d).map_err(ctx(format!("cannot sync {}", d.display())))?;
     }
     // `staging` now holds the old upper.
@@ -855,7 +892,7 @@ pub fn restore(
         "restored, but cannot remove the old upper (now {}); remove it by hand",
         staging.display()
     )))?;
-    Ok(info)
+    Ok(staged.info)
 }
 
 /// Removes a tree, making directories writable first where needed (an

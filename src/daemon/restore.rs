@@ -1,0 +1,208 @@
+//! The control socket's `restore` command: the daemon's half of `layerfs
+//! snapshot restore` on a live mount.
+//!
+//! The client extracts the snapshot into a staging directory in the work
+//! dir (the long part; the mount serves reads and writes meanwhile) and
+//! names it in `{"cmd":"restore","staging":NAME}`. The daemon then, with
+//! writes paused:
+//! 1. waits (a bounded time) for every file open for writing through the
+//!    mount to be closed, and refuses, naming them, if some stay open:
+//!    what they would write after the restore would land in the discarded
+//!    tree;
+//! 2. checks the upper's path still names the upper it serves;
+//! 3. exchanges the staging dir with the upper in one
+//!    `renameat2(RENAME_EXCHANGE)` and syncs both parents: the upper is
+//!    the old tree or the restored one, never a mix, also after a crash;
+//! 4. makes the restored tree its upper root and re-resolves every inode
+//!    the kernel holds against it (an inode whose path is gone is emptied,
+//!    as a file deleted while open).
+//!
+//! Then, writes resumed, it drops everything the kernel caches: every held
+//! object's name, attributes, pages and listing, and every name of every
+//! held directory in the old and the new tree (the kernel may cache a name
+//! as absent). The old tree is left in the staging dir for the client to
+//! remove (a crash leaves it in the work dir, which `mount` cleans).
+//!
+//! Files open for reading keep reading the objects they opened (the old
+//! tree's files stay alive while open, as deleted files do); every new
+//! lookup and open sees the restored tree.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::control::{invalidate_bounded, Daemon};
+use crate::layer::sys;
+use crate::overlay::inode::{Inode, Real};
+
+/// Name prefix of the staging directories a restore extracts into.
+pub const STAGING_PREFIX: &str = ".layerfs-restore.";
+/// How long the restore waits for write opens to close.
+const DRAIN: Duration = Duration::from_secs(5);
+
+fn io_ctx(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// `{"cmd":"restore","staging":NAME}`: see the module comment.
+pub fn serve(daemon: &Daemon, req: &Value) -> Result<Value, String> {
+    let ov = daemon.fs.overlay();
+    if ov.read_only {
+        return Err(
+            "the workspace is mounted read-only: a restore changes its upper; \
+                    unmount it (layerfs umount) and restore it unmounted"
+                .into(),
+        );
+    }
+    let name = req["staging"]
+        .as_str()
+        .ok_or("restore needs \"staging\": the name of the staging dir in the work dir")?;
+    let name = OsStr::new(name);
+    if !name.as_bytes().starts_with(STAGING_PREFIX.as_bytes()) || name.as_bytes().contains(&b'/') {
+        return Err(format!(
+            "restore: {name:?} is not a staging dir name ({STAGING_PREFIX}*)"
+        ));
+    }
+    let work = &ov.upper.work;
+    let staged = sys::open_path(work, name).map_err(io_ctx(format!(
+        "cannot open staging dir {}",
+        daemon.work.join(name).display()
+    )))?;
+    let st = sys::fstat(&staged).map_err(io_ctx("cannot stat the staging dir"))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_dev != ov.upper.layer.dev {
+        return Err(format!(
+            "staging dir {} is not a directory on the upper's filesystem",
+            daemon.work.join(name).display()
+        ));
+    }
+    let upper_name = daemon
+        .upper
+        .file_name()
+        .ok_or_else(|| format!("upper dir {} has no name", daemon.upper.display()))?;
+    let parent_path = daemon
+        .upper
+        .parent()
+        .ok_or_else(|| format!("upper dir {} has no parent", daemon.upper.display()))?;
+    let parent = sys::open_root(parent_path)
+        .map_err(io_ctx(format!("cannot open {}", parent_path.display())))?;
+
+    let (pause, busy) = daemon.fs.pause_writes(DRAIN);
+    if !busy.is_empty() {
+        return Err(open_for_writing(&busy));
+    }
+    // Opens for writing wait at the gate now; wait for those already
+    // open to close.
+    let deadline = Instant::now() + DRAIN;
+    loop {
+        let writers = ov.files.writers();
+        if writers.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let paths: Vec<String> = writers.iter().map(|i| ov.path_of(i)).collect();
+            return Err(open_for_writing(&paths));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let served = ov
+        .upper_root()
+        .and_then(|r| sys::fstat(r.as_ref()))
+        .map_err(io_ctx("cannot stat the upper dir being served"))?;
+    let at_path = sys::fstatat(&parent, upper_name)
+        .map_err(io_ctx(format!("cannot stat {}", daemon.upper.display())))?;
+    if (served.st_dev, served.st_ino) != (at_path.st_dev, at_path.st_ino) {
+        return Err(format!(
+            "{} is no longer the upper dir this mount serves (it was moved or replaced \
+             behind the mount); unmount and mount again, then restore",
+            daemon.upper.display()
+        ));
+    }
+    // What the held directories stood on before: their old names may be
+    // cached by the kernel (as present or as absent).
+    let dirs_before: Vec<(Arc<Inode>, Real)> = ov
+        .inodes
+        .all()
+        .into_iter()
+        .filter(|i| i.is_dir())
+        .map(|i| {
+            let r = i.real.read().clone();
+            (i, r)
+        })
+        .collect();
+    sys::renameat2(work, name, &parent, upper_name, sys::RENAME_EXCHANGE).map_err(io_ctx(
+        format!(
+            "cannot exchange staging dir {} with upper dir {}",
+            daemon.work.join(name).display(),
+            daemon.upper.display()
+        ),
+    ))?;
+    if let Err(e) = ov.replace_upper_root(staged) {
+        // Put the old upper back: it is still the served one.
+        let back = sys::renameat2(work, name, &parent, upper_name, sys::RENAME_EXCHANGE);
+        return Err(match back {
+            Ok(()) => format!("{e}; the upper is unchanged"),
+            Err(b) => format!(
+                "{e}; and the old upper cannot be put back ({b}): it is {}; unmount, move it \
+                 back to {} by hand and mount again",
+                daemon.work.join(name).display(),
+                daemon.upper.display()
+            ),
+        });
+    }
+    ov.refresh_paths(&[OsString::new()]);
+    for (d, what) in [(&parent, parent_path), (work, daemon.work.as_path())] {
+        if let Err(e) = sys::open_dir(d).and_then(|fd| std::fs::File::from(fd).sync_all()) {
+            tracing::warn!("restore: cannot sync {}: {e}", what.display());
+        }
+    }
+    drop(pause);
+    tracing::info!("upper replaced by a restored snapshot");
+
+    // Every name each held directory has in the old or the new tree, in
+    // any layer: whatever the kernel may cache about one of them.
+    let mut names: Vec<(u64, OsString)> = Vec::new();
+    for (dir, old) in &dirs_before {
+        let new = dir.real.read().clone();
+        let mut seen: std::collections::HashSet<OsString> = Default::default();
+        let fds = [old, &new].into_iter().flat_map(|r| {
+            r.upper
+                .iter()
+                .cloned()
+                .chain(r.lowers.iter().map(|(_, l)| l.clone()))
+                .collect::<Vec<_>>()
+        });
+        for real in fds {
+            let Ok(fd) = real.get() else { continue };
+            let Ok(entries) = sys::read_dir(fd.as_ref()) else {
+                continue;
+            };
+            for e in entries {
+                if seen.insert(e.name.clone()) {
+                    names.push((dir.id, e.name));
+                }
+            }
+        }
+    }
+    let fs = daemon.fs.clone();
+    let inv = invalidate_bounded(move || fs.invalidate_restored(&names));
+    Ok(json!({
+        "restored": true,
+        "invalidated": inv["invalidated"],
+        "pending": inv["pending"],
+    }))
+}
+
+fn open_for_writing(paths: &[String]) -> String {
+    let shown: Vec<String> = paths
+        .iter()
+        .map(|p| if p.is_empty() { ".".into() } else { p.clone() })
+        .collect();
+    format!(
+        "files are open for writing in the mount: {}; close them (or stop the programs \
+         writing them) and retry: what they write after a restore would be lost",
+        shown.join(", ")
+    )
+}
