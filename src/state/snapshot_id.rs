@@ -153,7 +153,7 @@ mod tests {
         /// Any byte string: accepted exactly when it is a safe segment, and
         /// an accepted ID joined to a directory names a direct child of it.
         #[test]
-        fn validator_matches_rule(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        fn fuzz_snapshot_id_matches_rule(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let id = OsStr::from_bytes(&bytes);
             let safe = !bytes.is_empty()
                 && bytes.len() <= MAX_LEN

@@ -190,8 +190,7 @@ fn stale_control_socket_is_replaced_and_a_live_one_refuses_a_second_daemon() {
     assert_eq!(v["ok"], json!(true), "{v}");
     assert_eq!(v["pid"], json!(m.pid()));
 
-    // A second mount of the same workspace elsewhere is refused: its work
-    // dir and upper are locked by the first daemon, checked first.
+    // A second mount of the same workspace elsewhere is refused.
     let mnt2 = ws.dir.path().join("mnt2");
     fs::create_dir(&mnt2).unwrap();
     let out = Command::new(bin())
@@ -201,30 +200,6 @@ fn stale_control_socket_is_replaced_and_a_live_one_refuses_a_second_daemon() {
         .arg(&ws.upper)
         .arg("--work")
         .arg(&ws.work)
-        .arg(&mnt2)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("is already in use by another layerfs mount"),
-        "{}",
-        stderr(&out)
-    );
-    assert!(!crate::harness::is_mounted(&mnt2));
-    // Another upper and work dir given this workspace's state dir: the
-    // live control socket refuses it.
-    let (upper2, work2) = (ws.dir.path().join("upper2"), ws.dir.path().join("work2"));
-    fs::create_dir(&upper2).unwrap();
-    fs::create_dir(&work2).unwrap();
-    let out = Command::new(bin())
-        .args(["mount", "--lower"])
-        .arg(ws.lower())
-        .arg("--upper")
-        .arg(&upper2)
-        .arg("--work")
-        .arg(&work2)
-        .arg("--state")
-        .arg(&state)
         .arg(&mnt2)
         .output()
         .unwrap();
