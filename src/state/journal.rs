@@ -221,7 +221,29 @@ fn is_corrupt(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// Opens (creating if needed) the journal database in WAL mode.
+/// SQLite's journal mode for the database at `path`: WAL, except on a
+/// copy-on-write filesystem. WAL keeps its index in a memory-mapped file
+/// (`-shm`); on btrfs (and other copy-on-write filesystems) every store
+/// into that mapping needs a new block, and when the filesystem is full or
+/// over its quota the kernel answers the store with SIGBUS, which kills
+/// the daemon and with it the mount. The rollback journal (`TRUNCATE`)
+/// maps nothing: a full disk is then an error SQLite returns, which the
+/// writer survives like any other.
+fn journal_mode(path: &Path) -> &'static str {
+    const COW_FILESYSTEMS: [i64; 3] = [
+        0x9123_683e, // btrfs
+        0xca45_1a4e, // bcachefs
+        0x2fc1_2fc1, // zfs
+    ];
+    let dir = path.parent().unwrap_or(Path::new("."));
+    match nix::sys::statfs::statfs(dir) {
+        Ok(st) if COW_FILESYSTEMS.contains(&(st.filesystem_type().0 as i64)) => "TRUNCATE",
+        _ => "WAL",
+    }
+}
+
+/// Opens (creating if needed) the journal database (WAL mode where the
+/// filesystem allows it, see `journal_mode`).
 pub fn open_rw(path: &Path) -> rusqlite::Result<Connection> {
     // Private whatever the daemon's umask (SQLite gives the -wal and -shm
     // files the database's mode); a failure here is SQLite's to report.
@@ -242,7 +264,7 @@ pub fn open_rw(path: &Path) -> rusqlite::Result<Connection> {
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     c.busy_timeout(Duration::from_millis(500))?;
-    c.pragma_update(None, "journal_mode", "WAL")?;
+    c.pragma_update(None, "journal_mode", journal_mode(path))?;
     c.pragma_update(None, "synchronous", "NORMAL")?;
     c.execute_batch(SCHEMA)?;
     Ok(c)

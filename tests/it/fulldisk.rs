@@ -446,7 +446,7 @@ fn an_upper_over_its_quota_gets_edquot_and_leaves_nothing_half_written() {
         "writing past the quota"
     );
     let e = errno_of(append_byte(&m.p("small")), "copy-up over the quota");
-    assert_eq!(e, libc::EDQUOT);
+    assert_eq!(e, libc::EDQUOT, "daemon log:\n{}", ws.daemon_log());
     assert!(
         fs::symlink_metadata(ws.upper.join("small")).is_err(),
         "partial upper copy"
@@ -457,7 +457,12 @@ fn an_upper_over_its_quota_gets_edquot_and_leaves_nothing_half_written() {
     // btrfs gives freed space back to the qgroup when the transaction
     // commits.
     run(Command::new("sync").arg("-f").arg(&sv));
-    append_byte(&m.p("small")).unwrap();
+    append_byte(&m.p("small")).unwrap_or_else(|e| {
+        panic!(
+            "append after freeing: {e}\ndaemon log:\n{}",
+            ws.daemon_log()
+        )
+    });
     let mut want = small.clone();
     want.push(b'+');
     assert!(fs::read(m.p("small")).unwrap() == want, "copied-up content");

@@ -314,10 +314,15 @@ fn tree_skip(root: &Path, skip: &[&Path]) -> BTreeMap<String, String> {
     out
 }
 
-/// Everything in the workspace except the mountpoint and the daemon's work
-/// dir: all layers, the policy file, and anything a leaking daemon created.
+/// Everything in the workspace except the mountpoint, the daemon's work
+/// dir and its state dir (whose journal records the refused attempts): all
+/// layers, the policy file, and anything a leaking daemon created.
 fn outside(ws: &Workspace) -> BTreeMap<String, String> {
-    tree_skip(ws.dir.path(), &[ws.mnt.as_path(), ws.work.as_path()])
+    let state = layerfs::state::workspace::default_state_dir(&ws.upper);
+    tree_skip(
+        ws.dir.path(),
+        &[ws.mnt.as_path(), ws.work.as_path(), state.as_path()],
+    )
 }
 
 /// Asserts that two snapshots are equal, printing only the differences.
