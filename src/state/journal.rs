@@ -237,7 +237,7 @@ fn journal_mode(path: &Path) -> &'static str {
     ];
     let dir = path.parent().unwrap_or(Path::new("."));
     match nix::sys::statfs::statfs(dir) {
-        Ok(st) if COW_FILESYSTEMS.contains(&(st.filesystem_type().0 as i64)) => "TRUNCATE",
+        Ok(st) if COW_FILESYSTEMS.contains(&st.filesystem_type().0) => "TRUNCATE",
         _ => "WAL",
     }
 }
