@@ -283,7 +283,11 @@ impl Scenario {
         let mut lower_seen = false;
         for (rel, data) in &got {
             if rel == "new" {
-                if data != b"new\n" && !data.is_empty() {
+                // Never fsynced: after a power cut ext4 may keep its size
+                // with the block still unwritten (an unwritten extent reads
+                // as zeros), as it would for any program's unsynced write.
+                let unwritten = data.len() <= 4 && data.iter().all(|&b| b == 0);
+                if data != b"new\n" && !data.is_empty() && !unwritten {
                     bad.push(format!("opq/new: {data:?}"));
                 }
                 continue;
