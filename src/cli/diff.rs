@@ -54,15 +54,7 @@ impl DiffCmd {
 
     fn diff(&self) -> Result<(), String> {
         let ws = Workspace::resolve(&self.workspace)?;
-        let mut roots = vec![ws.upper.as_path()];
-        if let Some(m) = &ws.mountpoint {
-            roots.insert(0, m.as_path());
-        }
-        let paths = self
-            .paths
-            .iter()
-            .map(|p| reset::normalize(p, &roots))
-            .collect::<Result<Vec<_>, _>>()?;
+        let paths = reset::normalize_all(&ws, &self.paths)?;
         let filter = Filter {
             scratch: scratch::of_workspace(&ws)?,
             paths,

@@ -28,6 +28,19 @@ use crate::layer::ops::is_whiteout;
 use crate::layer::sys;
 use crate::overlay::origin::Origin;
 
+/// `normalize` for each command-line path of a workspace, whose absolute
+/// paths may name it by its mountpoint (when mounted) or its upper.
+pub fn normalize_all(
+    ws: &super::workspace::Workspace,
+    args: &[std::path::PathBuf],
+) -> Result<Vec<OsString>, String> {
+    let mut roots = vec![ws.upper.as_path()];
+    if let Some(m) = &ws.mountpoint {
+        roots.insert(0, m.as_path());
+    }
+    args.iter().map(|p| normalize(p, &roots)).collect()
+}
+
 /// Turns a command-line path into a path relative to the workspace root
 /// ("" = the root itself). Absolute paths are accepted inside the given
 /// roots (mountpoint, upper); `..` never is.
