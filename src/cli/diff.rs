@@ -73,7 +73,7 @@ impl DiffCmd {
             } else if self.patch {
                 write!(out, "{}", diff::patch(&layers, c))
             } else {
-                writeln!(out, "{}", c.text_line())
+                c.write_text(&mut out)
             };
             if r.is_err() {
                 // A closed pipe (`| head`) ends the output quietly.

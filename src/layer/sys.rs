@@ -472,6 +472,35 @@ pub fn removexattr(fd: &impl AsRawFd, name: &CStr) -> io::Result<()> {
 }
 
 /// The raw NUL-separated xattr name list of the file behind any fd.
+/// The xattr names of a file opened for real (not `O_PATH`), NUL-separated.
+pub fn flistxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        // SAFETY: buf is writable for its length; fd is an open file.
+        let n = unsafe {
+            libc::flistxattr(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_char,
+                buf.len(),
+            )
+        };
+        if n >= 0 {
+            buf.truncate(n as usize);
+            return Ok(buf);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) {
+            return Err(e);
+        }
+        // SAFETY: a size query with a null buffer.
+        let need = unsafe { libc::flistxattr(fd.as_raw_fd(), std::ptr::null_mut(), 0) };
+        if need < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.resize(need as usize + 1, 0);
+    }
+}
+
 pub fn listxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
     let p = proc_path(fd);
     let mut buf = vec![0u8; 1024];
@@ -506,7 +535,13 @@ pub struct DirEntry {
 
 /// All entries of the directory behind `dir` (an `O_PATH` fd), without `.`/`..`.
 pub fn read_dir(dir: &impl AsFd) -> io::Result<Vec<DirEntry>> {
-    let fd = open_dir(dir)?;
+    read_open_dir(&open_dir(dir)?)
+}
+
+/// The entries of a directory opened for reading (`O_RDONLY |
+/// O_DIRECTORY`) and not read from before: the listing starts where the
+/// fd's position is.
+pub fn read_open_dir(fd: &impl AsRawFd) -> io::Result<Vec<DirEntry>> {
     let raw = fd.as_raw_fd();
     let mut out = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];

@@ -239,6 +239,7 @@ impl Overlay {
                 }
                 NewKind::Link { source } => {
                     let src = self.copy_up(source)?;
+                    self.note_moved_in(src.as_ref(), parent_fd);
                     sys::link_fd(src.as_ref(), dir, &tmp)?;
                 }
             }
@@ -509,9 +510,15 @@ impl Overlay {
         let src_upper = self.prepare_move(&src, &parent, name)?;
         let src_lower_here = self.lower_has(&parent, name);
         let dst_lower_here = self.lower_has(&newparent, newname);
+        if !src.is_dir() {
+            self.note_moved_in(src_upper.as_ref(), new_upper.as_ref());
+        }
         if exchange {
             let d = dst.as_ref().ok_or(Errno(libc::ENOENT))?;
             let d_upper = self.prepare_move(d, &newparent, newname)?;
+            if !d.is_dir() {
+                self.note_moved_in(d_upper.as_ref(), old_upper.as_ref());
+            }
             sys::renameat2(
                 old_upper.as_ref(),
                 name,

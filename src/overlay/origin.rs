@@ -20,6 +20,7 @@
 //!   if its inode number is recycled).
 
 use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 use super::inode::Inode;
@@ -33,6 +34,22 @@ pub const ORIGIN_XATTR: &str = "layerfs.origin";
 pub const ORIGIN_NAMES: [&str; 2] = [
     "trusted.overlay.layerfs.origin",
     "user.overlay.layerfs.origin",
+];
+
+/// The mark (after the private prefix) on an upper directory into which a
+/// file carrying an origin record was renamed or linked. `diff` looks for
+/// moved shared files only in directories so marked, so a diff of a large
+/// upper reads no xattr of the (many) new files elsewhere. A mark may
+/// outlive the moved file (it is only a hint to look); a directory that
+/// holds a moved file always has it, because the mark is set before the
+/// rename or link that brings the file in, and it travels with the
+/// directory when the directory itself moves.
+pub const MOVED_IN_XATTR: &str = "layerfs.moved-in";
+
+/// Both spellings of the moved-in mark.
+pub const MOVED_IN_NAMES: [&str; 2] = [
+    "trusted.overlay.layerfs.moved-in",
+    "user.overlay.layerfs.moved-in",
 ];
 
 /// The identity of a lower original at copy-up time.
@@ -148,6 +165,26 @@ impl Overlay {
             tracing::debug!(path = %self.path_of(inode), "origin record not stored: {e}");
         }
         Ok(())
+    }
+}
+
+impl Overlay {
+    /// Before the upper file `file` gets a name in the upper directory
+    /// `dir` (rename or link): if it carries an origin record, marks `dir`
+    /// as holding a moved shared file (see `MOVED_IN_XATTR`). An upper
+    /// without xattr support loses only rename detection in `diff`, never
+    /// the operation: failures are logged, not returned.
+    pub(super) fn note_moved_in(&self, file: &impl AsRawFd, dir: &impl AsRawFd) {
+        if sys::getxattr(file, &self.upper.xattr(ORIGIN_XATTR)).is_err() {
+            return;
+        }
+        let mark = self.upper.xattr(MOVED_IN_XATTR);
+        if sys::getxattr(dir, &mark).is_ok() {
+            return;
+        }
+        if let Err(e) = sys::setxattr(dir, &mark, b"y", 0) {
+            tracing::debug!("moved-in mark not stored: {e}");
+        }
     }
 }
 

@@ -97,6 +97,20 @@ impl Change {
         self.from.as_ref().map(|f| f.to_string_lossy().into_owned())
     }
 
+    /// Writes `text_line` and a newline to `out` without building it.
+    pub fn write_text(&self, out: &mut impl std::io::Write) -> io::Result<()> {
+        out.write_all(&[self.kind.letter() as u8, b' '])?;
+        if let Some(f) = &self.from {
+            out.write_all(f.to_string_lossy().as_bytes())?;
+            out.write_all(b" -> ")?;
+        }
+        out.write_all(self.path.to_string_lossy().as_bytes())?;
+        if self.conflict {
+            out.write_all(b" (conflict)")?;
+        }
+        out.write_all(b"\n")
+    }
+
     /// `A path`, `R old -> new`, with ` (conflict)` when the shared
     /// original drifted.
     pub fn text_line(&self) -> String {
@@ -193,6 +207,40 @@ pub fn mark(fd: &impl std::os::fd::AsRawFd, what: &str) -> Option<Vec<u8>> {
         let name = CString::new(format!("{p}{what}")).expect("no NUL");
         sys::getxattr(fd, &name).ok()
     })
+}
+
+/// The overlay marks of one upper directory, read with one `listxattr`
+/// (most directories have no xattrs at all: no further call).
+#[derive(Default)]
+struct DirMarks {
+    opaque: bool,
+    redirect: Option<OsString>,
+    /// A copied-up file was renamed or linked into it (`MOVED_IN_XATTR`).
+    moved_in: bool,
+}
+
+fn dir_marks(fd: &OwnedFd) -> DirMarks {
+    let Ok(list) = sys::flistxattr(fd) else {
+        // No listing (no xattr support): ask for each mark by name.
+        return DirMarks {
+            opaque: is_opaque(fd),
+            redirect: redirect(fd),
+            moved_in: mark(fd, crate::overlay::origin::MOVED_IN_XATTR).is_some(),
+        };
+    };
+    let mut m = DirMarks::default();
+    for name in list.split(|&b| b == 0) {
+        let what = name
+            .strip_prefix(b"trusted.overlay.")
+            .or_else(|| name.strip_prefix(b"user.overlay."));
+        match what {
+            Some(b"opaque") => m.opaque = m.opaque || is_opaque(fd),
+            Some(b"redirect") => m.redirect = m.redirect.take().or_else(|| redirect(fd)),
+            Some(w) if w == crate::overlay::origin::MOVED_IN_XATTR.as_bytes() => m.moved_in = true,
+            _ => {}
+        }
+    }
+    m
 }
 
 pub fn is_opaque(fd: &impl std::os::fd::AsRawFd) -> bool {
@@ -478,6 +526,8 @@ struct Walk<'a> {
 /// One upper directory being walked and the shared version it is compared
 /// with.
 struct Frame {
+    /// The upper directory, opened for reading (one fd serves its listing,
+    /// its marks and the lookups of its entries).
     upper: OwnedFd,
     rel: OsString,
     base: Base,
@@ -486,19 +536,21 @@ struct Frame {
     /// Whether shared entries missing from the upper are deleted (the
     /// directory, or one above it, is opaque).
     hides: bool,
+    /// Whether a moved copied-up file may stand here (the directory has the
+    /// moved-in mark): only then are its new files' origins read.
+    moved_in: bool,
 }
 
 /// Computes the diff of a workspace's upper against its lowers.
 pub fn diff(layers: &Layers, filter: &Filter) -> Result<Vec<Change>, String> {
-    let root = sys::open_path(&layers.upper, OsStr::new("."))
-        .map_err(|e| format!("cannot open upper root: {e}"))?;
+    let root = sys::open_dir(&layers.upper).map_err(|e| format!("cannot open upper root: {e}"))?;
     let mut base = Vec::new();
     for (i, l) in layers.lowers.iter().enumerate() {
         let fd = sys::open_path(l, OsStr::new("."))
             .map_err(|e| format!("cannot open lower dir #{}: {e}", i + 1))?;
         base.push((i, fd));
     }
-    let hides = is_opaque(&root);
+    let marks = dir_marks(&root);
     let mut w = Walk {
         layers,
         filter,
@@ -511,7 +563,8 @@ pub fn diff(layers: &Layers, filter: &Filter) -> Result<Vec<Change>, String> {
         rel: OsString::new(),
         base,
         base_path: Some(OsString::new()),
-        hides,
+        hides: marks.opaque,
+        moved_in: marks.moved_in,
     })
     .map_err(|(p, e)| format!("cannot read {}: {e}", describe(&p)))?;
     w.match_moves();
@@ -554,7 +607,8 @@ impl Walk<'_> {
 
     fn dir(&mut self, f: Frame) -> WalkResult {
         let ctx = |e: io::Error| (f.rel.clone(), e);
-        let mut entries = sys::read_dir(&f.upper).map_err(ctx)?;
+        // `f.upper` was opened for reading and not read yet (`Frame`).
+        let mut entries = sys::read_open_dir(&f.upper).map_err(ctx)?;
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         let nlowers = self.layers.lowers.len();
         for e in &entries {
@@ -611,7 +665,7 @@ impl Walk<'_> {
                         old: None,
                         new: true,
                     });
-                    if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                    if f.moved_in && st.st_mode & libc::S_IFMT == libc::S_IFREG {
                         self.added_files.push(idx);
                     }
                 }
@@ -677,9 +731,11 @@ impl Walk<'_> {
         st: &Stat,
         base: Option<BaseEntry>,
     ) -> WalkResult {
-        let fd = sys::open_path(&f.upper, name).map_err(|e| (rel.clone(), e))?;
-        let opaque = is_opaque(&fd);
-        if let Some(r) = redirect(&fd) {
+        let fd = sys::open_beneath(&f.upper, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            .map_err(|e| (rel.clone(), e))?;
+        let marks = dir_marks(&fd);
+        let opaque = marks.opaque;
+        if let Some(r) = marks.redirect {
             let old_lower = if r.as_bytes().starts_with(b"/") {
                 r
             } else {
@@ -702,6 +758,7 @@ impl Walk<'_> {
                 base,
                 base_path: Some(old_lower),
                 hides: opaque,
+                moved_in: marks.moved_in,
             });
         }
         let base_path = f.base_path.as_ref().map(|p| join_lower(p, name));
@@ -731,6 +788,7 @@ impl Walk<'_> {
             base: sub_base,
             base_path,
             hides,
+            moved_in: marks.moved_in,
         })
     }
 
@@ -810,8 +868,9 @@ impl Walk<'_> {
             return;
         }
         // Only now, and only when a shared file was deleted, are the added
-        // files' xattrs read: a diff without deletions costs no call per
-        // new file. Candidates come grouped by directory (walk order).
+        // files' xattrs read, and only those in directories with the
+        // moved-in mark: other new files cost no call. Candidates come
+        // grouped by directory (walk order).
         let mut gone = Vec::new();
         let mut dir: Option<(OsString, OwnedFd)> = None;
         for idx in std::mem::take(&mut self.added_files) {

@@ -550,3 +550,76 @@ fn diff_and_reset_of_an_unprivileged_workspace() {
     assert_eq!(lines(&run(&[b, "diff", mnt])), ["T chm.txt"]);
     run(&[b, "umount", mnt]);
 }
+
+/// A shared file moved anywhere is a rename: into a new directory that is
+/// itself renamed later, into a shared directory, by a hard link whose
+/// first name is then removed, after an edit, and as one of two files
+/// swapped by `RENAME_EXCHANGE`. (`diff` looks for moved files only where
+/// the mount marked a directory as receiving one.)
+#[test]
+fn diff_finds_shared_files_moved_by_rename_and_link() {
+    let ws = Workspace::new();
+    for f in [
+        "m1.txt",
+        "m2.txt",
+        "m3.txt",
+        "m4.txt",
+        "m5.txt",
+        "sub/m6.txt",
+    ] {
+        write(&ws.lower().join(f), format!("{f}\n").as_bytes());
+    }
+    write(&ws.lower().join("ldir/l.txt"), b"l\n");
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "mkdir -p n1/n2 && mv m1.txt n1/n2/m1.txt && mv n1 n1moved
+         mv m2.txt ldir/m2b
+         ln m3.txt keep3 && rm m3.txt
+         echo edited >> m4.txt && mkdir n4 && mv m4.txt n4/
+         mkdir n6 && mv sub/m6.txt n6/ && mv n6 sub/n6
+         for i in $(seq 1 50); do echo $i > n4/new$i; done",
+    );
+    // Swap m5.txt with a new file: the new name of each is the other's.
+    let swapped = Command::new("python3")
+        .current_dir(m.path())
+        .args([
+            "-c",
+            "import ctypes,os\n\
+             os.mkdir('n5'); open('n5/e','w').write('e\\n')\n\
+             libc=ctypes.CDLL(None,use_errno=True)\n\
+             r=libc.renameat2(-100,b'm5.txt',-100,b'n5/e',2)\n\
+             assert r==0, os.strerror(ctypes.get_errno())",
+        ])
+        .status()
+        .unwrap();
+    assert!(swapped.success());
+    sh(m.path(), "rm m5.txt");
+    let expected = [
+        "R m3.txt -> keep3",
+        "R m2.txt -> ldir/m2b",
+        "A n1moved",
+        "A n1moved/n2",
+        "R m1.txt -> n1moved/n2/m1.txt",
+        "A n4",
+        "R m4.txt -> n4/m4.txt",
+        "A n5",
+        "R m5.txt -> n5/e",
+        "A sub/n6",
+        "R sub/m6.txt -> sub/n6/m6.txt",
+    ];
+    let moved = |text: String| -> Vec<String> {
+        let all = lines(&text);
+        let new_files = all.iter().filter(|l| l.starts_with("A n4/new")).count();
+        assert_eq!(new_files, 50, "{text}");
+        all.into_iter()
+            .filter(|l| !l.starts_with("A n4/new"))
+            .collect()
+    };
+    assert_eq!(moved(ok(&["diff", s(m.path())])), expected);
+    drop(m);
+    assert_eq!(moved(ok(&["diff", s(&ws.upper)])), expected);
+    // Content moved with the name: the edit made before the move is there.
+    let patch = ok(&["diff", "--patch", s(&ws.upper), "n4/m4.txt"]);
+    assert!(patch.contains("+edited"), "{patch}");
+}

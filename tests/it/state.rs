@@ -950,7 +950,7 @@ fn state_files_stay_private_under_any_umask() {
 }
 
 #[test]
-fn another_user_may_use_an_allow_other_mount_but_not_its_log_or_status() {
+fn another_user_may_use_an_allow_other_mount_but_not_its_state_commands() {
     let ws = Workspace::new();
     let m = ws.mount_with(&["--allow-other"]);
     fs::set_permissions(ws.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
@@ -979,7 +979,21 @@ fn another_user_may_use_an_allow_other_mount_but_not_its_log_or_status() {
     let b = bin();
     let b = b.to_str().unwrap();
     let mnt = m.path().to_str().unwrap();
-    for args in [vec![b, "status", mnt], vec![b, "log", mnt]] {
+    // Nor may they see the owner's diff, or change the workspace's state:
+    // every state command is refused, on the mountpoint and on the upper.
+    let up = ws.upper.to_str().unwrap();
+    fn state_cmds<'a>(b: &'a str, ws: &'a str) -> Vec<Vec<&'a str>> {
+        vec![
+            vec![b, "status", ws],
+            vec![b, "log", ws],
+            vec![b, "diff", ws],
+            vec![b, "reset", ws, "pub/theirs.txt"],
+            vec![b, "gc", ws],
+            vec![b, "snapshot", "save", ws, "theirs"],
+            vec![b, "snapshot", "list", ws],
+        ]
+    }
+    for args in state_cmds(b, mnt) {
         let out = as_tests(&args);
         assert!(!out.status.success(), "{args:?}: {}", stdout(&out));
         let err = stderr(&out);
@@ -988,8 +1002,7 @@ fn another_user_may_use_an_allow_other_mount_but_not_its_log_or_status() {
             "{args:?}: {err}"
         );
     }
-    let up = ws.upper.to_str().unwrap();
-    for args in [vec![b, "status", up], vec![b, "log", up]] {
+    for args in state_cmds(b, up) {
         let out = as_tests(&args);
         assert!(!out.status.success(), "{args:?}: {}", stdout(&out));
         let err = stderr(&out);
@@ -998,6 +1011,8 @@ fn another_user_may_use_an_allow_other_mount_but_not_its_log_or_status() {
             "{args:?}: {err}"
         );
     }
+    // Their refused reset removed nothing.
+    assert_eq!(fs::read_to_string(&target).unwrap(), "hi\n");
     // `status` without a workspace lists the mount and says why it cannot
     // tell more.
     let out = as_tests(&[b, "status", "--json"]);
