@@ -236,9 +236,11 @@ fn render(v: &Value) -> String {
                 (Some(d), _) if !d.is_null() => {
                     format!("{} rows, {} dropped", field(j, "rows"), field(j, "dropped"))
                 }
-                // Unmounted: what the journal's own journal-dropped rows say.
+                // Unmounted: the sum of the journal's own journal-dropped
+                // rows (events lost over every earlier mount, as far as
+                // the journal could record the loss).
                 (_, Some(d)) if !d.is_null() => format!(
-                    "{} rows, {} dropped (journal-dropped rows)",
+                    "{} rows, {} events lost while mounted",
                     field(j, "rows"),
                     field(j, "dropped_recorded")
                 ),
