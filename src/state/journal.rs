@@ -20,8 +20,8 @@
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -40,6 +40,9 @@ pub struct Options {
     pub max_age: Duration,
     /// Events waiting for the writer; beyond this they are dropped.
     pub queue: usize,
+    /// The writer thread exits after this long without events (and
+    /// closes the database); the next event starts it again.
+    pub idle_exit: Duration,
 }
 
 pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
@@ -51,6 +54,7 @@ impl Default for Options {
             max_bytes: DEFAULT_MAX_BYTES,
             max_age: DEFAULT_MAX_AGE,
             queue: 65_536,
+            idle_exit: idle_exit(),
         }
     }
 }
@@ -70,6 +74,16 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_time ON events(time);
 ";
+
+/// The writer's idle time before it exits: 30 s, or
+/// `LAYERFS_JOURNAL_IDLE_EXIT_MS` (for tests that watch it come and go).
+fn idle_exit() -> Duration {
+    std::env::var("LAYERFS_JOURNAL_IDLE_EXIT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(Duration::from_secs(30))
+}
 
 /// How many events one transaction takes at most.
 const BATCH: usize = 4096;
@@ -116,18 +130,77 @@ enum Msg {
 }
 
 /// The journal of one mount: a `Sink` for the adapter, health for `status`.
+///
+/// The queue is an unbounded channel (memory in proportion to what waits,
+/// not to the bound) with the bound kept by `queued`. The writer thread
+/// runs only while there is work: idle for `Options::idle_exit`, it closes
+/// the database, parks its state in `Idle::parked` and exits; the next
+/// event starts it again (`Idle::wake`).
 pub struct Journal {
-    tx: SyncSender<Msg>,
+    tx: Sender<Msg>,
+    /// Events in the channel (incremented before a send, decremented by
+    /// the writer as it takes each).
+    queued: Arc<AtomicUsize>,
+    idle: Arc<Idle>,
     health: Arc<Health>,
     path: PathBuf,
     opts: Options,
 }
 
+/// The writer's state while no thread runs it.
+struct Idle {
+    /// Whether a writer thread runs (or is being started).
+    running: AtomicBool,
+    parked: Mutex<Option<(Writer, Receiver<Msg>)>>,
+}
+
+impl Idle {
+    /// Starts the writer thread if none runs. Called after every send.
+    ///
+    /// Invariant (no event is left in the channel with no writer): a
+    /// writer that goes idle clears `running` and then, holding `parked`,
+    /// looks at the channel once more before it parks. A send that this
+    /// last look misses comes after the clear, so its `wake` sees
+    /// `running == false` and waits on `parked` until the state is back.
+    fn wake(self: &Arc<Idle>, health: &Arc<Health>) {
+        if self.running.load(Ordering::SeqCst) {
+            return;
+        }
+        let parked = self.parked.lock();
+        if parked.is_none() || self.running.load(Ordering::SeqCst) {
+            return;
+        }
+        self.running.store(true, Ordering::SeqCst);
+        let idle = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("journal".into())
+            .spawn(move || {
+                let Some((writer, rx)) = idle.parked.lock().take() else {
+                    return;
+                };
+                writer.run(rx, &idle);
+            });
+        if let Err(e) = spawned {
+            // The state stays parked: the next event tries again.
+            self.running.store(false, Ordering::SeqCst);
+            health.fail(format!("cannot start the journal writer: {e}"));
+        }
+    }
+}
+
 impl Sink for Journal {
     fn record(&self, ev: Event) {
-        if self.tx.try_send(Msg::Event(ev)).is_err() {
+        if self.queued.fetch_add(1, Ordering::Relaxed) >= self.opts.queue.max(1) {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             self.health.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
         }
+        if self.tx.send(Msg::Event(ev)).is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            self.health.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.idle.wake(&self.health);
     }
 }
 
@@ -136,21 +209,24 @@ impl Journal {
     /// database that cannot be opened is retried, and events dropped
     /// meanwhile are counted.
     pub fn start(path: PathBuf, opts: Options) -> Arc<Journal> {
-        let (tx, rx) = mpsc::sync_channel(opts.queue.max(1));
+        let (tx, rx) = mpsc::channel();
         let health = Arc::new(Health::default());
+        let queued = Arc::new(AtomicUsize::new(0));
+        let writer = Writer::new(path.clone(), opts.clone(), health.clone(), queued.clone());
         let j = Arc::new(Journal {
             tx,
-            health: health.clone(),
-            path: path.clone(),
-            opts: opts.clone(),
+            queued,
+            idle: Arc::new(Idle {
+                running: AtomicBool::new(false),
+                parked: Mutex::new(Some((writer, rx))),
+            }),
+            health,
+            path,
+            opts,
         });
-        let spawned = std::thread::Builder::new()
-            .name("journal".into())
-            .spawn(move || Writer::new(path, opts, health).run(rx));
-        if let Err(e) = spawned {
-            j.health
-                .fail(format!("cannot start the journal writer: {e}"));
-        }
+        // The first run opens the database (and counts its rows for
+        // `status`) and applies retention, then goes idle.
+        j.idle.wake(&j.health);
         j
     }
 
@@ -161,6 +237,7 @@ impl Journal {
         if self.tx.send(Msg::Flush(tx)).is_err() {
             return false;
         }
+        self.idle.wake(&self.health);
         rx.recv_timeout(limit).is_ok()
     }
 
@@ -283,10 +360,15 @@ struct Writer {
     seen_dropped: u64,
     next_open: Instant,
     next_retention: Instant,
+    /// The journal's `queued` count (the writer decrements it).
+    queued: Arc<AtomicUsize>,
+    /// Whether the rows were counted (once: a reopen after an idle exit
+    /// does not scan the table again).
+    counted: bool,
 }
 
 impl Writer {
-    fn new(path: PathBuf, opts: Options, health: Arc<Health>) -> Writer {
+    fn new(path: PathBuf, opts: Options, health: Arc<Health>, queued: Arc<AtomicUsize>) -> Writer {
         Writer {
             path,
             opts,
@@ -298,15 +380,18 @@ impl Writer {
             seen_dropped: 0,
             next_open: Instant::now(),
             next_retention: Instant::now(),
+            queued,
+            counted: false,
         }
     }
 
-    fn run(mut self, rx: Receiver<Msg>) {
+    fn run(mut self, rx: Receiver<Msg>, idle: &Idle) {
         self.ensure_open();
+        self.maintain();
         loop {
             // Held events are retried on time, not only when new ones come.
             let wait = if self.held.is_empty() {
-                RETENTION_EVERY
+                self.opts.idle_exit.min(RETENTION_EVERY)
             } else {
                 REOPEN_AFTER
             };
@@ -315,9 +400,30 @@ impl Writer {
                 Err(RecvTimeoutError::Timeout) => {
                     if !self.held.is_empty() {
                         self.write(Vec::new());
+                        self.maintain();
+                        continue;
                     }
                     self.maintain();
-                    continue;
+                    // Idle: park (see `Idle::wake` for why this order).
+                    idle.running.store(false, Ordering::SeqCst);
+                    let mut parked = idle.parked.lock();
+                    match rx.try_recv() {
+                        Ok(m) => {
+                            idle.running.store(true, Ordering::SeqCst);
+                            drop(parked);
+                            m
+                        }
+                        Err(_) => {
+                            // Closing the database frees its cache; WAL
+                            // is checkpointed by the last close.
+                            self.conn = None;
+                            // A clean close, not a failure: the next start
+                            // opens at once.
+                            self.next_open = Instant::now();
+                            *parked = Some((self, rx));
+                            return;
+                        }
+                    }
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     if !self.held.is_empty() {
@@ -335,7 +441,10 @@ impl Writer {
             let mut next = Some(first);
             while let Some(m) = next.take() {
                 match m {
-                    Msg::Event(e) => batch.push(e),
+                    Msg::Event(e) => {
+                        self.queued.fetch_sub(1, Ordering::Relaxed);
+                        batch.push(e)
+                    }
                     Msg::Flush(t) => flushes.push(t),
                 }
                 if batch.len() < BATCH {
@@ -378,6 +487,17 @@ impl Writer {
         if Instant::now() < self.next_open {
             return false;
         }
+        // Closed while idle, and deleted or replaced meanwhile: said as if
+        // it had happened under an open connection.
+        if self.id.is_some() && file_id(&self.path) != self.id {
+            self.health.fail(format!(
+                "{} was deleted or replaced while mounted; a new journal was started \
+                 (earlier rows are gone with the old file)",
+                self.path.display()
+            ));
+            self.id = None;
+            self.counted = false;
+        }
         self.next_open = Instant::now() + REOPEN_AFTER;
         let opened = match open_rw(&self.path) {
             Err(e) if is_corrupt(&e) => {
@@ -388,10 +508,13 @@ impl Writer {
         };
         match opened {
             Ok(c) => {
-                let rows: i64 = c
-                    .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
-                    .unwrap_or(0);
-                self.health.rows.store(rows as u64, Ordering::Relaxed);
+                if !self.counted {
+                    let rows: i64 = c
+                        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+                        .unwrap_or(0);
+                    self.health.rows.store(rows as u64, Ordering::Relaxed);
+                    self.counted = true;
+                }
                 self.id = file_id(&self.path);
                 self.conn = Some(c);
                 true
@@ -679,6 +802,51 @@ mod tests {
             .map(|r| r.unwrap())
             .collect();
         assert_eq!(ops, vec!["unlink".to_string()]);
+    }
+
+    #[test]
+    fn the_writer_exits_when_idle_and_comes_back_for_the_next_event() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("journal.db");
+        let opts = Options {
+            idle_exit: Duration::from_millis(200),
+            ..Options::default()
+        };
+        let j = Journal::start(db.clone(), opts);
+        let gone = |j: &Journal| {
+            let t = Instant::now();
+            while j.idle.running.load(Ordering::SeqCst) {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "writer never went idle"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(j.idle.parked.lock().is_some());
+        };
+        for round in 0..5 {
+            gone(&j);
+            // Events sent to a parked writer start it again, and none is
+            // lost however the send and the parking interleave.
+            for i in 0..100 {
+                j.record(ev(EvOp::Create, &format!("r{round}-{i}")));
+                if i % 10 == 0 {
+                    std::thread::sleep(Duration::from_millis(i as u64));
+                }
+            }
+            assert!(j.flush(Duration::from_secs(10)));
+            assert_eq!(count(&db), Some(100 * (round + 1)));
+        }
+        gone(&j);
+        assert_eq!(j.health()["dropped"], 0);
+        assert_eq!(j.health()["rows"], 500);
+        // A database deleted while the writer was parked is noticed.
+        fs::remove_file(&db).unwrap();
+        j.record(ev(EvOp::Unlink, "x"));
+        assert!(j.flush(Duration::from_secs(10)));
+        let h = j.health();
+        assert!(h["last_error"].as_str().unwrap().contains("deleted"), "{h}");
+        assert_eq!(count(&db), Some(1));
     }
 
     fn count(db: &Path) -> Option<i64> {

@@ -1033,3 +1033,43 @@ fn another_user_may_use_an_allow_other_mount_but_not_its_state_commands() {
     assert!(mine["pid"].is_null(), "{mine}");
     drop(m);
 }
+
+/// The names of the daemon's threads.
+fn thread_names(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// An idle mount runs no journal writer; a change starts one, which writes
+/// the change and goes away again once idle.
+#[test]
+fn journal_writer_runs_only_while_there_is_work() {
+    let ws = Workspace::new();
+    let m = ws.mount_env(&[], &[("LAYERFS_JOURNAL_IDLE_EXIT_MS", "300")]);
+    let pid = m.pid();
+    let idle = |what: &str| {
+        eventually(Duration::from_secs(10), || {
+            !thread_names(pid).iter().any(|t| t == "journal")
+        });
+        let names = thread_names(pid);
+        assert!(!names.iter().any(|t| t == "journal"), "{what}: {names:?}");
+    };
+    idle("after mounting");
+    for round in 0..3 {
+        let name = format!("r{round}.txt");
+        fs::write(m.p(&name), "x").unwrap();
+        let rows = poll_log(m.path(), |r| {
+            r.iter()
+                .any(|x| x["op"] == json!("create") && x["path"] == json!(name))
+        });
+        assert_eq!(find(&rows, "create", &name)["result"], json!("ok"));
+        idle("after a change");
+    }
+    let st = status_json(m.path());
+    assert_eq!(st["journal"]["dropped"], json!(0), "{st}");
+}
