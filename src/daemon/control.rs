@@ -22,10 +22,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use std::collections::VecDeque;
-
-use parking_lot::Mutex;
-
 use crate::config::Config;
 use crate::fuse::FsHandle;
 use crate::overlay::gate::PauseGuard;
@@ -169,8 +165,6 @@ pub struct Daemon {
     /// `--scratch` globs (the policy's `scratch` lines are read live).
     pub scratch: Vec<String>,
     pub journal: Option<Arc<Journal>>,
-    /// Request counts sampled each second, for requests per second.
-    samples: Mutex<VecDeque<(Instant, u64)>>,
 }
 
 impl Daemon {
@@ -188,43 +182,17 @@ impl Daemon {
             uid: nix::unistd::geteuid().as_raw(),
             scratch: cfg.scratch.clone(),
             journal,
-            samples: Mutex::new(VecDeque::new()),
-        }
-    }
-
-    /// Records the request count now; keeps the last `RATE_WINDOW` seconds.
-    fn sample(&self) {
-        let (requests, _, _) = self.fs.counters();
-        let mut s = self.samples.lock();
-        s.push_back((Instant::now(), requests));
-        while s.len() > RATE_WINDOW + 1 {
-            s.pop_front();
         }
     }
 
     /// Requests per second over the last few seconds.
     fn rate(&self) -> f64 {
-        self.sample();
-        let s = self.samples.lock();
-        match (s.front(), s.back()) {
-            (Some((t0, n0)), Some((t1, n1))) if t1 > t0 => {
-                (n1 - n0) as f64 / t1.duration_since(*t0).as_secs_f64()
-            }
-            _ => 0.0,
-        }
+        self.fs.request_rate(RATE_WINDOW)
     }
 }
 
-/// Seconds of request counts kept for the rate.
-const RATE_WINDOW: usize = 10;
-
-/// Samples the request count once a second for as long as the daemon runs.
-fn sampler(daemon: Arc<Daemon>) {
-    loop {
-        daemon.sample();
-        std::thread::sleep(Duration::from_secs(1));
-    }
-}
+/// Seconds of request counts the rate covers.
+const RATE_WINDOW: u64 = 10;
 
 /// Per-connection state: the pause this connection holds, if any.
 pub struct Conn<'a> {
@@ -232,30 +200,32 @@ pub struct Conn<'a> {
 }
 
 impl ControlSocket {
-    /// Serves the socket on a thread of its own until the process exits.
-    pub fn serve(&self, daemon: Arc<Daemon>) -> io::Result<()> {
-        let listener = self.listener.try_clone()?;
-        let d = daemon.clone();
-        std::thread::Builder::new()
-            .name("rate-sampler".into())
-            .spawn(move || sampler(d))?;
-        std::thread::Builder::new()
-            .name("control".into())
-            .spawn(move || accept_loop(listener, daemon))
-            .map(|_| ())
+    /// The listening socket, non-blocking, for the service thread's poll
+    /// (`daemon::service`).
+    pub fn listener(&self) -> io::Result<UnixListener> {
+        let l = self.listener.try_clone()?;
+        l.set_nonblocking(true)?;
+        Ok(l)
     }
 }
 
-fn accept_loop(listener: UnixListener, daemon: Arc<Daemon>) {
-    for stream in listener.incoming() {
-        let stream = match stream {
-            Ok(s) => s,
+/// Accepts every connection waiting on `listener` (non-blocking) and
+/// serves each on a thread of its own. Accepted sockets are blocking.
+pub fn accept_ready(listener: &UnixListener, daemon: &Arc<Daemon>) {
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 tracing::warn!("control socket accept: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
+                return;
             }
         };
+        if let Err(e) = stream.set_nonblocking(false) {
+            tracing::warn!("control socket: {e}");
+            continue;
+        }
         let d = daemon.clone();
         let spawned = std::thread::Builder::new()
             .name("control-conn".into())

@@ -15,6 +15,7 @@ pub mod notify;
 pub mod pidfile;
 mod reset;
 pub mod restore;
+mod service;
 mod signals;
 
 use std::fs::{File, OpenOptions};
@@ -251,17 +252,22 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
         policy_file: cfg.policy_file.clone(),
         notify: notify.clone(),
     };
-    if let Err(e) = signals::spawn(ctx) {
-        let _ = mounts::detach(&cfg.mountpoint);
-        return Err(format!("starting the signal thread: {e}"));
-    }
-
-    if let Some(c) = &control {
-        let daemon =
-            std::sync::Arc::new(control::Daemon::new(cfg, handle.clone(), journal.clone()));
-        if let Err(e) = c.serve(daemon) {
-            tracing::warn!("cannot start the control socket thread: {e}");
+    let served = control.as_ref().and_then(|c| match c.listener() {
+        Ok(l) => {
+            let daemon = control::Daemon::new(cfg, handle.clone(), journal.clone());
+            Some((l, std::sync::Arc::new(daemon)))
         }
+        Err(e) => {
+            tracing::warn!(
+                "cannot serve the control socket: {e}; status, pause and the other state \
+                 commands will not reach this mount"
+            );
+            None
+        }
+    });
+    if let Err(e) = service::spawn(ctx, served, handle.lower_watch()) {
+        let _ = mounts::detach(&cfg.mountpoint);
+        return Err(format!("starting the service thread: {e}"));
     }
 
     tracing::info!(

@@ -1,10 +1,10 @@
 //! Signal handling for a serving daemon: SIGTERM, SIGINT and SIGHUP are
 //! blocked in every thread (the mask is set before any thread exists and
-//! inherited) and taken by one thread with sigwait. TERM/INT unmount the
-//! mountpoint, which ends the session loop; HUP reloads the policy file.
+//! inherited) and read from a signalfd by the service thread
+//! (`daemon::service`). TERM/INT unmount the mountpoint, which ends the
+//! session loop; HUP reloads the policy file.
 
 use std::path::PathBuf;
-use std::thread;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
@@ -14,7 +14,7 @@ use crate::fuse::FsHandle;
 use crate::policy::Policy;
 
 /// The signals the daemon handles itself.
-fn handled() -> SigSet {
+pub fn handled() -> SigSet {
     let mut set = SigSet::empty();
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGINT);
@@ -36,29 +36,12 @@ pub struct SignalContext {
     pub notify: SdNotify,
 }
 
-/// Starts the signal thread; it lives until the process exits.
-pub fn spawn(ctx: SignalContext) -> std::io::Result<()> {
-    thread::Builder::new()
-        .name("layerfs-signals".into())
-        .spawn(move || wait_loop(ctx))
-        .map(|_| ())
-}
-
-fn wait_loop(ctx: SignalContext) {
-    let set = handled();
-    loop {
-        let sig = match set.wait() {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!("sigwait failed: {e}; signals are no longer handled");
-                return;
-            }
-        };
-        match sig {
-            Signal::SIGTERM | Signal::SIGINT => stop(&ctx, sig),
-            Signal::SIGHUP => reload(&ctx),
-            _ => {}
-        }
+/// Acts on one handled signal.
+pub fn handle(ctx: &SignalContext, sig: Signal) {
+    match sig {
+        Signal::SIGTERM | Signal::SIGINT => stop(ctx, sig),
+        Signal::SIGHUP => reload(ctx),
+        _ => {}
     }
 }
 

@@ -74,6 +74,11 @@ impl FsHandle {
     }
 
     /// (requests, copy-ups, policy denials) since the mount.
+    /// Requests per second over the last `window` seconds.
+    pub fn request_rate(&self, window: u64) -> f64 {
+        self.inner.rec.rate.per_second(window)
+    }
+
     pub fn counters(&self) -> (u64, u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         let r = &self.inner.rec;
@@ -146,17 +151,40 @@ impl FsHandle {
         }
     }
 
-    /// Give the filesystem the session's notifier, for cache invalidations,
-    /// and start turning lower changes into invalidations.
+    /// Give the filesystem the session's notifier, for cache invalidations.
     pub fn set_notifier(&self, notifier: fuser::Notifier) {
-        if self.inner.notifier.set(notifier).is_ok() && self.inner.ov.watch.is_some() {
-            let inner = self.inner.clone();
-            let spawned = std::thread::Builder::new()
-                .name("lower-watch".into())
-                .spawn(move || watcher::run(&inner.ov, inner.notifier.get()));
-            if let Err(e) = spawned {
-                tracing::warn!("cannot start the lower watcher: {e}");
-            }
+        let _ = self.inner.notifier.set(notifier);
+    }
+
+    /// The lower watch, for the service thread to poll; `None` without a
+    /// watch or before `set_notifier`. Taking it marks the watch live.
+    pub fn lower_watch(&self) -> Option<LowerWatch> {
+        self.inner.notifier.get()?;
+        let fd = watcher::start(&self.inner.ov)?;
+        Some(LowerWatch {
+            inner: self.inner.clone(),
+            fd,
+        })
+    }
+}
+
+/// The lower watch as the service thread sees it: an fd to poll and what
+/// to do when it is readable.
+pub struct LowerWatch {
+    inner: Arc<Shared>,
+    fd: std::os::fd::RawFd,
+}
+
+impl LowerWatch {
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.fd
+    }
+
+    /// Applies the pending lower changes; false once the watch failed.
+    pub fn drain(&self) -> bool {
+        match self.inner.notifier.get() {
+            Some(n) => watcher::drain(&self.inner.ov, n),
+            None => false,
         }
     }
 }

@@ -33,11 +33,73 @@ struct Track {
     seen: Option<(i64, i64, u64)>,
 }
 
+/// Seconds of request counts kept for the rate.
+const RATE_SLOTS: usize = 16;
+
+/// Requests per second of uptime, in a ring of per-second counters the
+/// request path fills: `status`'s requests per second with no sampling
+/// thread, so an idle daemon is never woken for it. A count that lands
+/// exactly as its slot turns over to a new second may be lost (the rate is
+/// a display, not an account; `requests` is exact).
+pub struct RateRing {
+    start: Instant,
+    /// The second (of uptime, from 1) each slot counts; 0 = unused.
+    secs: [AtomicU64; RATE_SLOTS],
+    counts: [AtomicU64; RATE_SLOTS],
+}
+
+impl Default for RateRing {
+    fn default() -> RateRing {
+        RateRing {
+            start: Instant::now(),
+            secs: Default::default(),
+            counts: Default::default(),
+        }
+    }
+}
+
+impl RateRing {
+    fn tick(&self) {
+        let sec = self.start.elapsed().as_secs() + 1;
+        let i = sec as usize % RATE_SLOTS;
+        if self.secs[i].load(Ordering::Relaxed) != sec
+            && self.secs[i].swap(sec, Ordering::Relaxed) != sec
+        {
+            self.counts[i].store(0, Ordering::Relaxed);
+        }
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests per second over the last `window` seconds (at most
+    /// `RATE_SLOTS - 1`; less right after the mount).
+    pub fn per_second(&self, window: u64) -> f64 {
+        let window = window.clamp(1, RATE_SLOTS as u64 - 1);
+        let up = self.start.elapsed();
+        let now = up.as_secs() + 1;
+        let sum: u64 = (0..RATE_SLOTS)
+            .filter(|&i| {
+                let s = self.secs[i].load(Ordering::Relaxed);
+                s != 0 && s + window > now && s <= now
+            })
+            .map(|i| self.counts[i].load(Ordering::Relaxed))
+            .sum();
+        // The current second is partly over: the span is the complete
+        // seconds in the window plus that part.
+        let span = (up.as_secs_f64()).min((window - 1) as f64 + up.subsec_nanos() as f64 / 1e9);
+        if span <= 0.0 {
+            0.0
+        } else {
+            sum as f64 / span
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Recorder {
     sink: OnceLock<Arc<dyn Sink>>,
     comms: Mutex<HashMap<u32, (Arc<str>, Instant)>>,
     tracks: [Mutex<HashMap<u64, Track>>; SHARDS],
+    pub rate: RateRing,
     pub requests: AtomicU64,
     pub copy_ups: AtomicU64,
     pub denials: AtomicU64,
@@ -62,6 +124,7 @@ impl Recorder {
     /// Counts one request (for `status`'s requests per second).
     pub fn tick(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        self.rate.tick();
     }
 
     /// The command name of `pid`, cached briefly.
@@ -265,5 +328,27 @@ impl Recorder {
             comm,
             rule: None,
         });
+    }
+}
+
+#[cfg(test)]
+mod rate_tests {
+    use super::*;
+
+    #[test]
+    fn rate_counts_the_recent_seconds_only() {
+        let r = RateRing::default();
+        assert_eq!(r.per_second(10), 0.0);
+        for _ in 0..500 {
+            r.tick();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let rate = r.per_second(10);
+        // 500 requests in the first ~0.3 s of uptime.
+        assert!(rate > 500.0 && rate < 2000.0, "{rate}");
+        // Requests older than the window do not count.
+        std::thread::sleep(Duration::from_millis(2100));
+        assert_eq!(r.per_second(1), 0.0);
+        assert!(r.per_second(10) > 100.0);
     }
 }

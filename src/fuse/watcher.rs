@@ -1,7 +1,8 @@
 //! Turns changes in watched lower directories into kernel cache
-//! invalidations (see `overlay::watch` for what is watched and why). Runs
-//! on a thread of its own: the notifier must never be called from inside
-//! a request, where the kernel may hold the very locks it needs.
+//! invalidations (see `overlay::watch` for what is watched and why). The
+//! daemon's service thread polls the watch's fd and calls `drain` when it
+//! is readable: the notifier must never be called from inside a request,
+//! where the kernel may hold the very locks it needs.
 
 use std::sync::atomic::Ordering;
 
@@ -11,27 +12,34 @@ use crate::layer::sys;
 use crate::overlay::watch::Change;
 use crate::overlay::Overlay;
 
-/// Consumes lower-change events until the inotify instance fails.
-pub fn run(ov: &Overlay, notifier: Option<&Notifier>) {
-    let (Some(w), Some(n)) = (&ov.watch, notifier) else {
-        return;
-    };
+/// Marks the watch live (from now on watched directories get the long
+/// timeout) and returns the fd to poll; `None` without a watch.
+pub fn start(ov: &Overlay) -> Option<std::os::fd::RawFd> {
+    let w = ov.watch.as_ref()?;
     w.set_live(true);
-    loop {
-        match w.next_changes() {
-            Ok(changes) => {
-                for c in changes {
-                    apply(ov, n, c);
-                }
+    Some(w.raw_fd())
+}
+
+/// Reads the pending lower changes (the fd polled readable, so the read
+/// does not block) and applies them. Returns false once the inotify
+/// instance failed: nothing counts as watched any more and lower entries
+/// fall back to the short timeout.
+pub fn drain(ov: &Overlay, n: &Notifier) -> bool {
+    let Some(w) = &ov.watch else {
+        return false;
+    };
+    match w.next_changes() {
+        Ok(changes) => {
+            for c in changes {
+                apply(ov, n, c);
             }
-            Err(e) => {
-                // From now on nothing counts as watched: lower entries fall
-                // back to the short timeout.
-                tracing::warn!("lower watch failed: {e}; lower changes show after --lower-timeout");
-                w.set_live(false);
-                invalidate_all(ov, n);
-                return;
-            }
+            true
+        }
+        Err(e) => {
+            tracing::warn!("lower watch failed: {e}; lower changes show after --lower-timeout");
+            w.set_live(false);
+            invalidate_all(ov, n);
+            false
         }
     }
 }

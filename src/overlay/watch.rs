@@ -104,7 +104,12 @@ impl LowerWatch {
         })
     }
 
-    /// Whether events are being consumed (the watcher thread runs).
+    /// The inotify fd, for a poll that waits for changes to read.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Whether events are being consumed (the service thread reads them).
     pub fn set_live(&self, live: bool) {
         self.live.store(live, Ordering::Release);
     }

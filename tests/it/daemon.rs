@@ -255,7 +255,6 @@ fn background_mount_returns_only_when_live_and_umount_waits_for_the_daemon() {
 /// the time.)
 #[test]
 fn after_umount_the_upper_filesystem_is_free_to_unmount() {
-    use std::io::Write as _;
     let mut ws = Workspace::new();
     fs::write(ws.lower().join("f"), "shared\n").unwrap();
     let base = ws.dir.path().to_path_buf();
@@ -269,12 +268,15 @@ fn after_umount_the_upper_filesystem_is_free_to_unmount() {
         fs::create_dir_all(&ws.upper).unwrap();
         let m = bg_mount(&ws, &[]);
         let pid = m.pid();
-        let mut f = fs::OpenOptions::new()
-            .append(true)
-            .open(ws.mnt.join("f"))
+        // Written by a child: a file this process opened in the mount
+        // could be inherited for a moment by a process another test
+        // spawns meanwhile, and make the mount itself busy.
+        let st = Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo 'round {round}' >> '{}'", ws.mnt.join("f").display()))
+            .status()
             .unwrap();
-        writeln!(f, "round {round}").unwrap();
-        drop(f);
+        assert!(st.success());
         let out = layerfs(&["umount".into(), ws.mnt.display().to_string()]);
         assert!(out.status.success(), "{}", text(&out));
         assert!(!pidfile::is_daemon_alive(pid));
