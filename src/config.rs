@@ -298,12 +298,17 @@ fn set_once(
     Ok(())
 }
 
-/// Default worker thread count: the number of CPUs, at least 4.
+/// Default worker thread count: 4, whatever the number of CPUs. Four let
+/// requests that wait on disk (cold reads, fsync, a large copy-up) overlap
+/// with others; one workspace seldom has more requests in flight. fuser
+/// fixes the count for the session's life and an idle worker still is a
+/// thread, so a default that grew with the CPUs would give each of many
+/// idle workspaces on a large host dozens of threads (`--threads N` raises
+/// it for a busy shared workspace).
+pub const DEFAULT_THREADS: usize = 4;
+
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(4, 64)
+    DEFAULT_THREADS
 }
 
 /// Makes `p` absolute against the current directory and drops `.`

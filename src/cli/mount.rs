@@ -72,7 +72,8 @@ pub struct MountCmd {
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
 
-    /// FUSE worker threads [default: number of CPUs, at least 4].
+    /// FUSE worker threads [default: 4; more for a workspace many
+    /// processes use at once].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
 
