@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::state::diff::{self, Filter, Layers};
+use crate::state::moves::Moves;
 use crate::state::{reset, scratch, workspace::Workspace};
 
 const DIFF_HELP: &str = "\
@@ -58,6 +59,7 @@ impl DiffCmd {
         let filter = Filter {
             scratch: scratch::of_workspace(&ws)?,
             paths,
+            moves: Some(Moves::from_journal(&ws.journal_path())),
         };
         let layers = Layers::open(&ws.upper, &ws.lowers)?;
         let changes = diff::diff(&layers, &filter)?;

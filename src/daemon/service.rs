@@ -14,8 +14,8 @@ use nix::sys::signal::Signal;
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use super::control::{self, Daemon};
-use crate::fuse::LowerWatch;
 use super::signals::{self, SignalContext};
+use crate::fuse::LowerWatch;
 
 /// Starts the service thread; it lives until the process exits.
 pub fn spawn(

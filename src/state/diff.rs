@@ -489,6 +489,9 @@ pub struct Filter {
     pub scratch: Scratch,
     /// Only these paths (and what lies beneath them); empty = everything.
     pub paths: Vec<OsString>,
+    /// Moves the journal saw, to label an added file that continues a
+    /// deleted shared one as its rename (`state::moves`).
+    pub moves: Option<super::moves::Moves>,
 }
 
 impl Filter {
@@ -568,6 +571,9 @@ pub fn diff(layers: &Layers, filter: &Filter) -> Result<Vec<Change>, String> {
     })
     .map_err(|(p, e)| format!("cannot read {}: {e}", describe(&p)))?;
     w.match_moves();
+    if let Some(m) = &filter.moves {
+        w.match_journal_moves(m);
+    }
     // A renamed shared directory's old name is covered by its `R` line.
     let moved_dirs: std::collections::HashSet<OsString> = w
         .out
@@ -907,6 +913,51 @@ impl Walk<'_> {
             gone.push(d);
         }
         let gone: std::collections::HashSet<usize> = gone.into_iter().collect();
+        let mut i = 0;
+        self.out.retain(|_| {
+            i += 1;
+            !gone.contains(&(i - 1))
+        });
+    }
+}
+
+impl Walk<'_> {
+    /// Turns an added file the journal saw moved from a deleted shared
+    /// file into a rename of it (for files without an origin record, such
+    /// as a shared file replaced by an atomic save and then moved).
+    fn match_journal_moves(&mut self, moves: &super::moves::Moves) {
+        let deleted: HashMap<String, usize> = self
+            .out
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.kind == Kind::Deleted && c.ftype != "dir")
+            .map(|(i, c)| (c.path_str(), i))
+            .collect();
+        if deleted.is_empty() {
+            return;
+        }
+        let mut gone = std::collections::HashSet::new();
+        for idx in 0..self.out.len() {
+            let c = &self.out[idx];
+            if c.kind != Kind::Added || c.ftype == "dir" {
+                continue;
+            }
+            let Some(d) = moves
+                .origin_of(&c.path_str())
+                .and_then(|o| deleted.get(o).copied())
+            else {
+                continue;
+            };
+            if !gone.insert(d) {
+                continue;
+            }
+            let from = self.out[d].path.clone();
+            let old = self.out[d].old.clone();
+            let c = &mut self.out[idx];
+            c.kind = Kind::Renamed;
+            c.from = Some(from);
+            c.old = old;
+        }
         let mut i = 0;
         self.out.retain(|_| {
             i += 1;

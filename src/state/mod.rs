@@ -6,6 +6,7 @@
 pub mod control;
 pub mod diff;
 pub mod journal;
+pub mod moves;
 pub mod reset;
 pub mod scratch;
 pub mod snapshot;

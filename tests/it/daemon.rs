@@ -273,7 +273,10 @@ fn after_umount_the_upper_filesystem_is_free_to_unmount() {
         // spawns meanwhile, and make the mount itself busy.
         let st = Command::new("sh")
             .arg("-c")
-            .arg(format!("echo 'round {round}' >> '{}'", ws.mnt.join("f").display()))
+            .arg(format!(
+                "echo 'round {round}' >> '{}'",
+                ws.mnt.join("f").display()
+            ))
             .status()
             .unwrap();
         assert!(st.success());

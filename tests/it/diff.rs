@@ -623,3 +623,43 @@ fn diff_finds_shared_files_moved_by_rename_and_link() {
     let patch = ok(&["diff", "--patch", s(&ws.upper), "n4/m4.txt"]);
     assert!(patch.contains("+edited"), "{patch}");
 }
+
+/// A shared file replaced by an atomic save (`sed -i` writes a new file
+/// and renames it over the name) and then moved carries no origin record;
+/// the journal's rows tell it was moved, so diff lists one rename. Without
+/// the journal the same upper reads as an added and a deleted file.
+#[test]
+fn diff_takes_renames_of_saved_files_from_the_journal() {
+    for journal in [true, false] {
+        let ws = Workspace::new();
+        write(&ws.lower().join("src/main.rs"), b"fn main() {}\n");
+        write(&ws.lower().join("keep.txt"), b"k\n");
+        let m = if journal {
+            ws.mount()
+        } else {
+            ws.mount_with(&["--no-journal"])
+        };
+        sh(
+            m.path(),
+            "sed -i s/main/start/ src/main.rs && mv src/main.rs src/app.rs
+             echo new > fresh.txt && mv fresh.txt fresh2.txt",
+        );
+        let expected: &[&str] = if journal {
+            &["A fresh2.txt", "R src/main.rs -> src/app.rs"]
+        } else {
+            &["A fresh2.txt", "A src/app.rs", "D src/main.rs"]
+        };
+        let mut got = Vec::new();
+        crate::harness::eventually(std::time::Duration::from_secs(5), || {
+            got = lines(&ok(&["diff", s(m.path())]));
+            got == expected
+        });
+        assert_eq!(got, expected, "journal {journal}");
+        drop(m);
+        assert_eq!(
+            lines(&ok(&["diff", s(&ws.upper)])),
+            expected,
+            "journal {journal}"
+        );
+    }
+}
