@@ -88,9 +88,13 @@ pub struct MountCmd {
     log_file: Option<PathBuf>,
 
     /// Comma-separated mount options, kernel-overlay style:
-    /// lowerdir=A:B (first topmost), upperdir=DIR, workdir=DIR, ro, rw,
-    /// allow_other; generic options (default_permissions, nosuid, nodev,
-    /// noatime, …) are accepted and ignored.
+    /// lowerdir=A:B (first topmost), upperdir=DIR, workdir=DIR, and
+    /// layerfs's own state=, policy=, scratch=, log_file=, threads=,
+    /// lower_timeout=, journal_max_size=, journal_max_age=, no_journal,
+    /// allow_other, ro, noexec (each as its long option); generic mount
+    /// options (rw, nosuid, nodev, noatime, _netdev, nofail, user, x-*, …)
+    /// are accepted and ignored. The same options work in fstab through
+    /// mount.fuse.layerfs(8).
     #[arg(short = 'o', value_name = "OPTS")]
     options: Vec<String>,
 
@@ -126,6 +130,7 @@ impl MountCmd {
             foreground: self.foreground,
             allow_other: self.allow_other,
             read_only: self.read_only,
+            no_exec: false,
             policy_file: self.policy,
             threads: self.threads,
             lower_timeout: Some(self.lower_timeout),
