@@ -838,6 +838,8 @@ fn resolve_work(
     }
 }
 
+pub mod instance;
+
 #[cfg(test)]
 mod proptests;
 

@@ -4,6 +4,7 @@
 mod diff;
 mod gc;
 mod install;
+mod instance;
 mod log;
 mod man;
 mod mount;

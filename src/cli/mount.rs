@@ -15,6 +15,9 @@ Examples:
                 --policy /etc/layerfs/policy /ws/mnt
   layerfs mount -o lowerdir=/srv/team:/srv/base,upperdir=/ws/upper,workdir=/ws/work /ws/mnt
   layerfs mount --foreground --log-file /var/log/layerfs.log ...   (for systemd)
+  layerfs mount --instance alice@s42 -o lowerdir=/srv/layerfs/lower
+      (upper /var/lib/layerfs/alice/sessions/s42/upper, mounted at
+       /run/layerfs/alice/sessions/s42/mnt: the systemd unit's scheme)
 
 Without --foreground the command returns once the mountpoint is live and a
 daemon keeps serving it in the background; stop it with `layerfs umount`.
@@ -104,9 +107,12 @@ pub struct MountCmd {
     #[arg(long = "scratch", value_name = "GLOB")]
     scratch: Vec<String>,
 
+    #[command(flatten)]
+    instance: super::instance::InstanceArgs,
+
     /// Where to mount the union (an existing, empty-ish directory).
-    #[arg(value_name = "MOUNTPOINT")]
-    mountpoint: PathBuf,
+    #[arg(value_name = "MOUNTPOINT", required_unless_present = "instance")]
+    mountpoint: Option<PathBuf>,
 }
 
 impl MountCmd {
@@ -116,7 +122,7 @@ impl MountCmd {
     }
 
     pub fn run(self) -> i32 {
-        let args = MountArgs {
+        let mut args = MountArgs {
             lowers: self.lowers,
             upper: self.upper,
             work: self.work,
@@ -126,7 +132,7 @@ impl MountCmd {
                 max_age: self.journal_max_age,
                 ..Default::default()
             }),
-            mountpoint: self.mountpoint,
+            mountpoint: self.mountpoint.unwrap_or_default(),
             foreground: self.foreground,
             allow_other: self.allow_other,
             read_only: self.read_only,
@@ -138,6 +144,10 @@ impl MountCmd {
             options: self.options,
             scratch: self.scratch,
         };
+        if let Err(e) = self.instance.apply(&mut args) {
+            eprintln!("layerfs mount: {e}");
+            return e.exit_code();
+        }
         match config::validate(args) {
             Ok(cfg) => daemon::start(cfg),
             Err(e) => {

@@ -22,4 +22,5 @@ mod robust;
 mod snapshot;
 mod state;
 mod stress;
+mod systemd;
 mod tools;
