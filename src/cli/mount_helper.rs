@@ -224,9 +224,12 @@ impl HelperCli {
 /// `mount.fuse3` starts a FUSE filesystem it found on `PATH`: layerfs
 /// mounts through its own helper instead, found without `PATH`.
 pub fn mount_fuse3_hint(args: &[OsString]) -> Option<String> {
+    // mount.fuse3 always passes the mountpoint absolute and, for layerfs
+    // (which needs lowerdir=), an -o list.
     let looks_like_helper_call = args.len() >= 3
         && !args[1].to_string_lossy().starts_with('-')
-        && Path::new(&args[2]).is_absolute();
+        && Path::new(&args[2]).is_absolute()
+        && args[3..].iter().any(|a| a == "-o");
     looks_like_helper_call.then(|| {
         format!(
             "`layerfs {} {} …` looks like mount(8) reaching layerfs through fuse3's \

@@ -496,6 +496,13 @@ fn the_mount_fuse3_calling_convention_points_to_install_helpers() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("layerfs install-helpers"), "{err}");
     assert!(err.contains("/sbin/mount.fuse.layerfs"), "{err}");
+    // A mistyped subcommand is only that.
+    let out = Command::new(bin())
+        .args(["mout", "/mnt/ws"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("install-helpers"));
 }
 
 #[test]
