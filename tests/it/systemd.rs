@@ -484,6 +484,20 @@ impl Layers {
             None => Command::new("setpriv"),
         };
         assert_eq!(service(unit, "NoNewPrivileges"), vec!["yes".to_string()]);
+        // The unit's UMask= too: the instance directories must still let
+        // the user reach the mountpoint.
+        let umask = service(unit, "UMask")
+            .pop()
+            .map(|m| u32::from_str_radix(&m, 8).expect("UMask= in octal"))
+            .unwrap_or(0o022);
+        // SAFETY: umask is async-signal-safe and changes only the child.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                libc::umask(umask as libc::mode_t);
+                Ok(())
+            });
+        }
         cmd.arg("--no-new-privs")
             .arg("--inh-caps=-all")
             .arg(format!("--bounding-set=-all,{}", caps.join(",")))
@@ -579,6 +593,13 @@ fn the_units_confinement_still_serves_the_workspace_with_only_allowed_syscalls()
     assert!(status.success(), "daemon: {status}: {}", layers.log(inst));
 
     let up = layers.upper(inst);
+    for d in [
+        m.parent().unwrap(),
+        layers.mount_root.join("alice").as_path(),
+    ] {
+        let mode = fs::metadata(d).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o755, "{} under UMask=0077", d.display());
+    }
     let secret = up.join("owned/secret");
     assert_eq!(fs::read_to_string(&secret).unwrap(), "one\ntwo\n");
     assert_eq!(fs::metadata(&secret).unwrap().uid(), layers.tests_uid);
