@@ -33,7 +33,8 @@ struct NsGuard {
 
 impl Drop for NsGuard {
     fn drop(&mut self) {
-        let root = self.root.to_string_lossy().to_string();
+        // With the trailing slash: only paths inside this test's directory.
+        let root = format!("{}/", self.root.display());
         for pid in daemons_under(&root) {
             // SAFETY: signalling a daemon this test started (its command
             // line names the test's temporary directory).
