@@ -36,6 +36,8 @@ pub struct Config {
     pub foreground: bool,
     pub allow_other: bool,
     pub read_only: bool,
+    /// `-o noexec`: programs on the mount cannot be executed (`MS_NOEXEC`).
+    pub no_exec: bool,
     /// Policy file given with `--policy`, kept for SIGHUP reloads.
     pub policy_file: Option<PathBuf>,
     pub policy: Policy,
@@ -104,6 +106,8 @@ pub struct MountArgs {
     pub foreground: bool,
     pub allow_other: bool,
     pub read_only: bool,
+    /// `-o noexec`.
+    pub no_exec: bool,
     pub policy_file: Option<PathBuf>,
     pub threads: Option<usize>,
     pub lower_timeout: Option<Duration>,
@@ -187,9 +191,114 @@ fn split_escaped(s: &str, sep: char) -> Vec<String> {
     out
 }
 
+/// Generic mount(8) options a layerfs mount accepts and ignores: mount(8)
+/// passes them on to `mount.fuse.layerfs` from fstab (`user`, `_netdev`,
+/// `nofail`, …), and layerfs decides permissions (kernel
+/// `default_permissions`), devices and setuid bits (the policy) itself.
+pub const IGNORED_OPTIONS: [&str; 35] = [
+    "rw",
+    "default_permissions",
+    "suid",
+    "nosuid",
+    "dev",
+    "nodev",
+    "atime",
+    "noatime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nostrictatime",
+    "diratime",
+    "nodiratime",
+    "lazytime",
+    "nolazytime",
+    "sync",
+    "async",
+    "dirsync",
+    "iversion",
+    "noiversion",
+    "mand",
+    "nomand",
+    "silent",
+    "loud",
+    "defaults",
+    "auto",
+    "noauto",
+    "nofail",
+    "_netdev",
+    "user",
+    "users",
+    "nouser",
+    "owner",
+    "group",
+];
+
+/// The mount options layerfs itself understands (`-o KEY=VALUE` or `-o
+/// FLAG`), as `(key, the value's name or None for a flag, meaning)`: one
+/// list for the parser's error message and the mount.fuse.layerfs man page.
+pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 16] = [
+    (
+        "lowerdir",
+        Some("DIR[:DIR…]"),
+        "lower layers, the first topmost (as --lower)",
+    ),
+    ("upperdir", Some("DIR"), "the upper directory (as --upper)"),
+    ("workdir", Some("DIR"), "the work directory (as --work)"),
+    (
+        "state",
+        Some("DIR"),
+        "the workspace state directory (as --state)",
+    ),
+    ("policy", Some("FILE"), "the path policy file (as --policy)"),
+    (
+        "scratch",
+        Some("GLOB"),
+        "a scratch glob, repeatable (as --scratch)",
+    ),
+    (
+        "log_file",
+        Some("FILE"),
+        "the daemon's log file (as --log-file)",
+    ),
+    ("threads", Some("N"), "FUSE worker threads (as --threads)"),
+    (
+        "lower_timeout",
+        Some("DURATION"),
+        "trust unwatched lower entries this long (as --lower-timeout)",
+    ),
+    (
+        "journal_max_size",
+        Some("SIZE"),
+        "journal size limit (as --journal-max-size)",
+    ),
+    (
+        "journal_max_age",
+        Some("AGE"),
+        "journal age limit (as --journal-max-age)",
+    ),
+    (
+        "no_journal",
+        None,
+        "keep no change journal (as --no-journal)",
+    ),
+    (
+        "allow_other",
+        None,
+        "let other users use the mount (as --allow-other)",
+    ),
+    ("ro", None, "mount read-only (as --read-only)"),
+    ("noexec", None, "programs on the mount cannot be executed"),
+    ("exec", None, "undo an earlier noexec (the default)"),
+];
+
 /// Folds the `-o` options into the long-option fields. Kernel-overlay keys
-/// (`lowerdir`, `upperdir`, `workdir`) set the layers; harmless generic
-/// mount options are accepted and ignored; anything else is refused.
+/// (`lowerdir`, `upperdir`, `workdir`) set the layers, layerfs's own keys
+/// (`policy=`, `state=`, …, see `LAYERFS_OPTIONS`) the matching long
+/// option; generic mount options are accepted and ignored
+/// (`IGNORED_OPTIONS`, and `x-*`/`X-*` userspace options); anything else is
+/// refused. A path option also given as a long option is refused; a value
+/// option (threads, timeouts, journal limits) given by `-o` wins over the
+/// long option's default.
 pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
     let raw = std::mem::take(&mut args.options);
     let mut lowers_from_o: Option<Vec<PathBuf>> = None;
@@ -209,10 +318,20 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
             match v {
                 Some(v) if !v.is_empty() => Ok(v.to_string()),
                 _ => Err(usage(format!(
-                    "-o {key}= needs a value, e.g. -o {key}=/path"
+                    "-o {key}= needs a value, e.g. -o {key}={}",
+                    example_value(key)
                 ))),
             }
         };
+        let flag = |v: Option<&str>| -> Result<(), ConfigError> {
+            match v {
+                None => Ok(()),
+                Some(_) => Err(usage(format!(
+                    "mount option `{opt}`: {key} is a flag and takes no value (write just `{key}`)"
+                ))),
+            }
+        };
+        let bad = |what: String| usage(format!("mount option `{opt}`: {what}"));
         match key {
             "lowerdir" => {
                 let v = need(value)?;
@@ -230,44 +349,67 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
             }
             "upperdir" => set_once(&mut args.upper, need(value)?, "upperdir", "--upper")?,
             "workdir" => set_once(&mut args.work, need(value)?, "workdir", "--work")?,
-            "ro" => args.read_only = true,
-            "allow_other" => args.allow_other = true,
-            // Accepted for compatibility; layerfs always checks permissions
-            // in the kernel, serves no devices and no setuid bits by default.
-            "rw"
-            | "default_permissions"
-            | "suid"
-            | "nosuid"
-            | "dev"
-            | "nodev"
-            | "exec"
-            | "noexec"
-            | "atime"
-            | "noatime"
-            | "relatime"
-            | "norelatime"
-            | "strictatime"
-            | "nodiratime"
-            | "async"
-            | "defaults"
-            | "auto"
-            | "noauto"
-            | "nofail"
-            | "_netdev"
-            | "user"
-            | "users"
-            | "nouser"
-                if value.is_none() =>
-            {
+            "state" => set_once(&mut args.state, need(value)?, "state", "--state")?,
+            "policy" => set_once(&mut args.policy_file, need(value)?, "policy", "--policy")?,
+            "log_file" => set_once(&mut args.log_file, need(value)?, "log_file", "--log-file")?,
+            "scratch" => args.scratch.push(need(value)?),
+            "threads" => {
+                let v = need(value)?;
+                let n: usize = v
+                    .parse()
+                    .map_err(|_| bad(format!("`{v}` is not a number of threads")))?;
+                args.threads = Some(n);
+            }
+            "lower_timeout" => {
+                args.lower_timeout = Some(parse_duration(&need(value)?).map_err(bad)?);
+            }
+            "journal_max_size" => {
+                let size = parse_size(&need(value)?).map_err(bad)?;
+                if let Some(j) = &mut args.journal {
+                    j.max_bytes = size;
+                }
+            }
+            "journal_max_age" => {
+                let age = parse_age(&need(value)?).map_err(bad)?;
+                if let Some(j) = &mut args.journal {
+                    j.max_age = age;
+                }
+            }
+            "no_journal" => {
+                flag(value)?;
+                args.journal = None;
+            }
+            "ro" => {
+                flag(value)?;
+                args.read_only = true;
+            }
+            "allow_other" => {
+                flag(value)?;
+                args.allow_other = true;
+            }
+            "noexec" => {
+                flag(value)?;
+                args.no_exec = true;
+            }
+            "exec" => {
+                flag(value)?;
+                args.no_exec = false;
+            }
+            k if IGNORED_OPTIONS.contains(&k) => {
+                flag(value)?;
                 tracing::debug!("ignoring mount option `{key}`");
             }
-            k if k.starts_with("x-") => tracing::debug!("ignoring mount option `{opt}`"),
+            k if k.starts_with("x-") || k.starts_with("X-") => {
+                tracing::debug!("ignoring mount option `{opt}`")
+            }
             _ => {
+                let known: Vec<&str> = LAYERFS_OPTIONS.iter().map(|(k, _, _)| *k).collect();
                 return Err(usage(format!(
-                    "unknown mount option `{opt}`: layerfs understands lowerdir=, upperdir=, \
-                     workdir=, ro, rw, allow_other, and ignores default_permissions, \
-                     suid/nosuid, dev/nodev, exec/noexec, atime/noatime"
-                )))
+                    "unknown mount option `{opt}`: layerfs understands {}; it ignores the \
+                     generic options mount(8) passes (rw, nosuid, nodev, noatime, _netdev, \
+                     nofail, user, x-*, …); see `man mount.fuse.layerfs`",
+                    known.join(", ")
+                )));
             }
         }
     }
@@ -283,6 +425,42 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Whether layerfs reads or deliberately ignores the option named `key`.
+fn is_known_option(key: &str) -> bool {
+    LAYERFS_OPTIONS.iter().any(|(k, _, _)| *k == key)
+        || IGNORED_OPTIONS.contains(&key)
+        || key.starts_with("x-")
+        || key.starts_with("X-")
+}
+
+/// Splits `-o` values into the options layerfs knows or ignores (each
+/// returned as its own `-o` value, commas escaped again) and the unknown
+/// ones (for mount(8)'s sloppy `-s`).
+pub fn split_known_options(options: &[String]) -> (Vec<String>, Vec<String>) {
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    for opt in options.iter().flat_map(|s| split_options(s)) {
+        let key = opt.split_once('=').map_or(opt.as_str(), |(k, _)| k).trim();
+        if key.is_empty() || is_known_option(key) {
+            kept.push(opt.replace(',', "\\,"));
+        } else {
+            dropped.push(opt);
+        }
+    }
+    (kept, dropped)
+}
+
+/// A plausible value for `-o KEY=` in an error message.
+fn example_value(key: &str) -> &'static str {
+    match key {
+        "threads" => "8",
+        "lower_timeout" => "1s",
+        "journal_max_size" => "64M",
+        "journal_max_age" => "30d",
+        "scratch" => "target/**",
+        _ => "/path",
+    }
+}
+
 fn set_once(
     slot: &mut Option<PathBuf>,
     value: String,
@@ -291,7 +469,7 @@ fn set_once(
 ) -> Result<(), ConfigError> {
     if slot.is_some() {
         return Err(usage(format!(
-            "{key} given twice: use either {long} DIR or -o {key}=DIR, not both"
+            "{key} given twice: use either {long} or -o {key}=…, not both"
         )));
     }
     *slot = Some(PathBuf::from(value));
@@ -447,13 +625,13 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
 
     let mut lowers = Vec::with_capacity(args.lowers.len());
     for (i, l) in args.lowers.iter().enumerate() {
-        let l = existing_dir(l, &format!("lower layer #{}", i + 1), "--lower")?;
+        let l = existing_dir(l, &format!("lower layer #{}", i + 1), "--lower (lowerdir=)")?;
         if lowers.contains(&l) {
             return Err(usage(format!("lower layer {} is given twice", l.display())));
         }
         lowers.push(l);
     }
-    let upper = existing_dir(&upper_raw, "upper", "--upper")?;
+    let upper = existing_dir(&upper_raw, "upper", "--upper (upperdir=)")?;
     for l in &lowers {
         if is_within(&upper, l) {
             return Err(invalid(format!(
@@ -524,6 +702,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         foreground: args.foreground,
         allow_other: args.allow_other,
         read_only: args.read_only,
+        no_exec: args.no_exec,
         policy_file,
         policy,
         threads: args.threads.unwrap_or_else(default_threads),
@@ -602,7 +781,7 @@ fn resolve_state(
             raw.display()
         ))
     })?;
-    let state = existing_dir(&raw, "state dir", "--state")?;
+    let state = existing_dir(&raw, "state dir", "--state (state=)")?;
     check(&state)?;
     Ok(state)
 }
@@ -633,7 +812,7 @@ fn resolve_work(
             )))
         }
     }
-    let work = existing_dir(&raw, "work dir", "--work")?;
+    let work = existing_dir(&raw, "work dir", "--work (workdir=)")?;
     if is_within(&work, upper) || is_within(upper, &work) {
         return Err(invalid(format!(
             "work dir {} and upper {} nest: the work dir must be outside the upper tree \
@@ -663,6 +842,8 @@ fn resolve_work(
         (Err(e), _) | (_, Err(e)) => Err(invalid(format!("work dir {}: {e}", work.display()))),
     }
 }
+
+pub mod instance;
 
 #[cfg(test)]
 mod proptests;
@@ -727,6 +908,75 @@ mod tests {
             ..MountArgs::default()
         };
         assert!(apply_mount_options(&mut a).is_err());
+    }
+
+    #[test]
+    fn layerfs_options_set_the_long_option_fields() {
+        let a = opts(
+            "rw,lowerdir=/l,upperdir=/u,state=/s,policy=/p,log_file=/log,scratch=a/**,\
+             scratch=b\\,c/**,threads=3,lower_timeout=250ms,journal_max_size=1M,noexec,\
+             _netdev,nofail,user,owner,X-mount.mkdir,x-systemd.requires=nfs.mount",
+        )
+        .unwrap();
+        assert_eq!(a.state, Some(PathBuf::from("/s")));
+        assert_eq!(a.policy_file, Some(PathBuf::from("/p")));
+        assert_eq!(a.log_file, Some(PathBuf::from("/log")));
+        assert_eq!(a.scratch, vec!["a/**".to_string(), "b,c/**".to_string()]);
+        assert_eq!(a.threads, Some(3));
+        assert_eq!(a.lower_timeout, Some(Duration::from_millis(250)));
+        assert!(a.no_exec);
+        // journal_max_size only adjusts a journal that is on.
+        assert!(a.journal.is_none());
+        let mut j = MountArgs {
+            journal: Some(Default::default()),
+            options: vec!["journal_max_size=1M,journal_max_age=2h".into()],
+            ..MountArgs::default()
+        };
+        apply_mount_options(&mut j).unwrap();
+        let jo = j.journal.as_ref().unwrap();
+        assert_eq!(
+            (jo.max_bytes, jo.max_age),
+            (1 << 20, Duration::from_secs(7200))
+        );
+        j.options = vec!["no_journal".into()];
+        apply_mount_options(&mut j).unwrap();
+        assert!(j.journal.is_none());
+        assert!(!opts("noexec,exec").unwrap().no_exec);
+    }
+
+    #[test]
+    fn bad_layerfs_options_name_the_option() {
+        for (o, needle) in [
+            ("threads=many", "`many` is not a number"),
+            ("lower_timeout=soon", "invalid duration"),
+            ("journal_max_size=big", "invalid size"),
+            ("noexec=1", "takes no value"),
+            ("policy=", "-o policy= needs a value"),
+            ("frob=1", "unknown mount option `frob=1`"),
+        ] {
+            match opts(o) {
+                Err(ConfigError::Usage(m)) => assert!(m.contains(needle), "{o}: {m}"),
+                other => panic!("{o} accepted: {other:?}"),
+            }
+        }
+        let mut a = MountArgs {
+            policy_file: Some("/p".into()),
+            options: vec!["policy=/q".into()],
+            ..MountArgs::default()
+        };
+        assert!(
+            matches!(apply_mount_options(&mut a), Err(ConfigError::Usage(m)) if m.contains("given twice"))
+        );
+    }
+
+    #[test]
+    fn sloppy_split_keeps_known_options_whole() {
+        let (kept, dropped) =
+            split_known_options(&["lowerdir=/a\\,b,frob,upperdir=/u,x-y=1,zap=2".into()]);
+        assert_eq!(dropped, vec!["frob".to_string(), "zap=2".to_string()]);
+        let a = opts(&kept.join(",")).unwrap();
+        assert_eq!(a.lowers, vec![PathBuf::from("/a,b")]);
+        assert_eq!(a.upper, Some(PathBuf::from("/u")));
     }
 
     #[test]

@@ -3,8 +3,12 @@
 
 mod diff;
 mod gc;
+mod install;
+mod instance;
 mod log;
+mod man;
 mod mount;
+pub mod mount_helper;
 mod policy;
 mod reset;
 mod snapshot;
@@ -79,14 +83,28 @@ enum Command {
     Log(log::LogCmd),
     /// Show live mounts: layers, state dir, daemon, usage, journal health.
     Status(status::StatusCmd),
+    /// Link /sbin/mount.fuse.layerfs to this binary, for mount(8) and fstab.
+    InstallHelpers(install::InstallCmd),
+    /// Write the manual pages (layerfs*.1, mount.fuse.layerfs.8) into a directory.
+    #[command(hide = true)]
+    Man(man::ManCmd),
 }
 
 /// Runs the command line; returns the process exit code.
 pub fn run() -> i32 {
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if mount_helper::invoked_as_helper(argv.first()) {
+        return mount_helper::run();
+    }
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
+            if e.kind() == clap::error::ErrorKind::InvalidSubcommand {
+                if let Some(hint) = mount_helper::mount_fuse3_hint(&argv) {
+                    eprintln!("note: {hint}");
+                }
+            }
             return if e.use_stderr() { 2 } else { 0 };
         }
     };
@@ -105,5 +123,7 @@ pub fn run() -> i32 {
         Command::Snapshot(s) => s.run(),
         Command::Status(s) => s.run(),
         Command::Log(l) => l.run(),
+        Command::InstallHelpers(i) => i.run(),
+        Command::Man(m) => m.run(),
     }
 }

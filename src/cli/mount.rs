@@ -15,6 +15,9 @@ Examples:
                 --policy /etc/layerfs/policy /ws/mnt
   layerfs mount -o lowerdir=/srv/team:/srv/base,upperdir=/ws/upper,workdir=/ws/work /ws/mnt
   layerfs mount --foreground --log-file /var/log/layerfs.log ...   (for systemd)
+  layerfs mount --instance alice@s42 -o lowerdir=/srv/layerfs/lower
+      (upper /var/lib/layerfs/alice/sessions/s42/upper, mounted at
+       /run/layerfs/alice/sessions/s42/mnt: the systemd unit's scheme)
 
 Without --foreground the command returns once the mountpoint is live and a
 daemon keeps serving it in the background; stop it with `layerfs umount`.
@@ -89,9 +92,13 @@ pub struct MountCmd {
     log_file: Option<PathBuf>,
 
     /// Comma-separated mount options, kernel-overlay style:
-    /// lowerdir=A:B (first topmost), upperdir=DIR, workdir=DIR, ro, rw,
-    /// allow_other; generic options (default_permissions, nosuid, nodev,
-    /// noatime, …) are accepted and ignored.
+    /// lowerdir=A:B (first topmost), upperdir=DIR, workdir=DIR, and
+    /// layerfs's own state=, policy=, scratch=, log_file=, threads=,
+    /// lower_timeout=, journal_max_size=, journal_max_age=, no_journal,
+    /// allow_other, ro, noexec (each as its long option); generic mount
+    /// options (rw, nosuid, nodev, noatime, _netdev, nofail, user, x-*, …)
+    /// are accepted and ignored. The same options work in fstab through
+    /// mount.fuse.layerfs(8).
     #[arg(short = 'o', value_name = "OPTS")]
     options: Vec<String>,
 
@@ -101,9 +108,12 @@ pub struct MountCmd {
     #[arg(long = "scratch", value_name = "GLOB")]
     scratch: Vec<String>,
 
+    #[command(flatten)]
+    instance: super::instance::InstanceArgs,
+
     /// Where to mount the union (an existing, empty-ish directory).
-    #[arg(value_name = "MOUNTPOINT")]
-    mountpoint: PathBuf,
+    #[arg(value_name = "MOUNTPOINT", required_unless_present = "instance")]
+    mountpoint: Option<PathBuf>,
 }
 
 impl MountCmd {
@@ -113,7 +123,7 @@ impl MountCmd {
     }
 
     pub fn run(self) -> i32 {
-        let args = MountArgs {
+        let mut args = MountArgs {
             lowers: self.lowers,
             upper: self.upper,
             work: self.work,
@@ -123,10 +133,11 @@ impl MountCmd {
                 max_age: self.journal_max_age,
                 ..Default::default()
             }),
-            mountpoint: self.mountpoint,
+            mountpoint: self.mountpoint.unwrap_or_default(),
             foreground: self.foreground,
             allow_other: self.allow_other,
             read_only: self.read_only,
+            no_exec: false,
             policy_file: self.policy,
             threads: self.threads,
             lower_timeout: Some(self.lower_timeout),
@@ -134,6 +145,10 @@ impl MountCmd {
             options: self.options,
             scratch: self.scratch,
         };
+        if let Err(e) = self.instance.apply(&mut args) {
+            eprintln!("layerfs mount: {e}");
+            return e.exit_code();
+        }
         match config::validate(args) {
             Ok(cfg) => daemon::start(cfg),
             Err(e) => {

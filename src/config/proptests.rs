@@ -9,32 +9,12 @@ use proptest::prelude::*;
 
 use super::{apply_mount_options, ConfigError, MountArgs};
 
-const IGNORED: [&str; 23] = [
-    "rw",
-    "default_permissions",
-    "suid",
-    "nosuid",
-    "dev",
-    "nodev",
-    "exec",
-    "noexec",
-    "atime",
-    "noatime",
-    "relatime",
-    "norelatime",
-    "strictatime",
-    "nodiratime",
-    "async",
-    "defaults",
-    "auto",
-    "noauto",
-    "nofail",
-    "_netdev",
-    "user",
-    "users",
-    "nouser",
-];
-const KNOWN: [&str; 5] = ["lowerdir", "upperdir", "workdir", "ro", "allow_other"];
+use super::{IGNORED_OPTIONS as IGNORED, LAYERFS_OPTIONS};
+
+/// Every key layerfs reads itself.
+fn known() -> Vec<&'static str> {
+    LAYERFS_OPTIONS.iter().map(|(k, _, _)| *k).collect()
+}
 
 fn parse(options: Vec<String>) -> Result<MountArgs, ConfigError> {
     let mut a = MountArgs {
@@ -48,7 +28,7 @@ fn parse(options: Vec<String>) -> Result<MountArgs, ConfigError> {
 /// backslashes, stray commas and `=`.
 fn option_text() -> impl Strategy<Value = String> {
     let piece = prop_oneof![
-        prop::sample::select(KNOWN.to_vec()).prop_map(str::to_string),
+        prop::sample::select(known()).prop_map(str::to_string),
         prop::sample::select(IGNORED.to_vec()).prop_map(str::to_string),
         "x-[a-z.]{0,6}",
         "[a-z_]{1,8}",
@@ -91,7 +71,7 @@ proptest! {
     /// A key layerfs does not know is refused, and the message names it.
     #[test]
     fn fuzz_unknown_mount_option_is_refused(
-        key in "[a-z_][a-z0-9_]{0,10}".prop_filter("an unknown key", |k| !KNOWN.contains(&k.as_str()) && !IGNORED.contains(&k.as_str())),
+        key in "[a-z_][a-z0-9_]{0,10}".prop_filter("an unknown key", |k| !known().contains(&k.as_str()) && !IGNORED.contains(&k.as_str())),
         value in prop::option::of("[a-z/]{0,5}"),
     ) {
         let opt = match &value {

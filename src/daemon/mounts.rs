@@ -187,6 +187,9 @@ fn mount_privileged(cfg: &Config) -> Result<OwnedFd, String> {
     if cfg.read_only {
         flags |= MsFlags::MS_RDONLY;
     }
+    if cfg.no_exec {
+        flags |= MsFlags::MS_NOEXEC;
+    }
     nix::mount::mount(
         Some(SOURCE),
         &cfg.mountpoint,
@@ -209,6 +212,9 @@ fn mount_with_fusermount(cfg: &Config) -> Result<OwnedFd, String> {
     }
     if cfg.read_only {
         opts.push_str(",ro");
+    }
+    if cfg.no_exec {
+        opts.push_str(",noexec");
     }
     let their_fd = theirs.as_raw_fd();
     let mut cmd = Command::new(FUSERMOUNT);

@@ -177,8 +177,9 @@ impl Overlay {
                         .or_else(|_| sys::reopen(lower, libc::O_RDONLY))?;
                     copy_data(&src, &dst, st.st_size as u64)?;
                 }
-                copy_xattrs(lower, &dst, fmt)?;
+                // Owner before xattrs: a chown drops security.capability.
                 self.own(&dst, Some(st.st_uid), Some(st.st_gid))?;
+                copy_xattrs(lower, &dst, fmt)?;
                 sys::fchmod(&dst, perm)?;
                 sys::futimens(&dst, &times_of(st))?;
                 sys::fsync(&dst, false)?;
@@ -202,8 +203,8 @@ impl Overlay {
                 sys::open_path(work, tmp)?
             }
         };
-        copy_xattrs(lower, &target, fmt)?;
         self.own(&target, Some(st.st_uid), Some(st.st_gid))?;
+        copy_xattrs(lower, &target, fmt)?;
         sys::fchmod(&target, perm)?;
         sys::futimens(&target, &times_of(st))?;
         Ok(())

@@ -36,6 +36,7 @@ fn env(populate: impl FnOnce(&Path, &Path)) -> Env {
         foreground: true,
         allow_other: false,
         read_only: false,
+        no_exec: false,
         policy_file: None,
         policy: crate::policy::Policy::default(),
         threads: 1,

@@ -53,9 +53,9 @@ impl Drop for BgMount {
 }
 
 /// A foreground daemon run as a child. Dropping it unmounts and reaps it.
-struct FgDaemon {
-    mnt: PathBuf,
-    child: Option<Child>,
+pub(crate) struct FgDaemon {
+    pub(crate) mnt: PathBuf,
+    pub(crate) child: Option<Child>,
 }
 
 impl FgDaemon {
@@ -64,7 +64,7 @@ impl FgDaemon {
     }
 
     /// Waits for the daemon to exit; its exit status, or `None` on timeout.
-    fn wait(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) fn wait(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let child = self.child.as_mut()?;
         let deadline = Instant::now() + limit;
         loop {

@@ -1,0 +1,178 @@
+//! Workspace instances: the naming scheme that maps a user, and optionally
+//! one of their sessions, to an upper, work dir, state dir and mountpoint
+//! under two configurable roots. `layerfs mount --instance NAME` and the
+//! systemd template unit (`layerfs@NAME.service`, NAME from `%i`) use it.
+//!
+//! ```text
+//! NAME        = USER | USER@SESSION
+//! USER@…      → UPPER_ROOT/USER[/sessions/SESSION]/{upper,work,state}
+//!               MOUNT_ROOT/USER[/sessions/SESSION]/mnt
+//! ```
+//!
+//! Every segment is checked before any path is built from it: 1 to 64
+//! characters of `A-Z a-z 0-9 . _ -`, not starting with `.` or `-`. So a
+//! name can never climb out of its root (`..`), reach into another user's
+//! directory (`a/b`), hide (`.x`) or pass for an option (`-x`), and a
+//! session's directories (under `sessions/`) never meet its user's own
+//! `upper`, `work`, `state` or `mnt`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Longest USER or SESSION segment.
+pub const MAX_SEGMENT: usize = 64;
+
+/// A checked instance name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    pub user: String,
+    pub session: Option<String>,
+}
+
+/// The directories of one instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstancePaths {
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub state: PathBuf,
+    pub mountpoint: PathBuf,
+}
+
+/// Why a segment is refused: a message naming the segment and the rule.
+fn check_segment(what: &str, s: &str, name: &str) -> Result<(), String> {
+    let rule = format!(
+        "a {what} is 1-{MAX_SEGMENT} characters of A-Z a-z 0-9 . _ -, not starting with \
+         `.` or `-`"
+    );
+    if s.is_empty() {
+        return Err(format!("instance name `{name}`: empty {what} ({rule})"));
+    }
+    if s.len() > MAX_SEGMENT {
+        return Err(format!(
+            "instance name `{name}`: {what} `{s}` is {} characters long ({rule})",
+            s.len()
+        ));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        let hint = if c == '\\' {
+            " (layerfs@.service passes %i as written: pick a name systemd-escape leaves alone)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "instance name `{name}`: character {c:?} not allowed in {what} `{s}` ({rule}){hint}"
+        ));
+    }
+    if s.starts_with('.') || s.starts_with('-') {
+        return Err(format!(
+            "instance name `{name}`: {what} `{s}` starts with `{}` ({rule})",
+            &s[..1]
+        ));
+    }
+    Ok(())
+}
+
+impl Instance {
+    /// Parses and checks `USER` or `USER@SESSION`.
+    pub fn parse(name: &str) -> Result<Instance, String> {
+        let (user, session) = match name.split_once('@') {
+            Some((u, s)) => (u, Some(s)),
+            None => (name, None),
+        };
+        check_segment("user", user, name)?;
+        if let Some(s) = session {
+            check_segment("session", s, name)?;
+        }
+        Ok(Instance {
+            user: user.to_string(),
+            session: session.map(str::to_string),
+        })
+    }
+
+    /// The instance's directory below either root.
+    fn relative(&self) -> PathBuf {
+        let mut p = PathBuf::from(&self.user);
+        if let Some(s) = &self.session {
+            p.push("sessions");
+            p.push(s);
+        }
+        p
+    }
+
+    /// Where the instance's layers, state and mountpoint live.
+    pub fn paths(&self, upper_root: &Path, mount_root: &Path) -> InstancePaths {
+        let data = upper_root.join(self.relative());
+        InstancePaths {
+            upper: data.join("upper"),
+            work: data.join("work"),
+            state: data.join("state"),
+            mountpoint: mount_root.join(self.relative()).join("mnt"),
+        }
+    }
+}
+
+impl fmt::Display for Instance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.session {
+            Some(s) => write!(f, "{}@{s}", self.user),
+            None => f.write_str(&self.user),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_and_sessions_map_under_their_roots() {
+        let i = Instance::parse("alice").unwrap();
+        let p = i.paths(Path::new("/var/lib/layerfs"), Path::new("/run/layerfs"));
+        assert_eq!(p.upper, PathBuf::from("/var/lib/layerfs/alice/upper"));
+        assert_eq!(p.work, PathBuf::from("/var/lib/layerfs/alice/work"));
+        assert_eq!(p.state, PathBuf::from("/var/lib/layerfs/alice/state"));
+        assert_eq!(p.mountpoint, PathBuf::from("/run/layerfs/alice/mnt"));
+        let s = Instance::parse("alice@s42").unwrap();
+        assert_eq!(s.to_string(), "alice@s42");
+        let p = s.paths(Path::new("/data"), Path::new("/ws"));
+        assert_eq!(p.upper, PathBuf::from("/data/alice/sessions/s42/upper"));
+        assert_eq!(p.mountpoint, PathBuf::from("/ws/alice/sessions/s42/mnt"));
+        // A session named like the user's own directories stays apart.
+        let u = Instance::parse("alice@upper").unwrap();
+        let p = u.paths(Path::new("/d"), Path::new("/m"));
+        assert_eq!(p.upper, PathBuf::from("/d/alice/sessions/upper/upper"));
+    }
+
+    #[test]
+    fn unsafe_names_are_refused_naming_the_rule() {
+        for (name, needle) in [
+            ("", "empty user"),
+            ("..", "starts with `.`"),
+            (".", "starts with `.`"),
+            (".hidden", "starts with `.`"),
+            ("-rf", "starts with `-`"),
+            ("a/b", "character '/'"),
+            ("alice@", "empty session"),
+            ("@s1", "empty user"),
+            ("alice@..", "session `..` starts with `.`"),
+            ("alice@s1@s2", "character '@'"),
+            ("alice@a/../..", "character '/'"),
+            ("al ice", "character ' '"),
+            ("alice\\x2dbob", "systemd-escape"),
+            ("é", "character 'é'"),
+        ] {
+            let e = Instance::parse(name).expect_err(name);
+            assert!(e.contains(needle), "{name:?}: {e}");
+            assert!(e.contains(&format!("`{name}`")), "{name:?}: {e}");
+        }
+        let long = "a".repeat(MAX_SEGMENT + 1);
+        assert!(Instance::parse(&long).is_err());
+        assert!(Instance::parse(&"a".repeat(MAX_SEGMENT)).is_ok());
+        for ok in ["alice", "a.b-c_d", "u1000@2024-06-01T10.00", "A@B"] {
+            assert!(Instance::parse(ok).is_ok(), "{ok}");
+        }
+    }
+}
