@@ -7,6 +7,7 @@ mod log;
 mod mount;
 mod policy;
 mod reset;
+mod run;
 mod snapshot;
 mod status;
 mod umount;
@@ -36,6 +37,9 @@ Examples:
 
   # kernel-overlay style options, two lowers (first is topmost)
   layerfs mount -o lowerdir=/srv/team:/srv/base,upperdir=/ws/up,workdir=/ws/work /ws/mnt
+
+  # run a command in a throwaway, sandboxed copy of the shared tree
+  layerfs run --lower /srv/shared --ephemeral --json -- make test
 
   # check a policy and ask which rule decides a path
   layerfs policy check policy.txt
@@ -79,6 +83,11 @@ enum Command {
     Log(log::LogCmd),
     /// Show live mounts: layers, state dir, daemon, usage, journal health.
     Status(status::StatusCmd),
+    /// Run a command in a sandboxed workspace; report its output and exit code.
+    Run(run::RunCmd),
+    /// Internal: the sandbox process `layerfs run` starts.
+    #[command(name = "__sandbox", hide = true)]
+    Sandbox(crate::sandbox::Spec),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -105,5 +114,7 @@ pub fn run() -> i32 {
         Command::Snapshot(s) => s.run(),
         Command::Status(s) => s.run(),
         Command::Log(l) => l.run(),
+        Command::Run(r) => r.run(),
+        Command::Sandbox(s) => s.run(),
     }
 }
