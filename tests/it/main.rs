@@ -17,6 +17,7 @@ mod policy;
 mod posix;
 mod powerloss;
 mod robust;
+mod run;
 mod snapshot;
 mod state;
 mod stress;
