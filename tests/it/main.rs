@@ -4,6 +4,7 @@
 mod harness;
 
 mod basic;
+mod container;
 mod crash;
 mod daemon;
 mod diff;
