@@ -17,6 +17,7 @@ mod supervise;
 
 use std::ffi::OsString;
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -44,6 +45,13 @@ pub struct Options {
     pub network: bool,
     pub json: bool,
     pub command: Vec<OsString>,
+}
+
+/// A line on stderr; a closed stderr is ignored rather than a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
 }
 
 /// Runs it all; returns the exit code.
@@ -88,7 +96,7 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
             };
             let ran = supervise::run(&launch, &mut relay, stop);
             for w in ws.release() {
-                eprintln!("layerfs run: warning: {w}");
+                say!("layerfs run: warning: {w}");
             }
             Outcome {
                 end: ran.end,
@@ -105,16 +113,16 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
     }
     if opts.upper.is_none() && opts.keep {
         for w in rundir.remove_transient() {
-            eprintln!("layerfs run: warning: {w}");
+            say!("layerfs run: warning: {w}");
         }
-        eprintln!(
+        say!(
             "layerfs run: kept the workspace in {dir}: upper {upper} (`layerfs diff {upper}` \
              shows its changes; remove {dir} when done)",
             dir = rundir.path().display(),
             upper = rundir.ephemeral_upper().display()
         );
     } else if let Err(w) = rundir.remove() {
-        eprintln!("layerfs run: warning: {w}");
+        say!("layerfs run: warning: {w}");
     }
     (outcome, relay.stdout_at_line_start())
 }
@@ -122,19 +130,19 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
 /// Messages on stderr and the `--json` object on stdout.
 fn summarize(opts: &Options, o: &Outcome, stdout_at_line_start: bool) {
     match &o.end {
-        End::Failed(f) => eprintln!("layerfs run: {}", f.message()),
-        End::TimedOut => eprintln!(
+        End::Failed(f) => say!("layerfs run: {}", f.message()),
+        End::TimedOut => say!(
             "layerfs run: timed out after {}; killed the command and every process it started",
             humantime::format_duration(opts.timeout.unwrap_or_default())
         ),
-        End::Stopped(sig) => eprintln!(
+        End::Stopped(sig) => say!(
             "layerfs run: stopped by {}; killed the command and every process it started",
             signal_name(*sig)
         ),
         End::Exited(_) | End::Signaled(_) => {}
     }
     if o.truncated() {
-        eprintln!(
+        say!(
             "layerfs run: output truncated by --max-output: relayed the first {} of {} bytes \
              (stdout and stderr together); {} bytes dropped",
             o.kept_bytes,
@@ -143,10 +151,13 @@ fn summarize(opts: &Options, o: &Outcome, stdout_at_line_start: bool) {
         );
     }
     if opts.json {
+        let mut out = String::new();
         if !stdout_at_line_start {
-            println!();
+            out.push('\n');
         }
-        println!("{}", o.to_json());
+        out.push_str(&format!("{}\n", o.to_json()));
+        // A closed stdout (`| head`) is no reason to fail or panic.
+        let _ = std::io::stdout().lock().write_all(out.as_bytes());
     }
 }
 

@@ -131,6 +131,20 @@ fn run(args: &[&str]) -> Output {
     run_as(Caller::Root, args)
 }
 
+/// `sh -c SCRIPT` run as `caller` in `ws` (its upper, or `--ephemeral`),
+/// with extra `flags`.
+fn sh_as(caller: Caller, ws: &Workspace, ephemeral: bool, flags: &[&str], script: &str) -> Output {
+    let mut a = vec!["--lower", s(ws.lower())];
+    if ephemeral {
+        a.push("--ephemeral");
+    } else {
+        a.extend(["--upper", s(&ws.upper)]);
+    }
+    a.extend_from_slice(flags);
+    a.extend(["--", "sh", "-c", script]);
+    run_as(caller, &a)
+}
+
 /// /dev/fuse opened to everyone (as distributions ship it) while an
 /// unprivileged test mounts; serialized with the other tests that do.
 struct OpenFuse {
@@ -204,33 +218,17 @@ fn run_mountpoint(upper: &Path) -> PathBuf {
 fn exit_codes_signals_and_output_are_the_commands() {
     let ws = workspace_for(Caller::Root);
     let lower = s(ws.lower());
-    let out = run(&[
-        "--lower",
-        lower,
-        "--ephemeral",
-        "--",
-        "sh",
-        "-c",
-        "echo to-stdout; echo to-stderr >&2",
-    ]);
+    let root = Caller::Root;
+    let out = sh_as(root, &ws, true, &[], "echo to-stdout; echo to-stderr >&2");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(stdout(&out), "to-stdout\n");
     assert_eq!(stderr(&out), "to-stderr\n");
 
-    let out = run(&["--lower", lower, "--ephemeral", "--", "sh", "-c", "exit 3"]);
+    let out = sh_as(root, &ws, true, &[], "exit 3");
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
 
     for (sig, code) in [("KILL", 137), ("TERM", 143)] {
-        let out = run(&[
-            "--lower",
-            lower,
-            "--ephemeral",
-            "--json",
-            "--",
-            "sh",
-            "-c",
-            &format!("kill -{sig} $$"),
-        ]);
+        let out = sh_as(root, &ws, true, &["--json"], &format!("kill -{sig} $$"));
         assert_eq!(out.status.code(), Some(code), "{}", text(&out));
         assert_eq!(json_of(&out)["signal"], code - 128, "{}", text(&out));
     }
@@ -258,17 +256,8 @@ fn exit_codes_signals_and_output_are_the_commands() {
 #[test]
 fn json_reports_every_field_after_the_commands_output() {
     let ws = workspace_for(Caller::Root);
-    let out = run(&[
-        "--lower",
-        s(ws.lower()),
-        "--upper",
-        s(&ws.upper),
-        "--json",
-        "--",
-        "sh",
-        "-c",
-        "printf no-newline; sleep 0.2; exit 5",
-    ]);
+    let script = "printf no-newline; sleep 0.2; exit 5";
+    let out = sh_as(Caller::Root, &ws, false, &["--json"], script);
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
     let o = stdout(&out);
     assert!(
@@ -307,18 +296,10 @@ fn json_reports_every_field_after_the_commands_output() {
 #[test]
 fn max_output_keeps_the_first_bytes_of_both_streams_and_says_so() {
     let ws = workspace_for(Caller::Root);
-    let out = run(&[
-        "--lower",
-        s(ws.lower()),
-        "--ephemeral",
-        "--max-output",
-        "10",
-        "--json",
-        "--",
-        "sh",
-        "-c",
-        "printf 0123456; sleep 0.1; printf abcdef >&2; sleep 0.1; head -c 100000 /dev/zero",
-    ]);
+    let script = "printf 0123456; sleep 0.1; printf abcdef >&2; sleep 0.1; \
+                  head -c 100000 /dev/zero";
+    let flags = ["--max-output", "10", "--json"];
+    let out = sh_as(Caller::Root, &ws, true, &flags, script);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let o = stdout(&out);
     assert!(o.starts_with("0123456\n{"), "{o}");
@@ -339,19 +320,13 @@ fn timeout_kills_the_whole_tree_and_exits_124() {
     let marker = "3131.25";
     let script = format!("sh -c 'sleep {marker}' & sleep {marker} & echo started > started; wait");
     let begun = Instant::now();
-    let out = run(&[
-        "--lower",
-        s(ws.lower()),
-        "--upper",
-        s(&ws.upper),
-        "--timeout",
-        "1s",
-        "--json",
-        "--",
-        "sh",
-        "-c",
+    let out = sh_as(
+        Caller::Root,
+        &ws,
+        false,
+        &["--timeout", "3s", "--json"],
         &script,
-    ]);
+    );
     assert_eq!(out.status.code(), Some(124), "{}", text(&out));
     assert!(
         begun.elapsed() < Duration::from_secs(30),
@@ -363,7 +338,7 @@ fn timeout_kills_the_whole_tree_and_exits_124() {
     assert_eq!(v["timed_out"], true, "{v}");
     assert_eq!(v["exit_code"], 124);
     assert!(
-        stderr(&out).contains("timed out after 1s"),
+        stderr(&out).contains("timed out after 3s"),
         "{}",
         text(&out)
     );
@@ -488,19 +463,7 @@ fn only_the_workspace_is_writable(caller: Caller) {
         "; if mount -o remount,rw / 2>/dev/null || mount -o remount,bind,rw / 2>/dev/null; \
          then echo REMOUNTED; fi; id -u",
     );
-    let out = run_as(
-        caller,
-        &[
-            "--lower",
-            s(ws.lower()),
-            "--upper",
-            s(&ws.upper),
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
+    let out = sh_as(caller, &ws, false, &[], &script);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let o = stdout(&out);
     for p in &outside {
@@ -544,18 +507,12 @@ fn only_the_workspace_is_writable(caller: Caller) {
         assert!(!p.exists(), "{} exists on the host", p.display());
     }
     // /tmp was the sandbox's own: a second run starts with an empty one.
-    let out = run_as(
+    let out = sh_as(
         caller,
-        &[
-            "--lower",
-            s(ws.lower()),
-            "--upper",
-            s(&ws.upper),
-            "--",
-            "sh",
-            "-c",
-            "ls -A /tmp | grep -v '^layerfs-run' | wc -l",
-        ],
+        &ws,
+        false,
+        &[],
+        "ls -A /tmp | grep -v '^layerfs-run' | wc -l",
     );
     assert_eq!(stdout(&out).trim(), "0", "{}", text(&out));
     assert!(!is_mounted(&mnt));
@@ -577,39 +534,14 @@ fn an_ephemeral_upper_is_removed_unless_kept() {
     for caller in [Caller::Root, Caller::Tests] {
         let ws = workspace_for(caller);
         let lower = s(ws.lower());
-        let out = run_as(
-            caller,
-            &[
-                "--lower",
-                lower,
-                "--ephemeral",
-                "--json",
-                "--",
-                "sh",
-                "-c",
-                "echo e > made",
-            ],
-        );
+        let out = sh_as(caller, &ws, true, &["--json"], "echo e > made");
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         let upper = PathBuf::from(json_of(&out)["upper"].as_str().unwrap());
         let dir = upper.parent().unwrap().to_path_buf();
         assert!(s(&dir).contains("layerfs-run."), "{}", dir.display());
         assert!(!dir.exists(), "{} is left", dir.display());
 
-        let out = run_as(
-            caller,
-            &[
-                "--lower",
-                lower,
-                "--ephemeral",
-                "--keep",
-                "--json",
-                "--",
-                "sh",
-                "-c",
-                "echo k > made",
-            ],
-        );
+        let out = sh_as(caller, &ws, true, &["--keep", "--json"], "echo k > made");
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         let upper = PathBuf::from(json_of(&out)["upper"].as_str().unwrap());
         let dir = upper.parent().unwrap().to_path_buf();
@@ -707,17 +639,8 @@ fn a_live_mount_of_the_upper_is_used_and_left_mounted() {
     let ws = workspace_for(Caller::Root);
     fs::write(ws.lower().join("shared.txt"), "shared\n").unwrap();
     let m = ws.mount();
-    let out = run(&[
-        "--lower",
-        s(ws.lower()),
-        "--upper",
-        s(&ws.upper),
-        "--json",
-        "--",
-        "sh",
-        "-c",
-        "pwd; cat shared.txt; echo from-run > run.txt",
-    ]);
+    let script = "pwd; cat shared.txt; echo from-run > run.txt";
+    let out = sh_as(Caller::Root, &ws, false, &["--json"], script);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(json_of(&out)["mountpoint"], s(&ws.mnt));
     assert!(stdout(&out).starts_with(&format!("{}\nshared\n", ws.mnt.display())));
@@ -857,19 +780,7 @@ fn no_network_leaves_only_loopback() {
         let ws = workspace_for(caller);
         let script = "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '; echo --; \
                       ls /sys/class/net";
-        let out = run_as(
-            caller,
-            &[
-                "--lower",
-                s(ws.lower()),
-                "--ephemeral",
-                "--no-network",
-                "--",
-                "sh",
-                "-c",
-                script,
-            ],
-        );
+        let out = sh_as(caller, &ws, true, &["--no-network"], script);
         assert_eq!(out.status.code(), Some(0), "{caller:?}: {}", text(&out));
         assert_eq!(stdout(&out), "lo\n--\nlo\n", "{caller:?}: {}", text(&out));
         // Loopback is up: a socket can listen and be reached on 127.0.0.1.
