@@ -534,7 +534,9 @@ fn an_ephemeral_upper_is_removed_unless_kept() {
     for caller in [Caller::Root, Caller::Tests] {
         let ws = workspace_for(caller);
         let lower = s(ws.lower());
-        let out = sh_as(caller, &ws, true, &["--json"], "echo e > made");
+        // A directory left without write permission is removed too.
+        let script = "echo e > made; mkdir -p ro/sub && chmod 0555 ro/sub ro";
+        let out = sh_as(caller, &ws, true, &["--json"], script);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         let upper = PathBuf::from(json_of(&out)["upper"].as_str().unwrap());
         let dir = upper.parent().unwrap().to_path_buf();
