@@ -13,4 +13,6 @@ pub mod fuse;
 pub mod layer;
 pub mod overlay;
 pub mod policy;
+pub mod run;
+pub mod sandbox;
 pub mod state;

@@ -11,6 +11,7 @@ mod mount;
 pub mod mount_helper;
 mod policy;
 mod reset;
+mod run;
 mod snapshot;
 mod status;
 mod umount;
@@ -40,6 +41,9 @@ Examples:
 
   # kernel-overlay style options, two lowers (first is topmost)
   layerfs mount -o lowerdir=/srv/team:/srv/base,upperdir=/ws/up,workdir=/ws/work /ws/mnt
+
+  # run a command in a throwaway, sandboxed copy of the shared tree
+  layerfs run --lower /srv/shared --ephemeral --json -- make test
 
   # check a policy and ask which rule decides a path
   layerfs policy check policy.txt
@@ -88,6 +92,11 @@ enum Command {
     /// Write the manual pages (layerfs*.1, mount.fuse.layerfs.8) into a directory.
     #[command(hide = true)]
     Man(man::ManCmd),
+    /// Run a command in a sandboxed workspace; report its output and exit code.
+    Run(run::RunCmd),
+    /// Internal: the sandbox process `layerfs run` starts.
+    #[command(name = "__sandbox", hide = true)]
+    Sandbox(crate::sandbox::Spec),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -125,5 +134,7 @@ pub fn run() -> i32 {
         Command::Log(l) => l.run(),
         Command::InstallHelpers(i) => i.run(),
         Command::Man(m) => m.run(),
+        Command::Run(r) => r.run(),
+        Command::Sandbox(s) => s.run(),
     }
 }

@@ -101,6 +101,16 @@ fn lock(dir: &Path, busy: impl Fn(&Holder) -> String) -> Result<File, String> {
     })))
 }
 
+/// The live daemon that holds `dir` (an upper or a work dir) and the
+/// mountpoint it registered: `Some((pid, None))` while it has no registry
+/// entry this caller can read (it is starting, or belongs to another
+/// user). `None` when nobody holds it or the holder is exiting.
+pub fn serving_daemon(dir: &Path) -> Option<(u32, Option<std::path::PathBuf>)> {
+    let md = std::fs::metadata(dir).ok()?;
+    let h = holder_of(md.dev(), md.ino())?;
+    (!h.exiting).then_some((h.pid, h.mountpoint))
+}
+
 struct Holder {
     pid: u32,
     cmdline: String,

@@ -53,24 +53,43 @@ struct OpenHow {
     resolve: u64,
 }
 
-const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-const RESOLVE_NO_SYMLINKS: u64 = 0x04;
-const RESOLVE_BENEATH: u64 = 0x08;
+/// `RESOLVE_*` flags of openat2(2).
+pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+pub const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+pub const RESOLVE_BENEATH: u64 = 0x08;
 
 /// Opens `name` beneath `dir` with `openat2(RESOLVE_BENEATH |
 /// RESOLVE_NO_SYMLINKS)`: a symlink or `..` can never lead the daemon out of
 /// the directory. With `O_PATH | O_NOFOLLOW` a trailing symlink yields an fd
 /// of the link itself.
 pub fn open_beneath(dir: &impl AsFd, name: &OsStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-    let n = cstr(name)?;
+    openat2(
+        dir,
+        name,
+        flags | libc::O_NOFOLLOW,
+        mode,
+        RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+/// `openat2(2)` of `path` relative to `dir` with open `flags` (plus
+/// `O_CLOEXEC`) and `resolve` flags; retried on `EAGAIN` and `EINTR`.
+pub fn openat2(
+    dir: &impl AsFd,
+    path: &OsStr,
+    flags: i32,
+    mode: u32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    let n = cstr(path)?;
     let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u32 as u64,
+        flags: (flags | libc::O_CLOEXEC) as u32 as u64,
         mode: if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
             mode as u64
         } else {
             0
         },
-        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        resolve,
     };
     loop {
         // SAFETY: n and how outlive the call; the size passed is that of `how`.

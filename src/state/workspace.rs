@@ -32,6 +32,8 @@ pub struct Workspace {
     /// Some(..) only when a live daemon serves it.
     pub mountpoint: Option<PathBuf>,
     pub scratch: Vec<String>,
+    /// The `--policy` file it was mounted with.
+    pub policy: Option<PathBuf>,
 }
 
 /// The default state directory: a hidden sibling of the upper, like the
@@ -145,6 +147,7 @@ fn parse_description(state: &Path, text: &str) -> Result<Workspace, String> {
             .and_then(Value::as_str)
             .map(PathBuf::from),
         scratch,
+        policy: v.get("policy").and_then(Value::as_str).map(PathBuf::from),
     })
 }
 

@@ -33,9 +33,14 @@ impl Workspace {
 
     /// `n` lower layers; `lowers[0]` is the topmost.
     pub fn with_lowers(n: usize) -> Workspace {
+        Workspace::with_lowers_in(n, &test_root())
+    }
+
+    /// `n` lower layers, the workspace directory created under `root`.
+    pub fn with_lowers_in(n: usize, root: &Path) -> Workspace {
         let dir = tempfile::Builder::new()
             .prefix("layerfs-test.")
-            .tempdir_in(test_root())
+            .tempdir_in(root)
             .expect("create test workspace");
         let lowers: Vec<PathBuf> = (0..n)
             .map(|i| dir.path().join(format!("lower{i}")))

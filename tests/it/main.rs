@@ -4,6 +4,7 @@
 mod harness;
 
 mod basic;
+mod container;
 mod crash;
 mod daemon;
 mod diff;
@@ -19,6 +20,7 @@ mod policy;
 mod posix;
 mod powerloss;
 mod robust;
+mod run;
 mod snapshot;
 mod state;
 mod stress;

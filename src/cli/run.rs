@@ -1,0 +1,150 @@
+//! `layerfs run`: arguments and help; the work is in `crate::run`.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::config;
+use crate::run::Options;
+
+const RUN_HELP: &str = "\
+Examples:
+  # a throwaway copy of the shared tree: changes vanish afterwards
+  layerfs run --lower /srv/shared --ephemeral -- make test
+
+  # the agent's persistent workspace, JSON summary, limits
+  layerfs run --lower /srv/shared --upper ~/ws/upper --cwd src \\
+              --max-output 64K --timeout 5m --json -- cargo build
+
+The command runs in private mount and pid namespaces where the workspace
+is the only writable place: the rest of the host is read-only, /tmp and
+/dev/shm are private (and gone afterwards), /proc shows only the sandbox's
+processes. The workspace appears at its mountpoint's path (for --upper
+DIR without a live mount, .DIR-NAME.layerfs-mnt beside DIR; a live mount of
+the same upper is used as it is and left mounted). TMPDIR is /tmp and
+LAYERFS_WORKSPACE names the workspace. When the command exits, every
+process it left behind is killed.
+
+stdout and stderr are relayed as they come. Ctrl-C or SIGTERM stop the
+command (after 5 s, or at a second one, it is killed) and still unmount.
+As a user other than root this needs unprivileged user namespaces (and
+fusermount3 to mount).
+
+Exit status: the command's own; 128+N if signal N ended it; 124 if
+--timeout killed it; 125 if layerfs run itself failed (mounting, sandbox);
+126 if the command could not be executed, 127 if it was not found; 2 for a
+usage error (a --cwd outside the workspace too).";
+
+#[derive(Args, Debug)]
+#[command(after_help = RUN_HELP)]
+pub struct RunCmd {
+    /// Read-only lower layer; repeat for more, the first given is topmost.
+    #[arg(long = "lower", value_name = "DIR", required = true)]
+    lowers: Vec<PathBuf>,
+
+    /// Persistent upper directory: the command's changes land and stay
+    /// here. A live mount of it is reused (with the same lowers).
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "ephemeral",
+        conflicts_with = "ephemeral"
+    )]
+    upper: Option<PathBuf>,
+
+    /// Use a temporary upper, removed afterwards (unless --keep).
+    #[arg(long)]
+    ephemeral: bool,
+
+    /// With --ephemeral: keep the temporary upper and say where it is.
+    #[arg(long, requires = "ephemeral")]
+    keep: bool,
+
+    /// Path policy file for the mount (hide/readonly/protect rules).
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+
+    /// Working directory of the command, relative to the workspace root;
+    /// refused if it leads outside the workspace [default: the root].
+    #[arg(long, value_name = "SUBDIR")]
+    cwd: Option<PathBuf>,
+
+    /// Relay only the first BYTES of output (stdout and stderr together,
+    /// e.g. 64K, 1M); the rest is counted and dropped, and a note on
+    /// stderr says so.
+    #[arg(long, value_name = "BYTES", value_parser = config::parse_size)]
+    max_output: Option<u64>,
+
+    /// Kill the command and everything it started after this long
+    /// (e.g. 30s, 5m, 1h), and exit 124.
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
+    timeout: Option<Duration>,
+
+    /// Share the host's network (the default).
+    #[arg(long, overrides_with = "no_network")]
+    network: bool,
+
+    /// Run in a network namespace of its own: loopback only.
+    #[arg(long, overrides_with = "network")]
+    no_network: bool,
+
+    /// At the end, print one JSON object on stdout: exit_code, signal,
+    /// truncated, output_bytes, duration_ms, upper, mountpoint, timed_out
+    /// (and error when layerfs run failed).
+    #[arg(long)]
+    json: bool,
+
+    /// The command to run and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+/// Parses `--timeout`: a humantime duration (`30s`, `5m`, `1h 30m`,
+/// `500ms`) or a bare number of seconds; never zero.
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let d = match t.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::from_secs_f64(secs),
+        Ok(_) => return Err(format!("invalid duration `{s}`")),
+        Err(_) => humantime::parse_duration(t)
+            .map_err(|e| format!("invalid duration `{s}`: {e} (e.g. 30s, 5m, 1h)"))?,
+    };
+    if d.is_zero() {
+        return Err(format!("invalid duration `{s}`: must be more than zero"));
+    }
+    Ok(d)
+}
+
+impl RunCmd {
+    pub fn run(self) -> i32 {
+        crate::run::execute(Options {
+            lowers: self.lowers,
+            upper: self.upper,
+            keep: self.keep,
+            policy: self.policy,
+            cwd: self.cwd.unwrap_or_default(),
+            max_output: self.max_output,
+            timeout: self.timeout,
+            network: !self.no_network,
+            json: self.json,
+            command: self.command,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_parse_with_units_or_as_seconds() {
+        assert_eq!(parse_timeout("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_timeout("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_timeout("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_timeout("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_timeout("0").is_err());
+        assert!(parse_timeout("soon").is_err());
+    }
+}

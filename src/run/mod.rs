@@ -1,0 +1,302 @@
+//! `layerfs run`: run one command in a sandboxed workspace and report how
+//! it went — mount the workspace (or reuse its live mount), run the command
+//! in the sandbox (`crate::sandbox`) relaying its output, unmount, clean up.
+//!
+//! Order of a run: stop signals blocked first (so a Ctrl-C at any point
+//! still ends with the workspace unmounted), arguments checked, user
+//! namespaces probed (unprivileged), workspace acquired, command
+//! supervised, workspace released, temporary files removed, summary.
+
+mod daemon;
+mod live;
+pub mod outcome;
+mod relay;
+mod rundir;
+mod signals;
+mod supervise;
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::unistd::geteuid;
+
+use crate::sandbox::{cwd, userns};
+use daemon::{OwnMount, Plan};
+use live::LiveMount;
+use outcome::{End, Failure, Outcome};
+use relay::Relay;
+use rundir::RunDir;
+use signals::StopSignals;
+
+/// What `layerfs run` was asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub lowers: Vec<PathBuf>,
+    /// `None` with `--ephemeral`.
+    pub upper: Option<PathBuf>,
+    pub keep: bool,
+    pub policy: Option<PathBuf>,
+    pub cwd: PathBuf,
+    pub max_output: Option<u64>,
+    pub timeout: Option<Duration>,
+    pub network: bool,
+    pub json: bool,
+    pub command: Vec<OsString>,
+}
+
+/// A line on stderr; a closed stderr is ignored rather than a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// Runs it all; returns the exit code.
+pub fn execute(opts: Options) -> i32 {
+    let (outcome, stdout_at_line_start) = match StopSignals::install() {
+        Ok(stop) => run(&opts, &stop),
+        Err(e) => (Outcome::failed(Failure::Runtime(e)), true),
+    };
+    summarize(&opts, &outcome, stdout_at_line_start);
+    outcome.exit_code()
+}
+
+fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
+    let fail = |f: Failure| (Outcome::failed(f), true);
+    let cwd = match cwd::check(&opts.cwd) {
+        Ok(c) => c,
+        Err(m) => return fail(Failure::Usage(m)),
+    };
+    if !geteuid().is_root() {
+        if let Err(m) = userns::probe() {
+            return fail(Failure::Runtime(m));
+        }
+    }
+    let rundir = match RunDir::create() {
+        Ok(d) => d,
+        Err(m) => return fail(Failure::Runtime(m)),
+    };
+    let mut relay = Relay::new(opts.max_output);
+    let mut outcome = match Workspace::acquire(opts, &rundir, stop) {
+        Err(end) => Outcome {
+            end,
+            ..Outcome::failed(Failure::Runtime(String::new()))
+        },
+        Ok(mut ws) => {
+            let launch = supervise::Launch {
+                workspace: &ws.mountpoint,
+                stage: rundir.stage(),
+                cwd: &cwd,
+                network: opts.network,
+                command: &opts.command,
+                timeout: opts.timeout,
+            };
+            let ran = supervise::run(&launch, &mut relay, stop);
+            for w in ws.release() {
+                say!("layerfs run: warning: {w}");
+            }
+            Outcome {
+                end: ran.end,
+                output_bytes: relay.total(),
+                kept_bytes: relay.kept(),
+                duration: ran.duration,
+                upper: Some(ws.upper.clone()),
+                mountpoint: Some(ws.mountpoint.clone()),
+            }
+        }
+    };
+    if opts.upper.is_none() && outcome.upper.is_none() {
+        outcome.upper = Some(rundir.ephemeral_upper());
+    }
+    if opts.upper.is_none() && opts.keep {
+        for w in rundir.remove_transient() {
+            say!("layerfs run: warning: {w}");
+        }
+        say!(
+            "layerfs run: kept the workspace in {dir}: upper {upper} (`layerfs diff {upper}` \
+             shows its changes; remove {dir} when done)",
+            dir = rundir.path().display(),
+            upper = rundir.ephemeral_upper().display()
+        );
+    } else if let Err(w) = rundir.remove() {
+        say!("layerfs run: warning: {w}");
+    }
+    (outcome, relay.stdout_at_line_start())
+}
+
+/// Messages on stderr and the `--json` object on stdout.
+fn summarize(opts: &Options, o: &Outcome, stdout_at_line_start: bool) {
+    match &o.end {
+        End::Failed(f) => say!("layerfs run: {}", f.message()),
+        End::TimedOut => say!(
+            "layerfs run: timed out after {}; killed the command and every process it started",
+            humantime::format_duration(opts.timeout.unwrap_or_default())
+        ),
+        End::Stopped(sig) => say!(
+            "layerfs run: stopped by {}; killed the command and every process it started",
+            signal_name(*sig)
+        ),
+        End::Exited(_) | End::Signaled(_) => {}
+    }
+    if o.truncated() {
+        say!(
+            "layerfs run: output truncated by --max-output: relayed the first {} of {} bytes \
+             (stdout and stderr together); {} bytes dropped",
+            o.kept_bytes,
+            o.output_bytes,
+            o.output_bytes - o.kept_bytes
+        );
+    }
+    if opts.json {
+        let mut out = String::new();
+        if !stdout_at_line_start {
+            out.push('\n');
+        }
+        out.push_str(&format!("{}\n", o.to_json()));
+        // A closed stdout (`| head`) is no reason to fail or panic.
+        let _ = std::io::stdout().lock().write_all(out.as_bytes());
+    }
+}
+
+fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("signal {sig}"))
+}
+
+/// A path made absolute and resolved where it exists, for comparing with
+/// what a live mount recorded (`layerfs mount` canonicalizes too).
+fn canonical(p: &Path) -> PathBuf {
+    fs::canonicalize(p)
+        .or_else(|_| std::path::absolute(p))
+        .unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The stable mountpoint of a persistent upper when no live mount exists:
+/// a hidden sibling, like the default work and state dirs. Stable across
+/// runs, so absolute paths tools record in the workspace (a Python venv,
+/// build caches) stay valid from one run to the next.
+pub fn default_mountpoint(upper: &Path) -> Result<PathBuf, String> {
+    let name = upper.file_name().ok_or_else(|| {
+        format!(
+            "upper {} has no name to place a mountpoint beside it",
+            upper.display()
+        )
+    })?;
+    let parent = upper.parent().unwrap_or(Path::new("/"));
+    Ok(parent.join(format!(".{}.layerfs-mnt", name.to_string_lossy())))
+}
+
+/// How the run holds its workspace mount.
+enum Held {
+    /// Somebody else's live mount: left alone.
+    Live,
+    /// Mounted by this run: unmounted at the end.
+    Own(OwnMount),
+}
+
+struct Workspace {
+    upper: PathBuf,
+    mountpoint: PathBuf,
+    held: Held,
+    /// A persistent upper's mountpoint directory, removed again if empty.
+    made_mountpoint: Option<PathBuf>,
+}
+
+impl Workspace {
+    fn acquire(opts: &Options, rundir: &RunDir, stop: &StopSignals) -> Result<Workspace, End> {
+        let runtime = |m: String| End::Failed(Failure::Runtime(m));
+        let lowers: Vec<PathBuf> = opts.lowers.iter().map(|l| canonical(l)).collect();
+        let policy = opts.policy.as_deref().map(canonical);
+        let (upper, mountpoint) = match &opts.upper {
+            None => {
+                let (u, m) = (rundir.ephemeral_upper(), rundir.ephemeral_mountpoint());
+                for d in [&u, &m] {
+                    fs::create_dir(d)
+                        .map_err(|e| runtime(format!("creating {}: {e}", d.display())))?;
+                }
+                (u, m)
+            }
+            Some(u) => {
+                let upper = canonical(u);
+                if !upper.is_dir() {
+                    return Err(runtime(format!(
+                        "upper {} does not exist or is not a directory: create it (mkdir -p {}) \
+                         or use --ephemeral",
+                        u.display(),
+                        u.display()
+                    )));
+                }
+                if let Some(live) =
+                    live::find(&upper, &lowers, policy.as_deref()).map_err(End::Failed)?
+                {
+                    return Ok(Workspace::live(upper, live));
+                }
+                let mp = default_mountpoint(&upper).map_err(runtime)?;
+                (upper, mp)
+            }
+        };
+        let made = opts.upper.is_some().then(|| mountpoint.clone());
+        daemon::ensure_dir(&mountpoint)
+            .map_err(|e| runtime(format!("creating mountpoint {}: {e}", mountpoint.display())))?;
+        let plan = Plan {
+            lowers: &lowers,
+            upper: &upper,
+            policy: policy.as_deref(),
+            mountpoint: &mountpoint,
+        };
+        match daemon::start(&plan, rundir, stop) {
+            Ok(own) => Ok(Workspace {
+                upper,
+                mountpoint,
+                held: Held::Own(own),
+                made_mountpoint: made,
+            }),
+            // A concurrent run mounted the same upper first: use its mount.
+            Err(End::Failed(f)) if daemon::is_busy_error(&f) => {
+                remove_empty_dir(made.as_deref());
+                match live::find(&upper, &lowers, policy.as_deref()).map_err(End::Failed)? {
+                    Some(live) => Ok(Workspace::live(upper, live)),
+                    None => Err(End::Failed(f)),
+                }
+            }
+            Err(end) => {
+                remove_empty_dir(made.as_deref());
+                Err(end)
+            }
+        }
+    }
+
+    fn live(upper: PathBuf, live: LiveMount) -> Workspace {
+        tracing::debug!(
+            "running in the live mount {} (daemon pid {})",
+            live.mountpoint.display(),
+            live.pid
+        );
+        Workspace {
+            upper,
+            mountpoint: live.mountpoint.clone(),
+            held: Held::Live,
+            made_mountpoint: None,
+        }
+    }
+
+    /// Unmounts what this run mounted; returns warnings.
+    fn release(&mut self) -> Vec<String> {
+        let warnings = match &mut self.held {
+            Held::Live => Vec::new(),
+            Held::Own(own) => own.stop(),
+        };
+        remove_empty_dir(self.made_mountpoint.as_deref());
+        warnings
+    }
+}
+
+fn remove_empty_dir(p: Option<&Path>) {
+    if let Some(p) = p {
+        let _ = fs::remove_dir(p);
+    }
+}

@@ -1,0 +1,109 @@
+//! Relaying the command's output as it comes, keeping at most the first
+//! `--max-output` bytes of stdout and stderr together (in the order they
+//! arrive) and counting the rest.
+
+use std::io::Write;
+
+/// Which of the command's streams a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Out,
+    Err,
+}
+
+/// The byte budget and where output goes.
+pub struct Relay {
+    limit: Option<u64>,
+    total: u64,
+    kept: u64,
+    /// The last byte written to stdout was a newline (or none was written).
+    stdout_at_line_start: bool,
+    /// A sink that failed (a closed pipe) is no longer written; the
+    /// command's output is still drained and counted.
+    out_broken: bool,
+    err_broken: bool,
+}
+
+impl Relay {
+    pub fn new(limit: Option<u64>) -> Relay {
+        Relay {
+            limit,
+            total: 0,
+            kept: 0,
+            stdout_at_line_start: true,
+            out_broken: false,
+            err_broken: false,
+        }
+    }
+
+    /// How many bytes of a chunk of `len` arriving now are kept.
+    pub fn admit(&mut self, len: usize) -> usize {
+        let len = len as u64;
+        self.total += len;
+        let room = self.limit.map_or(len, |l| l.saturating_sub(self.kept));
+        let take = room.min(len);
+        self.kept += take;
+        take as usize
+    }
+
+    /// Accepts a chunk and writes what is kept of it.
+    pub fn relay(&mut self, stream: Stream, chunk: &[u8]) {
+        let take = self.admit(chunk.len());
+        if take == 0 {
+            return;
+        }
+        let part = &chunk[..take];
+        match stream {
+            Stream::Out => {
+                if !self.out_broken {
+                    let mut out = std::io::stdout().lock();
+                    self.out_broken = out.write_all(part).and_then(|_| out.flush()).is_err();
+                }
+                self.stdout_at_line_start = part.last() == Some(&b'\n');
+            }
+            Stream::Err => {
+                if !self.err_broken {
+                    self.err_broken = std::io::stderr().lock().write_all(part).is_err();
+                }
+            }
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    pub fn kept(&self) -> u64 {
+        self.kept
+    }
+
+    /// Whether a line printed on stdout now starts on a line of its own.
+    pub fn stdout_at_line_start(&self) -> bool {
+        self.stdout_at_line_start
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_first_bytes_across_chunks_and_counts_all() {
+        let mut r = Relay::new(Some(10));
+        assert_eq!(r.admit(4), 4);
+        assert_eq!(r.admit(4), 4);
+        assert_eq!(r.admit(4), 2);
+        assert_eq!(r.admit(7), 0);
+        assert_eq!((r.kept(), r.total()), (10, 19));
+    }
+
+    #[test]
+    fn no_limit_keeps_everything_and_zero_keeps_nothing() {
+        let mut r = Relay::new(None);
+        assert_eq!(r.admit(1 << 20), 1 << 20);
+        assert_eq!(r.kept(), r.total());
+        let mut z = Relay::new(Some(0));
+        assert_eq!(z.admit(5), 0);
+        assert_eq!((z.kept(), z.total()), (0, 5));
+    }
+}

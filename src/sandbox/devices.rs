@@ -1,0 +1,92 @@
+//! The sandbox's `/dev`: a small read-only tmpfs holding only the device
+//! nodes programs expect (each a bind of the host's node), a private
+//! `devpts` instance for pseudo-terminals and a private `/dev/shm`.
+//!
+//! The host's `/dev` is not shown: as root, raw disks there would be
+//! writable however read-only the mounts above them are.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+
+use nix::mount::{mount, MsFlags};
+
+use super::sys::{self, At};
+
+/// Host device nodes bound into the sandbox (skipped if the host lacks one).
+const NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Links every Linux system has in `/dev`.
+const LINKS: [(&str, &str); 5] = [
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("ptmx", "pts/ptmx"),
+];
+
+fn mount_err(what: &str, target: &Path, e: impl std::fmt::Display) -> String {
+    format!(
+        "mounting {what} on {} in the sandbox: {e}",
+        target.display()
+    )
+}
+
+/// Builds the sandbox's `/dev` at `dev` (the new root's `/dev`), while the
+/// host's `/dev` is still reachable at `/dev`.
+pub fn populate(dev: &Path) -> Result<(), String> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV;
+    mount(Some("tmpfs"), dev, Some("tmpfs"), flags, Some("mode=0755"))
+        .map_err(|e| mount_err("a tmpfs", dev, e))?;
+    for name in NODES {
+        let host = Path::new("/dev").join(name);
+        if fs::symlink_metadata(&host).is_err() {
+            continue;
+        }
+        let node = dev.join(name);
+        fs::File::create(&node).map_err(|e| format!("creating {}: {e}", node.display()))?;
+        mount(
+            Some(&host),
+            &node,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| mount_err(&host.display().to_string(), &node, e))?;
+        sys::set_mount_attr(
+            At::Path(&node),
+            false,
+            libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
+            0,
+        )
+        .map_err(|e| format!("making {} read-only: {e}", node.display()))?;
+    }
+    let pts = dev.join("pts");
+    fs::create_dir(&pts).map_err(|e| format!("creating {}: {e}", pts.display()))?;
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .map_err(|e| mount_err("devpts", &pts, e))?;
+    let shm = dev.join("shm");
+    fs::create_dir(&shm).map_err(|e| format!("creating {}: {e}", shm.display()))?;
+    mount(
+        Some("tmpfs"),
+        &shm,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777"),
+    )
+    .map_err(|e| mount_err("a tmpfs", &shm, e))?;
+    for (name, target) in LINKS {
+        let link = dev.join(name);
+        symlink(target, &link).map_err(|e| format!("creating {}: {e}", link.display()))?;
+    }
+    // Nothing may be created in /dev itself from now on; the mounts in it
+    // (pts, shm, the nodes) keep their own flags.
+    sys::set_mount_attr(At::Path(dev), false, libc::MOUNT_ATTR_RDONLY, 0)
+        .map_err(|e| format!("making {} read-only: {e}", dev.display()))
+}

@@ -1,0 +1,255 @@
+//! The sandbox's processes, from `layerfs __sandbox` on:
+//!
+//! ```text
+//! layerfs run (outside) ── monitor: unshares the namespaces, forks the init,
+//!                          │         reports its pid, waits for it
+//!                          └─ init (pid 1 of the new pid namespace): builds
+//!                               │   the tree, pivots, forks the command,
+//!                               │   forwards signals, reports its status
+//!                               └─ the command (exec)
+//! ```
+//!
+//! When the init exits the kernel kills every process left in its pid
+//! namespace, so a command's background children never outlive it, and
+//! `layerfs run` ends the whole tree by killing the init alone. The init
+//! also ends when `layerfs run` goes away (its control pipe reaches EOF),
+//! besides the parent-death signals of the monitor and the init.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sched::CloneFlags;
+use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{geteuid, ForkResult, Pid};
+
+use super::report::{parse_forward, Report, Reporter};
+use super::rootfs::{self, Layout};
+use super::userns::{self, IdMap};
+use super::{cwd, net, sys, Spec, STOP_SIGNALS};
+
+/// Entry point of `layerfs __sandbox` (the monitor); returns its exit code.
+pub fn main(spec: Spec) -> i32 {
+    let report = match sys::adopt_fd(spec.report_fd) {
+        Ok(fd) => Reporter::new(File::from(fd)),
+        Err(e) => {
+            eprintln!("layerfs __sandbox: report fd {}: {e}", spec.report_fd);
+            return 125;
+        }
+    };
+    let control = match sys::adopt_fd(spec.control_fd) {
+        Ok(fd) => fd,
+        Err(e) => {
+            report.send(&Report::Failed(format!(
+                "control fd {}: {e}",
+                spec.control_fd
+            )));
+            return 125;
+        }
+    };
+    for fd in [spec.report_fd, spec.control_fd] {
+        if let Err(e) = sys::close_on_exec(fd) {
+            report.send(&Report::Failed(format!("fd {fd}: {e}")));
+            return 125;
+        }
+    }
+    // A Ctrl-C from the terminal reaches every process of the foreground
+    // group: the command reacts to it, `layerfs run` decides the rest, and
+    // the monitor and the init must survive it. What the caller already
+    // ignored stays ignored for the command.
+    let ignored: Vec<Signal> = STOP_SIGNALS
+        .into_iter()
+        .filter(|s| sys::is_ignored(*s))
+        .collect();
+    for s in STOP_SIGNALS {
+        let _ = sys::set_disposition(s, true);
+    }
+    match monitor(&spec, &report, control, &ignored) {
+        Ok(()) => 0,
+        Err(msg) => {
+            report.send(&Report::Failed(msg));
+            125
+        }
+    }
+}
+
+/// Unshares the namespaces, forks the init and waits for it.
+fn monitor(
+    spec: &Spec,
+    report: &Reporter,
+    control: OwnedFd,
+    ignored: &[Signal],
+) -> Result<(), String> {
+    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
+    if spec.no_network {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    if geteuid().is_root() {
+        nix::sched::unshare(flags)
+            .map_err(|e| format!("cannot create the sandbox's namespaces: {e}"))?;
+    } else {
+        userns::enter(flags, &IdMap::own())?;
+    }
+    match sys::fork_single_threaded().map_err(|e| format!("fork: {e}"))? {
+        ForkResult::Child => {
+            let _ = sys::set_parent_death_signal(Signal::SIGKILL);
+            sys::exit_child(init(spec, report, control, ignored))
+        }
+        ForkResult::Parent { child } => {
+            drop(control);
+            report.send(&Report::InitPid(child.as_raw()));
+            loop {
+                match waitpid(child, None) {
+                    Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => return Ok(()),
+                    Err(nix::Error::EINTR) | Ok(_) => continue,
+                    Err(e) => return Err(format!("waiting for the sandbox's init: {e}")),
+                }
+            }
+        }
+    }
+}
+
+/// Builds the sandbox's tree in the new namespaces. As root, the command
+/// then goes into a user namespace of its own (every id mapped to itself):
+/// the kernel locks every mount it inherits there, so even root cannot
+/// remount the host read-write or unmount what hides it.
+fn prepare(spec: &Spec) -> Result<(), String> {
+    if spec.no_network {
+        net::loopback_up()?;
+    }
+    rootfs::build(&Layout {
+        workspace: &spec.workspace,
+        stage: &spec.stage,
+        fresh_sysfs: spec.no_network,
+    })?;
+    if geteuid().is_root() {
+        userns::enter(CloneFlags::CLONE_NEWNS, &IdMap::identity())?;
+    }
+    Ok(())
+}
+
+/// Pid 1 of the sandbox: prepares it, runs the command, reaps, reports.
+fn init(spec: &Spec, report: &Reporter, control: OwnedFd, ignored: &[Signal]) -> i32 {
+    if let Err(msg) = prepare(spec) {
+        report.send(&Report::Failed(msg));
+        return 1;
+    }
+    if let Err(msg) = cwd::enter(
+        &spec.workspace,
+        spec.cwd.as_deref().unwrap_or(Path::new("")),
+    ) {
+        report.send(&Report::Usage(msg));
+        return 1;
+    }
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    if let Err(e) = chld.thread_block() {
+        report.send(&Report::Failed(format!("blocking SIGCHLD: {e}")));
+        return 1;
+    }
+    let sfd = match SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK) {
+        Ok(s) => s,
+        Err(e) => {
+            report.send(&Report::Failed(format!("signalfd: {e}")));
+            return 1;
+        }
+    };
+    report.send(&Report::Started);
+    let child = match sys::fork_single_threaded() {
+        Ok(ForkResult::Child) => exec_command(spec, report, ignored),
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => {
+            report.send(&Report::Failed(format!("fork: {e}")));
+            return 1;
+        }
+    };
+    match reap(child, &File::from(control), &sfd) {
+        Some(r) => {
+            report.send(&r);
+            0
+        }
+        None => 1,
+    }
+}
+
+/// Waits for the command, reaping every orphan of the namespace on the
+/// way and forwarding the signals `layerfs run` asks for. `None` when
+/// `layerfs run` went away first.
+fn reap(child: Pid, mut control: &File, sfd: &SignalFd) -> Option<Report> {
+    loop {
+        let mut fds = [
+            PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(control.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::Error::EINTR) => {}
+            Err(_) => return None,
+        }
+        let control_ready = fds[1]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP));
+        while let Ok(Some(_)) = sfd.read_signal() {}
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == child => {
+                    return Some(Report::Exited(code))
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
+                    return Some(Report::Signaled(sig as i32))
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+        if control_ready {
+            let mut buf = [0u8; 256];
+            match control.read(&mut buf) {
+                // `layerfs run` is gone: end the sandbox with it.
+                Ok(0) | Err(_) => return None,
+                Ok(n) => {
+                    for line in String::from_utf8_lossy(&buf[..n]).lines() {
+                        if let Some(sig) =
+                            parse_forward(line).and_then(|s| Signal::try_from(s).ok())
+                        {
+                            let _ = kill(child, sig);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The command's process: restores the signal state the caller gave
+/// `layerfs run`, then execs. Never returns.
+fn exec_command(spec: &Spec, report: &Reporter, ignored: &[Signal]) -> ! {
+    for s in STOP_SIGNALS {
+        let _ = sys::set_disposition(s, ignored.contains(&s));
+    }
+    let _ =
+        nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+    let program = &spec.command[0];
+    let pwd = match spec.cwd.as_deref() {
+        Some(c) if !c.as_os_str().is_empty() => spec.workspace.join(c),
+        _ => spec.workspace.clone(),
+    };
+    let err = Command::new(program)
+        .args(&spec.command[1..])
+        .env("PWD", &pwd)
+        .exec();
+    let errno = err.raw_os_error().unwrap_or(0);
+    let shown = program.to_string_lossy();
+    let (code, msg) = match errno {
+        libc::ENOENT => (127, format!("{shown}: command not found in the sandbox")),
+        libc::EACCES => (126, format!("{shown}: permission denied")),
+        _ => (126, format!("{shown}: cannot execute: {err}")),
+    };
+    report.send(&Report::ExecFailed(errno, msg));
+    sys::exit_child(code)
+}

@@ -1,0 +1,85 @@
+//! The sandbox `layerfs run` runs a command in: private mount and pid
+//! namespaces (and a network namespace with `--no-network`) in which the
+//! workspace mount is the only writable place — the rest of the host is a
+//! read-only clone, `/tmp` and `/dev/shm` are private tmpfs, `/dev` holds
+//! only the usual device nodes, `/proc` shows the sandbox's processes.
+//!
+//! Built with the kernel's own interfaces (`unshare`, the new mount API,
+//! `pivot_root`) by a fresh process, `layerfs __sandbox`, which
+//! `layerfs run` starts with the command line below; see `init` for the
+//! processes and `rootfs` for the tree. As an unprivileged user it needs
+//! user namespaces (the user's own uid mapped to itself); as root the
+//! command also runs in a user namespace of its own, so it cannot undo the
+//! read-only mounts.
+
+pub mod cwd;
+mod devices;
+mod init;
+mod net;
+pub mod report;
+mod rootfs;
+mod sys;
+pub mod userns;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use nix::sys::signal::Signal;
+
+/// The running layerfs binary, whatever its name or path.
+pub const SELF_EXE: &str = "/proc/self/exe";
+
+/// The name of the hidden subcommand that starts a sandbox.
+pub const SUBCOMMAND: &str = "__sandbox";
+
+/// Signals that ask a `layerfs run` to stop its command.
+pub const STOP_SIGNALS: [Signal; 4] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
+
+/// What `layerfs run` hands `layerfs __sandbox` (internal; not for users).
+#[derive(clap::Args, Debug)]
+pub struct Spec {
+    /// The workspace mountpoint (absolute); the command sees it at this path.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: PathBuf,
+    /// An empty host directory to build the sandbox's root on.
+    #[arg(long, value_name = "DIR")]
+    pub stage: PathBuf,
+    /// The working directory, relative to the workspace root (checked)
+    /// [default: the workspace root].
+    #[arg(long, value_name = "SUBDIR")]
+    pub cwd: Option<PathBuf>,
+    /// Give the sandbox its own network namespace (loopback only).
+    #[arg(long)]
+    pub no_network: bool,
+    /// Inherited descriptor for report lines (see `report`).
+    #[arg(long, value_name = "FD")]
+    pub report_fd: i32,
+    /// Inherited descriptor on which `layerfs run` sends requests.
+    #[arg(long, value_name = "FD")]
+    pub control_fd: i32,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// Has the kernel send `sig` to the calling process when its parent
+/// (thread) dies; async-signal-safe, for `pre_exec`.
+pub fn die_with_parent(sig: Signal) -> std::io::Result<()> {
+    sys::set_parent_death_signal(sig)
+}
+
+/// Keeps an inherited descriptor open across exec; for `pre_exec`.
+pub fn keep_across_exec(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    sys::keep_across_exec(fd)
+}
+
+impl Spec {
+    pub fn run(self) -> i32 {
+        init::main(self)
+    }
+}
