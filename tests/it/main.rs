@@ -4,6 +4,7 @@
 mod harness;
 
 mod basic;
+mod cluster;
 mod crash;
 mod daemon;
 mod diff;
@@ -11,6 +12,7 @@ mod differential;
 mod fulldisk;
 mod identity;
 mod modes;
+mod netlower;
 mod odd;
 mod pjdfstest;
 mod policy;
