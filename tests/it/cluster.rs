@@ -497,6 +497,20 @@ fn a_glusterfs_volume_as_the_shared_lower() {
         String::from_utf8_lossy(&text.stdout).contains("LOST since"),
         "{text:?}"
     );
+    // A new workspace over the lost lower is refused, saying why.
+    let late = Workspace::new();
+    let refused = Command::new(bin())
+        .args(["mount", "--lower"])
+        .arg(&lower)
+        .arg("--upper")
+        .arg(&late.upper)
+        .arg(&late.mnt)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("does not reach its server"), "{why}");
+    assert!(!is_mounted(&late.mnt));
     std::thread::sleep(Duration::from_secs(2));
 
     g.start_volume();
