@@ -508,6 +508,18 @@ fn existing_dir(p: &Path, what: &str, flag: &str) -> Result<PathBuf, ConfigError
             p.display(),
             p.display()
         )),
+        // A network filesystem whose server is gone (or a FUSE mount whose
+        // daemon died) answers ENOTCONN and the like.
+        _ if e
+            .raw_os_error()
+            .is_some_and(crate::layer::reach::is_transport) =>
+        {
+            invalid(format!(
+                "{what} {}: {e}: its network filesystem does not reach its server (or its \
+                 FUSE daemon is gone); mount once it answers",
+                p.display()
+            ))
+        }
         _ => invalid(format!("{what} {}: {e}", p.display())),
     })?;
     if !md.is_dir() {

@@ -82,8 +82,12 @@ pub struct MountCmd {
 
     /// How soon changes made to a lower from outside become visible
     /// through the mount where they cannot be watched, e.g. 1s, 500ms.
-    /// Lower directories are watched with inotify: changes there show at
-    /// once, and the kernel may cache their entries for max(this, 60s).
+    /// Local lower directories are watched with inotify: changes there
+    /// show at once, and the kernel may cache their entries for
+    /// max(this, 60s). A network or FUSE lower (NFS, GlusterFS, CephFS,
+    /// …) is never watched (changes made on other hosts raise no inotify
+    /// event): its changes show within this plus its client's own
+    /// caching.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = config::parse_duration)]
     lower_timeout: Duration,
 

@@ -161,6 +161,36 @@ fn duration(secs: f64) -> String {
     }
 }
 
+/// One lower of a live mount: its filesystem, how soon outside changes
+/// show, and whether a network lower answers.
+fn lower_line(l: &Value) -> String {
+    let mut s = format!("{}: {}", field(l, "path"), field(l, "fstype"));
+    if l.get("network").and_then(Value::as_bool) == Some(true) {
+        let ms = l
+            .get("changes_show_within_ms")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        s.push_str(&format!(
+            " from {}, network: changes made elsewhere show within {} ms plus its client's \
+             caching",
+            field(l, "source"),
+            ms
+        ));
+    } else {
+        s.push_str(", local: outside changes show at once (inotify)");
+    }
+    if l.get("state").and_then(Value::as_str) == Some("lost") {
+        s.push_str(&format!(
+            "; LOST since {} ({}): requests needing it fail with EIO",
+            field(l, "lost_since"),
+            field(l, "error")
+        ));
+    } else if let Some(n) = l.get("not_answering_seconds").and_then(Value::as_u64) {
+        s.push_str(&format!("; NOT ANSWERING for {n} s"));
+    }
+    s
+}
+
 /// The text form of one status object.
 fn render(v: &Value) -> String {
     let mut out = String::new();
@@ -185,6 +215,27 @@ fn render(v: &Value) -> String {
             .filter_map(|l| l.as_str().map(String::from))
             .collect();
         line("lowers", ls.join(", "));
+    }
+    if let Some(ls) = v.pointer("/layers/lowers").and_then(Value::as_array) {
+        for (i, l) in ls.iter().enumerate() {
+            line(&format!("lower #{}", i + 1), lower_line(l));
+        }
+        let refused = v
+            .pointer("/layers/refused_requests")
+            .and_then(Value::as_u64);
+        let stalled = v
+            .pointer("/layers/stalled_requests")
+            .and_then(Value::as_u64);
+        if refused.unwrap_or(0) + stalled.unwrap_or(0) > 0 {
+            line(
+                "lower I/O",
+                format!(
+                    "{} requests stuck for over 5 s, {} refused with ETIMEDOUT",
+                    stalled.unwrap_or(0),
+                    refused.unwrap_or(0)
+                ),
+            );
+        }
     }
     line("state", field(v, "state"));
     if mounted {

@@ -164,6 +164,7 @@ pub struct Daemon {
     pub uid: u32,
     /// `--scratch` globs (the policy's `scratch` lines are read live).
     pub scratch: Vec<String>,
+    pub lower_timeout: Duration,
     pub journal: Option<Arc<Journal>>,
 }
 
@@ -181,6 +182,7 @@ impl Daemon {
             started_at: SystemTime::now(),
             uid: nix::unistd::geteuid().as_raw(),
             scratch: cfg.scratch.clone(),
+            lower_timeout: cfg.lower_timeout,
             journal,
         }
     }
@@ -450,6 +452,7 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
         "paused_by_you": conn.pause.is_some(),
         "read_only": ov.read_only,
         "upper_usage": upper_usage(ov),
+        "layers": layers(ov, daemon.lower_timeout),
         "counters": {
             "requests": requests,
             "requests_per_second": (daemon.rate() * 10.0).round() / 10.0,
@@ -460,6 +463,54 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
             Some(j) => j.health(),
             None => json!({"enabled": false}),
         },
+    })
+}
+
+/// Each lower's filesystem, how soon outside changes show through the
+/// mount, and, for a network lower, whether it answers (probed now, for
+/// at most half a second: status answers even while a lower hangs).
+fn layers(ov: &crate::overlay::Overlay, lower_timeout: Duration) -> Value {
+    let conditions = match &ov.reach {
+        Some(r) => {
+            r.check(Duration::from_millis(500));
+            r.conditions()
+        }
+        None => Vec::new(),
+    };
+    let list: Vec<Value> = ov
+        .lowers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let c = conditions.iter().find(|c| c.index == i);
+            let lost = c.and_then(|c| c.lost.clone());
+            json!({
+                "path": l.path.to_string_lossy(),
+                "fstype": l.caps.fstype,
+                "source": l.caps.source,
+                "network": l.caps.remote,
+                // Where a watch cannot see outside changes, the kernel
+                // trusts entries for --lower-timeout (plus whatever the
+                // network filesystem's own client caches).
+                "changes_show_within_ms": if l.caps.remote {
+                    Some(lower_timeout.as_millis() as u64)
+                } else {
+                    None
+                },
+                "file_handles": l.caps.handles,
+                "xattrs": l.caps.xattrs,
+                "stable_inodes": l.caps.inodes == crate::layer::netfs::Inodes::Stable,
+                "state": if lost.is_some() { "lost" } else { "ok" },
+                "lost_since": lost.as_ref().map(|(t, _)| humantime::format_rfc3339_seconds(*t).to_string()),
+                "error": lost.map(|(_, e)| e),
+                "not_answering_seconds": c.and_then(|c| c.not_answering).map(|d| d.as_secs()),
+            })
+        })
+        .collect();
+    json!({
+        "lowers": list,
+        "refused_requests": ov.reach.as_ref().map(|r| r.refused.load(std::sync::atomic::Ordering::Relaxed)),
+        "stalled_requests": ov.reach.as_ref().map(|r| r.stalled()),
     })
 }
 

@@ -17,7 +17,9 @@
 //!
 //! `Contained` wraps the filesystem and delegates every `Filesystem`
 //! method through `catch_unwind`, so a method added to `LayerFs` later is
-//! covered without touching this file. It relies on the release profile
+//! covered without touching this file. Each request first passes
+//! `Admit::admit`, which may fail it at once (a network lower that does
+//! not answer must not hold every worker: see `layer::reach`). It relies on the release profile
 //! unwinding on panic (Cargo's default; `panic = "abort"` would make every
 //! panic end the daemon, and the next mount recover the stale mountpoint).
 
@@ -27,11 +29,11 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileHandle, Filesystem, INodeNo, IoctlFlags,
-    KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags,
-    ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, INodeNo,
+    IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags, PollNotifier,
+    RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 /// A filesystem whose request handlers may not take the mount down.
@@ -54,15 +56,63 @@ fn contain(op: &'static str, ino: u64, f: impl FnOnce()) {
     }
 }
 
+/// What a filesystem decides about a request before its handler runs:
+/// let it in (holding the pass until the handler returns) or fail it at
+/// once with an errno (see `layer::reach` for the one use: requests that
+/// need a network lower that does not answer).
+pub trait Admit {
+    type Pass;
+    fn admit(&self, op: &'static str, ino: u64) -> Result<Self::Pass, Errno>;
+}
+
+/// A reply that can carry an errno.
+trait Fail {
+    fn fail(self, e: Errno);
+}
+
+macro_rules! fail {
+    ($($t:ty),*) => {
+        $(impl Fail for $t {
+            fn fail(self, e: Errno) {
+                self.error(e)
+            }
+        })*
+    };
+}
+
+fail!(
+    ReplyAttr,
+    ReplyBmap,
+    ReplyCreate,
+    ReplyData,
+    ReplyDirectory,
+    ReplyDirectoryPlus,
+    ReplyEmpty,
+    ReplyEntry,
+    ReplyIoctl,
+    ReplyLock,
+    ReplyLseek,
+    ReplyOpen,
+    ReplyPoll,
+    ReplyStatfs,
+    ReplyWrite,
+    ReplyXattr
+);
+
 /// Delegates each listed method to the inner filesystem through
-/// `contain`, logging the node id given by the first argument after the
-/// request.
+/// `contain`, after `Admit::admit`, logging the node id given by the
+/// first argument after the request. The reply is written after `->` so
+/// that a refused request can be answered with its errno.
 macro_rules! contained {
-    ($( fn $name:ident(&self, $req:ident: $rt:ty, $ino:ident: $it:ty $(, $arg:ident: $ty:ty)* $(,)?); )*) => {
+    ($( fn $name:ident(&self, $req:ident: $rt:ty, $ino:ident: $it:ty $(, $arg:ident: $ty:ty)* $(,)?) -> $reply:ident: $rpt:ty; )*) => {
         $(
-            fn $name(&self, $req: $rt, $ino: $it $(, $arg: $ty)*) {
+            fn $name(&self, $req: $rt, $ino: $it $(, $arg: $ty)*, $reply: $rpt) {
                 let id = node_id(&$ino);
-                contain(stringify!($name), id, || self.0.$name($req, $ino $(, $arg)*))
+                let op = stringify!($name);
+                contain(op, id, || match self.0.admit(op, id) {
+                    Ok(_pass) => self.0.$name($req, $ino $(, $arg)*, $reply),
+                    Err(e) => Fail::fail($reply, e),
+                })
             }
         )*
     };
@@ -75,7 +125,7 @@ fn node_id(ino: &INodeNo) -> u64 {
     ino.0
 }
 
-impl<F: Filesystem> Filesystem for Contained<F> {
+impl<F: Filesystem + Admit> Filesystem for Contained<F> {
     // Not requests: run once, before and after serving.
     fn init(&mut self, req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         self.0.init(req, config)
@@ -83,11 +133,14 @@ impl<F: Filesystem> Filesystem for Contained<F> {
     fn destroy(&mut self) {
         self.0.destroy()
     }
+    // No reply, and never refused.
+    fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {
+        contain("forget", ino.0, || self.0.forget(req, ino, nlookup))
+    }
 
     contained! {
-        fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry);
-        fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64);
-        fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr);
+        fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr) -> reply: ReplyEntry;
+        fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>) -> reply: ReplyAttr;
         fn setattr(
             &self,
             req: &Request,
@@ -104,9 +157,8 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             chgtime: Option<SystemTime>,
             bkuptime: Option<SystemTime>,
             flags: Option<BsdFileFlags>,
-            reply: ReplyAttr,
-        );
-        fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData);
+        ) -> reply: ReplyAttr;
+        fn readlink(&self, req: &Request, ino: INodeNo) -> reply: ReplyData;
         fn mknod(
             &self,
             req: &Request,
@@ -115,8 +167,7 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             mode: u32,
             umask: u32,
             rdev: u32,
-            reply: ReplyEntry,
-        );
+        ) -> reply: ReplyEntry;
         fn mkdir(
             &self,
             req: &Request,
@@ -124,18 +175,16 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             name: &OsStr,
             mode: u32,
             umask: u32,
-            reply: ReplyEntry,
-        );
-        fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty);
-        fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty);
+        ) -> reply: ReplyEntry;
+        fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr) -> reply: ReplyEmpty;
+        fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr) -> reply: ReplyEmpty;
         fn symlink(
             &self,
             req: &Request,
             parent: INodeNo,
             link_name: &OsStr,
             target: &Path,
-            reply: ReplyEntry,
-        );
+        ) -> reply: ReplyEntry;
         fn rename(
             &self,
             req: &Request,
@@ -144,17 +193,15 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             newparent: INodeNo,
             newname: &OsStr,
             flags: RenameFlags,
-            reply: ReplyEmpty,
-        );
+        ) -> reply: ReplyEmpty;
         fn link(
             &self,
             req: &Request,
             ino: INodeNo,
             newparent: INodeNo,
             newname: &OsStr,
-            reply: ReplyEntry,
-        );
-        fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen);
+        ) -> reply: ReplyEntry;
+        fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags) -> reply: ReplyOpen;
         fn read(
             &self,
             req: &Request,
@@ -164,8 +211,7 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             size: u32,
             flags: OpenFlags,
             lock_owner: Option<LockOwner>,
-            reply: ReplyData,
-        );
+        ) -> reply: ReplyData;
         fn write(
             &self,
             req: &Request,
@@ -176,16 +222,14 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             write_flags: WriteFlags,
             flags: OpenFlags,
             lock_owner: Option<LockOwner>,
-            reply: ReplyWrite,
-        );
+        ) -> reply: ReplyWrite;
         fn flush(
             &self,
             req: &Request,
             ino: INodeNo,
             fh: FileHandle,
             lock_owner: LockOwner,
-            reply: ReplyEmpty,
-        );
+        ) -> reply: ReplyEmpty;
         fn release(
             &self,
             req: &Request,
@@ -194,36 +238,32 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             flags: OpenFlags,
             lock_owner: Option<LockOwner>,
             flush: bool,
-            reply: ReplyEmpty,
-        );
-        fn fsync(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty);
-        fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen);
+        ) -> reply: ReplyEmpty;
+        fn fsync(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool) -> reply: ReplyEmpty;
+        fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags) -> reply: ReplyOpen;
         fn readdir(
             &self,
             req: &Request,
             ino: INodeNo,
             fh: FileHandle,
             offset: u64,
-            reply: ReplyDirectory,
-        );
+        ) -> reply: ReplyDirectory;
         fn readdirplus(
             &self,
             req: &Request,
             ino: INodeNo,
             fh: FileHandle,
             offset: u64,
-            reply: ReplyDirectoryPlus,
-        );
+        ) -> reply: ReplyDirectoryPlus;
         fn releasedir(
             &self,
             req: &Request,
             ino: INodeNo,
             fh: FileHandle,
             flags: OpenFlags,
-            reply: ReplyEmpty,
-        );
-        fn fsyncdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty);
-        fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs);
+        ) -> reply: ReplyEmpty;
+        fn fsyncdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool) -> reply: ReplyEmpty;
+        fn statfs(&self, req: &Request, ino: INodeNo) -> reply: ReplyStatfs;
         fn setxattr(
             &self,
             req: &Request,
@@ -232,12 +272,11 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             value: &[u8],
             flags: i32,
             position: u32,
-            reply: ReplyEmpty,
-        );
-        fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr);
-        fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr);
-        fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty);
-        fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty);
+        ) -> reply: ReplyEmpty;
+        fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32) -> reply: ReplyXattr;
+        fn listxattr(&self, req: &Request, ino: INodeNo, size: u32) -> reply: ReplyXattr;
+        fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr) -> reply: ReplyEmpty;
+        fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags) -> reply: ReplyEmpty;
         fn create(
             &self,
             req: &Request,
@@ -246,8 +285,7 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             mode: u32,
             umask: u32,
             flags: i32,
-            reply: ReplyCreate,
-        );
+        ) -> reply: ReplyCreate;
         fn getlk(
             &self,
             req: &Request,
@@ -258,8 +296,7 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             end: u64,
             typ: i32,
             pid: u32,
-            reply: ReplyLock,
-        );
+        ) -> reply: ReplyLock;
         fn setlk(
             &self,
             req: &Request,
@@ -271,9 +308,8 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             typ: i32,
             pid: u32,
             sleep: bool,
-            reply: ReplyEmpty,
-        );
-        fn bmap(&self, req: &Request, ino: INodeNo, blocksize: u32, idx: u64, reply: ReplyBmap);
+        ) -> reply: ReplyEmpty;
+        fn bmap(&self, req: &Request, ino: INodeNo, blocksize: u32, idx: u64) -> reply: ReplyBmap;
         fn ioctl(
             &self,
             req: &Request,
@@ -283,8 +319,7 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             cmd: u32,
             in_data: &[u8],
             out_size: u32,
-            reply: ReplyIoctl,
-        );
+        ) -> reply: ReplyIoctl;
         fn poll(
             &self,
             req: &Request,
@@ -293,8 +328,7 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             ph: PollNotifier,
             events: PollEvents,
             flags: PollFlags,
-            reply: ReplyPoll,
-        );
+        ) -> reply: ReplyPoll;
         fn fallocate(
             &self,
             req: &Request,
@@ -303,8 +337,7 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             offset: u64,
             length: u64,
             mode: i32,
-            reply: ReplyEmpty,
-        );
+        ) -> reply: ReplyEmpty;
         fn lseek(
             &self,
             req: &Request,
@@ -312,8 +345,7 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             fh: FileHandle,
             offset: i64,
             whence: i32,
-            reply: ReplyLseek,
-        );
+        ) -> reply: ReplyLseek;
         fn copy_file_range(
             &self,
             req: &Request,
@@ -325,7 +357,6 @@ impl<F: Filesystem> Filesystem for Contained<F> {
             offset_out: u64,
             len: u64,
             flags: CopyFileRangeFlags,
-            reply: ReplyWrite,
-        );
+        ) -> reply: ReplyWrite;
     }
 }

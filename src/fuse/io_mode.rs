@@ -119,8 +119,16 @@ impl IoModes {
     }
 
     /// Keeps the page cache when the file did not change since it was
-    /// last opened (same mtime and size).
+    /// last opened (same mtime and size) — except for a file on a network
+    /// lower, whose client may serve data older than the attributes it
+    /// reports (GlusterFS keeps small files in a data cache its upcalls do
+    /// not invalidate): pages kept then would keep that old data for as
+    /// long as the attributes stay the same. Such files are re-read at
+    /// every open (close-to-open, as NFS).
     fn cache_flags(&self, ov: &Overlay, id: u64, o: &Opened) -> FopenFlags {
+        if !o.upper && ov.involves_remote(id) {
+            return FopenFlags::empty();
+        }
         let Ok(st) = sys::fstat(o.fd.as_ref()) else {
             return FopenFlags::empty();
         };

@@ -153,6 +153,19 @@ impl FsHandle {
 
     /// Give the filesystem the session's notifier, for cache invalidations.
     pub fn set_notifier(&self, notifier: fuser::Notifier) {
+        if let Some(reach) = &self.inner.ov.reach {
+            // Answers given while a network lower was missing may be in
+            // the kernel's caches: drop them all once it is back.
+            let weak = Arc::downgrade(&self.inner);
+            reach.set_on_back(Box::new(move || {
+                if let Some(inner) = weak.upgrade() {
+                    if let Some(n) = inner.notifier.get() {
+                        let names = watcher::invalidate_all(&inner.ov, n);
+                        tracing::info!(names, "lowers answer again; cached names invalidated");
+                    }
+                }
+            }));
+        }
         let _ = self.inner.notifier.set(notifier);
     }
 
@@ -409,6 +422,37 @@ impl Shared {
     }
 }
 
+impl contain::Admit for LayerFs {
+    type Pass = Option<crate::layer::reach::Pass>;
+
+    /// Requests about an object that may reach a network lower take a
+    /// lower slot (`layer::reach`); lookups, getattr, listings and
+    /// releases go on without the network lowers when no slot is to be
+    /// had. Requests that never reach a lower pass freely.
+    fn admit(&self, op: &'static str, ino: u64) -> Result<Self::Pass, Errno> {
+        let Some(reach) = &self.ov().reach else {
+            return Ok(None);
+        };
+        let free = matches!(
+            op,
+            "releasedir" | "flush" | "opendir" | "statfs" | "write" | "ioctl"
+        );
+        if free || !self.ov().involves_remote(ino) {
+            return Ok(None);
+        }
+        // A release is never refused: without a slot it closes the file
+        // on a thread of its own (`Overlay::release`).
+        let may_do_without = matches!(
+            op,
+            "lookup" | "getattr" | "readdir" | "readdirplus" | "release"
+        );
+        reach
+            .admit(may_do_without)
+            .map(Some)
+            .map_err(Errno::from_i32)
+    }
+}
+
 impl fuser::Filesystem for LayerFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let wanted = InitFlags::FUSE_PARALLEL_DIROPS
@@ -427,6 +471,15 @@ impl fuser::Filesystem for LayerFs {
         // clears setuid/setgid on passthrough writes by other users (the
         // backing write runs with the daemon's CAP_FSETID). The lookup
         // costs one round trip per write syscall.
+        // A network lower changes behind the kernel's back: let the
+        // kernel check a file's attributes (and drop its cached pages and
+        // listing when they changed) once they time out, before a read or
+        // a listing from the start, rather than only at open.
+        let wanted = if self.ov().reach.is_some() {
+            wanted | InitFlags::FUSE_AUTO_INVAL_DATA
+        } else {
+            wanted
+        };
         // Take what the kernel offers of them (the call adds all or none).
         if let Err(missing) = config.add_capabilities(wanted) {
             tracing::debug!("kernel lacks {missing:?}");
@@ -844,9 +897,22 @@ impl fuser::Filesystem for LayerFs {
         };
         let zero = Duration::ZERO;
         let mut off = offset;
+        // The kernel uses neither the attributes nor the node of `.` and
+        // `..` in a READDIRPLUS reply (it skips both when filling its
+        // caches): `..` gets the directory's own attributes, so listing a
+        // directory never touches its parent (whose lower may be a
+        // network filesystem that does not answer).
+        let here = if off < 2 {
+            self.ov()
+                .getattr(ino.0)
+                .ok()
+                .map(|(st, _)| convert::attr(&st))
+        } else {
+            None
+        };
         if off == 0 {
-            if let Ok((st, _)) = self.ov().getattr(ino.0) {
-                if reply.add(ino, 1, ".", &zero, &convert::attr(&st), Generation(0)) {
+            if let Some(a) = &here {
+                if reply.add(ino, 1, ".", &zero, a, Generation(0)) {
                     return reply.ok();
                 }
             }
@@ -854,15 +920,8 @@ impl fuser::Filesystem for LayerFs {
         }
         if off == 1 {
             let pid = dir.parent().map(|p| p.id).unwrap_or(ino.0);
-            if let Ok((st, _)) = self.ov().getattr(pid) {
-                if reply.add(
-                    INodeNo(pid),
-                    2,
-                    "..",
-                    &zero,
-                    &convert::attr(&st),
-                    Generation(0),
-                ) {
+            if let Some(a) = &here {
+                if reply.add(INodeNo(pid), 2, "..", &zero, a, Generation(0)) {
                     return reply.ok();
                 }
             }

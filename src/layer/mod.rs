@@ -3,7 +3,9 @@
 //! never following a symlink (`sys`); every change of the upper goes through
 //! `ops`, so each mutation of the upper is one logged wrapper.
 
+pub mod netfs;
 pub mod ops;
+pub mod reach;
 pub mod real;
 pub mod sys;
 
@@ -16,31 +18,69 @@ use std::sync::Arc;
 pub struct Layer {
     pub root: OwnedFd,
     /// A second fd of the root, shared by every `RealFd` of this layer.
-    pub mount: Arc<OwnedFd>,
+    pub mount: Arc<real::Mount>,
     pub dev: u64,
     pub path: PathBuf,
+    /// What its filesystem offers (network or FUSE, handles, xattrs).
+    pub caps: netfs::Caps,
 }
 
 impl Layer {
-    /// Opens a layer root; the message names the layer and the problem.
+    /// Opens a layer root and probes its filesystem; the message names the
+    /// layer and the problem. A filesystem that fails with a transport
+    /// error (its server is gone) is named as such.
     pub fn open(path: &std::path::Path, what: &str) -> Result<Layer, String> {
-        let root = sys::open_root(path)
-            .map_err(|e| format!("cannot open {what} {}: {e}", path.display()))?;
-        let st =
-            sys::fstat(&root).map_err(|e| format!("cannot stat {what} {}: {e}", path.display()))?;
+        Self::open_inner(path, what).map_err(|e| {
+            if e.1.is_some_and(reach::is_transport) {
+                format!(
+                    "{}: its network filesystem does not reach its server; mount once it is back",
+                    e.0
+                )
+            } else {
+                e.0
+            }
+        })
+    }
+
+    fn open_inner(path: &std::path::Path, what: &str) -> Result<Layer, (String, Option<i32>)> {
+        let err = |e: std::io::Error, doing: &str| {
+            (
+                format!("cannot {doing} {what} {}: {e}", path.display()),
+                e.raw_os_error(),
+            )
+        };
+        let root = sys::open_root(path).map_err(|e| err(e, "open"))?;
+        let st = sys::fstat(&root).map_err(|e| err(e, "stat"))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-            return Err(format!("{what} {} is not a directory", path.display()));
+            return Err((
+                format!("{what} {} is not a directory", path.display()),
+                None,
+            ));
         }
         // open_by_handle_at needs a real fd (not O_PATH) on the filesystem.
-        let mount = Arc::new(
-            sys::open_dir(&root)
-                .map_err(|e| format!("cannot open {what} {}: {e}", path.display()))?,
-        );
+        let dir = sys::open_dir(&root).map_err(|e| match e.raw_os_error() {
+            // The no-escape guarantee rests on openat2 (see `sys`).
+            Some(libc::ENOSYS) => (
+                format!(
+                    "{what} {}: the kernel has no openat2 with RESOLVE_BENEATH ({e}); layerfs \
+                     reaches its layers only that way and needs Linux 5.6 or later",
+                    path.display()
+                ),
+                None,
+            ),
+            _ => err(e, "open"),
+        })?;
+        let caps = netfs::Caps::probe(&root, &dir, path, what).map_err(|e| (e, None))?;
         Ok(Layer {
             root,
-            mount,
+            mount: Arc::new(real::Mount {
+                fd: dir,
+                handles: caps.handles,
+                remote: caps.remote,
+            }),
             dev: st.st_dev,
             path: path.to_path_buf(),
+            caps,
         })
     }
 }

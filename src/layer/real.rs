@@ -6,8 +6,9 @@
 //! (`open_by_handle_at`) after eviction. The process may hold only so many
 //! fds (`RLIMIT_NOFILE`), and a walk over a large tree makes the kernel
 //! hold far more objects than that. Files without a handle (filesystems
-//! that refuse them, or a daemon without `CAP_DAC_READ_SEARCH`) keep their
-//! fd pinned.
+//! that refuse them, FUSE lowers whose handles stop working once the
+//! kernel forgets the object — see `netfs` — or a daemon without
+//! `CAP_DAC_READ_SEARCH`) keep their fd pinned.
 
 use std::collections::VecDeque;
 use std::io;
@@ -19,12 +20,23 @@ use parking_lot::Mutex;
 
 use super::sys;
 
+/// A readable fd of a layer root, shared by every `RealFd` of that layer
+/// (for `open_by_handle_at`), and whether the layer's file handles can be
+/// trusted to reopen objects the kernel forgot (`netfs::Caps::handles`).
+#[derive(Debug)]
+pub struct Mount {
+    pub fd: OwnedFd,
+    pub handles: bool,
+    /// A network lower (`netfs::Caps::remote`): see `RealFd::get`.
+    pub remote: bool,
+}
+
 pub struct RealFd {
     handle: Option<Box<[u8]>>,
     /// The fd is kept open for good (see `pin`): not in the cache's count.
     pinned: std::sync::atomic::AtomicBool,
-    /// An fd on the layer's filesystem, for `open_by_handle_at`.
-    mount: Arc<OwnedFd>,
+    /// The layer's root, for `open_by_handle_at`.
+    mount: Arc<Mount>,
     slot: Mutex<Option<Arc<OwnedFd>>>,
 }
 
@@ -100,9 +112,13 @@ impl FdCache {
 }
 
 impl RealFd {
-    /// Wraps an `O_PATH` fd of a real file on the filesystem of `mount`.
-    pub fn new(fd: OwnedFd, mount: &Arc<OwnedFd>) -> Arc<RealFd> {
-        let handle = sys::name_to_handle(&fd).ok();
+    /// Wraps an `O_PATH` fd of a real file on the layer of `mount`.
+    pub fn new(fd: OwnedFd, mount: &Arc<Mount>) -> Arc<RealFd> {
+        let handle = if mount.handles {
+            sys::name_to_handle(&fd).ok()
+        } else {
+            None
+        };
         let evictable = handle.is_some();
         let r = Arc::new(RealFd {
             handle,
@@ -118,7 +134,13 @@ impl RealFd {
 
     /// The `O_PATH` fd, reopened by handle if it was evicted. ESTALE when
     /// the file no longer exists.
+    ///
+    /// A request running without network lowers (`reach::Pass::Without`)
+    /// gets `ETIMEDOUT` for a file on one, before any system call.
     pub fn get(self: &Arc<Self>) -> io::Result<Arc<OwnedFd>> {
+        if self.mount.remote && super::reach::without_network() {
+            return Err(io::Error::from_raw_os_error(libc::ETIMEDOUT));
+        }
         if let Some(fd) = self.slot.lock().as_ref() {
             return Ok(fd.clone());
         }
@@ -126,7 +148,7 @@ impl RealFd {
             .handle
             .as_ref()
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ESTALE))?;
-        let fd = Arc::new(sys::open_by_handle(&self.mount, handle)?);
+        let fd = Arc::new(sys::open_by_handle(&self.mount.fd, handle)?);
         {
             let mut slot = self.slot.lock();
             if let Some(existing) = slot.as_ref() {

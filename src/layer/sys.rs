@@ -174,6 +174,17 @@ pub fn fstatfs(fd: &impl AsFd) -> io::Result<libc::statvfs> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// The filesystem type (`f_type`, a magic number) of the file behind an fd.
+// f_type is an i64 here but narrower, or unsigned, on other architectures.
+#[allow(clippy::unnecessary_cast)]
+pub fn fstatfs_type(fd: &impl AsFd) -> io::Result<i64> {
+    let mut st = MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fstatfs fills st on success; O_PATH fds are accepted.
+    check(unsafe { libc::fstatfs(fd.as_fd().as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: the call succeeded.
+    Ok(unsafe { st.assume_init() }.f_type as i64)
+}
+
 pub fn mkdirat(dir: &impl AsFd, name: &OsStr, mode: u32) -> io::Result<()> {
     let n = cstr(name)?;
     // SAFETY: n is a valid C string.

@@ -304,7 +304,15 @@ impl Overlay {
             opaque: slot.over_whiteout && is_dir(&st),
             lower_path: if is_dir(&st) { lower_path } else { None },
         };
-        let entry = self.instantiate(&parent, name, super::namei::Resolved { st, real });
+        let entry = self.instantiate(
+            &parent,
+            name,
+            super::namei::Resolved {
+                st,
+                real,
+                degraded: false,
+            },
+        );
         Ok((entry, file))
     }
 

@@ -264,8 +264,20 @@ impl Overlay {
         }
     }
 
+    /// Closing a file on a FUSE or network lower may wait on that
+    /// filesystem (FUSE sends a flush at close): a release running
+    /// without network lowers (`reach::Pass::Without`, the lower does not
+    /// answer) closes it on a thread of its own, so no worker waits.
     pub fn release(&self, fh: u64) {
-        self.files.remove(fh);
+        let h = self.files.remove(fh);
+        if h.is_some() && crate::layer::reach::without_network() {
+            let closer = std::thread::Builder::new()
+                .name("lower-close".into())
+                .spawn(move || drop(h));
+            if let Err(e) = closer {
+                tracing::warn!("cannot close a lower file off the request thread: {e}");
+            }
+        }
     }
 
     pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {

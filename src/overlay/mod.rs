@@ -41,8 +41,12 @@ pub use inode::{Inode, ROOT_ID};
 pub struct Errno(pub i32);
 
 impl From<io::Error> for Errno {
+    /// A lower's transport error (its network filesystem lost its server)
+    /// becomes `EIO`; see `reach::note`.
     fn from(e: io::Error) -> Errno {
-        Errno(e.raw_os_error().unwrap_or(libc::EIO))
+        Errno(crate::layer::reach::note(
+            e.raw_os_error().unwrap_or(libc::EIO),
+        ))
     }
 }
 
@@ -131,6 +135,9 @@ pub struct Overlay {
     pub privileged: bool,
     /// Watches on lower directories, where inotify is available.
     pub watch: Option<watch::LowerWatch>,
+    /// Network lowers: lost/back probes and request admission (`None`
+    /// when every lower is local).
+    pub reach: Option<Arc<crate::layer::reach::Reach>>,
     /// Held shared by every mutating operation; a pause holds it exclusively.
     pub gate: gate::WriteGate,
 }
@@ -154,8 +161,22 @@ impl Overlay {
         }
         let mut lowers = Vec::new();
         for (i, l) in cfg.lowers.iter().enumerate() {
-            lowers.push(Layer::open(l, &format!("lower dir #{}", i + 1))?);
+            let layer = Layer::open(l, &format!("lower dir #{}", i + 1))?;
+            tracing::info!(
+                "lower #{} {}: {}",
+                i + 1,
+                l.display(),
+                layer.caps.describe()
+            );
+            lowers.push(layer);
         }
+        let remote = lowers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.caps.remote)
+            .map(|(i, l)| (i, l.path.clone(), l.caps.fstype.clone(), l.mount.clone()))
+            .collect();
+        let reach = crate::layer::reach::Reach::new(remote, cfg.threads);
         // SAFETY: geteuid has no preconditions.
         let privileged = unsafe { libc::geteuid() } == 0;
         let upper = Upper::new(upper_layer, work, privileged);
@@ -175,6 +196,7 @@ impl Overlay {
             files: Default::default(),
             privileged,
             watch: watch::LowerWatch::new(),
+            reach,
             gate: Default::default(),
         };
         ov.init_root()?;
@@ -257,6 +279,9 @@ impl Overlay {
     /// keeps its watches: the common case costs no lock and no syscall.
     /// (A lower directory replaced in place ends its watch, which clears
     /// `watched`; a lower appearing or going changes the layers.)
+    ///
+    /// A directory with a lower on a remote filesystem (`netfs`) is never
+    /// watched: a watch there would not see changes made elsewhere.
     pub fn watch_dir(&self, dir: &Inode) {
         let mut watched_layers = dir.watched_layers.lock();
         let (lowers, layers): (Vec<_>, Vec<usize>) = {
@@ -264,17 +289,54 @@ impl Overlay {
             let same = watched_layers
                 .as_deref()
                 .is_some_and(|w| w.iter().copied().eq(real.lowers.iter().map(|(i, _)| *i)));
-            if same && dir.watched.load(std::sync::atomic::Ordering::Acquire) {
+            let settled = dir.watched.load(std::sync::atomic::Ordering::Acquire)
+                || self.any_remote(real.lowers.iter().map(|(i, _)| *i));
+            if same && settled {
                 return;
             }
             real.lowers.iter().map(|(i, l)| (l.clone(), *i)).unzip()
         };
         let ok = match &self.watch {
+            _ if self.any_remote(layers.iter().copied()) => {
+                if let Some(w) = &self.watch {
+                    w.unwatch(dir.id);
+                }
+                false
+            }
             Some(w) => w.watch(dir.id, &lowers),
             None => lowers.is_empty(),
         };
         *watched_layers = Some(layers);
         dir.watched.store(ok, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether any of these lower layers is on a remote filesystem.
+    fn any_remote(&self, mut layers: impl Iterator<Item = usize>) -> bool {
+        self.reach.is_some() && layers.any(|i| self.lowers.get(i).is_some_and(|l| l.caps.remote))
+    }
+
+    /// Whether a request about object `id` may have to reach a remote
+    /// lower: a directory merging one (lookups and listings read it), or
+    /// a file not copied up that lives on one. Cheap when no lower is
+    /// remote.
+    pub fn involves_remote(&self, id: u64) -> bool {
+        if self.reach.is_none() {
+            return false;
+        }
+        let Some(inode) = self.inodes.get(id) else {
+            return false;
+        };
+        let real = inode.real.read();
+        (inode.is_dir() || real.upper.is_none())
+            && self.any_remote(real.lowers.iter().map(|(i, _)| *i))
+    }
+
+    /// A lower could not be reached; `degraded`: an answer was given
+    /// without it. The network lowers are probed (see `reach`).
+    pub fn lower_trouble(&self, degraded: bool) {
+        if let Some(r) = &self.reach {
+            r.suspect(degraded);
+        }
     }
 
     /// Whether names in directory `id` may be cached for long: its lower

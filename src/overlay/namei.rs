@@ -11,6 +11,7 @@ use std::sync::Arc;
 use super::inode::{IdSource, Inode, Real};
 use super::{err, Ctx, Entry, Errno, Overlay, Result};
 use crate::layer::ops::is_whiteout;
+use crate::layer::reach;
 use crate::layer::real::RealFd;
 use crate::layer::sys::{self, Stat};
 
@@ -19,6 +20,8 @@ pub struct Resolved {
     /// Attributes of the file that gives the object its identity.
     pub st: Stat,
     pub real: Real,
+    /// A lower was out of reach: `real` holds the upper's part only.
+    pub degraded: bool,
 }
 
 /// Whether the inode `i` is the object that `real` resolves to: the file
@@ -62,6 +65,7 @@ impl Overlay {
         let mut real = Real::default();
         let mut st: Option<Stat> = None;
         let mut redirect: Option<String> = None;
+        let mut degraded = false;
         if let Some(u) = &preal.upper {
             let u = u.get()?;
             match sys::fstatat(u.as_ref(), name) {
@@ -74,7 +78,11 @@ impl Overlay {
                     }
                     real.upper = Some(RealFd::new(fd, &self.upper.layer.mount));
                     if !is_dir(&s) || real.opaque {
-                        return Ok(Some(Resolved { st: s, real }));
+                        return Ok(Some(Resolved {
+                            st: s,
+                            real,
+                            degraded: false,
+                        }));
                     }
                     st = Some(s);
                 }
@@ -97,15 +105,25 @@ impl Overlay {
             }
         } else {
             for (i, pfd) in &preal.lowers {
-                let pfd = pfd.get()?;
-                let s = match sys::fstatat(pfd.as_ref(), name) {
+                let s = match pfd.get().and_then(|pfd| sys::fstatat(pfd.as_ref(), name)) {
                     Ok(s) => s,
                     Err(e) if not_found(&e) => continue,
+                    // A lower out of reach: a directory the upper holds is
+                    // answered with the upper's part alone (briefly
+                    // cached; see `layer::reach`), so upper-only work
+                    // goes on while a network lower is lost.
+                    Err(e)
+                        if st.is_some() && e.raw_os_error().is_some_and(reach::is_unreachable) =>
+                    {
+                        degraded = true;
+                        break;
+                    }
                     Err(e) => return Err(e.into()),
                 };
                 if is_whiteout(&s) {
                     break;
                 }
+                let pfd = pfd.get()?;
                 let have_object = st.is_some();
                 if !is_dir(&s) {
                     if !have_object {
@@ -138,7 +156,10 @@ impl Overlay {
         if is_dir(&st) {
             real.lower_path = lower_path;
         }
-        Ok(Some(Resolved { st, real }))
+        if degraded {
+            self.lower_trouble(true);
+        }
+        Ok(Some(Resolved { st, real, degraded }))
     }
 
     /// Lower directories at an absolute lower path ("/a/b"), for a
@@ -175,6 +196,7 @@ impl Overlay {
     pub fn instantiate(&self, parent: &Arc<Inode>, name: &OsStr, r: Resolved) -> Entry {
         let kind = r.st.st_mode & libc::S_IFMT;
         let lower = r.real.has_lower();
+        let degraded = r.degraded;
         let (mut id, mut source) = self.ids.id_of(
             r.st.st_dev,
             r.st.st_ino,
@@ -222,6 +244,11 @@ impl Overlay {
                 if real.upper.is_none() {
                     real.upper = cur.upper.clone();
                 }
+                // Nor the lower directories it knows, for a lower that
+                // could not be reached just now.
+                if degraded {
+                    real.lowers = std::mem::take(&mut cur.lowers);
+                }
                 *cur = real;
             }
             inode.seen_at(parent, name);
@@ -231,7 +258,8 @@ impl Overlay {
         }
         // Lower entries under a watched directory are as stable as upper
         // ones: an outside change there is invalidated when it happens.
-        let lower = lower && !self.trusted(parent);
+        // A degraded answer is trusted as briefly as a lower entry.
+        let lower = (lower && !self.trusted(parent)) || degraded;
         let st = self.fix_stat(&inode, r.st);
         Entry { id, st, lower }
     }

@@ -8,11 +8,12 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
+use std::sync::Arc;
 
 use super::inode::Inode;
 use super::Overlay;
 use super::Result;
-use crate::layer::sys;
+use crate::layer::{reach, sys};
 
 /// What a name seen in a higher layer does to the same name below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,15 +53,32 @@ impl Overlay {
         // One record per name seen so far (one copy of each name, not one
         // per set: a listing of a million names is built in one pass).
         let mut marks: HashMap<OsString, Mark> = HashMap::new();
-        let mut layers: Vec<(u64, std::sync::Arc<std::os::fd::OwnedFd>)> = Vec::new();
+        let mut layers: Vec<(u64, Arc<crate::layer::real::RealFd>)> = Vec::new();
         if let Some(u) = &real.upper {
-            layers.push((self.upper.layer.dev, u.get()?));
+            layers.push((self.upper.layer.dev, u.clone()));
         }
         for (i, fd) in &real.lowers {
-            layers.push((self.lowers[*i].dev, fd.get()?));
+            layers.push((self.lowers[*i].dev, fd.clone()));
         }
-        for (dev, fd) in layers.iter() {
-            for e in sys::read_dir(fd.as_ref())? {
+        for (n, (dev, real_fd)) in layers.iter().enumerate() {
+            let listed = real_fd
+                .get()
+                .and_then(|fd| sys::read_dir(fd.as_ref()).map(|l| (fd, l)));
+            let (fd, listed) = match listed {
+                Ok(x) => x,
+                // A lower out of reach under a directory the upper holds:
+                // list the upper's part (see `namei::resolve`).
+                Err(e)
+                    if n > 0
+                        && real.upper.is_some()
+                        && e.raw_os_error().is_some_and(reach::is_unreachable) =>
+                {
+                    self.lower_trouble(true);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            for e in listed {
                 let mark = marks.get(&e.name).copied();
                 if mark == Some(Mark::Blocked) {
                     continue;

@@ -5,6 +5,7 @@ mod harness;
 
 mod basic;
 mod container;
+mod cluster;
 mod crash;
 mod daemon;
 mod diff;
@@ -14,6 +15,7 @@ mod identity;
 mod manpages;
 mod modes;
 mod mount_helper;
+mod netlower;
 mod odd;
 mod pjdfstest;
 mod policy;
