@@ -4,8 +4,8 @@
 mod harness;
 
 mod basic;
-mod container;
 mod cluster;
+mod container;
 mod crash;
 mod daemon;
 mod diff;
