@@ -502,18 +502,15 @@ pub fn removexattr(fd: &impl AsRawFd, name: &CStr) -> io::Result<()> {
 }
 
 /// The raw NUL-separated xattr name list of the file behind any fd.
-/// The xattr names of a file opened for real (not `O_PATH`), NUL-separated.
-pub fn flistxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; 256];
+/// Runs an xattr-listing call (`call(buf, len)`, as listxattr(2) takes
+/// them) until the buffer is large enough; the names, NUL-separated.
+fn list_names(
+    initial: usize,
+    call: impl Fn(*mut libc::c_char, usize) -> isize,
+) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; initial];
     loop {
-        // SAFETY: buf is writable for its length; fd is an open file.
-        let n = unsafe {
-            libc::flistxattr(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr() as *mut libc::c_char,
-                buf.len(),
-            )
-        };
+        let n = call(buf.as_mut_ptr() as *mut libc::c_char, buf.len());
         if n >= 0 {
             buf.truncate(n as usize);
             return Ok(buf);
@@ -522,8 +519,8 @@ pub fn flistxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
         if e.raw_os_error() != Some(libc::ERANGE) {
             return Err(e);
         }
-        // SAFETY: a size query with a null buffer.
-        let need = unsafe { libc::flistxattr(fd.as_raw_fd(), std::ptr::null_mut(), 0) };
+        // A size query with a null buffer.
+        let need = call(std::ptr::null_mut(), 0);
         if need < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -531,29 +528,21 @@ pub fn flistxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
     }
 }
 
+/// The xattr names of a file opened for real (not `O_PATH`), NUL-separated.
+pub fn flistxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
+    // SAFETY: list_names passes a buffer writable for `len` bytes, or a
+    // null one with length 0 (a size query); fd is an open file.
+    list_names(256, |buf, len| unsafe {
+        libc::flistxattr(fd.as_raw_fd(), buf, len)
+    })
+}
+
 pub fn listxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
     let p = proc_path(fd);
-    let mut buf = vec![0u8; 1024];
-    loop {
-        // SAFETY: buf is writable for its length.
-        let n = unsafe {
-            libc::listxattr(p.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len())
-        };
-        if n >= 0 {
-            buf.truncate(n as usize);
-            return Ok(buf);
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ERANGE) {
-            return Err(e);
-        }
-        // SAFETY: a size query with a null buffer.
-        let need = unsafe { libc::listxattr(p.as_ptr(), std::ptr::null_mut(), 0) };
-        if need < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        buf.resize(need as usize + 1, 0);
-    }
+    // SAFETY: as in flistxattr; p is a valid C string.
+    list_names(1024, |buf, len| unsafe {
+        libc::listxattr(p.as_ptr(), buf, len)
+    })
 }
 
 /// One directory entry as read from a layer.
