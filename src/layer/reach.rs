@@ -25,6 +25,17 @@
 //! merged directory to the upper's own files keeps working. So while a
 //! lower hangs, upper-only work waits at most `STALL` (once), and each
 //! request that needs the lower gets `ETIMEDOUT` instead of hanging.
+//!
+//! **Not answering.** Full slots are not the only sign: requests stuck
+//! on one name share one lookup (the kernel lets one lookup of a name run
+//! and the others wait for it), so a hung lower may hold a single slot
+//! while every new request takes a free one and hangs with it. So once a
+//! slot holder has gone `STALL` without finishing, the probe is started;
+//! a probe unanswered for `HUNG` means the lower does not answer, and from
+//! then until a probe answers, requests are admitted as if every slot
+//! were stuck (`ETIMEDOUT`, or without the network lowers). A request
+//! that is merely slow (a large copy-up from a busy server) keeps its
+//! slot and does not trip this: the probe of the root still answers.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -42,6 +53,11 @@ use super::sys;
 pub const STALL: Duration = Duration::from_secs(5);
 /// How often a lost lower is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// How long a probe of a lower's root (`fstatfs`, `fstat`: answered at
+/// once by any live server) may go unanswered before the lower counts as
+/// not answering, and requests that need it are refused even with lower
+/// slots free.
+pub const HUNG: Duration = Duration::from_secs(2);
 
 /// Transport errors met anywhere in the core (see `note`): a request
 /// that saw the count move while it ran makes the lowers suspect.
@@ -132,6 +148,8 @@ pub struct Reach {
     dirty: AtomicBool,
     /// Probe rounds completed.
     rounds: AtomicU64,
+    /// When the last probe round ended.
+    probed_at: Mutex<Option<Instant>>,
     on_back: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
@@ -228,6 +246,7 @@ impl Reach {
             pending: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
             rounds: AtomicU64::new(0),
+            probed_at: Mutex::new(None),
             on_back: OnceLock::new(),
         }))
     }
@@ -243,6 +262,22 @@ impl Reach {
     pub fn enter(self: &Arc<Self>) -> Result<Slot, i32> {
         let mut inf = self.inflight.lock();
         loop {
+            let oldest = inf.started.values().next().copied();
+            if oldest.is_some_and(|t| t.elapsed() >= STALL) {
+                if self.not_answering() {
+                    return Err(self.refuse(&mut inf));
+                }
+                // Is it slow, or gone? The probe tells (see the module
+                // comment); it runs on its own thread, a round at most
+                // every `PROBE_EVERY` while the request is slow.
+                if self
+                    .probed_at
+                    .lock()
+                    .is_none_or(|t| t.elapsed() >= PROBE_EVERY)
+                {
+                    self.suspect(false);
+                }
+            }
             if inf.started.len() < self.slots {
                 let token = inf.next;
                 inf.next += 1;
@@ -261,21 +296,38 @@ impl Reach {
                 .unwrap_or_else(Instant::now);
             let deadline = oldest + STALL;
             if Instant::now() >= deadline {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                if !std::mem::replace(&mut inf.logged, true) {
-                    tracing::warn!(
-                        "{} requests on network lowers have not finished for {} s: requests \
-                         that need a network lower fail with ETIMEDOUT until they do",
-                        inf.started.len(),
-                        STALL.as_secs()
-                    );
-                }
+                let e = self.refuse(&mut inf);
                 drop(inf);
                 self.suspect(false);
-                return Err(libc::ETIMEDOUT);
+                return Err(e);
             }
             self.freed.wait_until(&mut inf, deadline);
         }
+    }
+
+    /// Counts (and logs, once per episode) a request refused because the
+    /// network lowers do not answer; the errno it gets.
+    fn refuse(&self, inf: &mut Inflight) -> i32 {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        if !std::mem::replace(&mut inf.logged, true) {
+            tracing::warn!(
+                "{} requests on network lowers have not finished for {} s: requests \
+                 that need a network lower fail with ETIMEDOUT until they do",
+                inf.started.len(),
+                STALL.as_secs()
+            );
+        }
+        libc::ETIMEDOUT
+    }
+
+    /// Whether a probe of some network lower has waited over `HUNG`.
+    fn not_answering(&self) -> bool {
+        self.lowers.iter().any(|l| {
+            l.state
+                .lock()
+                .probing_since
+                .is_some_and(|t| t.elapsed() > HUNG)
+        })
     }
 
     /// Lets a request in: with a slot, or, where the slots are stuck and
@@ -333,6 +385,7 @@ impl Reach {
                 all_ok &= self.probe(l);
             }
             self.rounds.fetch_add(1, Ordering::AcqRel);
+            *self.probed_at.lock() = Some(Instant::now());
             if all_ok {
                 if self.dirty.swap(false, Ordering::AcqRel) {
                     if let Some(f) = self.on_back.get() {
