@@ -57,13 +57,38 @@ pub fn write_all(dir: &Path) -> io::Result<Vec<PathBuf>> {
         let mut out = Vec::new();
         Man::new(page).manual("layerfs").render(&mut out)?;
         see_also(&names, &own).to_writer(&mut out)?;
-        fs::write(&path, out)?;
+        fs::write(&path, portable(&String::from_utf8_lossy(&out)))?;
         written.push(path);
     }
     let path = dir.join(format!("{HELPER_NAME}.8"));
-    fs::write(&path, helper_page()?)?;
+    fs::write(&path, portable(&String::from_utf8_lossy(&helper_page()?)))?;
     written.push(path);
     Ok(written)
+}
+
+/// The page with every non-ASCII character written as roff that renders
+/// in every locale: man(1) under `LANG=C` formats for plain ASCII, where
+/// groff has no glyph for raw UTF-8 such as `…` (and warns). Characters
+/// without an ASCII rendering here keep groff's Unicode escape.
+fn portable(page: &str) -> String {
+    let mut out = String::with_capacity(page.len());
+    for c in page.chars() {
+        match c {
+            c if c.is_ascii() => out.push(c),
+            // `\&` keeps a leading `.` from starting a control line.
+            '…' => out.push_str("\\&..."),
+            '—' => out.push_str("\\(em"),
+            '–' => out.push_str("\\(en"),
+            '→' => out.push_str("\\(->"),
+            '≤' => out.push_str("\\(<="),
+            '≥' => out.push_str("\\(>="),
+            '×' => out.push_str("\\(mu"),
+            '‘' | '’' => out.push_str("\\(aq"),
+            '“' | '”' => out.push_str("\\(dq"),
+            c => out.push_str(&format!("\\[u{:04X}]", c as u32)),
+        }
+    }
+    out
 }
 
 /// The command and every visible subcommand below it, depth first.

@@ -21,9 +21,17 @@ fn listed_subcommands() -> Vec<String> {
         .collect()
 }
 
-/// `man -l FILE` as plain text, with man's warnings on stderr.
-fn render(page: &std::path::Path) -> (String, String) {
-    let out = Command::new("man")
+/// `man -l FILE` as plain text, with man's warnings on stderr, in the
+/// caller's locale or, with `c_locale`, under `LC_ALL=C` (plain ASCII
+/// output, as on a machine with no locale set).
+fn render(page: &std::path::Path, c_locale: bool) -> (String, String) {
+    let mut cmd = Command::new("man");
+    if c_locale {
+        cmd.env_remove("LANG")
+            .env_remove("LANGUAGE")
+            .env("LC_ALL", "C");
+    }
+    let out = cmd
         .args(["--warnings", "-l"])
         .arg(page)
         .env("MANPAGER", "cat")
@@ -68,24 +76,29 @@ fn man_pages_cover_every_subcommand_and_the_mount_helper_and_render() {
     for page in &pages {
         let path = dir.path().join(page);
         assert!(path.exists(), "{page} was not written");
-        let (text, warnings) = render(&path);
-        assert!(warnings.trim().is_empty(), "{page}: {warnings}");
-        assert!(
-            text.contains("NAME") && text.contains("SYNOPSIS"),
-            "{page}: {text}"
-        );
+        for c_locale in [false, true] {
+            let (text, warnings) = render(&path, c_locale);
+            assert!(
+                warnings.trim().is_empty(),
+                "{page} (C locale: {c_locale}): {warnings}"
+            );
+            assert!(
+                text.contains("NAME") && text.contains("SYNOPSIS"),
+                "{page}: {text}"
+            );
+        }
     }
     // The hidden generator has no page of its own.
     assert!(!dir.path().join("layerfs-man.1").exists());
 
-    let (mount, _) = render(&dir.path().join("layerfs-mount.1"));
+    let (mount, _) = render(&dir.path().join("layerfs-mount.1"), false);
     for needle in ["--lower", "--upper", "--allow-other", "--policy", "policy="] {
         assert!(
             mount.contains(needle),
             "layerfs-mount(1) lacks {needle}:\n{mount}"
         );
     }
-    let (helper, _) = render(&dir.path().join("mount.fuse.layerfs.8"));
+    let (helper, _) = render(&dir.path().join("mount.fuse.layerfs.8"), false);
     for needle in [
         "MOUNT OPTIONS",
         "lowerdir=DIR[:DIR",
