@@ -456,6 +456,12 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
         "counters": {
             "requests": requests,
             "requests_per_second": (daemon.rate() * 10.0).round() / 10.0,
+            "by_op": daemon
+                .fs
+                .requests_by_op()
+                .into_iter()
+                .map(|(op, n)| (op.to_string(), json!(n)))
+                .collect::<serde_json::Map<_, _>>(),
             "copy_ups": copy_ups,
             "denials": denials,
         },

@@ -62,6 +62,9 @@ fn contain(op: &'static str, ino: u64, f: impl FnOnce()) {
 /// need a network lower that does not answer).
 pub trait Admit {
     type Pass;
+    /// Notes that a request of operation `op` arrived (every request,
+    /// forgets included, before anything else).
+    fn seen(&self, op: &'static str);
     fn admit(&self, op: &'static str, ino: u64) -> Result<Self::Pass, Errno>;
 }
 
@@ -109,6 +112,7 @@ macro_rules! contained {
             fn $name(&self, $req: $rt, $ino: $it $(, $arg: $ty)*, $reply: $rpt) {
                 let id = node_id(&$ino);
                 let op = stringify!($name);
+                self.0.seen(op);
                 contain(op, id, || match self.0.admit(op, id) {
                     Ok(_pass) => self.0.$name($req, $ino $(, $arg)*, $reply),
                     Err(e) => Fail::fail($reply, e),
@@ -135,6 +139,7 @@ impl<F: Filesystem + Admit> Filesystem for Contained<F> {
     }
     // No reply, and never refused.
     fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {
+        self.0.seen("forget");
         contain("forget", ino.0, || self.0.forget(req, ino, nlookup))
     }
 

@@ -79,6 +79,11 @@ impl FsHandle {
         self.inner.rec.rate.per_second(window)
     }
 
+    /// Requests received per operation since the mount (nonzero ones).
+    pub fn requests_by_op(&self) -> Vec<(&'static str, u64)> {
+        self.inner.rec.by_op.seen()
+    }
+
     pub fn counters(&self) -> (u64, u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         let r = &self.inner.rec;
@@ -253,7 +258,6 @@ impl LayerFs {
     /// paused the request is parked on a thread of its own until the pause
     /// ends, so the FUSE worker threads stay free for readers.
     fn gated(&self, op: impl FnOnce(&Shared) + Send + 'static) {
-        self.inner.rec.tick();
         if let Some(_pass) = self.inner.ov.gate.try_enter() {
             return op(&self.inner);
         }
@@ -425,6 +429,10 @@ impl Shared {
 impl contain::Admit for LayerFs {
     type Pass = Option<crate::layer::reach::Pass>;
 
+    fn seen(&self, op: &'static str) {
+        self.inner.rec.tick(op);
+    }
+
     /// Requests about an object that may reach a network lower take a
     /// lower slot (`layer::reach`); lookups, getattr, listings and
     /// releases go on without the network lowers when no slot is to be
@@ -499,7 +507,6 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.inner.rec.tick();
         crate::failpoint::hit("lookup", name);
         match self.ov().lookup(&ctx(req, 0), parent.0, name) {
             Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
@@ -526,7 +533,6 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.inner.rec.tick();
         match self.ov().getattr(ino.0) {
             Ok((st, lower)) => reply.attr(&self.ttl(lower), &convert::attr(&st)),
             Err(e) => reply.error(errno(e)),
@@ -586,7 +592,6 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.inner.rec.tick();
         match self.ov().readlink(ino.0) {
             Ok(t) => reply.data(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str())),
             Err(e) => reply.error(errno(e)),
@@ -740,7 +745,6 @@ impl fuser::Filesystem for LayerFs {
         if wants_write(flags.0) {
             self.gated(open)
         } else {
-            self.inner.rec.tick();
             open(&self.inner)
         }
     }
@@ -756,7 +760,6 @@ impl fuser::Filesystem for LayerFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.inner.rec.tick();
         match self.ov().read(fh.0, offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(e)),
@@ -777,7 +780,6 @@ impl fuser::Filesystem for LayerFs {
     ) {
         // The data is copied only for a request parked by a pause.
         if let Some(_pass) = self.ov().gate.try_enter() {
-            self.inner.rec.tick();
             return self.inner.write(fh.0, offset, data, reply);
         }
         let data = data.to_vec();
@@ -808,7 +810,6 @@ impl fuser::Filesystem for LayerFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.inner.rec.tick();
         self.inner.rec.writes(self.ov(), fh.0, req.pid(), true);
         self.inner.io.release(self.ov(), ino.0, fh.0);
         self.ov().release(fh.0);
@@ -823,7 +824,6 @@ impl fuser::Filesystem for LayerFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.inner.rec.tick();
         self.inner.rec.writes(self.ov(), fh.0, req.pid(), false);
         match self.ov().fsync(fh.0, datasync) {
             Ok(()) => reply.ok(),
@@ -852,7 +852,6 @@ impl fuser::Filesystem for LayerFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.inner.rec.tick();
         let (dir, entries) = match self.ov().dir_listing(ino.0, offset) {
             Ok(x) => x,
             Err(e) => return reply.error(errno(e)),
@@ -890,7 +889,6 @@ impl fuser::Filesystem for LayerFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        self.inner.rec.tick();
         let (dir, entries) = match self.ov().dir_listing(ino.0, offset) {
             Ok(x) => x,
             Err(e) => return reply.error(errno(e)),
@@ -960,7 +958,6 @@ impl fuser::Filesystem for LayerFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.inner.rec.tick();
         match self.ov().fsyncdir(ino.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -968,7 +965,6 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.inner.rec.tick();
         match self.ov().statfs() {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -1005,7 +1001,6 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.inner.rec.tick();
         match self.ov().getxattr(ino.0, name) {
             Ok(v) => xattr_reply(&v, size, reply),
             Err(e) => reply.error(errno(e)),
@@ -1013,7 +1008,6 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.inner.rec.tick();
         match self.ov().listxattr(ino.0) {
             Ok(v) => xattr_reply(&v, size, reply),
             Err(e) => reply.error(errno(e)),
@@ -1089,7 +1083,6 @@ impl fuser::Filesystem for LayerFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.inner.rec.tick();
         match self.ov().lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(errno(e)),

@@ -94,6 +94,82 @@ impl RateRing {
     }
 }
 
+/// The FUSE operations layerfs serves, by the name of their `Filesystem`
+/// method, the most frequent first: `OpCounts::count` finds an operation
+/// by scanning this list.
+pub const OPS: [&str; 38] = [
+    "lookup",
+    "getattr",
+    "getxattr",
+    "open",
+    "release",
+    "read",
+    "write",
+    "setattr",
+    "forget",
+    "create",
+    "readdirplus",
+    "readdir",
+    "unlink",
+    "rename",
+    "flush",
+    "fsync",
+    "mkdir",
+    "rmdir",
+    "link",
+    "symlink",
+    "readlink",
+    "mknod",
+    "opendir",
+    "releasedir",
+    "fsyncdir",
+    "statfs",
+    "setxattr",
+    "listxattr",
+    "removexattr",
+    "access",
+    "getlk",
+    "setlk",
+    "bmap",
+    "ioctl",
+    "poll",
+    "fallocate",
+    "lseek",
+    "copy_file_range",
+];
+
+/// Requests received, per operation, since the mount: what `status
+/// --json` reports as `counters.by_op` and what `scripts/bench` uses to
+/// count the round trips each workload costs.
+pub struct OpCounts([AtomicU64; OPS.len()]);
+
+impl Default for OpCounts {
+    fn default() -> Self {
+        OpCounts(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl OpCounts {
+    fn count(&self, op: &str) {
+        match OPS.iter().position(|o| *o == op) {
+            Some(i) => self.0[i].fetch_add(1, Ordering::Relaxed),
+            None => {
+                debug_assert!(false, "operation {op} missing from OPS");
+                0
+            }
+        };
+    }
+
+    /// The operations seen so far with their counts.
+    pub fn seen(&self) -> Vec<(&'static str, u64)> {
+        OPS.iter()
+            .zip(&self.0)
+            .map(|(op, n)| (*op, n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
 #[derive(Default)]
 pub struct Recorder {
     sink: OnceLock<Arc<dyn Sink>>,
@@ -101,6 +177,7 @@ pub struct Recorder {
     tracks: [Mutex<HashMap<u64, Track>>; SHARDS],
     pub rate: RateRing,
     pub requests: AtomicU64,
+    pub by_op: OpCounts,
     pub copy_ups: AtomicU64,
     pub denials: AtomicU64,
 }
@@ -121,9 +198,12 @@ impl Recorder {
         self.sink.get().is_some()
     }
 
-    /// Counts one request (for `status`'s requests per second).
-    pub fn tick(&self) {
+    /// Counts one request of operation `op` (for `status`'s counters and
+    /// requests per second). Every request passes here once, before its
+    /// handler runs (`contain::Admit::seen`).
+    pub fn tick(&self, op: &str) {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        self.by_op.count(op);
         self.rate.tick();
     }
 

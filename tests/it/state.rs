@@ -698,6 +698,17 @@ fn status_reports_usage_counters_and_journal_health() {
     assert_eq!(c["denials"], json!(1));
     assert!(c["requests"].as_u64().unwrap() > 5, "{c}");
     assert!(c["requests_per_second"].as_f64().unwrap() >= 0.0);
+    // Every request is counted under its operation, once.
+    let by_op = c["by_op"].as_object().unwrap();
+    let sum: u64 = by_op.values().map(|n| n.as_u64().unwrap()).sum();
+    assert_eq!(json!(sum), c["requests"], "{c}");
+    assert!(by_op["lookup"].as_u64().unwrap() >= 1, "{c}");
+    let creates = |v: &serde_json::Value| v["counters"]["by_op"]["create"].as_u64().unwrap_or(0);
+    let before = creates(&v);
+    for name in ["n1", "n2", "n3"] {
+        fs::write(m.p(name), "n").unwrap();
+    }
+    assert_eq!(creates(&status_json(m.path())), before + 3);
     let j = &v["journal"];
     assert_eq!(j["enabled"], json!(true));
     assert!(j["rows"].as_u64().unwrap() >= 4, "{j}");
