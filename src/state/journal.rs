@@ -178,6 +178,7 @@ impl Idle {
                 let Some((writer, rx)) = idle.parked.lock().take() else {
                     return;
                 };
+                yield_to_requests();
                 writer.run(rx, &idle);
             });
         if let Err(e) = spawned {
@@ -185,6 +186,30 @@ impl Idle {
             self.running.store(false, Ordering::SeqCst);
             health.fail(format!("cannot start the journal writer: {e}"));
         }
+    }
+}
+
+/// Lowers the calling thread's scheduling priority by 10 nice levels
+/// (at most to 19): the writer is a background index, so on a busy CPU
+/// the FUSE workers and the programs they serve run first, and the
+/// writer catches up in the gaps. Under contention it still gets about a
+/// tenth of a CPU against the workers, more than the journal needs (its
+/// own CPU is about 5% of the daemon's); the queue bound covers a longer
+/// backlog.
+fn yield_to_requests() {
+    // SAFETY: gettid, getpriority and setpriority take no pointers; on
+    // Linux PRIO_PROCESS with a thread id reads and changes that thread's
+    // nice value only (getpriority returns the nice value itself).
+    let r = unsafe {
+        let tid = libc::gettid() as libc::id_t;
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        libc::setpriority(libc::PRIO_PROCESS, tid, (now + 10).min(19))
+    };
+    if r != 0 {
+        tracing::debug!(
+            "journal writer keeps its priority: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

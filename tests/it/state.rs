@@ -1056,6 +1056,46 @@ fn thread_names(pid: u32) -> Vec<String> {
     names
 }
 
+/// Nice values of `pid`'s threads by name (field 19 of each task's stat).
+fn thread_nices(pid: u32) -> Vec<(String, i64)> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| {
+            let stat = fs::read_to_string(t.ok()?.path().join("stat")).ok()?;
+            let (head, tail) = stat.rsplit_once(')')?;
+            let name = head.split_once('(')?.1.to_string();
+            // After ")": state, ppid, ... nice is the 17th field there.
+            let nice = tail.split_whitespace().nth(16)?.parse().ok()?;
+            Some((name, nice))
+        })
+        .collect()
+}
+
+/// The journal writer yields to the threads that serve requests: it runs
+/// 10 nice levels below the FUSE workers, which keep the daemon's own.
+#[test]
+fn journal_writer_runs_below_the_request_threads() {
+    let ws = Workspace::new();
+    let m = ws.mount();
+    fs::write(m.p("a.txt"), "x").unwrap();
+    poll_log(m.path(), |r| r.iter().any(|x| x["path"] == json!("a.txt")));
+    let nices = thread_nices(m.pid());
+    let writer: Vec<_> = nices.iter().filter(|(n, _)| n == "journal").collect();
+    assert_eq!(writer.len(), 1, "{nices:?}");
+    let workers: Vec<_> = nices
+        .iter()
+        .filter(|(n, _)| n.starts_with("fuser-"))
+        .collect();
+    assert!(!workers.is_empty(), "{nices:?}");
+    let base = workers[0].1;
+    assert!(
+        base < 19,
+        "the daemon already runs at the lowest priority: {nices:?}"
+    );
+    assert!(workers.iter().all(|(_, n)| *n == base), "{nices:?}");
+    assert_eq!(writer[0].1, (base + 10).min(19), "{nices:?}");
+}
+
 /// An idle mount runs no journal writer; a change starts one, which writes
 /// the change and goes away again once idle.
 #[test]
