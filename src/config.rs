@@ -43,6 +43,9 @@ pub struct Config {
     pub policy: Policy,
     /// FUSE worker threads.
     pub threads: usize,
+    /// `--io-uring`: serve requests through per-CPU io_uring queues when
+    /// the kernel offers them.
+    pub io_uring: bool,
     /// How long the kernel may trust names and attributes of lower entries
     /// before asking again: changes made to a lower from outside show up
     /// through the mount within this time.
@@ -110,6 +113,8 @@ pub struct MountArgs {
     pub no_exec: bool,
     pub policy_file: Option<PathBuf>,
     pub threads: Option<usize>,
+    /// `--io-uring` or `-o io_uring`.
+    pub io_uring: bool,
     pub lower_timeout: Option<Duration>,
     pub log_file: Option<PathBuf>,
     /// Every `-o` value, in order (each a comma-separated list).
@@ -236,7 +241,7 @@ pub const IGNORED_OPTIONS: [&str; 35] = [
 /// The mount options layerfs itself understands (`-o KEY=VALUE` or `-o
 /// FLAG`), as `(key, the value's name or None for a flag, meaning)`: one
 /// list for the parser's error message and the mount.fuse.layerfs man page.
-pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 16] = [
+pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 17] = [
     (
         "lowerdir",
         Some("DIR[:DIR…]"),
@@ -261,6 +266,11 @@ pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 16] = [
         "the daemon's log file (as --log-file)",
     ),
     ("threads", Some("N"), "FUSE worker threads (as --threads)"),
+    (
+        "io_uring",
+        None,
+        "per-CPU io_uring request queues (as --io-uring)",
+    ),
     (
         "lower_timeout",
         Some("DURATION"),
@@ -359,6 +369,10 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
                     .parse()
                     .map_err(|_| bad(format!("`{v}` is not a number of threads")))?;
                 args.threads = Some(n);
+            }
+            "io_uring" => {
+                flag(value)?;
+                args.io_uring = true;
             }
             "lower_timeout" => {
                 args.lower_timeout = Some(parse_duration(&need(value)?).map_err(bad)?);
@@ -718,6 +732,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         policy_file,
         policy,
         threads: args.threads.unwrap_or_else(default_threads),
+        io_uring: args.io_uring,
         lower_timeout: args.lower_timeout.unwrap_or(DEFAULT_LOWER_TIMEOUT),
         log_file,
         created_work: created_work.keep(),

@@ -80,6 +80,14 @@ pub struct MountCmd {
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
 
+    /// Serve requests through one io_uring queue per CPU, answered on the
+    /// caller's CPU (FUSE over io_uring). Needs a kernel that offers it:
+    /// root must first set /sys/module/fuse/parameters/enable_uring to Y,
+    /// which layerfs never does itself. Without the offer the mount
+    /// serves through /dev/fuse and says so in its log and `status`.
+    #[arg(long)]
+    io_uring: bool,
+
     /// How soon changes made to a lower from outside become visible
     /// through the mount where they cannot be watched, e.g. 1s, 500ms.
     /// Local lower directories are watched with inotify: changes there
@@ -97,7 +105,7 @@ pub struct MountCmd {
 
     /// Comma-separated mount options, kernel-overlay style:
     /// lowerdir=A:B (first topmost), upperdir=DIR, workdir=DIR, and
-    /// layerfs's own state=, policy=, scratch=, log_file=, threads=,
+    /// layerfs's own state=, policy=, scratch=, log_file=, threads=, io_uring,
     /// lower_timeout=, journal_max_size=, journal_max_age=, no_journal,
     /// allow_other, ro, noexec (each as its long option); generic mount
     /// options (rw, nosuid, nodev, noatime, _netdev, nofail, user, x-*, …)
@@ -144,6 +152,7 @@ impl MountCmd {
             no_exec: false,
             policy_file: self.policy,
             threads: self.threads,
+            io_uring: self.io_uring,
             lower_timeout: Some(self.lower_timeout),
             log_file: self.log_file,
             options: self.options,

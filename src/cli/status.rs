@@ -279,6 +279,27 @@ fn render(v: &Value) -> String {
             ),
         );
     }
+    if let Some(t) = v.get("transport").filter(|t| !t.is_null()) {
+        let s = if t.get("kind").and_then(Value::as_str) == Some("io_uring") {
+            let per_queue: Vec<String> = t
+                .get("ring_requests")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(|n| n.to_string()).collect())
+                .unwrap_or_default();
+            format!(
+                "io_uring, {} queues of {} entries (requests per CPU: {})",
+                field(t, "queues"),
+                field(t, "entries_per_queue"),
+                per_queue.join(" ")
+            )
+        } else {
+            match t.get("io_uring_refused").and_then(Value::as_str) {
+                Some(why) => format!("/dev/fuse (io_uring asked for, not used: {why})"),
+                None => "/dev/fuse".to_string(),
+            }
+        };
+        line("transport", s);
+    }
     if let Some(j) = v.get("journal").filter(|j| !j.is_null()) {
         let mut s = if j.get("enabled").and_then(Value::as_bool) == Some(false) {
             "off".to_string()

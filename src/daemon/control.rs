@@ -469,7 +469,34 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
             Some(j) => j.health(),
             None => json!({"enabled": false}),
         },
+        "transport": transport(&daemon.fs),
     })
+}
+
+/// How requests reach the daemon: `/dev/fuse`, or io_uring queues (and
+/// why not, when `--io-uring` was asked for and is not in use).
+fn transport(fs: &crate::fuse::FsHandle) -> Value {
+    let n = fs.negotiated();
+    match fs.uring() {
+        Some(u) => json!({
+            "kind": "io_uring",
+            "queues": u.queues,
+            "entries_per_queue": u.depth,
+            "ring_requests": u
+                .requests
+                .iter()
+                .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
+                .collect::<Vec<_>>(),
+        }),
+        None => json!({
+            "kind": "/dev/fuse",
+            "io_uring_requested": fs.uring_requested(),
+            "io_uring_refused": n.and_then(|n| n.uring_refused).or_else(|| {
+                (fs.uring_requested() && n.is_some_and(|n| n.uring))
+                    .then_some("the queues could not be set up (see the daemon's log)")
+            }),
+        }),
+    }
 }
 
 /// Each lower's filesystem, how soon outside changes show through the

@@ -194,6 +194,41 @@ fn describe(cfg: &Config, mounted: bool) {
     }
 }
 
+/// Starts the io_uring queues when INIT agreed to them; otherwise says
+/// why `/dev/fuse` serves. Requests wait in the kernel (INIT agreed) until
+/// the queues are up or have been given up, so this runs before the
+/// session serves.
+fn start_uring(
+    handle: &crate::fuse::FsHandle,
+    dev: &std::os::fd::OwnedFd,
+    acl: fuser::SessionACL,
+    threads: usize,
+) -> Option<crate::fuse::uring::Transport> {
+    let n = handle.negotiated()?;
+    if !n.uring {
+        tracing::warn!(
+            "--io-uring: serving through /dev/fuse instead: {}",
+            n.uring_refused.unwrap_or("the kernel did not agree to it")
+        );
+        return None;
+    }
+    match crate::fuse::uring::start(dev, n.init, acl, threads, |side| handle.queue_view(side)) {
+        Ok(t) => {
+            tracing::info!(
+                "serving through io_uring: {} queues of {} entries",
+                t.stats.queues,
+                t.stats.depth
+            );
+            handle.set_uring(t.stats.clone());
+            Some(t)
+        }
+        Err(e) => {
+            tracing::warn!("--io-uring: serving through /dev/fuse instead: {e}");
+            None
+        }
+    }
+}
+
 /// Mounts, serves until unmounted, and cleans up. `on_ready` runs once the
 /// mountpoint answers requests. An `Err` is the message for the user.
 fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(), String> {
@@ -234,6 +269,19 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     let acl = session_cfg.acl;
 
     let fd = mounts::mount_fuse(cfg)?;
+    // The queues of `--io-uring` need the connection's fd after the
+    // session has taken it.
+    let dev = if cfg.io_uring {
+        match fd.try_clone() {
+            Ok(d) => Some(d),
+            Err(e) => {
+                let _ = mounts::detach(&cfg.mountpoint);
+                return Err(format!("duplicating the FUSE fd: {e}"));
+            }
+        }
+    } else {
+        None
+    };
     let session = match fuser::Session::from_fd(Contained(fs), fd, acl, session_cfg) {
         Ok(s) => s,
         Err(e) => {
@@ -245,6 +293,7 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
         }
     };
     handle.set_notifier(session.notifier());
+    let transport = dev.and_then(|dev| start_uring(&handle, &dev, acl, cfg.threads));
 
     let ctx = signals::SignalContext {
         mountpoint: cfg.mountpoint.clone(),
@@ -287,6 +336,11 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
 
     let result = session.run();
     notify.send("STOPPING=1");
+    if let Some(t) = transport {
+        // The queues end with the connection; a request they still serve
+        // finishes before the journal is flushed.
+        t.join(std::time::Duration::from_secs(5));
+    }
     drop(control);
     if let Some(j) = &journal {
         if !j.flush(std::time::Duration::from_secs(5)) {

@@ -12,8 +12,16 @@
 //! passthrough opens of one inode may not coexist. While an inode has
 //! cached opens, new opens of it are cached too; passthrough opens of one
 //! inode share one backing id.
+//!
+//! An open served through an io_uring queue (`super::uring`) is answered
+//! by a fuser session on a socket, which cannot open backing ids (an ioctl
+//! on `/dev/fuse`): it opens the id on the connection's fd
+//! (`Backing::Connection`), which closes it when the last open using it
+//! is released. Backing ids belong to the connection, so any open may
+//! share either kind.
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -21,6 +29,7 @@ use std::time::Duration;
 use fuser::{BackingId, FileHandle, FopenFlags, Generation, ReplyCreate, ReplyOpen};
 use parking_lot::Mutex;
 
+use super::uring::QueueSide;
 use crate::layer::sys;
 use crate::overlay::file::Opened;
 use crate::overlay::{Entry, Overlay};
@@ -28,9 +37,9 @@ use crate::overlay::{Entry, Overlay};
 #[derive(Default)]
 struct State {
     /// Node id → its shared backing id while passthrough opens exist.
-    backing: HashMap<u64, Weak<BackingId>>,
+    backing: HashMap<u64, Weak<Backing>>,
     /// Handle → backing id it holds (dropped at release).
-    held: HashMap<u64, Arc<BackingId>>,
+    held: HashMap<u64, Arc<Backing>>,
     /// Handles served by the daemon, by node id (count).
     cached: HashMap<u64, u32>,
     cached_handles: HashMap<u64, u64>,
@@ -46,9 +55,36 @@ pub struct IoModes {
 }
 
 enum Mode {
-    Passthrough(Arc<BackingId>),
+    Passthrough(Arc<Backing>),
     Cached(FopenFlags),
 }
+
+/// A backing id, closed when the last open using it is released.
+pub enum Backing {
+    /// Opened through a fuser session's reply (a `/dev/fuse` request).
+    Session(BackingId),
+    /// Opened on the connection's fd for a request served through an
+    /// io_uring queue.
+    Connection { id: u32, dev: Arc<OwnedFd> },
+}
+
+nix::ioctl_write_ptr!(fuse_dev_ioc_backing_close, 229, 2, u32);
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        if let Backing::Connection { id, dev } = self {
+            // SAFETY: FUSE_DEV_IOC_BACKING_CLOSE reads one u32 from the
+            // pointer, which points at `id`, alive for the call.
+            if let Err(e) = unsafe { fuse_dev_ioc_backing_close(dev.as_raw_fd(), &*id) } {
+                tracing::debug!("closing backing id {id}: {e}");
+            }
+        }
+    }
+}
+
+/// How a request reached the daemon: `None` through `/dev/fuse`, or
+/// through an io_uring queue.
+pub type Via<'a> = Option<&'a QueueSide>;
 
 impl IoModes {
     pub fn new(root: bool) -> IoModes {
@@ -74,6 +110,7 @@ impl IoModes {
         ov: &Overlay,
         id: u64,
         o: &Opened,
+        via: Via,
         open_backing: impl FnOnce(&std::os::fd::OwnedFd) -> std::io::Result<BackingId>,
     ) -> Mode {
         let mut st = self.state.lock();
@@ -86,7 +123,7 @@ impl IoModes {
             let existing = st.backing.get(&id).and_then(Weak::upgrade);
             let backing = match existing {
                 Some(b) => Some(b),
-                None => match open_backing(o.fd.as_ref()) {
+                None => match Self::open_backing(o.fd.as_ref(), via, open_backing) {
                     Ok(b) => {
                         let b = Arc::new(b);
                         st.backing.insert(id, Arc::downgrade(&b));
@@ -116,6 +153,20 @@ impl IoModes {
         st.cached_handles.insert(o.fh, id);
         drop(st);
         Mode::Cached(self.cache_flags(ov, id, o))
+    }
+
+    fn open_backing(
+        fd: &OwnedFd,
+        via: Via,
+        by_session: impl FnOnce(&OwnedFd) -> std::io::Result<BackingId>,
+    ) -> std::io::Result<Backing> {
+        match via {
+            None => by_session(fd).map(Backing::Session),
+            Some(q) => BackingId::create_raw(&*q.dev, fd).map(|id| Backing::Connection {
+                id,
+                dev: q.dev.clone(),
+            }),
+        }
     }
 
     /// Keeps the page cache when the file did not change since it was
@@ -153,40 +204,70 @@ impl IoModes {
         ov: &Overlay,
         id: u64,
         o: Opened,
+        via: Via,
         reply: ReplyOpen,
         before_reply: impl FnOnce(bool),
     ) {
-        let mode = self.decide(ov, id, &o, |fd| reply.open_backing(fd));
+        let mode = self.decide(ov, id, &o, via, |fd| reply.open_backing(fd));
         before_reply(matches!(mode, Mode::Passthrough(_)));
         match mode {
-            Mode::Passthrough(b) => {
-                reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), &b)
-            }
+            Mode::Passthrough(b) => match &*b {
+                Backing::Session(b) => {
+                    reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), b)
+                }
+                Backing::Connection { id, .. } => {
+                    // SAFETY: the id is open on this connection and stays
+                    // open while `b` is held; the wrapper is given up
+                    // (`into_raw`, which closes nothing) right after the
+                    // reply, so only `Backing` ever closes the id.
+                    let w = unsafe { reply.wrap_backing(*id) };
+                    reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), &w);
+                    w.into_raw();
+                }
+            },
             Mode::Cached(flags) => reply.opened(FileHandle(o.fh), flags),
         }
     }
 
+    // The create reply's fields, plus how the request came.
+    #[allow(clippy::too_many_arguments)]
     pub fn reply_create(
         &self,
         ov: &Overlay,
         e: &Entry,
         ttl: Duration,
         o: Opened,
+        via: Via,
         reply: ReplyCreate,
         before_reply: impl FnOnce(bool),
     ) {
         let attr = super::convert::attr(&e.st);
-        let mode = self.decide(ov, e.id, &o, |fd| reply.open_backing(fd));
+        let mode = self.decide(ov, e.id, &o, via, |fd| reply.open_backing(fd));
         before_reply(matches!(mode, Mode::Passthrough(_)));
         match mode {
-            Mode::Passthrough(b) => reply.created_passthrough(
-                &ttl,
-                &attr,
-                Generation(0),
-                FileHandle(o.fh),
-                FopenFlags::empty(),
-                &b,
-            ),
+            Mode::Passthrough(b) => match &*b {
+                Backing::Session(b) => reply.created_passthrough(
+                    &ttl,
+                    &attr,
+                    Generation(0),
+                    FileHandle(o.fh),
+                    FopenFlags::empty(),
+                    b,
+                ),
+                Backing::Connection { id, .. } => {
+                    // SAFETY: as in `reply_open`.
+                    let w = unsafe { reply.wrap_backing(*id) };
+                    reply.created_passthrough(
+                        &ttl,
+                        &attr,
+                        Generation(0),
+                        FileHandle(o.fh),
+                        FopenFlags::empty(),
+                        &w,
+                    );
+                    w.into_raw();
+                }
+            },
             Mode::Cached(flags) => {
                 reply.created(&ttl, &attr, Generation(0), FileHandle(o.fh), flags)
             }

@@ -7,6 +7,7 @@ mod convert;
 mod invalidate;
 mod io_mode;
 mod record;
+pub mod uring;
 mod watcher;
 
 use std::ffi::OsStr;
@@ -43,6 +44,26 @@ struct Shared {
     upper_ttl: Duration,
     io: io_mode::IoModes,
     rec: record::Recorder,
+    /// `--io-uring` was asked for.
+    want_uring: bool,
+    /// What INIT settled, once it has; `negotiated.uring` says whether the
+    /// kernel agreed to io_uring.
+    negotiated: OnceLock<Negotiated>,
+    /// The io_uring queues' counters, once they serve.
+    uring: OnceLock<Arc<uring::Stats>>,
+}
+
+/// The outcome of the INIT handshake the daemon needs afterwards.
+#[derive(Clone, Copy, Debug)]
+pub struct Negotiated {
+    /// The kernel agreed to serve requests through io_uring.
+    pub uring: bool,
+    /// Why not, when io_uring was asked for and is off.
+    pub uring_refused: Option<&'static str>,
+    pub init: uring::Negotiated,
+    /// The capabilities layerfs asked for (the queues' own sessions ask
+    /// for the same).
+    pub requested: InitFlags,
 }
 
 /// Handle the daemon keeps after the filesystem moved into the session:
@@ -157,6 +178,35 @@ impl FsHandle {
     }
 
     /// Give the filesystem the session's notifier, for cache invalidations.
+    /// What INIT settled (`None` before the handshake).
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        self.inner.negotiated.get().copied()
+    }
+
+    /// The filesystem an io_uring queue's own session serves (see
+    /// `LayerFs::queue_view`), wrapped as every session's is.
+    pub fn queue_view(&self, side: Arc<uring::QueueSide>) -> Contained<LayerFs> {
+        Contained(LayerFs {
+            inner: self.inner.clone(),
+            queue: Some(side),
+        })
+    }
+
+    /// Records that io_uring queues serve this mount.
+    pub fn set_uring(&self, stats: Arc<uring::Stats>) {
+        let _ = self.inner.uring.set(stats);
+    }
+
+    /// Whether `--io-uring` was asked for.
+    pub fn uring_requested(&self) -> bool {
+        self.inner.want_uring
+    }
+
+    /// The io_uring queues' counters, when they serve this mount.
+    pub fn uring(&self) -> Option<Arc<uring::Stats>> {
+        self.inner.uring.get().cloned()
+    }
+
     pub fn set_notifier(&self, notifier: fuser::Notifier) {
         if let Some(reach) = &self.inner.ov.reach {
             // Answers given while a network lower was missing may be in
@@ -209,6 +259,9 @@ impl LowerWatch {
 
 pub struct LayerFs {
     inner: Arc<Shared>,
+    /// Set on the filesystem of an io_uring queue's own session: requests
+    /// it serves came through that queue (see `uring`).
+    queue: Option<Arc<uring::QueueSide>>,
 }
 
 fn ctx(req: &Request, umask: u32) -> Ctx {
@@ -240,7 +293,11 @@ impl LayerFs {
                 upper_ttl: cfg.lower_timeout.max(Duration::from_secs(60)),
                 io: io_mode::IoModes::new(root),
                 rec: Default::default(),
+                want_uring: cfg.io_uring,
+                negotiated: OnceLock::new(),
+                uring: OnceLock::new(),
             }),
+            queue: None,
         })
     }
 
@@ -392,6 +449,8 @@ impl Shared {
         }
     }
 
+    // FUSE CREATE's own arguments, plus how the request came.
+    #[allow(clippy::too_many_arguments)]
     fn create(
         &self,
         c: &Ctx,
@@ -399,6 +458,7 @@ impl Shared {
         name: &OsStr,
         mode: u32,
         flags: i32,
+        via: io_mode::Via,
         reply: ReplyCreate,
     ) {
         let kind = NewKind::File { mode, flags };
@@ -415,7 +475,7 @@ impl Shared {
                 let (fh, writable) = (o.fh, o.writable);
                 let ttl = self.ttl(entry.lower);
                 self.io
-                    .reply_create(self.ov(), &entry, ttl, o, reply, |pt| {
+                    .reply_create(self.ov(), &entry, ttl, o, via, reply, |pt| {
                         if writable {
                             self.rec.opened(self.ov(), fh, c, pt)
                         }
@@ -463,6 +523,18 @@ impl contain::Admit for LayerFs {
 
 impl fuser::Filesystem for LayerFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if self.queue.is_some() {
+            // A queue's own session: the kernel's INIT is over; ask for
+            // what the mount asked for, so both sessions decode alike.
+            if let Some(n) = self.inner.negotiated.get() {
+                let _ = config.add_capabilities(n.requested & config.capabilities());
+                let _ = config.set_max_write(n.init.max_write);
+                if n.requested.contains(InitFlags::FUSE_PASSTHROUGH) {
+                    let _ = config.set_max_stack_depth(1);
+                }
+            }
+            return Ok(());
+        }
         let wanted = InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
@@ -489,6 +561,7 @@ impl fuser::Filesystem for LayerFs {
             wanted
         };
         // Take what the kernel offers of them (the call adds all or none).
+        let mut asked = wanted & config.capabilities();
         if let Err(missing) = config.add_capabilities(wanted) {
             tracing::debug!("kernel lacks {missing:?}");
             let _ = config.add_capabilities(wanted & !missing);
@@ -496,13 +569,53 @@ impl fuser::Filesystem for LayerFs {
         if self.inner.io.passthrough_wanted() {
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok();
+            if ok {
+                asked |= InitFlags::FUSE_PASSTHROUGH;
+            }
             self.inner
                 .io
                 .set_passthrough(ok && !self.ov().quota.bytes_limited());
         }
-        let _ = config.set_max_write(1 << 20);
+        let max_write = match config.set_max_write(1 << 20) {
+            Ok(_) => 1 << 20,
+            Err(most) => {
+                let _ = config.set_max_write(most);
+                most
+            }
+        };
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
+        // io_uring only when asked for, and offered: the kernel offers it
+        // only while root has set fuse's `enable_uring` (which layerfs
+        // never changes).
+        let mut uring_refused = None;
+        let uring = self.inner.want_uring
+            && if !config
+                .capabilities()
+                .contains(InitFlags::FUSE_OVER_IO_URING)
+            {
+                uring_refused = Some(if uring::kernel_allows() == Some(false) {
+                    "the kernel does not offer it: /sys/module/fuse/parameters/enable_uring is N"
+                } else {
+                    "the kernel does not offer it"
+                });
+                false
+            } else {
+                config
+                    .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                    .is_ok()
+            };
+        let _ = self.inner.negotiated.set(Negotiated {
+            uring,
+            uring_refused,
+            init: uring::Negotiated {
+                minor: config.kernel_abi().1,
+                max_readahead: 128 * 1024,
+                capabilities: config.capabilities().bits(),
+                max_write,
+            },
+            requested: asked,
+        });
         Ok(())
     }
 
@@ -711,6 +824,7 @@ impl fuser::Filesystem for LayerFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let c = ctx(req, 0);
+        let queue = self.queue.clone();
         let open = move |s: &Shared| {
             let writing = wants_write(flags.0);
             let path = if writing { s.path(ino.0) } else { None };
@@ -731,7 +845,7 @@ impl fuser::Filesystem for LayerFs {
             match r {
                 Ok(o) => {
                     let (fh, writable) = (o.fh, o.writable);
-                    s.io.reply_open(s.ov(), ino.0, o, reply, |pt| {
+                    s.io.reply_open(s.ov(), ino.0, o, queue.as_deref(), reply, |pt| {
                         if writable {
                             s.rec.opened(s.ov(), fh, &c, pt)
                         }
@@ -1036,7 +1150,8 @@ impl fuser::Filesystem for LayerFs {
         reply: ReplyCreate,
     ) {
         let (c, name) = (ctx(req, umask), name.to_owned());
-        self.gated(move |s| s.create(&c, parent, &name, mode, flags, reply))
+        let queue = self.queue.clone();
+        self.gated(move |s| s.create(&c, parent, &name, mode, flags, queue.as_deref(), reply))
     }
 
     /// No file ioctls are forwarded: tools probing for flags or reflinks
@@ -1150,7 +1265,13 @@ fn xattr_reply(v: &[u8], size: u32, reply: ReplyXattr) {
 /// The fuser session settings for a config: worker threads, clone_fd, ACL.
 pub fn session_config(cfg: &Config) -> fuser::Config {
     let mut c = fuser::Config::default();
-    c.n_threads = Some(cfg.threads.max(1));
+    // With io_uring the queues serve requests; `/dev/fuse` keeps only
+    // FORGET and INTERRUPT (and everything, should the queues not start).
+    c.n_threads = Some(if cfg.io_uring {
+        cfg.threads.clamp(1, 2)
+    } else {
+        cfg.threads.max(1)
+    });
     c.clone_fd = true;
     c.acl = if cfg.allow_other {
         fuser::SessionACL::All

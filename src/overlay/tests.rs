@@ -40,6 +40,7 @@ fn env(populate: impl FnOnce(&Path, &Path)) -> Env {
         policy_file: None,
         policy: crate::policy::Policy::default(),
         threads: 1,
+        io_uring: false,
         lower_timeout: Duration::from_secs(1),
         log_file: None,
         created_work: false,

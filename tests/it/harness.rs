@@ -130,7 +130,15 @@ impl Workspace {
             .arg(&self.upper)
             .arg("--work")
             .arg(&self.work);
-        cmd.args(extra).arg(&self.mnt);
+        cmd.args(extra);
+        // The whole suite can run over io_uring queues (root must have set
+        // fuse's enable_uring first): LAYERFS_TEST_IO_URING=1.
+        if std::env::var_os("LAYERFS_TEST_IO_URING").is_some_and(|v| v == "1")
+            && !extra.contains(&"--io-uring")
+        {
+            cmd.arg("--io-uring");
+        }
+        cmd.arg(&self.mnt);
         // The daemon's log goes to a file beside the layers: a pipe nobody
         // drains would fill up and stall the daemon's worker threads.
         let log_path = self.mnt.with_file_name("daemon.log");

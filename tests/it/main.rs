@@ -28,3 +28,4 @@ mod state;
 mod stress;
 mod systemd;
 mod tools;
+mod uring;

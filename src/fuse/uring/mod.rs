@@ -1,0 +1,277 @@
+//! FUSE over io_uring (`--io-uring`): one request queue per CPU.
+//!
+//! **Why.** Through `/dev/fuse` every request waits in one queue, and
+//! whichever worker is idle takes it — usually one on another CPU, which
+//! the kernel must first wake. On these virtual machines that wake-up is
+//! most of a round trip: a request served on the caller's CPU takes about
+//! 40 µs, on the other CPU 240–400 µs (DESIGN.md §6). With io_uring the
+//! kernel puts each request on the queue of the CPU its caller runs on;
+//! layerfs serves each queue with threads pinned to that CPU, so the
+//! caller's CPU switches straight to the thread that answers.
+//!
+//! **How.** After the INIT handshake (over `/dev/fuse`, where FORGET and
+//! INTERRUPT also keep arriving), one thread per CPU registers `DEPTH`
+//! ring entries (`queue`). Requests from a queue go, byte for byte as
+//! `/dev/fuse` would deliver them, over a socket pair to a fuser session
+//! of that CPU's own, which decodes them and calls the same filesystem as
+//! the `/dev/fuse` session; its replies go back the same way. The socket
+//! hop stays on one CPU and costs a few microseconds; it lets every
+//! operation keep the one implementation, and one place (fuser) that
+//! decodes the protocol.
+//!
+//! **Passthrough.** A session on a socket cannot open backing files
+//! (that is an ioctl on `/dev/fuse`): a request thread opens the backing
+//! id on the connection's fd itself (`QueueSide::dev`, see `io_mode`).
+//!
+//! **When it is not used.** The kernel offers io_uring only while root has
+//! set `/sys/module/fuse/parameters/enable_uring` to Y; layerfs never sets
+//! it. Without the offer, or if any queue cannot be set up, the mount
+//! serves through `/dev/fuse` as usual and logs why. Once the kernel has
+//! agreed to io_uring at INIT it holds requests until every CPU's queue
+//! has an entry, so a set-up that fails half-way makes the kernel give up
+//! on the rings (`give_up`) before `/dev/fuse` serves.
+
+mod abi;
+mod queue;
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::AtomicU64;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType};
+
+/// Ring entries per CPU: requests a CPU's callers can have in service at
+/// once. A request parked by a write pause keeps its entry.
+pub const DEPTH: usize = 16;
+
+/// The switch root uses to let FUSE servers use io_uring.
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// What a request served through a queue needs: the connection's fd, for
+/// backing ids.
+pub struct QueueSide {
+    pub dev: Arc<OwnedFd>,
+}
+
+/// Counters `status` shows.
+#[derive(Default)]
+pub struct Stats {
+    pub queues: usize,
+    pub depth: usize,
+    /// Requests served through each CPU's ring.
+    pub requests: Vec<AtomicU64>,
+}
+
+/// What the INIT handshake settled, for the queues' own sessions.
+#[derive(Clone, Copy, Debug)]
+pub struct Negotiated {
+    pub minor: u32,
+    pub max_readahead: u32,
+    pub capabilities: u64,
+    pub max_write: u32,
+}
+
+pub struct Transport {
+    pub stats: Arc<Stats>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// The number of queues the kernel expects: one per possible CPU.
+fn possible_cpus() -> Result<usize, String> {
+    let path = "/sys/devices/system/cpu/possible";
+    let s = std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
+    let mut n = 0;
+    for part in s.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = match (a.parse(), b.parse()) {
+            (Ok(a), Ok(b)) if a <= b => (a, b),
+            _ => return Err(format!("{path}: cannot read `{}`", s.trim())),
+        };
+        n = n.max(b + 1);
+        let _ = a;
+    }
+    Ok(n)
+}
+
+/// Sets up one queue per CPU on the connection `dev` (after INIT) and
+/// returns once the kernel has every queue's entries. `view` makes each
+/// queue's filesystem (sharing the mount's state).
+///
+/// Each queue gets `workers` request threads, as many as the mount's
+/// `/dev/fuse` workers (`--threads`). Invariant relied on by the lower
+/// guard (`layer::reach`): it lets one fewer request than that wait on a
+/// network lower at a time, in the whole mount, so every queue keeps a
+/// thread for requests the lowers do not hold up, however the stuck ones
+/// fell on the queues.
+pub fn start<F: fuser::Filesystem>(
+    dev: &OwnedFd,
+    negotiated: Negotiated,
+    acl: fuser::SessionACL,
+    workers: usize,
+    view: impl Fn(Arc<QueueSide>) -> F,
+) -> Result<Transport, String> {
+    let dev = Arc::new(
+        dev.try_clone()
+            .map_err(|e| format!("duplicating the FUSE fd: {e}"))?,
+    );
+    let result = start_queues(&dev, negotiated, acl, workers.max(2), view);
+    if result.is_err() {
+        give_up(&dev);
+    }
+    result
+}
+
+fn start_queues<F: fuser::Filesystem>(
+    dev: &Arc<OwnedFd>,
+    negotiated: Negotiated,
+    acl: fuser::SessionACL,
+    workers: usize,
+    view: impl Fn(Arc<QueueSide>) -> F,
+) -> Result<Transport, String> {
+    let cpus = possible_cpus()?;
+    let payload = (negotiated.max_write as usize)
+        .max(negotiated.max_readahead as usize)
+        .max(8192)
+        .next_multiple_of(4096);
+    let stats = Arc::new(Stats {
+        queues: cpus,
+        depth: DEPTH,
+        requests: (0..cpus).map(|_| AtomicU64::new(0)).collect(),
+    });
+    let mut threads = Vec::new();
+    let mut waits = Vec::new();
+    for qid in 0..cpus {
+        let (mine, theirs) = socket::socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| format!("queue {qid}: socket pair: {e}"))?;
+        // Each direction carries at most DEPTH messages of up to one
+        // payload: room for all of them, so no send ever waits.
+        let room = DEPTH * (payload + 8192);
+        for s in [&mine, &theirs] {
+            socket::setsockopt(s, sockopt::SndBufForce, &room)
+                .or_else(|_| socket::setsockopt(s, sockopt::SndBuf, &room))
+                .map_err(|e| format!("queue {qid}: socket buffer: {e}"))?;
+            let got: usize = socket::getsockopt(s, sockopt::SndBuf)
+                .map_err(|e| format!("queue {qid}: socket buffer: {e}"))?;
+            if got < payload + 8192 {
+                return Err(format!(
+                    "queue {qid}: a socket buffer of {got} bytes cannot carry a \
+                     {payload}-byte request (raise net.core.wmem_max, or run as root)"
+                ));
+            }
+        }
+        let side = Arc::new(QueueSide { dev: dev.clone() });
+        let session = handshake(&mine, theirs, negotiated, acl, workers, view(side))
+            .map_err(|e| format!("queue {qid}: {e}"))?;
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("uring-{qid}-req"))
+                .spawn(move || {
+                    pin(qid);
+                    if let Err(e) = session.run() {
+                        tracing::debug!("queue {qid}: request threads ended: {e}");
+                    }
+                })
+                .map_err(|e| format!("queue {qid}: starting its request threads: {e}"))?,
+        );
+        let q = queue::Queue {
+            qid: qid as u16,
+            dev: dev.clone(),
+            sock: mine,
+            depth: DEPTH,
+            payload,
+            stats: stats.clone(),
+            workers,
+        };
+        let (tx, rx) = mpsc::channel();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("uring-{qid}"))
+                .spawn(move || q.run(tx))
+                .map_err(|e| format!("queue {qid}: starting its ring thread: {e}"))?,
+        );
+        waits.push(rx);
+    }
+    for (qid, rx) in waits.into_iter().enumerate() {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(format!("queue {qid}: no answer from its ring thread")),
+        }
+    }
+    Ok(Transport { stats, threads })
+}
+
+fn pin(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(cpu).is_ok() {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+}
+
+/// Starts a queue's own fuser session on `theirs`: it expects an INIT
+/// first, so it gets one made from what the kernel's INIT settled; its
+/// reply is read and dropped here.
+fn handshake<F: fuser::Filesystem>(
+    mine: &OwnedFd,
+    theirs: OwnedFd,
+    n: Negotiated,
+    acl: fuser::SessionACL,
+    workers: usize,
+    fs: F,
+) -> Result<fuser::Session<F>, String> {
+    let init = abi::init_request(1, n.minor, n.max_readahead, n.capabilities);
+    socket::send(mine.as_raw_fd(), &init, socket::MsgFlags::empty())
+        .map_err(|e| format!("sending INIT to its request threads: {e}"))?;
+    let mut cfg = fuser::Config::default();
+    cfg.n_threads = Some(workers);
+    cfg.clone_fd = false;
+    let session = fuser::Session::from_fd(fs, theirs, acl, cfg)
+        .map_err(|e| format!("starting its request threads: {e}"))?;
+    let mut reply = [0u8; 512];
+    let n = socket::recv(mine.as_raw_fd(), &mut reply, socket::MsgFlags::empty())
+        .map_err(|e| format!("reading its INIT reply: {e}"))?;
+    if n < abi::OUT_HEADER_LEN || abi::u32_at(&reply, 4) != 0 {
+        return Err("its request threads refused INIT".into());
+    }
+    Ok(session)
+}
+
+/// Makes the kernel stop waiting for rings on this connection: a
+/// registration it must refuse (a queue that does not exist) turns
+/// io_uring off for the connection, and requests go to `/dev/fuse`.
+fn give_up(dev: &Arc<OwnedFd>) {
+    match queue::refuse_rings(dev) {
+        Ok(()) => tracing::info!("io_uring turned off for this mount; serving /dev/fuse"),
+        Err(e) => tracing::error!("could not turn io_uring off for this mount: {e}"),
+    }
+}
+
+impl Transport {
+    /// Waits (up to `limit`) for the queues to end, which they do when
+    /// the connection ends.
+    pub fn join(self, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        for t in self.threads {
+            while !t.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Whether root has let FUSE servers use io_uring.
+pub fn kernel_allows() -> Option<bool> {
+    std::fs::read_to_string(ENABLE_URING)
+        .ok()
+        .map(|s| s.trim() == "Y" || s.trim() == "1")
+}

@@ -1,0 +1,432 @@
+//! One io_uring queue: the thread that owns a CPU's ring entries.
+//!
+//! Each entry is a header buffer and a payload buffer registered with the
+//! kernel. A completed entry holds a request: the thread hands it, laid
+//! out as `/dev/fuse` would have delivered it, to this queue's request
+//! threads over a socket pair, and hands their reply back to the kernel
+//! with COMMIT_AND_FETCH, which also re-arms the entry.
+//!
+//! Invariant: an entry is owned by the kernel from REGISTER or
+//! COMMIT_AND_FETCH until its completion, and by this thread from then
+//! until the next COMMIT_AND_FETCH; the thread reads or writes an entry's
+//! buffers only while it owns it. The buffers never move (they are heap
+//! allocations that are never resized) and outlive the ring: the kernel
+//! keeps their addresses from REGISTER on.
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use nix::sys::socket::{sendmsg, MsgFlags};
+
+use super::abi::{self, u32_at, u64_at};
+use super::Stats;
+
+/// `user_data` of the pending receive on the socket pair; entries use
+/// their index.
+const RECV: u64 = u64::MAX;
+
+struct Entry {
+    header: Vec<u8>,
+    payload: Vec<u8>,
+    /// The iovec pair REGISTER points at.
+    iov: [libc::iovec; 2],
+}
+
+impl Entry {
+    fn new(payload: usize) -> Entry {
+        let mut header = vec![0u8; abi::HEADER_LEN];
+        let mut payload = vec![0u8; payload];
+        let iov = [
+            libc::iovec {
+                iov_base: header.as_mut_ptr().cast(),
+                iov_len: header.len(),
+            },
+            libc::iovec {
+                iov_base: payload.as_mut_ptr().cast(),
+                iov_len: payload.len(),
+            },
+        ];
+        Entry {
+            header,
+            payload,
+            iov,
+        }
+    }
+}
+
+pub struct Queue {
+    pub qid: u16,
+    /// The `/dev/fuse` connection's fd (a duplicate: any fd of the
+    /// connection serves its rings).
+    pub dev: Arc<OwnedFd>,
+    /// This queue's end of the socket pair to its request threads.
+    pub sock: OwnedFd,
+    pub depth: usize,
+    pub payload: usize,
+    pub stats: Arc<Stats>,
+    /// DESTROY requests to send when the ring ends: one per request thread.
+    pub workers: usize,
+}
+
+struct Run {
+    q: Queue,
+    entries: Vec<Entry>,
+    reply: Vec<u8>,
+    /// Requests handed to the request threads: unique → (entry, the
+    /// commit id the kernel gave it).
+    inflight: HashMap<u64, (usize, u64)>,
+    /// Set once the request threads are gone: requests then fail with EIO.
+    threads_gone: bool,
+    live: usize,
+}
+
+impl Queue {
+    /// Registers the entries, reports whether the kernel took them on
+    /// `registered`, then serves until the connection ends.
+    pub fn run(self, registered: mpsc::Sender<Result<(), String>>) {
+        pin_to_cpu(self.qid as usize);
+        let qid = self.qid;
+        let mut ring = match new_ring(self.depth) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = registered.send(Err(format!("queue {qid}: creating the ring: {e}")));
+                return;
+            }
+        };
+        let entries = (0..self.depth).map(|_| Entry::new(self.payload)).collect();
+        let reply = vec![0u8; self.payload + 4096];
+        let mut run = Run {
+            live: self.depth,
+            q: self,
+            entries,
+            reply,
+            inflight: HashMap::new(),
+            threads_gone: false,
+        };
+        match run.register(&mut ring) {
+            Ok(()) => {
+                let _ = registered.send(Ok(()));
+            }
+            Err(e) => {
+                let _ = registered.send(Err(format!("queue {qid}: {e}")));
+                return;
+            }
+        }
+        run.serve(&mut ring);
+        run.end_workers();
+    }
+}
+
+type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
+
+fn new_ring(depth: usize) -> io::Result<Ring> {
+    // 128-byte entries: the FUSE command lives in the second half. One
+    // thread submits and reaps everything, so the kernel may run the
+    // completion work only when that thread waits for it.
+    IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build((2 * depth + 4).next_power_of_two() as u32)
+}
+
+fn pin_to_cpu(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(cpu).is_ok() {
+        if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set) {
+            tracing::debug!("queue {cpu}: not pinned to its CPU: {e}");
+        }
+    }
+}
+
+impl Run {
+    fn dev(&self) -> RawFd {
+        self.q.dev.as_raw_fd()
+    }
+
+    fn register(&mut self, ring: &mut Ring) -> Result<(), String> {
+        for i in 0..self.entries.len() {
+            let mut sqe = opcode::UringCmd80::new(types::Fd(self.dev()), abi::CMD_REGISTER)
+                .cmd(abi::cmd_req(0, self.q.qid))
+                .addr(Some(self.entries[i].iov.as_ptr() as u64))
+                .build()
+                .user_data(i as u64);
+            set_len(&mut sqe, 2);
+            self.push(ring, &sqe);
+        }
+        self.push_recv(ring);
+        ring.submit()
+            .map_err(|e| format!("submitting the registrations: {e}"))?;
+        // A refused registration completes at once; an accepted one only
+        // when its first request arrives.
+        let mut refused = None;
+        for cqe in ring.completion() {
+            if cqe.user_data() != RECV && cqe.result() < 0 {
+                refused = Some(io::Error::from_raw_os_error(-cqe.result()));
+            }
+        }
+        match refused {
+            Some(e) => Err(format!("the kernel refused a ring entry: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    fn push(&mut self, ring: &mut Ring, sqe: &squeue::Entry128) {
+        loop {
+            // SAFETY: every buffer an entry points at (iovecs, header,
+            // payload, the reply buffer) lives in `self` and outlives the
+            // ring, which `Queue::run` drops first (see the module note).
+            if unsafe { ring.submission().push(sqe) }.is_ok() {
+                return;
+            }
+            // Full: hand what is queued to the kernel and retry.
+            if let Err(e) = ring.submit() {
+                tracing::warn!("queue {}: submitting: {e}", self.q.qid);
+            }
+        }
+    }
+
+    fn push_recv(&mut self, ring: &mut Ring) {
+        if self.threads_gone {
+            return;
+        }
+        let sqe = opcode::Recv::new(
+            types::Fd(self.q.sock.as_raw_fd()),
+            self.reply.as_mut_ptr(),
+            self.reply.len() as u32,
+        )
+        .build()
+        .user_data(RECV);
+        self.push(ring, &squeue::Entry128::from(sqe));
+    }
+
+    fn serve(&mut self, ring: &mut Ring) {
+        let mut done = Vec::with_capacity(2 * self.entries.len() + 4);
+        while self.live > 0 {
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => {
+                    tracing::error!("queue {}: waiting for requests: {e}", self.q.qid);
+                    return;
+                }
+            }
+            done.clear();
+            done.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+            for &(ud, res) in &done {
+                if ud == RECV {
+                    self.received(ring, res);
+                } else if res < 0 {
+                    // The connection ended (ENOTCONN), the ring's thread
+                    // is going (ECANCELED), or the kernel refused a
+                    // commit: the entry is out of service for good.
+                    if res != -libc::ENOTCONN && res != -libc::ECANCELED {
+                        tracing::warn!(
+                            "queue {}: ring entry ended: {}",
+                            self.q.qid,
+                            io::Error::from_raw_os_error(-res)
+                        );
+                    }
+                    self.live -= 1;
+                } else {
+                    self.forward(ring, ud as usize);
+                }
+            }
+        }
+    }
+
+    /// Hands entry `i`'s request to the request threads, laid out as on
+    /// `/dev/fuse`: the in-header, the first argument (from `op_in`), then
+    /// the rest (from the payload).
+    fn forward(&mut self, ring: &mut Ring, i: usize) {
+        if let Some(n) = self.q.stats.requests.get(self.q.qid as usize) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+        let e = &self.entries[i];
+        let h = &e.header;
+        let len = u32_at(h, abi::IN_OUT) as usize;
+        let opcode = u32_at(h, abi::IN_OUT + 4);
+        let unique = u64_at(h, abi::IN_OUT + 8);
+        let psz = u32_at(h, abi::PAYLOAD_SZ) as usize;
+        let commit_id = u64_at(h, abi::COMMIT_ID);
+        let first = len
+            .checked_sub(abi::IN_HEADER_LEN + psz)
+            .filter(|&n| n <= abi::OP_IN_LEN && psz <= e.payload.len());
+        let Some(first) = first else {
+            tracing::error!(
+                "queue {}: request {unique} (opcode {opcode}) has inconsistent sizes: \
+                 len {len}, payload {psz}",
+                self.q.qid
+            );
+            return self.fail(ring, i, commit_id, unique, libc::EIO);
+        };
+        if self.threads_gone {
+            return self.fail(ring, i, commit_id, unique, libc::EIO);
+        }
+        let parts = [
+            IoSlice::new(&h[abi::IN_OUT..abi::IN_OUT + abi::IN_HEADER_LEN]),
+            IoSlice::new(&h[abi::OP_IN..abi::OP_IN + first]),
+            IoSlice::new(&e.payload[..psz]),
+        ];
+        self.inflight.insert(unique, (i, commit_id));
+        let sent = loop {
+            match sendmsg::<()>(
+                self.q.sock.as_raw_fd(),
+                &parts,
+                &[],
+                MsgFlags::empty(),
+                None,
+            ) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                r => break r,
+            }
+        };
+        if let Err(e) = sent {
+            tracing::error!(
+                "queue {}: the request threads are gone ({e}); failing requests with EIO",
+                self.q.qid
+            );
+            self.threads_gone = true;
+            self.inflight.remove(&unique);
+            self.fail(ring, i, commit_id, unique, libc::EIO);
+        }
+    }
+
+    /// A reply from a request thread (or the end of the socket pair).
+    fn received(&mut self, ring: &mut Ring, res: i32) {
+        if res == -libc::EINTR || res == -libc::EAGAIN {
+            return self.push_recv(ring);
+        }
+        if res <= 0 {
+            if !self.threads_gone {
+                tracing::error!(
+                    "queue {}: the request threads closed their socket ({}); \
+                     failing requests with EIO",
+                    self.q.qid,
+                    io::Error::from_raw_os_error(-res)
+                );
+            }
+            self.threads_gone = true;
+            let stuck: Vec<_> = self.inflight.drain().collect();
+            for (unique, (i, commit_id)) in stuck {
+                self.fail(ring, i, commit_id, unique, libc::EIO);
+            }
+            return;
+        }
+        let n = res as usize;
+        if n < abi::OUT_HEADER_LEN {
+            tracing::error!("queue {}: a {n}-byte reply is too short", self.q.qid);
+            return self.push_recv(ring);
+        }
+        let unique = u64_at(&self.reply, 8);
+        match self.inflight.remove(&unique) {
+            Some((i, commit_id)) => self.commit(ring, i, commit_id, n),
+            None => tracing::error!(
+                "queue {}: a reply to request {unique}, which is not waiting",
+                self.q.qid
+            ),
+        }
+        self.push_recv(ring);
+    }
+
+    /// Copies the reply in `self.reply[..n]` into entry `i` and commits it.
+    fn commit(&mut self, ring: &mut Ring, i: usize, commit_id: u64, n: usize) {
+        let out = &self.reply[..n];
+        let body = &out[abi::OUT_HEADER_LEN..];
+        let e = &mut self.entries[i];
+        if body.len() > e.payload.len() {
+            tracing::error!(
+                "queue {}: a {}-byte reply does not fit the ring's buffer",
+                self.q.qid,
+                body.len()
+            );
+            let unique = u64_at(out, 8);
+            return self.fail(ring, i, commit_id, unique, libc::EIO);
+        }
+        e.header[abi::IN_OUT..abi::IN_OUT + abi::OUT_HEADER_LEN]
+            .copy_from_slice(&out[..abi::OUT_HEADER_LEN]);
+        e.payload[..body.len()].copy_from_slice(body);
+        e.header[abi::PAYLOAD_SZ..abi::PAYLOAD_SZ + 4]
+            .copy_from_slice(&(body.len() as u32).to_ne_bytes());
+        self.commit_entry(ring, i, commit_id);
+    }
+
+    /// Answers entry `i`'s request with `errno` and re-arms the entry.
+    fn fail(&mut self, ring: &mut Ring, i: usize, commit_id: u64, unique: u64, errno: i32) {
+        let e = &mut self.entries[i];
+        let mut out = [0u8; abi::OUT_HEADER_LEN];
+        out[0..4].copy_from_slice(&(abi::OUT_HEADER_LEN as u32).to_ne_bytes());
+        out[4..8].copy_from_slice(&(-errno).to_ne_bytes());
+        out[8..16].copy_from_slice(&unique.to_ne_bytes());
+        e.header[abi::IN_OUT..abi::IN_OUT + abi::OUT_HEADER_LEN].copy_from_slice(&out);
+        e.header[abi::PAYLOAD_SZ..abi::PAYLOAD_SZ + 4].copy_from_slice(&0u32.to_ne_bytes());
+        self.commit_entry(ring, i, commit_id);
+    }
+
+    fn commit_entry(&mut self, ring: &mut Ring, i: usize, commit_id: u64) {
+        let sqe = opcode::UringCmd80::new(types::Fd(self.dev()), abi::CMD_COMMIT_AND_FETCH)
+            .cmd(abi::cmd_req(commit_id, self.q.qid))
+            .build()
+            .user_data(i as u64);
+        self.push(ring, &sqe);
+    }
+
+    /// Ends this queue's request threads: each takes one DESTROY and
+    /// returns. Their replies are not read.
+    fn end_workers(&mut self) {
+        if self.threads_gone {
+            return;
+        }
+        for n in 0..self.q.workers {
+            let msg = abi::destroy_request(u64::MAX - n as u64);
+            let _ = sendmsg::<()>(
+                self.q.sock.as_raw_fd(),
+                &[IoSlice::new(&msg)],
+                &[],
+                MsgFlags::MSG_DONTWAIT,
+                None,
+            );
+        }
+    }
+}
+
+/// Sends the kernel a registration for a queue that does not exist: its
+/// refusal turns io_uring off for the connection (see `super::give_up`).
+pub fn refuse_rings(dev: &OwnedFd) -> io::Result<()> {
+    let mut ring = new_ring(1)?;
+    let entry = Entry::new(8192);
+    let mut sqe = opcode::UringCmd80::new(types::Fd(dev.as_raw_fd()), abi::CMD_REGISTER)
+        .cmd(abi::cmd_req(0, u16::MAX))
+        .addr(Some(entry.iov.as_ptr() as u64))
+        .build();
+    set_len(&mut sqe, 2);
+    // SAFETY: the entry (iovecs and buffers) lives until the ring is
+    // dropped at the end of this function, after the kernel has answered.
+    unsafe { ring.submission().push(&sqe) }
+        .map_err(|_| io::Error::other("submission queue full"))?;
+    ring.submit_and_wait(1)?;
+    let res = ring.completion().next().map(|c| c.result());
+    match res {
+        Some(r) if r < 0 => Ok(()),
+        _ => Err(io::Error::other(
+            "the kernel accepted a queue that does not exist",
+        )),
+    }
+}
+
+/// Sets the SQE's `len` field, which the FUSE REGISTER command reads as
+/// the number of iovecs at `addr` (the io-uring crate's command builder
+/// leaves it 0).
+fn set_len(sqe: &mut squeue::Entry128, len: u32) {
+    // SAFETY: `squeue::Entry128` is `#[repr(C)]` and starts with the
+    // kernel's 64-byte `struct io_uring_sqe`, whose `len` is the u32 at
+    // byte 24 (include/uapi/linux/io_uring.h); the write stays inside the
+    // 128-byte value and is unaligned-safe.
+    unsafe {
+        let p = (sqe as *mut squeue::Entry128).cast::<u8>().add(24);
+        std::ptr::write_unaligned(p.cast::<u32>(), len);
+    }
+}

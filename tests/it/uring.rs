@@ -1,0 +1,349 @@
+//! `--io-uring`: requests served through one io_uring queue per CPU.
+//!
+//! The kernel offers io_uring to FUSE servers only while root has set
+//! /sys/module/fuse/parameters/enable_uring to Y. These tests set it for
+//! the moment a mount negotiates (the kernel keeps io_uring for a
+//! connection that agreed to it) and put the previous value back at once,
+//! holding a lock file so that tests in other processes do not change it
+//! in between. layerfs itself never writes it.
+
+use std::fs::{self, File};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::*;
+use crate::netlower::status_json;
+
+const SWITCH: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Holds fuse's `enable_uring` at a value until dropped (or `restore`d),
+/// under a lock shared by every test process.
+struct UringSwitch {
+    lock: File,
+    before: Option<String>,
+}
+
+impl UringSwitch {
+    /// `None` when this kernel has no FUSE io_uring at all.
+    fn set(on: bool) -> Option<UringSwitch> {
+        let before = fs::read_to_string(SWITCH).ok()?;
+        let lock = File::create(std::env::temp_dir().join("layerfs-test-enable-uring.lock"))
+            .expect("create the lock file");
+        // SAFETY: flock on an fd this function owns.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+        fs::write(SWITCH, if on { "Y" } else { "N" }).expect("write enable_uring (as root)");
+        Some(UringSwitch {
+            lock,
+            before: Some(before.trim().to_string()),
+        })
+    }
+
+    fn restore(&mut self) {
+        if let Some(b) = self.before.take() {
+            let _ = fs::write(SWITCH, b);
+        }
+    }
+}
+
+impl Drop for UringSwitch {
+    fn drop(&mut self) {
+        self.restore();
+        // SAFETY: unlocks the fd this guard owns.
+        unsafe { libc::flock(self.lock.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+fn transport(mnt: &Path) -> Value {
+    status_json(mnt)["transport"].clone()
+}
+
+/// Mounts with `--io-uring` while the kernel offers it, and waits until
+/// the queues serve (after which the switch can go back).
+fn mount_uring(ws: &Workspace, extra: &[&str]) -> Option<Mount> {
+    let mut switch = UringSwitch::set(true)?;
+    let mut args = vec!["--io-uring"];
+    args.extend_from_slice(extra);
+    let m = ws.mount_with(&args);
+    let serving = eventually(Duration::from_secs(10), || {
+        transport(m.path())["kind"] == "io_uring"
+    });
+    switch.restore();
+    assert!(
+        serving,
+        "the queues did not start: {}\n{}",
+        transport(m.path()),
+        ws.daemon_log()
+    );
+    Some(m)
+}
+
+fn ring_requests(mnt: &Path) -> Vec<u64> {
+    transport(mnt)["ring_requests"]
+        .as_array()
+        .expect("ring_requests")
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect()
+}
+
+fn possible_cpus() -> usize {
+    let s = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    s.trim()
+        .split(',')
+        .map(|p| p.rsplit('-').next().unwrap().parse::<usize>().unwrap() + 1)
+        .max()
+        .unwrap()
+}
+
+fn online(cpu: usize) -> bool {
+    cpu == 0
+        || fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/online"))
+            .map(|s| s.trim() == "1")
+            .unwrap_or(false)
+}
+
+#[test]
+fn requests_are_served_by_the_queue_of_the_callers_cpu() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("f"), "shared\n").unwrap();
+    let Some(m) = mount_uring(&ws, &[]) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    let t = transport(m.path());
+    assert_eq!(
+        t["queues"],
+        possible_cpus(),
+        "one queue per possible CPU: {t}"
+    );
+    for cpu in (0..possible_cpus()).filter(|&c| online(c)) {
+        let before = ring_requests(m.path());
+        // Each `cat` opens the file: an OPEN and a RELEASE at least, from
+        // a process the scheduler may only run on `cpu`.
+        sh(
+            m.path(),
+            &format!(
+                "taskset -c {cpu} sh -c 'i=0; while [ $i -lt 100 ]; do \\
+                 cat f >/dev/null || exit 1; i=$((i+1)); done'"
+            ),
+        );
+        let after = ring_requests(m.path());
+        let mine = after[cpu] - before[cpu];
+        let others: u64 = (0..after.len())
+            .filter(|&q| q != cpu)
+            .map(|q| after[q] - before[q])
+            .sum();
+        assert!(
+            mine >= 200,
+            "CPU {cpu}'s queue served {mine} requests for 100 opens"
+        );
+        assert!(
+            others < mine / 4,
+            "other queues served {others} requests of a caller on CPU {cpu} ({mine} on its own)"
+        );
+    }
+    assert!(m.unmount(), "the daemon did not end cleanly");
+}
+
+#[test]
+fn every_kind_of_request_works_through_the_queues() {
+    let ws = Workspace::new();
+    let lower = ws.lower();
+    fs::create_dir(lower.join("big")).unwrap();
+    for i in 0..1500 {
+        fs::write(
+            lower.join(format!("big/entry-with-a-long-name-{i:05}")),
+            "x",
+        )
+        .unwrap();
+    }
+    let data: Vec<u8> = (0..3 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    fs::write(lower.join("data.bin"), &data).unwrap();
+    fs::create_dir(lower.join("src")).unwrap();
+    fs::write(lower.join("src/main.c"), "int main(void) { return 0; }\n").unwrap();
+    fs::set_permissions(lower.join("src"), fs::Permissions::from_mode(0o777)).unwrap();
+    let Some(m) = mount_uring(&ws, &["--allow-other"]) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    let before = status_json(m.path());
+
+    // Reads of a lower file come through the daemon: READ replies of up
+    // to the ring's payload size, byte for byte.
+    assert_eq!(fs::read(m.p("data.bin")).unwrap(), data);
+    // A 1500-entry listing takes several READDIRPLUS replies.
+    assert_eq!(fs::read_dir(m.p("big")).unwrap().count(), 1500);
+
+    // Names, data, attributes and links, in a lower directory and a new
+    // one, under a restrictive umask.
+    let script = r#"
+        set -e
+        umask 027
+        echo appended >> src/main.c
+        mkdir -p new/deeper
+        printf 'one\n' > new/deeper/file
+        dd if=/dev/urandom of=new/big.bin bs=1M count=8 status=none
+        sha256sum new/big.bin | cut -d' ' -f1 > /tmp/layerfs-uring-sum.$$
+        truncate -s 3 new/deeper/file
+        chmod 640 src/main.c
+        ln -s ../src/main.c new/link
+        ln new/deeper/file new/hard
+        mv new/deeper new/moved
+        rm big/entry-with-a-long-name-00007
+        rmdir new/moved 2>/dev/null && exit 1
+        python3 -c 'import os; os.setxattr("new/hard", "user.k", b"v"); assert os.getxattr("new/hard", "user.k") == b"v"; assert "user.k" in os.listxattr("new/hard"); os.removexattr("new/hard", "user.k")'
+        sync new/big.bin
+        df . >/dev/null
+        find . -maxdepth 2 | wc -l
+        sha256sum new/big.bin | cut -d' ' -f1 | cmp - /tmp/layerfs-uring-sum.$$
+        rm /tmp/layerfs-uring-sum.$$
+    "#;
+    let out = bash(m.path(), script);
+    assert!(
+        out.status.success(),
+        "workload: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        ws.daemon_log()
+    );
+    assert_eq!(
+        fs::read_to_string(m.p("src/main.c")).unwrap(),
+        "int main(void) { return 0; }\nappended\n"
+    );
+    assert_eq!(
+        fs::read_link(m.p("new/link")).unwrap(),
+        Path::new("../src/main.c")
+    );
+    assert_eq!(fs::read_to_string(m.p("new/moved/file")).unwrap(), "one");
+    assert_eq!(fs::metadata(m.p("new/hard")).unwrap().nlink(), 2);
+    let mode = |p: &str| fs::metadata(m.p(p)).unwrap().mode() & 0o7777;
+    assert_eq!(mode("new/moved"), 0o750, "umask 027 applied to mkdir");
+    assert_eq!(mode("new/moved/file"), 0o640, "umask 027 applied to create");
+    assert_eq!(mode("src/main.c"), 0o640);
+    assert!(!m.p("big/entry-with-a-long-name-00007").exists());
+    // The upper holds the changes; the lower is untouched.
+    assert_eq!(
+        fs::read_to_string(ws.upper.join("src/main.c")).unwrap(),
+        "int main(void) { return 0; }\nappended\n"
+    );
+    assert_eq!(fs::read(lower.join("data.bin")).unwrap(), data);
+    assert!(lower.join("big/entry-with-a-long-name-00007").exists());
+
+    // Another user, on the same queues: owns what it creates.
+    let theirs = sh(
+        m.path(),
+        "setpriv --reuid=65534 --regid=65534 --clear-groups -- \\
+         sh -c 'echo theirs > src/theirs && cat src/theirs'",
+    );
+    assert_eq!(theirs, "theirs\n");
+    let meta = fs::metadata(ws.upper.join("src/theirs")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+
+    let after = status_json(m.path());
+    // Every request but FORGET (which the kernel still sends through
+    // /dev/fuse) came through the rings.
+    let rings = |v: &Value| -> u64 {
+        v["transport"]["ring_requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum()
+    };
+    let others = |v: &Value| -> u64 {
+        let c = &v["counters"];
+        let forgets = c["by_op"]["forget"].as_u64().unwrap_or(0)
+            + c["by_op"]["batch_forget"].as_u64().unwrap_or(0);
+        c["requests"].as_u64().unwrap() - forgets
+    };
+    let (through_rings, all) = (
+        rings(&after) - rings(&before),
+        others(&after) - others(&before),
+    );
+    assert!(
+        through_rings > 100 && through_rings >= all - all / 20,
+        "{through_rings} of {all} requests came through the rings: {}",
+        after["counters"]
+    );
+    // The 8 MiB file was written through passthrough: its data never
+    // reached the daemon (as without io_uring, as root).
+    let writes = |v: &Value| v["counters"]["by_op"]["write"].as_u64().unwrap_or(0);
+    assert!(
+        writes(&after) - writes(&before) < 8,
+        "{} WRITE requests for an 8 MiB passthrough write",
+        writes(&after) - writes(&before)
+    );
+    assert!(m.unmount(), "the daemon did not end cleanly");
+}
+
+#[test]
+fn without_the_kernels_offer_the_mount_serves_dev_fuse_and_says_why() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("f"), "shared\n").unwrap();
+    let Some(switch) = UringSwitch::set(false) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    let m = ws.mount_with(&["--io-uring"]);
+    // The kernel decides at INIT, which is over once status answers.
+    let t = transport(m.path());
+    drop(switch);
+    assert_eq!(t["kind"], "/dev/fuse", "{t}");
+    let why = t["io_uring_refused"].as_str().unwrap_or_default();
+    assert!(why.contains("enable_uring is N"), "reason given: {t}");
+    assert_eq!(fs::read_to_string(m.p("f")).unwrap(), "shared\n");
+    fs::write(m.p("g"), "new\n").unwrap();
+    assert_eq!(fs::read_to_string(ws.upper.join("g")).unwrap(), "new\n");
+    let out = Command::new(bin())
+        .arg("status")
+        .arg(m.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("/dev/fuse (io_uring asked for, not used: the kernel does not offer it"),
+        "{text}"
+    );
+    assert!(
+        ws.daemon_log().contains("enable_uring is N"),
+        "log: {}",
+        ws.daemon_log()
+    );
+    assert!(m.unmount());
+}
+
+#[test]
+fn io_uring_is_a_mount_option_too() {
+    let ws = Workspace::new();
+    let Some(m) = ({
+        let mut switch = UringSwitch::set(true);
+        let m = switch.as_ref().map(|_| ws.mount_with(&["-o", "io_uring"]));
+        if let Some(m) = &m {
+            assert!(eventually(Duration::from_secs(10), || {
+                transport(m.path())["kind"] == "io_uring"
+            }));
+        }
+        if let Some(s) = switch.as_mut() {
+            s.restore();
+        }
+        m
+    }) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    fs::write(m.p("x"), "x").unwrap();
+    let out = Command::new(bin())
+        .args(["mount", "-o", "io_uring=yes"])
+        .arg(ws.dir.path().join("elsewhere"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("io_uring"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(m.unmount());
+}
