@@ -70,9 +70,13 @@ impl StatusCmd {
     }
 }
 
+/// How long a daemon may take to answer `status`: it answers at once
+/// (its own probe of a hung network lower is bounded to half a second).
+const STATUS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Asks the daemon of a live workspace for its status.
 fn ask(state: &Path) -> Result<Value, String> {
-    let mut c = Client::connect(state)?;
+    let mut c = Client::connect(state)?.answer_within(STATUS_WITHIN);
     let mut v = c.request(&json!({"cmd": "status"}))?;
     if let Some(o) = v.as_object_mut() {
         o.remove("ok");

@@ -23,6 +23,8 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub struct Client {
     path: PathBuf,
+    /// How long a reply may take (`REPLY_TIMEOUT` unless `answer_within`).
+    timeout: Duration,
     reader: BufReader<UnixStream>,
     writer: UnixStream,
 }
@@ -66,6 +68,7 @@ impl Client {
             .map_err(|e| format!("control socket {}: {e}", path.display()))?;
         Ok(Client {
             path,
+            timeout: REPLY_TIMEOUT,
             reader: BufReader::new(stream),
             writer,
         })
@@ -103,9 +106,22 @@ impl Client {
         }
     }
 
+    /// Gives up on replies after `limit` instead of `REPLY_TIMEOUT`: for
+    /// requests any live daemon answers at once (status), so that a
+    /// stopped or stuck one is reported rather than waited for.
+    pub fn answer_within(mut self, limit: Duration) -> Client {
+        self.timeout = limit;
+        let _ = self.reader.get_ref().set_read_timeout(Some(limit));
+        self
+    }
+
     fn lost(&self, p: &str, e: &io::Error) -> String {
         if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut {
-            format!("control socket {p}: no answer within {REPLY_TIMEOUT:?}")
+            format!(
+                "control socket {p}: no answer within {:?}: the daemon is stopped (SIGSTOP, \
+                 a debugger) or stuck; `layerfs umount --lazy` detaches the mount",
+                self.timeout
+            )
         } else {
             format!("control socket {p}: {e}")
         }

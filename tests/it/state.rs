@@ -292,6 +292,52 @@ fn status_of_a_mount_and_of_an_unmounted_upper() {
     );
 }
 
+/// Resumes a stopped daemon when dropped, so the guard can unmount it.
+struct Stopped(nix::unistd::Pid);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+#[test]
+fn status_reports_a_stopped_daemon_instead_of_waiting_for_it() {
+    let ws = Workspace::new();
+    let m = ws.mount();
+    let pid = nix::unistd::Pid::from_raw(m.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let _resume = Stopped(pid);
+    let started = std::time::Instant::now();
+    let out = layerfs(&["status", ws.upper.to_str().unwrap()]);
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("no answer within 10s: the daemon is stopped"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(took < Duration::from_secs(60), "status took {took:?}");
+    // The list of every mount names it with the same reason and goes on.
+    let out = layerfs(&["status", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let canon = fs::canonicalize(&ws.mnt).unwrap();
+    let mine = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v["mountpoint"] == json!(canon.to_string_lossy()))
+        .expect("the stopped mount is listed");
+    assert!(
+        mine["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no answer within"),
+        "{mine}"
+    );
+    drop(_resume);
+    assert!(m.unmount());
+}
+
 #[test]
 fn pause_blocks_writers_not_readers_until_resume() {
     let ws = Workspace::new();
