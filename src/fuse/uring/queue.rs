@@ -90,13 +90,6 @@ impl Queue {
     pub fn run(self, registered: mpsc::Sender<Result<(), String>>) {
         pin_to_cpu(self.qid as usize);
         let qid = self.qid;
-        let mut ring = match new_ring(self.depth) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = registered.send(Err(format!("queue {qid}: creating the ring: {e}")));
-                return;
-            }
-        };
         let entries = (0..self.depth).map(|_| Entry::new(self.payload)).collect();
         let reply = vec![0u8; self.payload + 4096];
         let mut run = Run {
@@ -106,6 +99,15 @@ impl Queue {
             reply,
             inflight: HashMap::new(),
             threads_gone: false,
+        };
+        // Declared after `run`, so dropped before it: the buffers the
+        // kernel may still write (a pending receive) outlive the ring.
+        let mut ring = match new_ring(run.q.depth) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = registered.send(Err(format!("queue {qid}: creating the ring: {e}")));
+                return;
+            }
         };
         match run.register(&mut ring) {
             Ok(()) => {
@@ -118,6 +120,13 @@ impl Queue {
         }
         run.serve(&mut ring);
         run.end_workers();
+        drop(ring);
+        if run.live > 0 {
+            // Serving stopped with entries still registered: the kernel
+            // may write into them until the connection ends, so their
+            // buffers are never freed.
+            std::mem::forget(std::mem::take(&mut run.entries));
+        }
     }
 }
 
@@ -161,15 +170,28 @@ impl Run {
         ring.submit()
             .map_err(|e| format!("submitting the registrations: {e}"))?;
         // A refused registration completes at once; an accepted one only
-        // when its first request arrives.
+        // when its first request arrives. Accepted entries are the
+        // kernel's to fill from now on, so they are served (and their
+        // buffers kept) even when others were refused; only a queue with
+        // none at all fails, which leaves the kernel's ring not ready.
         let mut refused = None;
         for cqe in ring.completion() {
             if cqe.user_data() != RECV && cqe.result() < 0 {
                 refused = Some(io::Error::from_raw_os_error(-cqe.result()));
+                self.live -= 1;
             }
         }
         match refused {
-            Some(e) => Err(format!("the kernel refused a ring entry: {e}")),
+            Some(e) if self.live == 0 => Err(format!("the kernel refused its ring entries: {e}")),
+            Some(e) => {
+                tracing::warn!(
+                    "queue {}: the kernel refused {} of its {} ring entries: {e}",
+                    self.q.qid,
+                    self.entries.len() - self.live,
+                    self.entries.len()
+                );
+                Ok(())
+            }
             None => Ok(()),
         }
     }
@@ -208,7 +230,12 @@ impl Run {
         while self.live > 0 {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                // Interrupted, or completions to reap first: reap.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                    ) => {}
                 Err(e) => {
                     tracing::error!("queue {}: waiting for requests: {e}", self.q.qid);
                     return;
@@ -396,8 +423,9 @@ impl Run {
 /// Sends the kernel a registration for a queue that does not exist: its
 /// refusal turns io_uring off for the connection (see `super::give_up`).
 pub fn refuse_rings(dev: &OwnedFd) -> io::Result<()> {
-    let mut ring = new_ring(1)?;
     let entry = Entry::new(8192);
+    // Declared after the entry, so dropped before it.
+    let mut ring = new_ring(1)?;
     let mut sqe = opcode::UringCmd80::new(types::Fd(dev.as_raw_fd()), abi::CMD_REGISTER)
         .cmd(abi::cmd_req(0, u16::MAX))
         .addr(Some(entry.iov.as_ptr() as u64))
