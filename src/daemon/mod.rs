@@ -212,7 +212,17 @@ fn start_uring(
         );
         return None;
     }
-    match crate::fuse::uring::start(dev, n.init, acl, threads, |side| handle.queue_view(side)) {
+    // The queue threads answer GETATTR and GETXATTR themselves, unless
+    // LAYERFS_URING_NO_FAST is set (to measure what that saves).
+    let fast: Option<std::sync::Arc<dyn crate::fuse::uring::Fast>> =
+        if std::env::var_os("LAYERFS_URING_NO_FAST").is_some() {
+            None
+        } else {
+            Some(std::sync::Arc::new(handle.queue_answers(acl)))
+        };
+    match crate::fuse::uring::start(dev, n.init, acl, threads, fast, |side| {
+        handle.queue_view(side)
+    }) {
         Ok(t) => {
             tracing::info!(
                 "serving through io_uring: {} queues of {} entries",

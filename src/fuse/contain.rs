@@ -56,6 +56,28 @@ fn contain(op: &'static str, ino: u64, f: impl FnOnce()) {
     }
 }
 
+impl<F: Admit> Contained<F> {
+    /// Runs an answer computed outside fuser (an io_uring queue's own
+    /// answers, `uring::Fast`) under the same rules as a request handler:
+    /// counted, admitted, and a panic answered with EIO.
+    pub fn answer<R>(
+        &self,
+        op: &'static str,
+        ino: u64,
+        f: impl FnOnce(&F) -> Result<R, Errno>,
+    ) -> Result<R, Errno> {
+        self.0.seen(op);
+        let mut out = Err(Errno::EIO);
+        contain(op, ino, || {
+            out = match self.0.admit(op, ino) {
+                Ok(_pass) => f(&self.0),
+                Err(e) => Err(e),
+            }
+        });
+        out
+    }
+}
+
 /// What a filesystem decides about a request before its handler runs:
 /// let it in (holding the pass until the handler returns) or fail it at
 /// once with an errno (see `layer::reach` for the one use: requests that

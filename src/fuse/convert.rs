@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::{FileAttr, FileType, INodeNo, TimeOrNow};
+use fuser::{Errno, FileAttr, FileType, INodeNo, TimeOrNow};
 
 use crate::layer::sys::Stat;
 
@@ -72,5 +72,93 @@ pub fn timespec(t: TimeOrNow) -> libc::timespec {
                 }
             }
         },
+    }
+}
+
+/// `struct fuse_attr_out` for `ttl` and `st`, written to `out` as fuser
+/// would encode `attr(st)` (`attr_valid`, `attr_valid_nsec`, a pad, then
+/// `struct fuse_attr`); returns its length, 104. For replies built
+/// outside fuser (`uring::Fast`).
+pub fn attr_out(ttl: &Duration, st: &Stat, out: &mut [u8]) -> usize {
+    let a = attr(st);
+    let secs = |t: SystemTime| match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            if d.subsec_nanos() == 0 {
+                (-(d.as_secs() as i64), 0)
+            } else {
+                (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+            }
+        }
+    };
+    let (at, an) = secs(a.atime);
+    let (mt, mn) = secs(a.mtime);
+    let (ct, cn) = secs(a.ctime);
+    let kind = match a.kind {
+        FileType::NamedPipe => libc::S_IFIFO,
+        FileType::CharDevice => libc::S_IFCHR,
+        FileType::BlockDevice => libc::S_IFBLK,
+        FileType::Directory => libc::S_IFDIR,
+        FileType::RegularFile => libc::S_IFREG,
+        FileType::Symlink => libc::S_IFLNK,
+        FileType::Socket => libc::S_IFSOCK,
+    };
+    let mut w = Writer { out, at: 0 };
+    w.u64(ttl.as_secs());
+    w.u32(ttl.subsec_nanos());
+    w.u32(0);
+    w.u64(a.ino.0);
+    w.u64(a.size);
+    w.u64(a.blocks);
+    w.u64(at as u64);
+    w.u64(mt as u64);
+    w.u64(ct as u64);
+    w.u32(an);
+    w.u32(mn);
+    w.u32(cn);
+    w.u32(kind | u32::from(a.perm));
+    w.u32(a.nlink);
+    w.u32(a.uid);
+    w.u32(a.gid);
+    w.u32(a.rdev);
+    w.u32(a.blksize);
+    w.u32(0);
+    w.at
+}
+
+/// A GETXATTR reply as fuser's `ReplyXattr` would send it for value `v`
+/// and the caller's buffer `size`: the length alone when `size` is 0
+/// (`struct fuse_getxattr_out`), ERANGE when `v` does not fit, else `v`.
+pub fn xattr_out(v: &[u8], size: u32, out: &mut [u8]) -> Result<usize, Errno> {
+    if size == 0 {
+        let mut w = Writer { out, at: 0 };
+        w.u32(v.len() as u32);
+        w.u32(0);
+        Ok(w.at)
+    } else if v.len() > size as usize {
+        Err(Errno::ERANGE)
+    } else if v.len() > out.len() {
+        Err(Errno::E2BIG)
+    } else {
+        out[..v.len()].copy_from_slice(v);
+        Ok(v.len())
+    }
+}
+
+struct Writer<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn u64(&mut self, v: u64) {
+        self.out[self.at..self.at + 8].copy_from_slice(&v.to_ne_bytes());
+        self.at += 8;
+    }
+
+    fn u32(&mut self, v: u32) {
+        self.out[self.at..self.at + 4].copy_from_slice(&v.to_ne_bytes());
+        self.at += 4;
     }
 }

@@ -11,6 +11,7 @@ pub mod uring;
 mod watcher;
 
 use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -337,6 +338,82 @@ impl LayerFs {
     fn ttl(&self, lower: bool) -> Duration {
         self.inner.ttl(lower)
     }
+
+    /// GETATTR's answer: how long the kernel may keep it, and the
+    /// attributes (for fuser's reply and for `QueueAnswers`).
+    fn attr_of(&self, ino: u64) -> Result<(Duration, crate::layer::sys::Stat), Errno> {
+        match self.ov().getattr(ino) {
+            Ok((st, lower)) => Ok((self.ttl(lower), st)),
+            Err(e) => Err(errno(e)),
+        }
+    }
+}
+
+/// The requests an io_uring queue thread answers itself (`uring::Fast`):
+/// GETATTR and GETXATTR, the most frequent ones that change nothing (and,
+/// on local layers, do not wait long), with
+/// the same handler code as through fuser (`LayerFs::attr_of`, the
+/// overlay's getxattr) and the same admission (`Contained::answer`); only
+/// the reply is encoded here.
+pub struct QueueAnswers {
+    fs: Contained<LayerFs>,
+    /// fuser's session rule: with `SessionACL::Owner`, requests of other
+    /// users are refused; those are left to fuser.
+    anyone: bool,
+    owner: u32,
+}
+
+impl FsHandle {
+    pub fn queue_answers(&self, acl: fuser::SessionACL) -> QueueAnswers {
+        QueueAnswers {
+            fs: Contained(LayerFs {
+                inner: self.inner.clone(),
+                queue: None,
+            }),
+            anyone: acl == fuser::SessionACL::All,
+            // SAFETY: getuid has no preconditions.
+            owner: unsafe { libc::getuid() },
+        }
+    }
+}
+
+impl uring::Fast for QueueAnswers {
+    fn answer(
+        &self,
+        req: uring::Req,
+        arg: &[u8],
+        rest: &[u8],
+        out: &mut [u8],
+    ) -> Option<Result<usize, i32>> {
+        if !self.anyone && req.uid != self.owner {
+            return None;
+        }
+        // A network lower can stop answering, and a queue thread waiting
+        // on it would stall every request of its CPU (request threads
+        // waiting on it are bounded by the lower guard instead).
+        if self.fs.0.ov().reach.is_some() {
+            return None;
+        }
+        let r = match req.opcode {
+            uring::FUSE_GETATTR => self
+                .fs
+                .answer("getattr", req.nodeid, |fs| fs.attr_of(req.nodeid))
+                .map(|(ttl, st)| convert::attr_out(&ttl, &st, out)),
+            uring::FUSE_GETXATTR => {
+                // fuse_getxattr_in: size (u32), padding; then the name.
+                let size = u32::from_ne_bytes(arg.get(0..4)?.try_into().ok()?);
+                let name = rest.split(|&b| b == 0).next()?;
+                let name = std::ffi::OsStr::from_bytes(name);
+                self.fs
+                    .answer("getxattr", req.nodeid, |fs| {
+                        fs.ov().getxattr(req.nodeid, name).map_err(errno)
+                    })
+                    .and_then(|v| convert::xattr_out(&v, size, out))
+            }
+            _ => return None,
+        };
+        Some(r.map_err(|e| e.code()))
+    }
 }
 
 impl Shared {
@@ -646,9 +723,9 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.ov().getattr(ino.0) {
-            Ok((st, lower)) => reply.attr(&self.ttl(lower), &convert::attr(&st)),
-            Err(e) => reply.error(errno(e)),
+        match self.attr_of(ino.0) {
+            Ok((ttl, st)) => reply.attr(&ttl, &convert::attr(&st)),
+            Err(e) => reply.error(e),
         }
     }
 

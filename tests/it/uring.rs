@@ -280,6 +280,118 @@ fn every_kind_of_request_works_through_the_queues() {
     assert!(m.unmount(), "the daemon did not end cleanly");
 }
 
+/// Every entry's attributes, asked with `AT_STATX_FORCE_SYNC` (so each is
+/// a GETATTR, not the kernel's cache), and its xattrs read three ways (the
+/// size query, a too-small buffer, the value), as JSON lines: what the
+/// queue threads' own GETATTR and GETXATTR answers must agree with fuser's
+/// on. Inode numbers may differ between mounts; within one, each must be
+/// the one the directory listing (fuser's READDIRPLUS) gave.
+const COLLECT: &str = r#"
+import ctypes, json, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+def statx(p):
+    buf = ctypes.create_string_buffer(256)
+    if libc.statx(-100, p.encode(), 0x2000 | 0x100, 0x7ff, buf) != 0:
+        raise OSError(ctypes.get_errno(), p)
+    b = buf.raw
+    f = lambda fmt, at: struct.unpack_from(fmt, b, at)[0]
+    t = lambda at: f("q", at) * 10**9 + f("I", at + 8)
+    return f("Q", 32), [f("I", 4), f("I", 16), f("I", 20), f("I", 24), f("H", 28), f("Q", 40),
+                        f("Q", 48), t(64), t(96), t(112), f("I", 128), f("I", 132)]
+def query(p, n, size):
+    buf = ctypes.create_string_buffer(max(size, 1))
+    r = libc.lgetxattr(p.encode(), n.encode(), buf if size else None, size)
+    return r if r >= 0 else -ctypes.get_errno()
+rows, bad = [], []
+def visit(path, d_ino):
+    ino, st = statx(path)
+    if d_ino is not None and ino != d_ino:
+        bad.append([path, ino, d_ino])
+    x = {}
+    for n in sorted(os.listxattr(path, follow_symlinks=False)) + ["user.absent"]:
+        try:
+            v = os.getxattr(path, n, follow_symlinks=False).hex()
+        except OSError as e:
+            v = -e.errno
+        x[n] = [query(path, n, 0), query(path, n, 2), v]
+    rows.append({"p": path, "st": st, "x": x})
+def walk(d):
+    for e in sorted(os.scandir(d), key=lambda e: e.name):
+        visit(e.path, e.inode())
+        if e.is_dir(follow_symlinks=False):
+            walk(e.path)
+visit(".", None)
+walk(".")
+assert not bad, bad
+for r in rows:
+    print(json.dumps(r, sort_keys=True))
+"#;
+
+#[test]
+fn the_queues_own_answers_agree_with_fusers() {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    let setup = r#"
+        set -e
+        mkdir -p d/e
+        printf 'abc' > d/f
+        chmod 4755 d/f
+        ln -s f d/link
+        mkfifo d/fifo
+        mknod d/null c 1 3
+        touch -d '1960-01-01 00:00:00.25' d/old
+        touch -d '2030-05-06 07:08:09.123456789' d/e/new
+        python3 -c 'import os; os.setxattr("d/f", "user.small", b"v"); os.setxattr("d/f", "user.big", b"x" * 3000); os.setxattr("d/e", "user.empty", b"")'
+    "#;
+    sh(l, setup);
+    let collect = |m: &Mount| {
+        let out = Command::new("python3")
+            .args(["-c", COLLECT])
+            .current_dir(m.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let Some(m) = mount_uring(&ws, &[]) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    // Upper objects too: a copied-up file, a new one with an xattr.
+    sh(
+        m.path(),
+        "set -e; echo more >> d/f; echo new > d/e/mine; \\
+         python3 -c 'import os; os.setxattr(\"d/e/mine\", \"user.k\", b\"1234\")'",
+    );
+    let before = status_json(m.path())["counters"]["by_op"]["getattr"]
+        .as_u64()
+        .unwrap_or(0);
+    let fast = collect(&m);
+    let after = status_json(m.path())["counters"]["by_op"]["getattr"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(m.unmount());
+    // The same layers, with every request decoded and answered by fuser.
+    let mut switch = UringSwitch::set(true).unwrap();
+    let m = ws.mount_env(&["--io-uring"], &[("LAYERFS_URING_NO_FAST", "1")]);
+    assert!(eventually(Duration::from_secs(10), || {
+        transport(m.path())["kind"] == "io_uring"
+    }));
+    switch.restore();
+    let slow = collect(&m);
+    assert!(m.unmount());
+    assert!(fast.lines().count() >= 10, "{fast}");
+    for (a, b) in fast.lines().zip(slow.lines()) {
+        assert_eq!(a, b, "queue-thread answer (left) against fuser's (right)");
+    }
+    assert_eq!(fast.lines().count(), slow.lines().count());
+    // The queue threads' answers are counted like any request.
+    assert!(after > before, "getattr count {before} -> {after}");
+}
+
 #[test]
 fn without_the_kernels_offer_the_mount_serves_dev_fuse_and_says_why() {
     let ws = Workspace::new();
