@@ -344,19 +344,9 @@ fn the_queues_own_answers_agree_with_fusers() {
         python3 -c 'import os; os.setxattr("d/f", "user.small", b"v"); os.setxattr("d/f", "user.big", b"x" * 3000); os.setxattr("d/e", "user.empty", b"")'
     "#;
     sh(l, setup);
-    let collect = |m: &Mount| {
-        let out = Command::new("python3")
-            .args(["-c", COLLECT])
-            .current_dir(m.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let script = ws.dir.path().join("collect.py");
+    fs::write(&script, COLLECT).unwrap();
+    let collect = |m: &Mount| sh(m.path(), &format!("python3 {}", script.display()));
     let Some(m) = mount_uring(&ws, &[]) else {
         panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
     };
