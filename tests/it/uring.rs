@@ -31,11 +31,15 @@ struct UringSwitch {
 impl UringSwitch {
     /// `None` when this kernel has no FUSE io_uring at all.
     fn set(on: bool) -> Option<UringSwitch> {
-        let before = fs::read_to_string(SWITCH).ok()?;
+        if !Path::new(SWITCH).exists() {
+            return None;
+        }
         let lock = File::create(std::env::temp_dir().join("layerfs-test-enable-uring.lock"))
             .expect("create the lock file");
         // SAFETY: flock on an fd this function owns.
         assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+        // Read under the lock: another test's value is put back by then.
+        let before = fs::read_to_string(SWITCH).expect("read enable_uring");
         fs::write(SWITCH, if on { "Y" } else { "N" }).expect("write enable_uring (as root)");
         Some(UringSwitch {
             lock,
