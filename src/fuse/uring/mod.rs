@@ -108,19 +108,18 @@ pub struct Transport {
     threads: Vec<JoinHandle<()>>,
 }
 
-/// The number of queues the kernel expects: one per possible CPU.
+/// The number of queues the kernel expects: one per possible CPU, so the
+/// highest possible CPU's number plus one (queue ids are CPU numbers).
 fn possible_cpus() -> Result<usize, String> {
     let path = "/sys/devices/system/cpu/possible";
     let s = std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
     let mut n = 0;
     for part in s.trim().split(',') {
-        let (a, b) = part.split_once('-').unwrap_or((part, part));
-        let (a, b): (usize, usize) = match (a.parse(), b.parse()) {
-            (Ok(a), Ok(b)) if a <= b => (a, b),
+        let (first, last) = part.split_once('-').unwrap_or((part, part));
+        match (first.parse::<usize>(), last.parse::<usize>()) {
+            (Ok(first), Ok(last)) if first <= last => n = n.max(last + 1),
             _ => return Err(format!("{path}: cannot read `{}`", s.trim())),
-        };
-        n = n.max(b + 1);
-        let _ = a;
+        }
     }
     Ok(n)
 }
