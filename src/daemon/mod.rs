@@ -212,13 +212,16 @@ fn start_uring(
         );
         return None;
     }
-    // The queue threads answer GETATTR and GETXATTR themselves, unless
-    // LAYERFS_URING_NO_FAST is set (to measure what that saves).
+    // The queue threads answer GETATTR and GETXATTR themselves (not on a
+    // mount with a network lower), unless LAYERFS_URING_NO_FAST is set
+    // (to measure what that saves).
     let fast: Option<std::sync::Arc<dyn crate::fuse::uring::Fast>> =
         if std::env::var_os("LAYERFS_URING_NO_FAST").is_some() {
             None
         } else {
-            Some(std::sync::Arc::new(handle.queue_answers(acl)))
+            handle
+                .queue_answers(acl)
+                .map(|a| std::sync::Arc::new(a) as std::sync::Arc<dyn crate::fuse::uring::Fast>)
         };
     match crate::fuse::uring::start(dev, n.init, acl, threads, fast, |side| {
         handle.queue_view(side)

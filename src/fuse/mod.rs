@@ -364,8 +364,15 @@ pub struct QueueAnswers {
 }
 
 impl FsHandle {
-    pub fn queue_answers(&self, acl: fuser::SessionACL) -> QueueAnswers {
-        QueueAnswers {
+    /// The queue threads' own answers, or `None` for a mount with a
+    /// network lower: it can stop answering, and a queue thread waiting on
+    /// it would stall every request of its CPU (request threads waiting on
+    /// it are bounded by the lower guard instead).
+    pub fn queue_answers(&self, acl: fuser::SessionACL) -> Option<QueueAnswers> {
+        if self.inner.ov.reach.is_some() {
+            return None;
+        }
+        Some(QueueAnswers {
             fs: Contained(LayerFs {
                 inner: self.inner.clone(),
                 queue: None,
@@ -373,7 +380,7 @@ impl FsHandle {
             anyone: acl == fuser::SessionACL::All,
             // SAFETY: getuid has no preconditions.
             owner: unsafe { libc::getuid() },
-        }
+        })
     }
 }
 
@@ -386,12 +393,6 @@ impl uring::Fast for QueueAnswers {
         out: &mut [u8],
     ) -> Option<Result<usize, i32>> {
         if !self.anyone && req.uid != self.owner {
-            return None;
-        }
-        // A network lower can stop answering, and a queue thread waiting
-        // on it would stall every request of its CPU (request threads
-        // waiting on it are bounded by the lower guard instead).
-        if self.fs.0.ov().reach.is_some() {
             return None;
         }
         let r = match req.opcode {

@@ -240,10 +240,13 @@ fn start_queues<F: fuser::Filesystem>(
     Ok(Transport { stats, threads })
 }
 
+/// Confines the calling thread (and the threads it starts) to `cpu`.
 fn pin(cpu: usize) {
     let mut set = nix::sched::CpuSet::new();
     if set.set(cpu).is_ok() {
-        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+        if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set) {
+            tracing::debug!("queue {cpu}: not pinned to its CPU: {e}");
+        }
     }
 }
 

@@ -92,7 +92,7 @@ impl Queue {
     /// Registers the entries, reports whether the kernel took them on
     /// `registered`, then serves until the connection ends.
     pub fn run(self, registered: mpsc::Sender<Result<(), String>>) {
-        pin_to_cpu(self.qid as usize);
+        super::pin(self.qid as usize);
         let qid = self.qid;
         let entries = (0..self.depth).map(|_| Entry::new(self.payload)).collect();
         let reply = vec![0u8; self.payload + 4096];
@@ -145,15 +145,6 @@ fn new_ring(depth: usize) -> io::Result<Ring> {
         .setup_single_issuer()
         .setup_defer_taskrun()
         .build((2 * depth + 4).next_power_of_two() as u32)
-}
-
-fn pin_to_cpu(cpu: usize) {
-    let mut set = nix::sched::CpuSet::new();
-    if set.set(cpu).is_ok() {
-        if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set) {
-            tracing::debug!("queue {cpu}: not pinned to its CPU: {e}");
-        }
-    }
 }
 
 impl Run {
