@@ -13,6 +13,7 @@ pub mod fuse;
 pub mod layer;
 pub mod overlay;
 pub mod policy;
+pub mod quote;
 pub mod run;
 pub mod sandbox;
 pub mod state;

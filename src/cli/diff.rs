@@ -46,10 +46,7 @@ impl DiffCmd {
     pub fn run(self) -> i32 {
         match self.diff() {
             Ok(()) => 0,
-            Err(e) => {
-                eprintln!("layerfs diff: {e}");
-                1
-            }
+            Err(e) => super::fail("diff", e),
         }
     }
 

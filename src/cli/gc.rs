@@ -30,10 +30,7 @@ impl GcCmd {
     pub fn run(self) -> i32 {
         match self.gc() {
             Ok(()) => 0,
-            Err(e) => {
-                eprintln!("layerfs gc: {e}");
-                1
-            }
+            Err(e) => super::fail("gc", e),
         }
     }
 

@@ -9,6 +9,7 @@ use clap::Args;
 use globset::GlobMatcher;
 use serde_json::{json, Value};
 
+use crate::quote::{quote, visible};
 use crate::state::journal;
 use crate::state::workspace::Workspace;
 
@@ -107,23 +108,30 @@ impl Row {
         })
     }
 
+    /// One line per record, whatever the names hold: paths, targets and
+    /// process names are quoted, rules escaped (`crate::quote`).
     fn text(&self) -> String {
-        let mut s = format!("{}  {:<11} {}", rfc3339(self.time), self.op, self.path);
+        let mut s = format!(
+            "{}  {:<11} {}",
+            rfc3339(self.time),
+            self.op,
+            quote(self.path.as_bytes())
+        );
         if let Some(t) = &self.to {
-            s.push_str(&format!(" -> {t}"));
+            s.push_str(&format!(" -> {}", quote(t.as_bytes())));
         }
-        s.push_str(&format!("  {}", self.result));
+        s.push_str(&format!("  {}", visible(&self.result)));
         if let Some(b) = self.bytes {
             s.push_str(&format!("  {b} bytes"));
         }
         if let Some(p) = self.pid {
             s.push_str(&format!("  pid {p}"));
             if let Some(c) = &self.comm {
-                s.push_str(&format!(" ({c})"));
+                s.push_str(&format!(" ({})", quote(c.as_bytes())));
             }
         }
         if let Some(r) = &self.rule {
-            s.push_str(&format!("  rule: {r}"));
+            s.push_str(&format!("  rule: {}", visible(r)));
         }
         s
     }
@@ -142,10 +150,7 @@ impl LogCmd {
                 }
                 0
             }
-            Err(e) => {
-                eprintln!("layerfs log: {e}");
-                1
-            }
+            Err(e) => super::fail("log", e),
         }
     }
 

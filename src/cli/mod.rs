@@ -138,3 +138,16 @@ pub fn run() -> i32 {
         Command::Sandbox(s) => s.run(),
     }
 }
+
+/// Prints a command's error (`layerfs CMD: …`) with every character a
+/// terminal would act on escaped (`crate::quote::visible`): errors name
+/// paths, and a path's name is whoever created it's choice.
+pub(crate) fn print_error(cmd: &str, e: impl std::fmt::Display) {
+    eprintln!("layerfs {cmd}: {}", crate::quote::visible(&e.to_string()));
+}
+
+/// `print_error`, then the failure exit status 1.
+pub(crate) fn fail(cmd: &str, e: impl std::fmt::Display) -> i32 {
+    print_error(cmd, e);
+    1
+}

@@ -159,13 +159,13 @@ impl MountCmd {
             scratch: self.scratch,
         };
         if let Err(e) = self.instance.apply(&mut args) {
-            eprintln!("layerfs mount: {e}");
+            super::print_error("mount", &e);
             return e.exit_code();
         }
         match config::validate(args) {
             Ok(cfg) => daemon::start(cfg),
             Err(e) => {
-                eprintln!("layerfs mount: {e}");
+                super::print_error("mount", &e);
                 e.exit_code()
             }
         }

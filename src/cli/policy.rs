@@ -52,16 +52,13 @@ impl PolicyCmd {
                     println!("{}: OK", file.display());
                     0
                 }
-                Err(e) => {
-                    eprintln!("layerfs policy check: {e}");
-                    1
-                }
+                Err(e) => super::fail("policy check", e),
             },
             PolicyCmd::Explain { file, path } => {
                 let rel = match mount_relative(&path) {
                     Ok(r) => r,
                     Err(e) => {
-                        eprintln!("layerfs policy explain: {e}");
+                        super::print_error("policy explain", &e);
                         return 2;
                     }
                 };
@@ -70,10 +67,7 @@ impl PolicyCmd {
                         println!("{}", p.explain(&rel));
                         0
                     }
-                    Err(e) => {
-                        eprintln!("layerfs policy explain: {e}");
-                        1
-                    }
+                    Err(e) => super::fail("policy explain", e),
                 }
             }
         }

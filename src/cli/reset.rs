@@ -37,10 +37,7 @@ impl ResetCmd {
     pub fn run(self) -> i32 {
         match self.reset() {
             Ok(()) => 0,
-            Err(e) => {
-                eprintln!("layerfs reset: {e}");
-                1
-            }
+            Err(e) => super::fail("reset", e),
         }
     }
 
@@ -86,7 +83,7 @@ pub fn shown(p: &std::ffi::OsStr) -> String {
     if p.is_empty() {
         ".".into()
     } else {
-        p.to_string_lossy().into_owned()
+        crate::quote::quote_os(p).into_owned()
     }
 }
 

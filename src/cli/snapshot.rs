@@ -82,10 +82,7 @@ impl SnapshotCmd {
         };
         match r {
             Ok(()) => 0,
-            Err(e) => {
-                eprintln!("layerfs snapshot {what}: {e}");
-                1
-            }
+            Err(e) => super::fail(&format!("snapshot {what}"), e),
         }
     }
 }

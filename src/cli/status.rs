@@ -40,14 +40,14 @@ impl StatusCmd {
             Some(w) => match one(w) {
                 Ok(v) => vec![v],
                 Err(e) => {
-                    eprintln!("layerfs status: {e}");
+                    super::print_error("status", &e);
                     return 1;
                 }
             },
             None => match every_mount() {
                 Ok(v) => v,
                 Err(e) => {
-                    eprintln!("layerfs status: {e}");
+                    super::print_error("status", &e);
                     return 1;
                 }
             },
@@ -198,7 +198,10 @@ fn lower_line(l: &Value) -> String {
 /// The text form of one status object.
 fn render(v: &Value) -> String {
     let mut out = String::new();
-    let mut line = |k: &str, val: String| out.push_str(&format!("{k:<12} {val}\n"));
+    // Every value may hold names a user chose (paths, errors naming
+    // files): escaped so none can forge a line or drive the terminal.
+    let mut line =
+        |k: &str, val: String| out.push_str(&format!("{k:<12} {}\n", crate::quote::visible(&val)));
     let mounted = v.get("mounted").and_then(Value::as_bool).unwrap_or(false);
     line(
         "mountpoint",

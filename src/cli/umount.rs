@@ -52,10 +52,7 @@ impl UmountCmd {
     pub fn run(self) -> i32 {
         match self.unmount() {
             Ok(()) => 0,
-            Err(e) => {
-                eprintln!("layerfs umount: {e}");
-                1
-            }
+            Err(e) => super::fail("umount", e),
         }
     }
 

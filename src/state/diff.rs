@@ -37,6 +37,7 @@ use std::path::{Path, PathBuf};
 use crate::layer::ops::is_whiteout;
 use crate::layer::sys::{self, Stat};
 use crate::overlay::origin::Origin;
+use crate::quote::{quote, quote_os};
 use crate::state::scratch::Scratch;
 
 /// The kind of a change, as `diff` prints it.
@@ -97,31 +98,24 @@ impl Change {
         self.from.as_ref().map(|f| f.to_string_lossy().into_owned())
     }
 
-    /// Writes `text_line` and a newline to `out` without building it.
+    /// Writes `text_line` and a newline to `out`.
     pub fn write_text(&self, out: &mut impl std::io::Write) -> io::Result<()> {
-        out.write_all(&[self.kind.letter() as u8, b' '])?;
-        if let Some(f) = &self.from {
-            out.write_all(f.to_string_lossy().as_bytes())?;
-            out.write_all(b" -> ")?;
-        }
-        out.write_all(self.path.to_string_lossy().as_bytes())?;
-        if self.conflict {
-            out.write_all(b" (conflict)")?;
-        }
+        out.write_all(self.text_line().as_bytes())?;
         out.write_all(b"\n")
     }
 
     /// `A path`, `R old -> new`, with ` (conflict)` when the shared
-    /// original drifted.
+    /// original drifted. Names are quoted where they need it
+    /// (`crate::quote`), so a name can never forge a line.
     pub fn text_line(&self) -> String {
         let mut s = match &self.from {
             Some(f) => format!(
                 "{} {} -> {}",
                 self.kind.letter(),
-                f.to_string_lossy(),
-                self.path.to_string_lossy()
+                quote_os(f),
+                quote_os(&self.path)
             ),
-            None => format!("{} {}", self.kind.letter(), self.path.to_string_lossy()),
+            None => format!("{} {}", self.kind.letter(), quote_os(&self.path)),
         };
         if self.conflict {
             s.push_str(" (conflict)");
@@ -1062,8 +1056,15 @@ fn git_mode(root: &OwnedFd, rel: &OsStr) -> Option<u32> {
 /// A git-style patch for one change ("" for changes without content, such
 /// as directories and metadata-only changes other than an executable bit).
 pub fn patch(layers: &Layers, c: &Change) -> String {
-    let path = c.path.to_string_lossy();
-    let from = c.from_str().unwrap_or_else(|| path.to_string());
+    // Names in git's quoting, which `git apply` reads back to the bytes.
+    let prefixed = |prefix: &str, name: &OsStr| {
+        let mut b = prefix.as_bytes().to_vec();
+        b.extend_from_slice(name.as_bytes());
+        quote(&b).into_owned()
+    };
+    let from_name = c.from.as_deref().unwrap_or(&c.path);
+    let (path, from) = (quote_os(&c.path), quote_os(from_name));
+    let (a_path, b_path) = (prefixed("a/", from_name), prefixed("b/", &c.path));
     let old = match &c.old {
         Some((layer, rel)) => content(&layers.lowers[*layer], rel),
         None => Content::Absent,
@@ -1086,7 +1087,7 @@ pub fn patch(layers: &Layers, c: &Change) -> String {
     let mut out = String::new();
     let header = |out: &mut String| {
         if out.is_empty() {
-            out.push_str(&format!("diff --git a/{from} b/{path}\n"));
+            out.push_str(&format!("diff --git {a_path} {b_path}\n"));
             match (c.kind, old_mode, new_mode) {
                 (Kind::Added, _, Some(m)) => out.push_str(&format!("new file mode {m:o}\n")),
                 (Kind::Deleted, Some(m), _) => out.push_str(&format!("deleted file mode {m:o}\n")),
@@ -1110,12 +1111,12 @@ pub fn patch(layers: &Layers, c: &Change) -> String {
         if matches!(old, Content::Absent) {
             "/dev/null".to_string()
         } else {
-            format!("a/{from}")
+            a_path.clone()
         },
         if matches!(new, Content::Absent) {
             "/dev/null".to_string()
         } else {
-            format!("b/{path}")
+            b_path.clone()
         },
     );
     match (&old, &new) {

@@ -21,6 +21,7 @@ mod pjdfstest;
 mod policy;
 mod posix;
 mod powerloss;
+mod quoting;
 mod robust;
 mod run;
 mod snapshot;
