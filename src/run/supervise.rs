@@ -41,6 +41,10 @@ pub struct Launch<'a> {
     pub network: bool,
     pub command: &'a [OsString],
     pub timeout: Option<Duration>,
+    /// Bytes of the sandbox's private tmpfs (/tmp, /dev/shm, /run).
+    pub tmp_size: u64,
+    /// Host directories the command must not see.
+    pub hide: &'a [PathBuf],
 }
 
 /// How the command ended and how long it ran.
@@ -86,6 +90,10 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     }
     if !l.network {
         cmd.arg("--no-network");
+    }
+    cmd.arg("--tmp-size").arg(l.tmp_size.to_string());
+    for d in l.hide {
+        cmd.arg("--hide").arg(d);
     }
     cmd.arg("--")
         .args(l.command)

@@ -6,7 +6,7 @@
 //!                          └─ init (pid 1 of the new pid namespace): builds
 //!                               │   the tree, pivots, forks the command,
 //!                               │   forwards signals, reports its status
-//!                               └─ the command (exec)
+//!                               └─ the command (confined, exec)
 //! ```
 //!
 //! When the init exits the kernel kills every process left in its pid
@@ -32,7 +32,7 @@ use nix::unistd::{geteuid, ForkResult, Pid};
 use super::report::{parse_forward, Report, Reporter};
 use super::rootfs::{self, Layout};
 use super::userns::{self, IdMap};
-use super::{cwd, net, sys, Spec, STOP_SIGNALS};
+use super::{confine, cwd, net, sys, Spec, STOP_SIGNALS};
 
 /// Entry point of `layerfs __sandbox` (the monitor); returns its exit code.
 pub fn main(spec: Spec) -> i32 {
@@ -86,7 +86,9 @@ fn monitor(
     control: OwnedFd,
     ignored: &[Signal],
 ) -> Result<(), String> {
-    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
+    // A private IPC namespace: the host's System V shared memory, message
+    // queues and semaphores (a database's, say) are not reachable.
+    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC;
     if spec.no_network {
         flags |= CloneFlags::CLONE_NEWNET;
     }
@@ -127,6 +129,8 @@ fn prepare(spec: &Spec) -> Result<(), String> {
         workspace: &spec.workspace,
         stage: &spec.stage,
         fresh_sysfs: spec.no_network,
+        tmp_size: spec.tmp_size,
+        hide: &spec.hide,
     })?;
     if geteuid().is_root() {
         userns::enter(CloneFlags::CLONE_NEWNS, &IdMap::identity())?;
@@ -226,9 +230,13 @@ fn reap(child: Pid, mut control: &File, sfd: &SignalFd) -> Option<Report> {
     }
 }
 
-/// The command's process: restores the signal state the caller gave
-/// `layerfs run`, then execs. Never returns.
+/// The command's process: confined, the signal state the caller gave
+/// `layerfs run` restored, then execs. Never returns.
 fn exec_command(spec: &Spec, report: &Reporter, ignored: &[Signal]) -> ! {
+    if let Err(msg) = confine::command(geteuid().is_root()) {
+        report.send(&Report::Failed(msg));
+        sys::exit_child(125);
+    }
     for s in STOP_SIGNALS {
         let _ = sys::set_disposition(s, ignored.contains(&s));
     }

@@ -23,6 +23,7 @@ mod posix;
 mod powerloss;
 mod robust;
 mod run;
+mod sandbox_audit;
 mod snapshot;
 mod state;
 mod stress;
