@@ -32,10 +32,14 @@ the same upper is used as it is and left mounted). TMPDIR is /tmp and
 LAYERFS_WORKSPACE names the workspace. When the command exits, every
 process it left behind is killed.
 
-stdout and stderr are relayed as they come. Ctrl-C or SIGTERM stop the
-command (after 5 s, or at a second one, it is killed) and still unmount.
-As a user other than root this needs unprivileged user namespaces (and
-fusermount3 to mount).
+The command runs in a session of its own and never gets the caller's
+terminal: when stdin, stdout or stderr is a terminal, it gets a
+pseudo-terminal of the sandbox on those, which layerfs run relays (the
+caller's terminal in raw mode meanwhile; window size followed; Ctrl-C
+goes to the command through it). Other output is relayed as it comes.
+Ctrl-C or SIGTERM sent to layerfs run stop the command (after 5 s, or at
+a second one, it is killed) and still unmount. As a user other than root
+this needs unprivileged user namespaces (and fusermount3 to mount).
 
 Exit status: the command's own; 128+N if signal N ended it; 124 if
 --timeout killed it; 125 if layerfs run itself failed (mounting, sandbox);

@@ -14,6 +14,7 @@ mod relay;
 mod rundir;
 mod signals;
 mod supervise;
+mod terminal;
 
 use std::ffi::OsString;
 use std::fs;

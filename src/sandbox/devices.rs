@@ -1,7 +1,8 @@
 //! The sandbox's `/dev`: a small read-only tmpfs holding only the device
 //! nodes programs expect (each a bind of the host's node), a private
-//! `devpts` instance for pseudo-terminals and a private `/dev/shm` (a
-//! directory of the sandbox's private tmpfs, see `rootfs`).
+//! `devpts` instance for pseudo-terminals (the command's terminal comes
+//! from it, see `terminal`) and a private `/dev/shm` (a directory of the
+//! sandbox's private tmpfs, see `rootfs`).
 //!
 //! The host's `/dev` is not shown: as root, raw disks there would be
 //! writable however read-only the mounts above them are.

@@ -10,8 +10,9 @@
 //! Built with the kernel's own interfaces (`unshare`, the new mount API,
 //! `pivot_root`) by a fresh process, `layerfs __sandbox`, which
 //! `layerfs run` starts with the command line below; see `init` for the
-//! processes, `rootfs` and `masks` for the tree and `confine` for what the
-//! command gives up before it execs. As an unprivileged user it needs user namespaces (the user's
+//! processes, `rootfs` and `masks` for the tree, `terminal` for the
+//! command's terminal and `confine` for what the command gives up before
+//! it execs. As an unprivileged user it needs user namespaces (the user's
 //! own uid mapped to itself); as root the command also runs in a user
 //! namespace of its own, so it cannot undo the read-only mounts and masks.
 
@@ -24,6 +25,7 @@ mod net;
 pub mod report;
 mod rootfs;
 mod sys;
+pub mod terminal;
 pub mod userns;
 
 use std::ffi::OsString;
@@ -67,6 +69,20 @@ pub struct Spec {
     /// A host directory the command must not see (repeatable).
     #[arg(long = "hide", value_name = "DIR")]
     pub hide: Vec<PathBuf>,
+    /// Inherited Unix socket on which the init sends `layerfs run` the
+    /// master of the command's pseudo-terminal; without it the command
+    /// gets no terminal.
+    #[arg(long, value_name = "FD", requires = "pty_fds")]
+    pub terminal_fd: Option<i32>,
+    /// Which of the command's descriptors 0, 1, 2 are its terminal.
+    #[arg(long, value_name = "FDS", value_delimiter = ',')]
+    pub pty_fds: Vec<i32>,
+    /// The terminal's initial window size: rows.
+    #[arg(long, default_value_t = 0)]
+    pub rows: u16,
+    /// The terminal's initial window size: columns.
+    #[arg(long, default_value_t = 0)]
+    pub cols: u16,
     /// Inherited descriptor for report lines (see `report`).
     #[arg(long, value_name = "FD")]
     pub report_fd: i32,

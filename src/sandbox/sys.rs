@@ -1,8 +1,9 @@
 //! Every `unsafe` call the sandbox makes, each wrapped in a safe function:
 //! the new mount API (`open_tree`, `move_mount`, `mount_setattr`, which
 //! `nix` does not wrap), `openat2`, `fork`, `prctl`, signal dispositions,
-//! the loopback interface's flags, capabilities (`capset`), Landlock and
-//! the session keyring.
+//! the loopback interface's flags, capabilities (`capset`), Landlock,
+//! the session keyring, terminal window sizes and receiving a descriptor
+//! over a Unix socket.
 
 use std::ffi::CString;
 use std::io;
@@ -225,6 +226,15 @@ pub fn interface_up(name: &str) -> io::Result<()> {
     }
 }
 
+/// Marks this process non-dumpable: processes of its user namespace that
+/// lack `CAP_SYS_PTRACE` can no longer ptrace it or open its
+/// `/proc/PID/fd` entries.
+pub fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0) };
+    check(r as libc::c_long)
+}
+
 /// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
 const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
@@ -360,4 +370,56 @@ pub fn join_new_session_keyring() -> io::Result<()> {
             std::ptr::null::<libc::c_char>(),
         )
     })
+}
+
+/// A terminal's window size (`TIOCGWINSZ`): (rows, columns).
+pub fn window_size(tty: BorrowedFd<'_>) -> io::Result<(u16, u16)> {
+    // SAFETY: winsize is plain data; all-zero is valid.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills the winsize it is given.
+    check(unsafe { libc::ioctl(tty.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) } as libc::c_long)?;
+    Ok((ws.ws_row, ws.ws_col))
+}
+
+/// Sets a terminal's window size (`TIOCSWINSZ`); the kernel sends
+/// `SIGWINCH` to its foreground process group when it changes.
+pub fn set_window_size(tty: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads the winsize it is given.
+    check(unsafe { libc::ioctl(tty.as_raw_fd(), libc::TIOCSWINSZ, &ws) } as libc::c_long)
+}
+
+/// Receives one descriptor sent with `SCM_RIGHTS` on `sock`; `None` at
+/// end of stream or for a message that carries none.
+pub fn receive_fd(sock: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
+    let mut got = None;
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for fd in fds {
+                // SAFETY: the kernel installed this descriptor in our table
+                // for this message; nothing else refers to it.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                if got.is_none() {
+                    got = Some(owned);
+                }
+            }
+        }
+    }
+    Ok(got)
 }

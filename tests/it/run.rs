@@ -92,6 +92,11 @@ impl Running {
         Running(Some(cmd.spawn().expect("start layerfs run")))
     }
 
+    /// Starts `cmd` with the standard streams it was given.
+    pub(crate) fn spawn(mut cmd: Command) -> Running {
+        Running(Some(cmd.spawn().expect("start layerfs run")))
+    }
+
     fn pid(&self) -> i32 {
         self.0.as_ref().unwrap().id() as i32
     }

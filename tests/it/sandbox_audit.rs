@@ -11,23 +11,36 @@
 //!   short allow list of per-process files;
 //! - device nodes: only the usual ones in `/dev`, the host's nodes
 //!   unusable, none can be made;
-//! - terminals: `TIOCSTI` on every terminal the command can find;
+//! - the caller's terminal: `TIOCSTI` on every terminal the command can
+//!   find, with `layerfs run` under script(1), and the calling shell
+//!   checked for injected input afterwards;
 //! - host sockets: a listening Unix socket under the host's `/run`, the
 //!   workspace's `control.sock`, an abstract socket of the host;
 //! - mounts: mount, umount, remount, bind, `unshare -m`, and inside a
 //!   nested user namespace the mounts that would undo the masks;
 //! - the bounded tmpfs behind `/tmp`, `/dev/shm` and `/run`.
+//!
+//! And interactive use through the command's terminal keeps working:
+//! window size (also when it changes), Ctrl-C, exit code, `--max-output`,
+//! `--json`, the caller's terminal mode restored.
 
 use std::fs;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::harness::bin;
-use crate::run::{run_as, s, stderr, stdout, tests_ids, text, workspace_for, Caller};
+use crate::harness::{bin, eventually};
+use crate::run::{
+    run_as, run_cmd, s, stderr, stdout, tests_ids, text, workspace_for, Caller, KillGroup,
+    OpenFuse, Running,
+};
 
 /// A harmless sysctl the attack tries to change: how long the kernel waits
 /// for a lease holder (fs/lease-break-time, seconds).
@@ -59,6 +72,15 @@ impl Drop for SysctlGuard {
         if self.changed() {
             let _ = fs::write(SYSCTL, &self.before);
         }
+    }
+}
+
+/// Removes a path when dropped.
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
     }
 }
 
@@ -618,4 +640,353 @@ fn tmp_size_bounds_tmp_shm_and_run_together() {
         "{}",
         text(&help)
     );
+}
+
+/// The outer shell of the terminal tests: runs `layerfs run` on the
+/// terminal script(1) gives it, then reads what is left in that terminal's
+/// input and runs it, as an interactive shell would.
+fn outer_shell(dir: &Path, run: &str) -> PathBuf {
+    let path = dir.join("outer.sh");
+    fs::write(
+        &path,
+        format!(
+            "{run}\nst=$?\nline=\nread -t 1 line\necho \"STATUS[$st] LEFTOVER[$line]\"\n\
+             eval \"$line\"\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// The command line of `layerfs run` as `caller`, for a shell.
+fn run_line(caller: Caller, args: &[&str]) -> String {
+    let quoted: Vec<String> = args
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+        .collect();
+    let prefix = match caller {
+        Caller::Root => String::new(),
+        Caller::Tests => {
+            let (uid, gid) = tests_ids();
+            format!("setpriv --reuid={uid} --regid={gid} --clear-groups -- ")
+        }
+    };
+    format!("{prefix}{} run {}", bin().display(), quoted.join(" "))
+}
+
+/// The issue's reproduction: the command pushes `touch MARKER` into every
+/// terminal it can find; the calling shell must not run it.
+fn keystrokes_cannot_reach_the_callers_shell(caller: Caller, stdin_is_terminal: bool) {
+    let ws = workspace_for(caller);
+    let marker = PathBuf::from(format!(
+        "/var/tmp/layerfs-tiocsti-{}-{}-{}",
+        std::process::id(),
+        caller as u8,
+        stdin_is_terminal as u8
+    ));
+    let _ = fs::remove_file(&marker);
+    let _cleanup = Removed(marker.clone());
+    let plan = json!({
+        "writes": [], "host_devices": [], "sockets": [], "mounts": [], "nested": [],
+        "payload": format!("touch {}\n", marker.display()),
+    });
+    let mut run = run_line(
+        caller,
+        &[
+            "--lower",
+            s(ws.lower()),
+            "--ephemeral",
+            "--",
+            "python3",
+            "-c",
+            PROBE,
+            &plan.to_string(),
+        ],
+    );
+    if !stdin_is_terminal {
+        // Then layerfs run does not read the terminal: anything pushed
+        // into it would wait there for the calling shell.
+        run.push_str(" < /dev/null");
+    }
+    let outer = outer_shell(ws.dir.path(), &run);
+    let _fuse = (caller == Caller::Tests).then(OpenFuse::new);
+    let mut child = Command::new("script")
+        .args(["-qfec", &format!("bash {}", outer.display()), "/dev/null"])
+        .env("RUST_LOG", "warn")
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("run script(1)");
+    let _group = KillGroup(child.id() as i32);
+    // Held open and silent: script(1) must not see an end of input.
+    let stdin = child.stdin.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let o = stdout(&out);
+    let what = format!("{caller:?}, stdin a terminal: {stdin_is_terminal}");
+    let a = audit_of(&out);
+    assert!(
+        o.contains("STATUS[0] LEFTOVER[]"),
+        "{what}: input was left in the caller's terminal: {o}"
+    );
+    assert!(
+        !marker.exists(),
+        "{what}: the calling shell ran the injected command: {o}"
+    );
+    // The command did have a terminal: its own.
+    assert_eq!(a["tiocsti"]["fd1"], "INJECTED", "{what}: {a}");
+}
+
+#[test]
+fn keystrokes_pushed_by_root_never_reach_the_callers_shell() {
+    keystrokes_cannot_reach_the_callers_shell(Caller::Root, true);
+    keystrokes_cannot_reach_the_callers_shell(Caller::Root, false);
+}
+
+#[test]
+fn keystrokes_pushed_by_a_user_never_reach_the_callers_shell() {
+    keystrokes_cannot_reach_the_callers_shell(Caller::Tests, true);
+    keystrokes_cannot_reach_the_callers_shell(Caller::Tests, false);
+}
+
+/// `layerfs run` as the foreground job of a terminal the test holds the
+/// master of.
+struct OnTerminal {
+    master: Arc<OwnedFd>,
+    output: Arc<Mutex<Vec<u8>>>,
+    run: Option<Running>,
+}
+
+impl OnTerminal {
+    fn start(caller: Caller, rows: u16, cols: u16, args: &[&str]) -> OnTerminal {
+        let size = nix::pty::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty = nix::pty::openpty(Some(&size), None).unwrap();
+        // `setsid --ctty`: a session of its own whose controlling terminal
+        // is stdin, layerfs run in its foreground group.
+        let cmd = run_cmd(caller, args);
+        let program = cmd.get_program().to_owned();
+        let argv: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+        let mut wrapped = Command::new("setsid");
+        wrapped
+            .arg("--ctty")
+            .arg(program)
+            .args(argv)
+            .env("RUST_LOG", "warn")
+            .env_remove("TMPDIR")
+            .current_dir("/");
+        let slave = pty.slave;
+        wrapped
+            .stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave));
+        let run = Running::spawn(wrapped);
+        let master = Arc::new(pty.master);
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let (m, o) = (master.clone(), output.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            // EIO once every descriptor of the terminal is closed.
+            while let Ok(n) = nix::unistd::read(m.as_raw_fd(), &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                o.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        OnTerminal {
+            master,
+            output,
+            run: Some(run),
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+
+    fn wait_for(&self, what: &str) {
+        assert!(
+            eventually(Duration::from_secs(30), || self.text().contains(what)),
+            "no {what:?} on the terminal: {:?}",
+            self.text()
+        );
+    }
+
+    fn type_in(&self, bytes: &[u8]) {
+        nix::unistd::write(self.master.as_fd(), bytes).unwrap();
+    }
+
+    fn termios(&self) -> nix::sys::termios::Termios {
+        nix::sys::termios::tcgetattr(self.master.as_fd()).unwrap()
+    }
+
+    /// Waits for layerfs run to end; its output, everything the terminal
+    /// showed, and the terminal's mode afterwards.
+    fn finish(mut self) -> (Output, String, nix::sys::termios::Termios) {
+        let out = self.run.take().unwrap().finish(Duration::from_secs(60));
+        let termios = self.termios();
+        // The reader ends at EIO, once nothing holds the terminal.
+        let _ = eventually(Duration::from_secs(5), || {
+            Arc::strong_count(&self.master) == 1
+        });
+        (out, self.text(), termios)
+    }
+}
+
+/// Sets the window size of the test's terminal (its foreground group,
+/// layerfs run, gets SIGWINCH).
+fn set_winsize(master: std::os::fd::BorrowedFd<'_>, rows: u16, cols: u16) {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads the winsize it is given.
+    let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    assert_eq!(r, 0, "TIOCSWINSZ: {}", std::io::Error::last_os_error());
+}
+
+fn canonical_and_echo(t: &nix::sys::termios::Termios) -> bool {
+    use nix::sys::termios::LocalFlags;
+    t.local_flags
+        .contains(LocalFlags::ICANON | LocalFlags::ECHO)
+}
+
+#[test]
+fn on_a_terminal_size_ctrl_c_and_exit_codes_work_through_the_commands_own_terminal() {
+    for caller in [Caller::Root, Caller::Tests] {
+        let ws = workspace_for(caller);
+        let lower = s(ws.lower());
+        let _fuse = (caller == Caller::Tests).then(OpenFuse::new);
+        // Window size at the start and when it changes; Ctrl-C.
+        let script = "tty; stty size; trap 'stty size' WINCH; echo ready; \
+                      while :; do sleep 0.1; done";
+        let t = OnTerminal::start(
+            caller,
+            33,
+            77,
+            &[
+                "--lower",
+                lower,
+                "--ephemeral",
+                "--json",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        );
+        t.wait_for("ready");
+        assert!(
+            !canonical_and_echo(&t.termios()),
+            "{caller:?}: not in raw mode"
+        );
+        set_winsize(t.master.as_fd(), 40, 100);
+        t.wait_for("40 100");
+        t.type_in(b"\x03");
+        let (out, shown, after) = t.finish();
+        assert_eq!(out.status.code(), Some(130), "{caller:?}: {shown:?}");
+        assert!(
+            shown.contains("/dev/pts/0\r\n33 77\r\n"),
+            "{caller:?}: {shown:?}"
+        );
+        let last = shown.lines().last().unwrap().trim_end_matches('\r');
+        let v: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {shown:?}"));
+        assert_eq!(v["signal"], 2, "{caller:?}: {shown:?}");
+        assert!(
+            canonical_and_echo(&after),
+            "{caller:?}: the terminal's mode was not restored"
+        );
+
+        // Exit code, typed input, --max-output over the terminal.
+        let t = OnTerminal::start(
+            caller,
+            24,
+            80,
+            &[
+                "--lower",
+                lower,
+                "--ephemeral",
+                "--max-output",
+                "40",
+                "--",
+                "sh",
+                "-c",
+                "echo ready; read line; echo got:$line; head -c 5000 /dev/zero | tr '\\0' x; exit 7",
+            ],
+        );
+        t.wait_for("ready");
+        t.type_in(b"hello\r");
+        let (out, shown, after) = t.finish();
+        assert_eq!(out.status.code(), Some(7), "{caller:?}: {shown:?}");
+        assert!(shown.contains("got:hello\r\n"), "{caller:?}: {shown:?}");
+        assert!(!shown.contains(&"x".repeat(40)), "{caller:?}: {shown:?}");
+        assert!(shown.contains("output truncated"), "{caller:?}: {shown:?}");
+        assert!(
+            canonical_and_echo(&after),
+            "{caller:?}: the terminal's mode was not restored"
+        );
+    }
+}
+
+/// A failure after the sandbox started (a --cwd refused inside it) and a
+/// --timeout still give the terminal its mode back.
+#[test]
+fn on_a_terminal_every_ending_restores_the_terminals_mode() {
+    let ws = workspace_for(Caller::Root);
+    fs::create_dir(ws.lower().join("d")).unwrap();
+    std::os::unix::fs::symlink("/etc", ws.lower().join("d/out")).unwrap();
+    let lower = s(ws.lower());
+    for (args, code) in [
+        (vec!["--cwd", "d/out", "--", "true"], 2),
+        (
+            vec!["--timeout", "1s", "--", "sh", "-c", "echo ready; sleep 60"],
+            124,
+        ),
+        (vec!["--", "no-such-command-xyz"], 127),
+    ] {
+        let mut all = vec!["--lower", lower, "--ephemeral"];
+        all.extend(args.iter().copied());
+        let t = OnTerminal::start(Caller::Root, 24, 80, &all);
+        let (out, shown, after) = t.finish();
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {shown:?}");
+        assert!(
+            canonical_and_echo(&after),
+            "{args:?}: the terminal's mode was not restored"
+        );
+    }
+}
+
+/// A command that stops itself (as an editor does at Ctrl-Z) has no shell
+/// outside to resume it: it is continued instead of hanging the run.
+#[test]
+fn a_command_that_stops_itself_is_continued() {
+    let ws = workspace_for(Caller::Root);
+    let out = run_as(
+        Caller::Root,
+        &[
+            "--lower",
+            s(ws.lower()),
+            "--ephemeral",
+            "--",
+            "sh",
+            "-c",
+            "kill -TSTP $$; echo continued; exit 4",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert_eq!(stdout(&out), "continued\n", "{}", text(&out));
 }
