@@ -18,19 +18,28 @@ Examples:
   layerfs run --lower /srv/shared --upper ~/ws/upper --cwd src \\
               --max-output 64K --timeout 5m --json -- cargo build
 
-The command runs in private mount and pid namespaces where the workspace
-is the only writable place: the rest of the host is read-only, /tmp and
-/dev/shm are private (and gone afterwards), /proc shows only the sandbox's
-processes. The workspace appears at its mountpoint's path (for --upper
-DIR without a live mount, .DIR-NAME.layerfs-mnt beside DIR; a live mount of
+The command runs in private mount, pid and IPC namespaces where the
+workspace is the only writable place: the rest of the host is read-only,
+/tmp, /dev/shm and /run are private (one tmpfs of --tmp-size, gone
+afterwards; /run hides the host's service sockets), /proc shows only the
+sandbox's processes, the kernel's settings in /proc/sys and /sys are
+read-only and its sensitive files masked, and the workspace's own upper,
+work and state directories are hidden. As root, the command keeps root's
+file permissions but not the capabilities to mount or to administer the
+host. The workspace appears at its mountpoint's path (for --upper DIR
+without a live mount, .DIR-NAME.layerfs-mnt beside DIR; a live mount of
 the same upper is used as it is and left mounted). TMPDIR is /tmp and
 LAYERFS_WORKSPACE names the workspace. When the command exits, every
 process it left behind is killed.
 
-stdout and stderr are relayed as they come. Ctrl-C or SIGTERM stop the
-command (after 5 s, or at a second one, it is killed) and still unmount.
-As a user other than root this needs unprivileged user namespaces (and
-fusermount3 to mount).
+The command runs in a session of its own and never gets the caller's
+terminal: when stdin, stdout or stderr is a terminal, it gets a
+pseudo-terminal of the sandbox on those, which layerfs run relays (the
+caller's terminal in raw mode meanwhile; window size followed; Ctrl-C
+goes to the command through it). Other output is relayed as it comes.
+Ctrl-C or SIGTERM sent to layerfs run stop the command (after 5 s, or at
+a second one, it is killed) and still unmount. As a user other than root
+this needs unprivileged user namespaces (and fusermount3 to mount).
 
 Exit status: the command's own; 128+N if signal N ended it; 124 if
 --timeout killed it; 125 if layerfs run itself failed (mounting, sandbox);
@@ -90,6 +99,12 @@ pub struct RunCmd {
     #[arg(long, overrides_with = "network")]
     no_network: bool,
 
+    /// Memory the sandbox's private /tmp, /dev/shm and /run may hold
+    /// together (e.g. 512M, 2G; at least 1M) [default: a quarter of the
+    /// machine's memory, MemTotal in /proc/meminfo].
+    #[arg(long, value_name = "SIZE", value_parser = parse_tmp_size)]
+    tmp_size: Option<u64>,
+
     /// At the end, print one JSON object on stdout: exit_code, signal,
     /// truncated, output_bytes, duration_ms, upper, mountpoint, timed_out
     /// (and error when layerfs run failed).
@@ -117,6 +132,21 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The smallest `--tmp-size`.
+const MIN_TMP_SIZE: u64 = 1 << 20;
+
+/// Parses `--tmp-size`: a size with an optional unit, at least 1M (a
+/// tmpfs of size 0 would be unlimited).
+pub fn parse_tmp_size(s: &str) -> Result<u64, String> {
+    let n = config::parse_size(s)?;
+    if n < MIN_TMP_SIZE {
+        return Err(format!(
+            "invalid size `{s}`: the sandbox's /tmp needs at least 1M (e.g. 512M, 2G)"
+        ));
+    }
+    Ok(n)
+}
+
 impl RunCmd {
     pub fn run(self) -> i32 {
         crate::run::execute(Options {
@@ -129,6 +159,7 @@ impl RunCmd {
             timeout: self.timeout,
             network: !self.no_network,
             json: self.json,
+            tmp_size: self.tmp_size,
             command: self.command,
         })
     }
@@ -146,5 +177,14 @@ mod tests {
         assert_eq!(parse_timeout("1.5").unwrap(), Duration::from_millis(1500));
         assert!(parse_timeout("0").is_err());
         assert!(parse_timeout("soon").is_err());
+    }
+
+    #[test]
+    fn tmp_sizes_need_a_unit_or_bytes_and_at_least_a_mebibyte() {
+        assert_eq!(parse_tmp_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_tmp_size("2G").unwrap(), 2 << 30);
+        for bad in ["0", "4K", "lots", "-1M", ""] {
+            assert!(parse_tmp_size(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -14,6 +14,7 @@ mod relay;
 mod rundir;
 mod signals;
 mod supervise;
+mod terminal;
 
 use std::ffi::OsString;
 use std::fs;
@@ -44,7 +45,23 @@ pub struct Options {
     pub timeout: Option<Duration>,
     pub network: bool,
     pub json: bool,
+    /// `--tmp-size`; `None`: `default_tmp_size()`.
+    pub tmp_size: Option<u64>,
     pub command: Vec<OsString>,
+}
+
+/// The default `--tmp-size`: a quarter of the machine's memory (`MemTotal`),
+/// or 1 GiB when that cannot be read.
+pub fn default_tmp_size() -> u64 {
+    fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024 / 4)
+        })
+        .filter(|b| *b > 0)
+        .unwrap_or(1 << 30)
 }
 
 /// A line on stderr; a closed stderr is ignored rather than a panic.
@@ -86,6 +103,7 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
             ..Outcome::failed(Failure::Runtime(String::new()))
         },
         Ok(mut ws) => {
+            let hide = ws.private_dirs(&rundir);
             let launch = supervise::Launch {
                 workspace: &ws.mountpoint,
                 stage: rundir.stage(),
@@ -93,6 +111,8 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
                 network: opts.network,
                 command: &opts.command,
                 timeout: opts.timeout,
+                tmp_size: opts.tmp_size.unwrap_or_else(default_tmp_size),
+                hide: &hide,
             };
             let ran = supervise::run(&launch, &mut relay, stop);
             for w in ws.release() {
@@ -282,6 +302,23 @@ impl Workspace {
             held: Held::Live,
             made_mountpoint: None,
         }
+    }
+
+    /// The host directories the command must not see: the workspace's
+    /// upper, work and state directories (the state directory holds the
+    /// daemon's control socket, which trusts any process of the caller's
+    /// uid) and the run's temporary directory. Those the daemon recorded,
+    /// and the default ones beside the upper.
+    fn private_dirs(&self, rundir: &RunDir) -> Vec<PathBuf> {
+        let mut dirs = vec![rundir.path().to_path_buf(), self.upper.clone()];
+        if let Ok(desc) = crate::state::workspace::Workspace::resolve(&self.mountpoint) {
+            dirs.extend([desc.upper, desc.work, desc.state]);
+        }
+        dirs.push(crate::state::workspace::default_state_dir(&self.upper));
+        if let Ok(work) = crate::config::default_work_dir(&self.upper) {
+            dirs.push(work);
+        }
+        dirs
     }
 
     /// Unmounts what this run mounted; returns warnings.

@@ -1,14 +1,18 @@
 //! Relaying the command's output as it comes, keeping at most the first
-//! `--max-output` bytes of stdout and stderr together (in the order they
-//! arrive) and counting the rest.
+//! `--max-output` bytes of stdout, stderr and its terminal together (in
+//! the order they arrive) and counting the rest.
 
 use std::io::Write;
+use std::os::fd::AsFd;
 
 /// Which of the command's streams a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
     Out,
     Err,
+    /// The caller's terminal on stdin (the command's terminal echoing what
+    /// is typed when neither stdout nor stderr is a terminal).
+    Terminal,
 }
 
 /// The byte budget and where output goes.
@@ -22,6 +26,7 @@ pub struct Relay {
     /// command's output is still drained and counted.
     out_broken: bool,
     err_broken: bool,
+    tty_broken: bool,
 }
 
 impl Relay {
@@ -33,6 +38,7 @@ impl Relay {
             stdout_at_line_start: true,
             out_broken: false,
             err_broken: false,
+            tty_broken: false,
         }
     }
 
@@ -66,6 +72,11 @@ impl Relay {
                     self.err_broken = std::io::stderr().lock().write_all(part).is_err();
                 }
             }
+            Stream::Terminal => {
+                if !self.tty_broken {
+                    self.tty_broken = write_all_to_stdin(part).is_err();
+                }
+            }
         }
     }
 
@@ -81,6 +92,20 @@ impl Relay {
     pub fn stdout_at_line_start(&self) -> bool {
         self.stdout_at_line_start
     }
+}
+
+/// Writes to descriptor 0 (a terminal, opened for reading and writing).
+fn write_all_to_stdin(mut data: &[u8]) -> nix::Result<()> {
+    let stdin = std::io::stdin();
+    while !data.is_empty() {
+        match nix::unistd::write(stdin.as_fd(), data) {
+            Ok(0) => return Err(nix::Error::EIO),
+            Ok(n) => data = &data[n..],
+            Err(nix::Error::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

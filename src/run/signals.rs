@@ -10,13 +10,12 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::sandbox::STOP_SIGNALS;
 
-/// A stop request.
+/// A stop request. Even one the terminal sent to the whole foreground
+/// process group (Ctrl-C when stdin is no terminal, a hangup) has not
+/// reached the command: it runs in a session of its own.
 #[derive(Debug, Clone, Copy)]
 pub struct StopRequest {
     pub signal: i32,
-    /// Sent by the terminal (Ctrl-C, hangup) to the whole foreground
-    /// process group: the command received it too.
-    pub from_terminal: bool,
 }
 
 pub struct StopSignals {
@@ -48,7 +47,6 @@ impl StopSignals {
         let info = self.fd.read_signal().ok()??;
         Some(StopRequest {
             signal: info.ssi_signo as i32,
-            from_terminal: info.ssi_code == libc::SI_KERNEL,
         })
     }
 }

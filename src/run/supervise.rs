@@ -4,14 +4,24 @@
 //! signal, then a kill.
 //!
 //! One thread, one `poll` over the command's stdout and stderr, the report
-//! pipe and the stop signals' signalfd. The loop ends when all three pipes
-//! reach EOF: the monitor and the init hold them until they exit, and the
-//! init's exit kills whatever the command left running.
+//! pipe and the stop signals' signalfd — and when the caller has a
+//! terminal, the socket on which the sandbox sends the command's terminal,
+//! that terminal's master, the caller's stdin and a `SIGWINCH` signalfd
+//! (see `terminal`). The loop ends when all three pipes reach EOF: the
+//! monitor and the init hold them until they exit, and the init's exit
+//! kills whatever the command left running; what the command's terminal
+//! still holds is read after.
+//!
+//! Invariant relied on: the sandbox's processes never get a descriptor of
+//! the caller's terminal — their stdin is `/dev/null` when it is one,
+//! their stdout and stderr are pipes, and inherited terminals above 2 are
+//! closed on exec.
 
 use std::ffi::OsString;
+use std::fs::File;
 use std::io::{PipeReader, PipeWriter};
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,11 +29,13 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, Signal};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 
 use super::outcome::{End, Failure};
 use super::relay::{Relay, Stream};
 use super::signals::{StopRequest, StopSignals};
+use super::terminal::{self, CallerTerminal};
 use crate::sandbox::report::{forward_request, Report};
 use crate::sandbox::{self, SELF_EXE, SUBCOMMAND};
 
@@ -41,6 +53,10 @@ pub struct Launch<'a> {
     pub network: bool,
     pub command: &'a [OsString],
     pub timeout: Option<Duration>,
+    /// Bytes of the sandbox's private tmpfs (/tmp, /dev/shm, /run).
+    pub tmp_size: u64,
+    /// Host directories the command must not see.
+    pub hide: &'a [PathBuf],
 }
 
 /// How the command ended and how long it ran.
@@ -58,6 +74,24 @@ fn failed(msg: String) -> Ran {
 
 /// Runs the command in a sandbox and waits until everything in it ended.
 pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
+    terminal::close_inherited_terminals();
+    let caller = match CallerTerminal::detect() {
+        Ok(c) => c,
+        Err(m) => return failed(m),
+    };
+    // The socket the init sends the command's terminal on.
+    let sockets = match &caller {
+        None => None,
+        Some(_) => match socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        ) {
+            Ok(p) => Some(p),
+            Err(e) => return failed(format!("socketpair: {e}")),
+        },
+    };
     let pipes = (|| {
         Ok::<_, std::io::Error>((
             std::io::pipe()?,
@@ -87,11 +121,35 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     if !l.network {
         cmd.arg("--no-network");
     }
+    cmd.arg("--tmp-size").arg(l.tmp_size.to_string());
+    for d in l.hide {
+        cmd.arg("--hide").arg(d);
+    }
+    let term_fd = sockets.as_ref().map(|(_, theirs)| theirs.as_raw_fd());
+    if let (Some(c), Some(fd)) = (&caller, term_fd) {
+        let (rows, cols) = c.size();
+        let fds: Vec<String> = c.fds().iter().map(|f| f.to_string()).collect();
+        cmd.arg("--terminal-fd")
+            .arg(fd.to_string())
+            .arg("--pty-fds")
+            .arg(fds.join(","))
+            .arg("--rows")
+            .arg(rows.to_string())
+            .arg("--cols")
+            .arg(cols.to_string());
+    }
+    // A terminal on stdin stays out of the sandbox: the command reads the
+    // terminal the init gives it.
+    let stdin = if caller.as_ref().is_some_and(|c| c.fds().contains(&0)) {
+        Stdio::null()
+    } else {
+        Stdio::inherit()
+    };
     cmd.arg("--")
         .args(l.command)
         .env("TMPDIR", "/tmp")
         .env("LAYERFS_WORKSPACE", l.workspace)
-        .stdin(Stdio::inherit())
+        .stdin(stdin)
         .stdout(out_w)
         .stderr(err_w);
     // SAFETY: fcntl and prctl are async-signal-safe.
@@ -99,6 +157,9 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
         cmd.pre_exec(move || {
             sandbox::keep_across_exec(rep_fd)?;
             sandbox::keep_across_exec(ctl_fd)?;
+            if let Some(fd) = term_fd {
+                sandbox::keep_across_exec(fd)?;
+            }
             sandbox::die_with_parent(Signal::SIGKILL)
         });
     }
@@ -108,11 +169,214 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     drop(cmd);
     drop(rep_w);
     drop(ctl_r);
+    let ours = sockets.map(|(ours, _theirs)| ours);
     let child = match spawned {
         Ok(c) => c,
         Err(e) => return failed(format!("cannot start the sandbox: {e}")),
     };
-    Watch::new(child, ctl_w, l.timeout).watch([&out_r, &err_r, &rep_r], relay, stop)
+    let tty = caller
+        .zip(ours)
+        .map(|(caller, socket)| TtyRelay::new(caller, socket));
+    Watch::new(child, ctl_w, l.timeout).watch([&out_r, &err_r, &rep_r], relay, stop, tty)
+}
+
+/// Where a poll event came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// stdout, stderr or the report pipe.
+    Pipe(usize),
+    Stop,
+    /// The socket the command's terminal arrives on.
+    Socket,
+    /// The command's terminal (its master side).
+    Master,
+    /// The caller's terminal on stdin.
+    Stdin,
+    Winch,
+}
+
+/// How often a command's terminal whose every descriptor was closed is
+/// tried again (a command may open it anew).
+const IDLE_RETRY: Duration = Duration::from_millis(100);
+
+/// Most input read ahead of what the command's terminal accepted.
+const INPUT_AHEAD: usize = 64 * 1024;
+
+/// The relay between the caller's terminal and the command's.
+struct TtyRelay {
+    caller: CallerTerminal,
+    /// Until the master arrives.
+    socket: Option<OwnedFd>,
+    master: Option<File>,
+    /// Every descriptor of the command's terminal is closed (EIO): not
+    /// polled (it would report a hangup at once), read every
+    /// `IDLE_RETRY` instead.
+    master_idle: bool,
+    /// Typed input not yet written to the command's terminal.
+    pending: Vec<u8>,
+    stdin_open: bool,
+    stdin: std::io::Stdin,
+    output: Stream,
+}
+
+impl TtyRelay {
+    fn new(caller: CallerTerminal, socket: OwnedFd) -> TtyRelay {
+        let output = caller.output();
+        let stdin_open = caller.relays_input();
+        TtyRelay {
+            caller,
+            socket: Some(socket),
+            master: None,
+            master_idle: false,
+            pending: Vec::new(),
+            stdin_open,
+            stdin: std::io::stdin(),
+            output,
+        }
+    }
+
+    /// The descriptors to poll now.
+    fn poll_fds<'a>(&'a self, sources: &mut Vec<Source>, fds: &mut Vec<PollFd<'a>>) {
+        sources.push(Source::Winch);
+        fds.push(PollFd::new(self.caller.winch_fd(), PollFlags::POLLIN));
+        if let Some(s) = &self.socket {
+            sources.push(Source::Socket);
+            fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+        }
+        let Some(m) = &self.master else { return };
+        if !self.master_idle {
+            let mut flags = PollFlags::POLLIN;
+            if !self.pending.is_empty() {
+                flags |= PollFlags::POLLOUT;
+            }
+            sources.push(Source::Master);
+            fds.push(PollFd::new(m.as_fd(), flags));
+        }
+        if self.stdin_open && self.pending.len() < INPUT_AHEAD {
+            sources.push(Source::Stdin);
+            fds.push(PollFd::new(self.stdin.as_fd(), PollFlags::POLLIN));
+        }
+    }
+
+    fn on_ready(&mut self, src: Source, relay: &mut Relay, buf: &mut [u8]) {
+        match src {
+            Source::Socket => self.take_master(),
+            Source::Winch => {
+                if self.caller.take_winch() {
+                    if let Some(m) = &self.master {
+                        self.caller.copy_size(m.as_fd());
+                    }
+                }
+            }
+            Source::Master => {
+                self.read_master(relay, buf, false);
+                self.write_pending();
+            }
+            Source::Stdin => self.read_stdin(buf),
+            Source::Pipe(_) | Source::Stop => {}
+        }
+    }
+
+    /// Receives the command's terminal; the caller's goes raw from now on.
+    fn take_master(&mut self) {
+        let Some(socket) = self.socket.take() else {
+            return;
+        };
+        match terminal::receive_master(socket.as_fd()) {
+            Ok(Some(m)) => {
+                self.caller.copy_size(m.as_fd());
+                self.caller.enter_raw();
+                self.master = Some(m);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!("receiving the command's terminal: {e}"),
+        }
+    }
+
+    /// Relays what the command's terminal printed: one read, or with
+    /// `drain` until nothing is left.
+    fn read_master(&mut self, relay: &mut Relay, buf: &mut [u8], drain: bool) {
+        let Some(m) = &mut self.master else { return };
+        loop {
+            match m.read(buf) {
+                Ok(0) => {
+                    self.master_idle = true;
+                    return;
+                }
+                Ok(n) => {
+                    self.master_idle = false;
+                    relay.relay(self.output, &buf[..n]);
+                    if !drain {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                // EIO: every descriptor of the command's terminal is closed.
+                Err(_) => {
+                    self.master_idle = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn write_pending(&mut self) {
+        let Some(m) = &mut self.master else { return };
+        while !self.pending.is_empty() {
+            match m.write(&self.pending) {
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.pending.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn read_stdin(&mut self, buf: &mut [u8]) {
+        let room = INPUT_AHEAD
+            .saturating_sub(self.pending.len())
+            .min(buf.len());
+        // Unbuffered: what std's buffer kept back, poll would not report.
+        match nix::unistd::read(self.stdin.as_fd().as_raw_fd(), &mut buf[..room]) {
+            Ok(0) => self.stdin_open = false,
+            Ok(n) => {
+                self.pending.extend_from_slice(&buf[..n]);
+                self.write_pending();
+            }
+            Err(nix::Error::EINTR) | Err(nix::Error::EAGAIN) => {}
+            Err(_) => self.stdin_open = false,
+        }
+    }
+
+    /// After each poll: an idle terminal is tried again.
+    fn after_poll(&mut self, relay: &mut Relay, buf: &mut [u8]) {
+        if self.master_idle {
+            self.read_master(relay, buf, true);
+            if !self.master_idle {
+                self.write_pending();
+            }
+        }
+    }
+
+    /// The poll timeout, shortened while the terminal is idle.
+    fn limit(&self, t: PollTimeout) -> PollTimeout {
+        if !(self.master.is_some() && self.master_idle) {
+            return t;
+        }
+        let retry = PollTimeout::try_from(IDLE_RETRY.as_millis() as i32).unwrap_or(t);
+        // (Compared as values: `PollTimeout::as_millis` panics on NONE.)
+        if !t.is_none() && t < retry {
+            t
+        } else {
+            retry
+        }
+    }
 }
 
 /// The state of one watched sandbox.
@@ -151,30 +415,59 @@ impl Watch {
         }
     }
 
-    fn watch(mut self, pipes: [&PipeReader; 3], relay: &mut Relay, stop: &StopSignals) -> Ran {
+    fn watch(
+        mut self,
+        pipes: [&PipeReader; 3],
+        relay: &mut Relay,
+        stop: &StopSignals,
+        mut tty: Option<TtyRelay>,
+    ) -> Ran {
         let mut open = [true; 3];
         let mut buf = vec![0u8; 64 * 1024];
         while open.iter().any(|o| *o) {
-            let mut polled: Vec<(usize, PollFd)> = (0..3)
-                .filter(|i| open[*i])
-                .map(|i| (i, PollFd::new(pipes[i].as_fd(), PollFlags::POLLIN)))
+            let mut sources: Vec<Source> = Vec::new();
+            let mut pfds: Vec<PollFd> = Vec::new();
+            for (i, pipe) in pipes.iter().enumerate().filter(|(i, _)| open[*i]) {
+                sources.push(Source::Pipe(i));
+                pfds.push(PollFd::new(pipe.as_fd(), PollFlags::POLLIN));
+            }
+            sources.push(Source::Stop);
+            pfds.push(PollFd::new(stop.fd(), PollFlags::POLLIN));
+            let mut timeout = self.poll_timeout();
+            if let Some(t) = &tty {
+                t.poll_fds(&mut sources, &mut pfds);
+                timeout = t.limit(timeout);
+            }
+            let _ = poll(&mut pfds, timeout);
+            let ready: Vec<Source> = sources
+                .iter()
+                .zip(&pfds)
+                .filter(|(_, p)| {
+                    p.revents().is_some_and(|r| {
+                        r.intersects(
+                            PollFlags::POLLIN
+                                | PollFlags::POLLOUT
+                                | PollFlags::POLLHUP
+                                | PollFlags::POLLERR,
+                        )
+                    })
+                })
+                .map(|(s, _)| *s)
                 .collect();
-            polled.push((3, PollFd::new(stop.fd(), PollFlags::POLLIN)));
-            let mut pfds: Vec<PollFd> = polled.iter().map(|(_, p)| *p).collect();
-            let _ = poll(&mut pfds, self.poll_timeout());
-            for ((i, _), p) in polled.iter().zip(&pfds) {
-                let ready = p.revents().is_some_and(|r| {
-                    r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
-                });
-                if *i == 3 || !ready {
+            drop(pfds);
+            for src in ready {
+                let Source::Pipe(i) = src else {
+                    if let Some(t) = tty.as_mut() {
+                        t.on_ready(src, relay, &mut buf);
+                    }
                     continue;
-                }
-                let n = match { pipes[*i] }.read(&mut buf) {
+                };
+                let n = match { pipes[i] }.read(&mut buf) {
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     r => r.unwrap_or(0),
                 };
                 if n == 0 {
-                    open[*i] = false;
+                    open[i] = false;
                     continue;
                 }
                 match i {
@@ -183,11 +476,20 @@ impl Watch {
                     _ => self.take_reports(&buf[..n]),
                 }
             }
+            if let Some(t) = tty.as_mut() {
+                t.after_poll(relay, &mut buf);
+            }
             while let Some(req) = stop.take() {
                 self.on_stop(req);
             }
             self.check_clocks();
         }
+        // Every process of the sandbox is gone: what its terminal still
+        // holds comes last, then the caller's terminal gets its mode back.
+        if let Some(t) = tty.as_mut() {
+            t.read_master(relay, &mut buf, true);
+        }
+        drop(tty);
         let _ = self.monitor.wait();
         self.finish()
     }
@@ -238,20 +540,18 @@ impl Watch {
         }
     }
 
-    /// A first stop request is passed on to the command (unless the
-    /// terminal sent it to the command already) with `STOP_GRACE` to end;
-    /// a second one kills the sandbox.
+    /// A first stop request is passed on to the command (which runs in a
+    /// session of its own, so no terminal signal reached it) with
+    /// `STOP_GRACE` to end; a second one kills the sandbox.
     fn on_stop(&mut self, req: StopRequest) {
         if self.stop.is_some() {
             self.kill_sandbox();
             return;
         }
         self.stop = Some(req);
-        if !req.from_terminal {
-            let _ = self
-                .control
-                .write_all(forward_request(req.signal).as_bytes());
-        }
+        let _ = self
+            .control
+            .write_all(forward_request(req.signal).as_bytes());
         self.grace_until = Some(Instant::now() + STOP_GRACE);
     }
 

@@ -1,11 +1,14 @@
 //! The sandbox's `/dev`: a small read-only tmpfs holding only the device
 //! nodes programs expect (each a bind of the host's node), a private
-//! `devpts` instance for pseudo-terminals and a private `/dev/shm`.
+//! `devpts` instance for pseudo-terminals (the command's terminal comes
+//! from it, see `terminal`) and a private `/dev/shm` (a directory of the
+//! sandbox's private tmpfs, see `rootfs`).
 //!
 //! The host's `/dev` is not shown: as root, raw disks there would be
 //! writable however read-only the mounts above them are.
 
 use std::fs;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
@@ -33,8 +36,9 @@ fn mount_err(what: &str, target: &Path, e: impl std::fmt::Display) -> String {
 }
 
 /// Builds the sandbox's `/dev` at `dev` (the new root's `/dev`), while the
-/// host's `/dev` is still reachable at `/dev`.
-pub fn populate(dev: &Path) -> Result<(), String> {
+/// host's `/dev` is still reachable at `/dev`; `shm` is the detached
+/// directory mount to show at `/dev/shm`.
+pub fn populate(dev: &Path, shm: OwnedFd) -> Result<(), String> {
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV;
     mount(Some("tmpfs"), dev, Some("tmpfs"), flags, Some("mode=0755"))
         .map_err(|e| mount_err("a tmpfs", dev, e))?;
@@ -71,16 +75,9 @@ pub fn populate(dev: &Path) -> Result<(), String> {
         Some("newinstance,ptmxmode=0666,mode=0620"),
     )
     .map_err(|e| mount_err("devpts", &pts, e))?;
-    let shm = dev.join("shm");
-    fs::create_dir(&shm).map_err(|e| format!("creating {}: {e}", shm.display()))?;
-    mount(
-        Some("tmpfs"),
-        &shm,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
-    )
-    .map_err(|e| mount_err("a tmpfs", &shm, e))?;
+    let shm_dir = dev.join("shm");
+    fs::create_dir(&shm_dir).map_err(|e| format!("creating {}: {e}", shm_dir.display()))?;
+    sys::attach(shm.as_fd(), &shm_dir).map_err(|e| mount_err("a tmpfs", &shm_dir, e))?;
     for (name, target) in LINKS {
         let link = dev.join(name);
         symlink(target, &link).map_err(|e| format!("creating {}: {e}", link.display()))?;

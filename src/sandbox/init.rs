@@ -3,10 +3,12 @@
 //! ```text
 //! layerfs run (outside) ── monitor: unshares the namespaces, forks the init,
 //!                          │         reports its pid, waits for it
-//!                          └─ init (pid 1 of the new pid namespace): builds
-//!                               │   the tree, pivots, forks the command,
+//!                          └─ init (pid 1 of the new pid namespace, a
+//!                               │   session of its own, not dumpable):
+//!                               │   builds the tree, pivots, opens the
+//!                               │   command's terminal, forks the command,
 //!                               │   forwards signals, reports its status
-//!                               └─ the command (exec)
+//!                               └─ the command (new session, confined, exec)
 //! ```
 //!
 //! When the init exits the kernel kills every process left in its pid
@@ -32,7 +34,7 @@ use nix::unistd::{geteuid, ForkResult, Pid};
 use super::report::{parse_forward, Report, Reporter};
 use super::rootfs::{self, Layout};
 use super::userns::{self, IdMap};
-use super::{cwd, net, sys, Spec, STOP_SIGNALS};
+use super::{confine, cwd, net, sys, terminal, Spec, STOP_SIGNALS};
 
 /// Entry point of `layerfs __sandbox` (the monitor); returns its exit code.
 pub fn main(spec: Spec) -> i32 {
@@ -53,7 +55,20 @@ pub fn main(spec: Spec) -> i32 {
             return 125;
         }
     };
-    for fd in [spec.report_fd, spec.control_fd] {
+    let terminal = match spec.terminal_fd.map(sys::adopt_fd).transpose() {
+        Ok(t) => t,
+        Err(e) => {
+            report.send(&Report::Failed(format!(
+                "terminal fd {:?}: {e}",
+                spec.terminal_fd
+            )));
+            return 125;
+        }
+    };
+    for fd in [spec.report_fd, spec.control_fd]
+        .into_iter()
+        .chain(spec.terminal_fd)
+    {
         if let Err(e) = sys::close_on_exec(fd) {
             report.send(&Report::Failed(format!("fd {fd}: {e}")));
             return 125;
@@ -70,7 +85,7 @@ pub fn main(spec: Spec) -> i32 {
     for s in STOP_SIGNALS {
         let _ = sys::set_disposition(s, true);
     }
-    match monitor(&spec, &report, control, &ignored) {
+    match monitor(&spec, &report, control, terminal, &ignored) {
         Ok(()) => 0,
         Err(msg) => {
             report.send(&Report::Failed(msg));
@@ -84,9 +99,12 @@ fn monitor(
     spec: &Spec,
     report: &Reporter,
     control: OwnedFd,
+    terminal: Option<OwnedFd>,
     ignored: &[Signal],
 ) -> Result<(), String> {
-    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID;
+    // A private IPC namespace: the host's System V shared memory, message
+    // queues and semaphores (a database's, say) are not reachable.
+    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC;
     if spec.no_network {
         flags |= CloneFlags::CLONE_NEWNET;
     }
@@ -99,10 +117,11 @@ fn monitor(
     match sys::fork_single_threaded().map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
             let _ = sys::set_parent_death_signal(Signal::SIGKILL);
-            sys::exit_child(init(spec, report, control, ignored))
+            sys::exit_child(init(spec, report, control, terminal, ignored))
         }
         ForkResult::Parent { child } => {
             drop(control);
+            drop(terminal);
             report.send(&Report::InitPid(child.as_raw()));
             loop {
                 match waitpid(child, None) {
@@ -127,6 +146,8 @@ fn prepare(spec: &Spec) -> Result<(), String> {
         workspace: &spec.workspace,
         stage: &spec.stage,
         fresh_sysfs: spec.no_network,
+        tmp_size: spec.tmp_size,
+        hide: &spec.hide,
     })?;
     if geteuid().is_root() {
         userns::enter(CloneFlags::CLONE_NEWNS, &IdMap::identity())?;
@@ -135,8 +156,20 @@ fn prepare(spec: &Spec) -> Result<(), String> {
 }
 
 /// Pid 1 of the sandbox: prepares it, runs the command, reaps, reports.
-fn init(spec: &Spec, report: &Reporter, control: OwnedFd, ignored: &[Signal]) -> i32 {
-    if let Err(msg) = prepare(spec) {
+fn init(
+    spec: &Spec,
+    report: &Reporter,
+    control: OwnedFd,
+    terminal: Option<OwnedFd>,
+    ignored: &[Signal],
+) -> i32 {
+    // Out of the caller's session, so the init has no controlling terminal
+    // a command could reach through it, and not dumpable, so the command
+    // cannot ptrace it or open its descriptors through /proc/1/fd.
+    let hardened = nix::unistd::setsid()
+        .map_err(|e| format!("setsid: {e}"))
+        .and_then(|_| sys::set_not_dumpable().map_err(|e| format!("PR_SET_DUMPABLE: {e}")));
+    if let Err(msg) = hardened.and_then(|()| prepare(spec)) {
         report.send(&Report::Failed(msg));
         return 1;
     }
@@ -147,6 +180,16 @@ fn init(spec: &Spec, report: &Reporter, control: OwnedFd, ignored: &[Signal]) ->
         report.send(&Report::Usage(msg));
         return 1;
     }
+    let pty = match terminal {
+        Some(sock) => match terminal::open_and_hand_over(sock, spec.rows, spec.cols) {
+            Ok(path) => Some(path),
+            Err(msg) => {
+                report.send(&Report::Failed(msg));
+                return 1;
+            }
+        },
+        None => None,
+    };
     let mut chld = SigSet::empty();
     chld.add(Signal::SIGCHLD);
     if let Err(e) = chld.thread_block() {
@@ -162,7 +205,7 @@ fn init(spec: &Spec, report: &Reporter, control: OwnedFd, ignored: &[Signal]) ->
     };
     report.send(&Report::Started);
     let child = match sys::fork_single_threaded() {
-        Ok(ForkResult::Child) => exec_command(spec, report, ignored),
+        Ok(ForkResult::Child) => exec_command(spec, report, ignored, pty.as_deref()),
         Ok(ForkResult::Parent { child }) => child,
         Err(e) => {
             report.send(&Report::Failed(format!("fork: {e}")));
@@ -179,8 +222,8 @@ fn init(spec: &Spec, report: &Reporter, control: OwnedFd, ignored: &[Signal]) ->
 }
 
 /// Waits for the command, reaping every orphan of the namespace on the
-/// way and forwarding the signals `layerfs run` asks for. `None` when
-/// `layerfs run` went away first.
+/// way, continuing the command when it stops, and forwarding the signals
+/// `layerfs run` asks for. `None` when `layerfs run` went away first.
 fn reap(child: Pid, mut control: &File, sfd: &SignalFd) -> Option<Report> {
     loop {
         let mut fds = [
@@ -196,12 +239,18 @@ fn reap(child: Pid, mut control: &File, sfd: &SignalFd) -> Option<Report> {
             .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP));
         while let Ok(Some(_)) = sfd.read_signal() {}
         loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED)) {
                 Ok(WaitStatus::Exited(pid, code)) if pid == child => {
                     return Some(Report::Exited(code))
                 }
                 Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
                     return Some(Report::Signaled(sig as i32))
+                }
+                // The command runs in a session of its own: no shell
+                // outside can resume it if it stops (Ctrl-Z in an editor),
+                // so it is continued rather than left to hang the run.
+                Ok(WaitStatus::Stopped(pid, _)) if pid == child => {
+                    let _ = kill(child, Signal::SIGCONT);
                 }
                 Ok(WaitStatus::StillAlive) | Err(_) => break,
                 Ok(_) => continue,
@@ -226,9 +275,16 @@ fn reap(child: Pid, mut control: &File, sfd: &SignalFd) -> Option<Report> {
     }
 }
 
-/// The command's process: restores the signal state the caller gave
-/// `layerfs run`, then execs. Never returns.
-fn exec_command(spec: &Spec, report: &Reporter, ignored: &[Signal]) -> ! {
+/// The command's process: a session of its own (with its terminal, if
+/// any), the signal state the caller gave `layerfs run`, confined, then
+/// execs. Never returns.
+fn exec_command(spec: &Spec, report: &Reporter, ignored: &[Signal], pty: Option<&Path>) -> ! {
+    let setup = terminal::enter_session(pty.map(|p| (p, spec.pty_fds.as_slice())))
+        .and_then(|()| confine::command(geteuid().is_root()));
+    if let Err(msg) = setup {
+        report.send(&Report::Failed(msg));
+        sys::exit_child(125);
+    }
     for s in STOP_SIGNALS {
         let _ = sys::set_disposition(s, ignored.contains(&s));
     }

@@ -1,24 +1,31 @@
-//! The sandbox `layerfs run` runs a command in: private mount and pid
+//! The sandbox `layerfs run` runs a command in: private mount, pid and IPC
 //! namespaces (and a network namespace with `--no-network`) in which the
 //! workspace mount is the only writable place — the rest of the host is a
-//! read-only clone, `/tmp` and `/dev/shm` are private tmpfs, `/dev` holds
-//! only the usual device nodes, `/proc` shows the sandbox's processes.
+//! read-only clone, `/tmp`, `/dev/shm` and `/run` are one private tmpfs
+//! of bounded size, `/dev` holds only the usual device nodes, `/proc`
+//! shows the sandbox's processes, the kernel's global settings in `/proc`
+//! and `/sys` are read-only or masked, and the workspace's own upper, work
+//! and state directories are hidden.
 //!
 //! Built with the kernel's own interfaces (`unshare`, the new mount API,
 //! `pivot_root`) by a fresh process, `layerfs __sandbox`, which
 //! `layerfs run` starts with the command line below; see `init` for the
-//! processes and `rootfs` for the tree. As an unprivileged user it needs
-//! user namespaces (the user's own uid mapped to itself); as root the
-//! command also runs in a user namespace of its own, so it cannot undo the
-//! read-only mounts.
+//! processes, `rootfs` and `masks` for the tree, `terminal` for the
+//! command's terminal and `confine` for what the command gives up before
+//! it execs. As an unprivileged user it needs user namespaces (the user's
+//! own uid mapped to itself); as root the command also runs in a user
+//! namespace of its own, so it cannot undo the read-only mounts and masks.
 
+mod confine;
 pub mod cwd;
 mod devices;
 mod init;
+mod masks;
 mod net;
 pub mod report;
 mod rootfs;
 mod sys;
+pub mod terminal;
 pub mod userns;
 
 use std::ffi::OsString;
@@ -56,6 +63,26 @@ pub struct Spec {
     /// Give the sandbox its own network namespace (loopback only).
     #[arg(long)]
     pub no_network: bool,
+    /// Size in bytes of the private tmpfs behind /tmp, /dev/shm and /run.
+    #[arg(long, value_name = "BYTES")]
+    pub tmp_size: u64,
+    /// A host directory the command must not see (repeatable).
+    #[arg(long = "hide", value_name = "DIR")]
+    pub hide: Vec<PathBuf>,
+    /// Inherited Unix socket on which the init sends `layerfs run` the
+    /// master of the command's pseudo-terminal; without it the command
+    /// gets no terminal.
+    #[arg(long, value_name = "FD", requires = "pty_fds")]
+    pub terminal_fd: Option<i32>,
+    /// Which of the command's descriptors 0, 1, 2 are its terminal.
+    #[arg(long, value_name = "FDS", value_delimiter = ',')]
+    pub pty_fds: Vec<i32>,
+    /// The terminal's initial window size: rows.
+    #[arg(long, default_value_t = 0)]
+    pub rows: u16,
+    /// The terminal's initial window size: columns.
+    #[arg(long, default_value_t = 0)]
+    pub cols: u16,
     /// Inherited descriptor for report lines (see `report`).
     #[arg(long, value_name = "FD")]
     pub report_fd: i32,
@@ -76,6 +103,12 @@ pub fn die_with_parent(sig: Signal) -> std::io::Result<()> {
 /// Keeps an inherited descriptor open across exec; for `pre_exec`.
 pub fn keep_across_exec(fd: std::os::fd::RawFd) -> std::io::Result<()> {
     sys::keep_across_exec(fd)
+}
+
+/// Whether this kernel lets the sandbox refuse the host's abstract Unix
+/// sockets (Landlock ABI 6 or later).
+pub fn scopes_abstract_sockets() -> bool {
+    confine::scopes_abstract_sockets()
 }
 
 impl Spec {

@@ -7,23 +7,32 @@
 //!   remount per submount and miss hidden ones);
 //! - the workspace: its own clone, attached at the same absolute path it
 //!   has outside, writable — the only writable place of the host;
-//! - `/tmp`: a private tmpfs, gone with the sandbox;
+//! - `/tmp`, `/dev/shm` and `/run` (and `/var/run` where it is a directory
+//!   of its own): directories of one private tmpfs of `--tmp-size`, so
+//!   together they hold at most that much, gone with the sandbox. `/run`
+//!   hides the host's service sockets (D-Bus, systemd, Docker,
+//!   `/run/user/UID`); a `/etc/resolv.conf` that points into it stays
+//!   readable;
 //! - `/dev`: see `devices`; `/proc`: a new proc of the sandbox's pid
 //!   namespace; with `--no-network`, `/sys`: a new sysfs of its network
-//!   namespace (so `/sys/class/net` shows loopback only).
+//!   namespace (so `/sys/class/net` shows loopback only); the kernel's
+//!   global files in both masked or read-only (see `masks`);
+//! - the workspace's upper, work and state directories and the run's
+//!   temporary directory: hidden behind empty read-only tmpfs mounts.
 //!
 //! Both clones are taken before anything is mounted over the host's paths
 //! (the workspace may live under `/tmp`). The host's old root is detached
 //! after the pivot, so no path leads back to it.
 
 use std::fs;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use super::devices;
 use super::sys::{self, At};
+use super::{devices, masks};
 
 /// What the tree is built from.
 pub struct Layout<'a> {
@@ -33,10 +42,14 @@ pub struct Layout<'a> {
     pub stage: &'a Path,
     /// Mount a sysfs of the sandbox's own network namespace.
     pub fresh_sysfs: bool,
+    /// Bytes the private tmpfs behind `/tmp`, `/dev/shm` and `/run` holds.
+    pub tmp_size: u64,
+    /// Host directories the command must not see.
+    pub hide: &'a [PathBuf],
 }
 
 /// `path` (absolute) under the new root at `stage`.
-fn inside(stage: &Path, path: &Path) -> PathBuf {
+pub fn inside(stage: &Path, path: &Path) -> PathBuf {
     stage.join(path.strip_prefix("/").unwrap_or(path))
 }
 
@@ -80,6 +93,12 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
             e,
         )
     })?;
+    // Facts about the host's /run, read before anything covers it.
+    let var_run_is_dir = fs::symlink_metadata("/var/run").is_ok_and(|m| m.is_dir());
+    let resolv = fs::canonicalize("/etc/resolv.conf")
+        .ok()
+        .filter(|p| under_run(p));
+    let scratch = Scratch::create(l.stage, l.tmp_size, var_run_is_dir)?;
 
     sys::attach(root.as_fd(), l.stage).map_err(|e| {
         new_api_error(
@@ -87,18 +106,31 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
             e,
         )
     })?;
+    // The DNS configuration /run is about to hide, as the read-only clone
+    // shows it.
+    let resolv = match resolv {
+        Some(p) => Some((
+            sys::clone_tree(&inside(l.stage, &p))
+                .map_err(|e| new_api_error(&format!("keeping {}", p.display()), e))?,
+            p,
+        )),
+        None => None,
+    };
 
-    let tmp = inside(l.stage, Path::new("/tmp"));
-    mount(
-        Some("tmpfs"),
-        &tmp,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
-    )
-    .map_err(|e| format!("mounting a private /tmp: {e}"))?;
+    attach_dir(scratch.tmp, &inside(l.stage, Path::new("/tmp")), "/tmp")?;
+    let run_dir = inside(l.stage, Path::new("/run"));
+    if run_dir.is_dir() {
+        attach_dir(scratch.run, &run_dir, "/run")?;
+    }
+    if let Some(var_run) = scratch.var_run {
+        attach_dir(var_run, &inside(l.stage, Path::new("/var/run")), "/var/run")?;
+    }
+    if let Some((file, path)) = resolv {
+        show_file(file, &inside(l.stage, &path))
+            .map_err(|e| format!("keeping {} readable in the sandbox: {e}", path.display()))?;
+    }
 
-    devices::populate(&inside(l.stage, Path::new("/dev")))?;
+    devices::populate(&inside(l.stage, Path::new("/dev")), scratch.shm)?;
 
     let proc_dir = inside(l.stage, Path::new("/proc"));
     mount(
@@ -109,9 +141,10 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("mounting /proc for the sandbox's pid namespace: {e}"))?;
+    masks::protect_proc(&proc_dir)?;
 
+    let sys_dir = inside(l.stage, Path::new("/sys"));
     if l.fresh_sysfs {
-        let sys_dir = inside(l.stage, Path::new("/sys"));
         mount(
             Some("sysfs"),
             &sys_dir,
@@ -121,8 +154,13 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
         )
         .map_err(|e| format!("mounting /sys for the sandbox's network namespace: {e}"))?;
     }
+    masks::protect_sys(&sys_dir)?;
 
-    // Last, so nothing mounted above (a /tmp holding it) covers it.
+    let hidden = masks::hide(l.stage, l.hide)?;
+
+    // Last, so nothing mounted above (a /tmp holding it) covers it; inside
+    // a hidden directory (an ephemeral run's) its mountpoint is made in the
+    // hiding tmpfs before that is sealed.
     let target = inside(l.stage, l.workspace);
     fs::create_dir_all(&target).map_err(|e| {
         format!(
@@ -136,8 +174,86 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
             e,
         )
     })?;
+    hidden.seal()?;
 
     pivot(l.stage)
+}
+
+/// Whether a host path lies in `/run` or `/var/run`, which the sandbox
+/// replaces.
+fn under_run(p: &Path) -> bool {
+    p.starts_with("/run") || p.starts_with("/var/run")
+}
+
+/// The private tmpfs behind `/tmp`, `/dev/shm` and `/run`: one superblock,
+/// so `--tmp-size` bounds them together, each a detached bind of one of
+/// its directories.
+struct Scratch {
+    tmp: OwnedFd,
+    shm: OwnedFd,
+    run: OwnedFd,
+    var_run: Option<OwnedFd>,
+}
+
+impl Scratch {
+    /// Mounts the tmpfs on `stage` (still empty), makes its directories,
+    /// clones them and detaches the tmpfs again.
+    fn create(stage: &Path, size: u64, var_run: bool) -> Result<Scratch, String> {
+        // Inodes cost kernel memory that `size` does not count: one per
+        // 8 KiB of the budget, and never fewer than a small tree needs.
+        let inodes = (size / 8192).max(16_384);
+        mount(
+            Some("tmpfs"),
+            stage,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(format!("mode=0755,size={size},nr_inodes={inodes}").as_str()),
+        )
+        .map_err(|e| format!("mounting the sandbox's private tmpfs (--tmp-size {size}): {e}"))?;
+        let made = (|| {
+            let dir = |name: &str, mode: u32| -> Result<OwnedFd, String> {
+                let p = stage.join(name);
+                fs::create_dir(&p).map_err(|e| format!("creating {}: {e}", p.display()))?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(mode))
+                    .map_err(|e| format!("chmod {}: {e}", p.display()))?;
+                sys::clone_tree(&p).map_err(|e| new_api_error(&format!("binding {name}"), e))
+            };
+            let run = dir("run", 0o755)?;
+            let var_run = if var_run {
+                Some(
+                    sys::clone_tree(&stage.join("run"))
+                        .map_err(|e| new_api_error("binding /var/run", e))?,
+                )
+            } else {
+                None
+            };
+            Ok(Scratch {
+                tmp: dir("tmp", 0o1777)?,
+                shm: dir("shm", 0o1777)?,
+                run,
+                var_run,
+            })
+        })();
+        umount2(stage, MntFlags::MNT_DETACH)
+            .map_err(|e| format!("detaching the private tmpfs from {}: {e}", stage.display()))?;
+        made
+    }
+}
+
+/// Attaches a detached directory mount on `target` (an existing directory).
+fn attach_dir(tree: OwnedFd, target: &Path, shown: &str) -> Result<(), String> {
+    sys::attach(tree.as_fd(), target)
+        .map_err(|e| new_api_error(&format!("mounting the private {shown}"), e))
+}
+
+/// Attaches a detached file mount at `target`, creating its parents and an
+/// empty file to mount on.
+fn show_file(file: OwnedFd, target: &Path) -> std::io::Result<()> {
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::File::create(target)?;
+    sys::attach(file.as_fd(), target)
 }
 
 /// Makes `stage` the root and detaches the old one.

@@ -1,7 +1,9 @@
 //! Every `unsafe` call the sandbox makes, each wrapped in a safe function:
 //! the new mount API (`open_tree`, `move_mount`, `mount_setattr`, which
-//! `nix` does not wrap), `openat2`, `fork`, `prctl`, signal dispositions
-//! and the loopback interface's flags.
+//! `nix` does not wrap), `openat2`, `fork`, `prctl`, signal dispositions,
+//! the loopback interface's flags, capabilities (`capset`), Landlock,
+//! the session keyring, terminal window sizes and receiving a descriptor
+//! over a Unix socket.
 
 use std::ffi::CString;
 use std::io;
@@ -222,4 +224,202 @@ pub fn interface_up(name: &str) -> io::Result<()> {
         req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
         check(libc::ioctl(sock.as_fd().as_raw_fd(), libc::SIOCSIFFLAGS, &req) as libc::c_long)
     }
+}
+
+/// Marks this process non-dumpable: processes of its user namespace that
+/// lack `CAP_SYS_PTRACE` can no longer ptrace it or open its
+/// `/proc/PID/fd` entries.
+pub fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0) };
+    check(r as libc::c_long)
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Limits this process to the capabilities in `keep` (a bit per
+/// capability number): every other one leaves the bounding set (so no
+/// exec can give it back), the permitted and effective sets become
+/// `keep`, the inheritable and ambient sets empty.
+pub fn limit_capabilities(keep: u64) -> io::Result<()> {
+    for cap in 0..64u32 {
+        if keep & (1u64 << cap) != 0 {
+            continue;
+        }
+        // SAFETY: prctl with integer arguments only.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // EINVAL: past the kernel's last capability.
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            return Err(e);
+        }
+    }
+    // SAFETY: prctl with integer arguments only. EINVAL on kernels before
+    // 4.3, which have no ambient set to clear.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+        return Err(io::Error::last_os_error());
+    }
+    let header = CapHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let word = |shift: u32| CapData {
+        effective: (keep >> shift) as u32,
+        permitted: (keep >> shift) as u32,
+        inheritable: 0,
+    };
+    let data = [word(0), word(32)];
+    // SAFETY: header and data are valid for the call; version 3 reads two
+    // CapData entries, which `data` holds.
+    check(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) })
+}
+
+/// `LANDLOCK_CREATE_RULESET_VERSION`: ask `landlock_create_ruleset` for the ABI.
+const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+
+#[repr(C)]
+struct LandlockRulesetAttr {
+    handled_access_fs: u64,
+    handled_access_net: u64,
+    scoped: u64,
+}
+
+/// The Landlock ABI version this kernel offers, `None` when Landlock is
+/// missing or disabled.
+pub fn landlock_abi() -> Option<i64> {
+    // SAFETY: a null attribute with size 0 and the version flag only
+    // queries the ABI.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<LandlockRulesetAttr>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    (r > 0).then_some(r)
+}
+
+/// Restricts this process and its future children to a Landlock domain
+/// that handles no file or network access and only the given scopes
+/// (`LANDLOCK_SCOPE_*`, ABI 6 and later). Needs `no_new_privs` or
+/// `CAP_SYS_ADMIN` in the current user namespace.
+pub fn landlock_restrict_scopes(scoped: u64) -> io::Result<()> {
+    let attr = LandlockRulesetAttr {
+        handled_access_fs: 0,
+        handled_access_net: 0,
+        scoped,
+    };
+    // SAFETY: attr is a valid landlock_ruleset_attr of the size given.
+    let ruleset = owned_fd(unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &attr as *const LandlockRulesetAttr,
+            std::mem::size_of::<LandlockRulesetAttr>(),
+            0 as libc::c_uint,
+        )
+    })?;
+    // SAFETY: a live ruleset descriptor and no flags.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_landlock_restrict_self,
+            ruleset.as_raw_fd(),
+            0 as libc::c_uint,
+        )
+    })
+}
+
+/// `KEYCTL_JOIN_SESSION_KEYRING`.
+const KEYCTL_JOIN_SESSION_KEYRING: libc::c_int = 1;
+
+/// Joins a new, anonymous session keyring, leaving the one inherited from
+/// the caller.
+pub fn join_new_session_keyring() -> io::Result<()> {
+    // SAFETY: a null name asks for a new anonymous keyring.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_JOIN_SESSION_KEYRING,
+            std::ptr::null::<libc::c_char>(),
+        )
+    })
+}
+
+/// A terminal's window size (`TIOCGWINSZ`): (rows, columns).
+pub fn window_size(tty: BorrowedFd<'_>) -> io::Result<(u16, u16)> {
+    // SAFETY: winsize is plain data; all-zero is valid.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills the winsize it is given.
+    check(unsafe { libc::ioctl(tty.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) } as libc::c_long)?;
+    Ok((ws.ws_row, ws.ws_col))
+}
+
+/// Sets a terminal's window size (`TIOCSWINSZ`); the kernel sends
+/// `SIGWINCH` to its foreground process group when it changes.
+pub fn set_window_size(tty: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads the winsize it is given.
+    check(unsafe { libc::ioctl(tty.as_raw_fd(), libc::TIOCSWINSZ, &ws) } as libc::c_long)
+}
+
+/// Receives one descriptor sent with `SCM_RIGHTS` on `sock`; `None` at
+/// end of stream or for a message that carries none.
+pub fn receive_fd(sock: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
+    let mut got = None;
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for fd in fds {
+                // SAFETY: the kernel installed this descriptor in our table
+                // for this message; nothing else refers to it.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                if got.is_none() {
+                    got = Some(owned);
+                }
+            }
+        }
+    }
+    Ok(got)
 }

@@ -24,6 +24,7 @@ mod powerloss;
 mod quoting;
 mod robust;
 mod run;
+mod sandbox_audit;
 mod snapshot;
 mod state;
 mod stress;

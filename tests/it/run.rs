@@ -57,7 +57,7 @@ pub(crate) fn chown_tree(p: &Path, uid: u32, gid: u32) {
 }
 
 /// `layerfs run ARGS` as `caller`, not yet started.
-fn run_cmd(caller: Caller, args: &[&str]) -> Command {
+pub(crate) fn run_cmd(caller: Caller, args: &[&str]) -> Command {
     let mut cmd = match caller {
         Caller::Root => Command::new(bin()),
         Caller::Tests => {
@@ -84,11 +84,16 @@ fn run_cmd(caller: Caller, args: &[&str]) -> Command {
 
 /// A started `layerfs run`, killed (and so unmounted by its daemon's
 /// parent-death signal) if a test ends while it still runs.
-struct Running(Option<Child>);
+pub(crate) struct Running(Option<Child>);
 
 impl Running {
-    fn start(mut cmd: Command) -> Running {
+    pub(crate) fn start(mut cmd: Command) -> Running {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        Running(Some(cmd.spawn().expect("start layerfs run")))
+    }
+
+    /// Starts `cmd` with the standard streams it was given.
+    pub(crate) fn spawn(mut cmd: Command) -> Running {
         Running(Some(cmd.spawn().expect("start layerfs run")))
     }
 
@@ -97,7 +102,7 @@ impl Running {
     }
 
     /// Waits at most `limit` for it to end (a hung run fails the test).
-    fn finish(mut self, limit: Duration) -> Output {
+    pub(crate) fn finish(mut self, limit: Duration) -> Output {
         let mut child = self.0.take().unwrap();
         let deadline = Instant::now() + limit;
         while child.try_wait().unwrap().is_none() {
@@ -122,7 +127,7 @@ impl Drop for Running {
 }
 
 /// Runs `layerfs run ARGS` as `caller` and waits (60 s at most).
-fn run_as(caller: Caller, args: &[&str]) -> Output {
+pub(crate) fn run_as(caller: Caller, args: &[&str]) -> Output {
     let _fuse = (caller == Caller::Tests).then(OpenFuse::new);
     Running::start(run_cmd(caller, args)).finish(Duration::from_secs(60))
 }
@@ -133,7 +138,13 @@ fn run(args: &[&str]) -> Output {
 
 /// `sh -c SCRIPT` run as `caller` in `ws` (its upper, or `--ephemeral`),
 /// with extra `flags`.
-fn sh_as(caller: Caller, ws: &Workspace, ephemeral: bool, flags: &[&str], script: &str) -> Output {
+pub(crate) fn sh_as(
+    caller: Caller,
+    ws: &Workspace,
+    ephemeral: bool,
+    flags: &[&str],
+    script: &str,
+) -> Output {
     let mut a = vec!["--lower", s(ws.lower())];
     if ephemeral {
         a.push("--ephemeral");
@@ -147,13 +158,13 @@ fn sh_as(caller: Caller, ws: &Workspace, ephemeral: bool, flags: &[&str], script
 
 /// /dev/fuse opened to everyone (as distributions ship it) while an
 /// unprivileged test mounts; serialized with the other tests that do.
-struct OpenFuse {
+pub(crate) struct OpenFuse {
     _dev: DevFuseOpen,
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl OpenFuse {
-    fn new() -> OpenFuse {
+    pub(crate) fn new() -> OpenFuse {
         let serial = DEV_FUSE.lock().unwrap_or_else(|e| e.into_inner());
         OpenFuse {
             _dev: DevFuseOpen::new(),
@@ -162,15 +173,15 @@ impl OpenFuse {
     }
 }
 
-fn stdout(o: &Output) -> String {
+pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-fn text(o: &Output) -> String {
+pub(crate) fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
         o.status,
@@ -180,7 +191,7 @@ fn text(o: &Output) -> String {
 }
 
 /// The `--json` object: the last line of stdout.
-fn json_of(o: &Output) -> Value {
+pub(crate) fn json_of(o: &Output) -> Value {
     let out = stdout(o);
     let last = out
         .lines()
@@ -189,7 +200,7 @@ fn json_of(o: &Output) -> Value {
     serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(o)))
 }
 
-fn s(p: &Path) -> &str {
+pub(crate) fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
@@ -210,7 +221,7 @@ fn assert_cleaned_up(o: &Output) {
 }
 
 /// The mountpoint `layerfs run` uses for a persistent upper.
-fn run_mountpoint(upper: &Path) -> PathBuf {
+pub(crate) fn run_mountpoint(upper: &Path) -> PathBuf {
     layerfs::run::default_mountpoint(upper).unwrap()
 }
 
@@ -768,7 +779,7 @@ fn a_terminal_ctrl_c_reaches_the_command_once_and_unmounts() {
 }
 
 /// Kills a process group when dropped.
-struct KillGroup(i32);
+pub(crate) struct KillGroup(pub(crate) i32);
 
 impl Drop for KillGroup {
     fn drop(&mut self) {
