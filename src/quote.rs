@@ -104,6 +104,17 @@ pub fn quote(bytes: &[u8]) -> Cow<'_, str> {
     }
 }
 
+/// `quote` for a name among the labelled fields of one line (`log`'s
+/// path, target, process and user names): quoted also when it holds a
+/// space or a parenthesis, so an unquoted name is one word and no name
+/// can pose as the fields after it (a process named `x) uid 0 (root`).
+pub fn quote_field(bytes: &[u8]) -> Cow<'_, str> {
+    match quote(bytes) {
+        Cow::Borrowed(s) if s.contains([' ', '(', ')']) => Cow::Owned(format!("\"{s}\"")),
+        q => q,
+    }
+}
+
 /// `quote` for an `OsStr` (a path relative to the workspace root).
 pub fn quote_os(name: &OsStr) -> Cow<'_, str> {
     quote(name.as_bytes())
@@ -196,6 +207,16 @@ mod tests {
         assert_eq!(quote(b" lead"), "\" lead\"");
         assert_eq!(quote(b"\"x"), "\"\\\"x\"");
         assert_eq!(visible("C:\\dir"), "C:\\\\dir");
+    }
+
+    #[test]
+    fn a_field_is_one_word_or_quoted() {
+        assert_eq!(quote_field(b"git"), "git");
+        assert_eq!(quote_field(b"x) uid 0 (root"), "\"x) uid 0 (root\"");
+        assert_eq!(quote_field(b"dir with space/f"), "\"dir with space/f\"");
+        assert_eq!(quote_field(b"(paren"), "\"(paren\"");
+        assert_eq!(quote_field(b"a\nb"), quote(b"a\nb"));
+        assert_eq!(unquote(&quote_field(b"x) uid 0 (root")), b"x) uid 0 (root");
     }
 
     #[test]

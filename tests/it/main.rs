@@ -24,6 +24,7 @@ mod powerloss;
 mod quoting;
 mod robust;
 mod run;
+mod shared;
 mod snapshot;
 mod state;
 mod stress;
