@@ -244,6 +244,32 @@ fn render(v: &Value) -> String {
             );
         }
     }
+    if let Some(w) = v.get("watches").filter(|w| !w.is_null()) {
+        let s = if w.get("enabled").and_then(Value::as_bool) == Some(true) {
+            let mut s = format!(
+                "{} of {} inotify watches on lower directories",
+                field(w, "used"),
+                field(w, "cap")
+            );
+            if let Some(n) = w
+                .get("dirs_over_cap")
+                .and_then(Value::as_u64)
+                .filter(|n| *n > 0)
+            {
+                s.push_str(&format!(
+                    "; {n} directories beyond the cap show outside changes within \
+                     --lower-timeout"
+                ));
+            }
+            if w.get("live").and_then(Value::as_bool) == Some(false) {
+                s.push_str("; NOT LIVE: every lower change shows within --lower-timeout");
+            }
+            s
+        } else {
+            "none (inotify unavailable): lower changes show within --lower-timeout".into()
+        };
+        line("watches", s);
+    }
     line("state", field(v, "state"));
     if mounted {
         let up = v

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::harness::{eventually, Mount, Workspace};
-use crate::state::{layerfs, log_rows, poll_log, state_dir, status_json, stderr, stdout};
+use crate::state::{layerfs, log_rows, poll_log, state_dir, status_json, stderr, stdout, Control};
 
 const TESTS_UID: u64 = 1001;
 
@@ -410,5 +410,167 @@ fn a_flood_by_another_user_keeps_the_journal_within_its_cap() {
     // The rows left name the flooder.
     assert!(rows_of(&rows, "unlink", &last)[0]["uid"] == json!(TESTS_UID));
     assert_accounted(&m);
+    drop(m);
+}
+
+// ------------------------------------------------------------ inotify
+
+/// The inotify watches the kernel holds for process `pid` (from the
+/// fdinfo of its inotify descriptors): the daemon's own count is not
+/// taken on trust.
+fn kernel_watches(pid: u32) -> u64 {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return 0;
+    };
+    fds.filter_map(|e| fs::read_to_string(e.ok()?.path()).ok())
+        .map(|info| {
+            info.lines()
+                .filter(|l| l.starts_with("inotify wd:"))
+                .count() as u64
+        })
+        .sum()
+}
+
+fn watch_status(m: &Mount) -> Value {
+    status_json(m.path())["watches"].clone()
+}
+
+/// Whether this process (root) can still add an inotify watch.
+fn root_can_watch(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: inotify_init1 takes flags only; the path is NUL-terminated
+    // and only read; the fd is closed here and owned by nothing else.
+    unsafe {
+        let fd = libc::inotify_init1(libc::IN_CLOEXEC);
+        assert!(
+            fd >= 0,
+            "inotify_init1: {}",
+            std::io::Error::last_os_error()
+        );
+        let wd = libc::inotify_add_watch(fd, path.as_ptr(), libc::IN_CREATE);
+        libc::close(fd);
+        wd >= 0
+    }
+}
+
+/// Another user walks a lower with more directories than the mount's
+/// watch cap: the daemon never holds more watches than the cap (by its
+/// own count and by the kernel's), root can still add watches, and a
+/// change in a directory left unwatched still shows within the lower
+/// timeout. Watches of directories the kernel forgets are removed.
+#[test]
+fn a_walk_by_another_user_stays_within_the_watch_cap_and_the_rest_revalidates() {
+    const CAP: u64 = 100;
+    let ws = shared_workspace();
+    // 15 directories of 20 leaves each, 316 with the root.
+    let mut leaves = Vec::new();
+    for a in 0..15 {
+        for b in 0..20 {
+            let d = format!("d{a:02}/s{b:02}");
+            fs::create_dir_all(ws.lower().join(&d)).unwrap();
+            fs::write(ws.lower().join(&d).join("f"), "f").unwrap();
+            leaves.push(d);
+        }
+    }
+    let m = ws.mount_with(&[
+        "--allow-other",
+        "--max-watches",
+        "100",
+        "--lower-timeout",
+        "1s",
+    ]);
+    let w = watch_status(&m);
+    assert_eq!(w["cap"], json!(CAP), "{w}");
+    let pid = m.pid();
+    let kernel = Sampler::start(Duration::from_millis(2), move || kernel_watches(pid));
+    let mnt = m.path().to_str().unwrap().to_string();
+    let counts = {
+        let mnt = mnt.clone();
+        Sampler::start(Duration::from_millis(20), move || {
+            let out = layerfs(&["status", "--json", &mnt]);
+            serde_json::from_str::<Value>(stdout(&out).trim())
+                .ok()
+                .and_then(|v| v["watches"]["used"].as_u64())
+                .unwrap_or(0)
+        })
+    };
+    // The walk, and a negative lookup of `late` in every directory (a
+    // name the kernel may cache as absent).
+    let walk = "find . -type d | while read d; do test -e \"$d/late\" && exit 1; done; \
+                find . -type d | wc -l";
+    let out = as_tests(m.path(), &["sh", "-c", walk]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "316");
+    let kernel_max = kernel.max();
+    let counted_max = counts.max();
+    assert!(kernel_max <= CAP, "the kernel held {kernel_max} watches");
+    assert!(kernel_max > 0, "nothing was watched");
+    assert!(counted_max <= CAP, "status said {counted_max} watches");
+    let w = watch_status(&m);
+    assert!(w["used"].as_u64().unwrap() <= CAP, "{w}");
+    assert_eq!(w["used"].as_u64().unwrap(), kernel_watches(pid), "{w}");
+    assert!(
+        w["dirs_over_cap"].as_u64().unwrap() > 0,
+        "some directories are beyond the cap: {w}"
+    );
+    assert!(root_can_watch(ws.dir.path()));
+
+    // Every leaf, watched or not, shows a change made in its lower (and
+    // only there: a change in a watched parent would refresh its
+    // children's attributes and hide a stale leaf). Its name was looked
+    // up as absent and its listing read before.
+    for d in &leaves {
+        fs::write(ws.lower().join(d).join("late"), "late").unwrap();
+    }
+    let check = "n=0; for d in d*/s*; do test -e \"$d/late\" || n=$((n+1)); done; \
+                 echo $n $(find . -name late | wc -l)";
+    let want = format!("0 {}", leaves.len());
+    let mut seen = String::new();
+    let shown = eventually(Duration::from_secs(5), || {
+        let out = as_tests(m.path(), &["sh", "-c", check]);
+        seen = stdout(&out).trim().to_string();
+        seen == want
+    });
+    assert!(
+        shown,
+        "lower changes not shown within 5 s (missing, listed): {seen}"
+    );
+
+    // Directories the kernel forgets give their watches back.
+    let mut c = Control::connect(&state_dir(&ws));
+    let v = c.ask(json!({"cmd": "invalidate_all"}));
+    assert_eq!(v["ok"], json!(true), "{v}");
+    let mut last = Value::Null;
+    let freed = eventually(Duration::from_secs(10), || {
+        last = watch_status(&m);
+        last["used"].as_u64().unwrap() <= 1 && kernel_watches(pid) <= 1
+    });
+    assert!(freed, "watches kept after the kernel forgot: {last}");
+    assert_eq!(last["dirs_over_cap"], json!(0), "{last}");
+    drop(m);
+}
+
+/// The default cap follows the host's per-user limit: a sixteenth of
+/// `fs.inotify.max_user_watches`, at most 65,536.
+#[test]
+fn the_default_watch_cap_is_a_share_of_the_host_limit() {
+    let ws = Workspace::new();
+    let m = ws.mount();
+    let host: u64 = fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let w = watch_status(&m);
+    assert_eq!(w["cap"], json!((host / 16).min(65_536)), "{w}");
+    // The text form says it too.
+    let out = layerfs(&["status", m.path().to_str().unwrap()]);
+    let text = stdout(&out);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("watches") && l.contains(&format!("of {}", w["cap"]))),
+        "{text}"
+    );
     drop(m);
 }
