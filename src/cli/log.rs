@@ -33,9 +33,10 @@ uid's name as resolved when `log` runs. Rows written before layerfs
 recorded ids have none.
 Ops: create write truncate unlink rename link symlink mkdir rmdir mknod
 chmod chown utimes setxattr removexattr copy-up; the journal's own:
-journal-dropped (bytes: events it lost) and journal-trimmed (bytes: rows
-retention deleted; oldest, newest: the span of their times); `deny`
-selects every refused change with a policy rule.
+journal-dropped (bytes: events it lost) and journal-trimmed (one row,
+moved to the end at each trim; bytes: the rows retention deleted in all;
+oldest, newest: the span of their times); `deny` selects every refused
+change with a policy rule.
 
 Text output: one line a record; a name holding a space, a parenthesis or
 a character a terminal would act on is printed in double quotes with C

@@ -36,8 +36,8 @@ pub enum EvOp {
     CopyUp,
     /// The journal itself lost events (`bytes` holds how many).
     Dropped,
-    /// Retention deleted rows (`bytes` holds how many, `oldest`/`newest`
-    /// in the journal the span of their times).
+    /// Retention deleted rows: the journal's one such row holds how many
+    /// in all (`bytes`) and the span of their times (`oldest`/`newest`).
     Trimmed,
 }
 

@@ -21,10 +21,11 @@
 //! Retention: rows older than `max_age` are deleted (when the writer
 //! starts and every minute), and the oldest rows go when the database
 //! outgrows its share of `max_bytes` (checked after every batch). Every
-//! deletion adds, in the same transaction, a `journal-trimmed` row with
-//! the number of rows that went and the span of their times, so evidence
-//! never vanishes without a trace (`trim`). The size bound, database and
-//! WAL together, is stated at `Budget`.
+//! deletion updates, in the same transaction, the journal's one
+//! `journal-trimmed` row: how many rows retention deleted in all and the
+//! span of their times, so evidence never vanishes without a trace
+//! (`trim_rows`). The size bound, database and WAL together, is stated at
+//! `Budget`.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -86,6 +87,9 @@ CREATE TABLE IF NOT EXISTS events (
     newest INTEGER            --   that went
 );
 CREATE INDEX IF NOT EXISTS events_time ON events(time);
+-- The journal-trimmed row (one at most, see `trim_rows`), found at once
+-- and costing other rows nothing.
+CREATE INDEX IF NOT EXISTS events_trimmed ON events(id) WHERE op = 'journal-trimmed';
 ";
 
 /// Columns added since the first schema, with their types: `migrate`
@@ -856,9 +860,9 @@ impl Writer {
     }
 
     /// Deletes the oldest rows `how` selects, in chunks, each one
-    /// transaction that adds a `journal-trimmed` row saying how many rows
-    /// went and the span of their times (`trim_rows`), so a trim is never
-    /// silent. A chunk's pages go through the WAL as they are freed, so
+    /// transaction that adds what went to the `journal-trimmed` row (how
+    /// many rows, the span of their times: `trim_rows`), so a trim is
+    /// never silent. A chunk's pages go through the WAL as they are freed, so
     /// each chunk frees at most half the WAL's share, the WAL emptied
     /// before it: trimming keeps within the bound too. Returns whether
     /// any row went.
@@ -869,7 +873,6 @@ impl Writer {
             return Ok(false);
         };
         let mut rows: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
-        let mut marker = None;
         let mut any = false;
         while rows > 1 {
             let used = used_bytes(conn)?.max(1);
@@ -890,9 +893,8 @@ impl Writer {
             if fs::metadata(&wal).map_or(0, |m| m.len()) > 0 {
                 conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
             }
-            let t = trim_rows(conn, cutoff, limit, marker)?;
+            let t = trim_rows(conn, cutoff, limit)?;
             if t.own == 0 {
-                // Nothing but the previous marker left to take.
                 break;
             }
             // The marker row replaces what went.
@@ -904,7 +906,6 @@ impl Writer {
                 });
             self.health.trimmed.fetch_add(t.own, Ordering::Relaxed);
             rows -= t.deleted as i64 - 1;
-            marker = Some(t.marker);
             any = true;
         }
         if any {
@@ -936,12 +937,10 @@ impl Trim {
 
 /// What one `trim_rows` did.
 struct Trimmed {
-    /// Rows deleted, markers included.
+    /// Rows deleted, the earlier marker included.
     deleted: u64,
-    /// Rows deleted that were not earlier markers.
+    /// Rows deleted that were not the earlier marker.
     own: u64,
-    /// The id of the marker row it added.
-    marker: i64,
 }
 
 /// The bytes of the database's pages in use (free pages not counted).
@@ -952,22 +951,20 @@ fn used_bytes(conn: &Connection) -> rusqlite::Result<u64> {
     Ok(((pages - free).max(0) * size) as u64)
 }
 
-/// Deletes the oldest `limit` rows (by id) whose time is before `cutoff`,
-/// and the marker row `fold`, and, in the same transaction, adds a
-/// `journal-trimmed` row saying how many went and the span of their
-/// times. Markers among the deleted rows are folded in (their counts
-/// added, their spans joined), so the newest marker always accounts for
-/// every row retention removed before it: rows kept plus the markers'
-/// counts is every row ever written.
-fn trim_rows(
-    conn: &mut Connection,
-    cutoff: i64,
-    limit: i64,
-    fold: Option<i64>,
-) -> rusqlite::Result<Trimmed> {
-    const CHOSEN: &str = "id IN (SELECT id FROM events WHERE time < ?1 ORDER BY id LIMIT ?2)
-                          OR id = ?3";
-    let args = params![cutoff, limit, fold.unwrap_or(-1)];
+/// Deletes the oldest `limit` rows (by id) whose time is before `cutoff`
+/// and, in the same transaction, replaces the `journal-trimmed` row by one
+/// that adds them: its `bytes` counts every row retention ever deleted
+/// from this journal and `oldest`/`newest` span their times. So a trim is
+/// never silent, and the rows kept plus that count are every row written.
+/// (One marker, moved to the end at each trim: markers left among the
+/// rows would be trimmed in turn, and spans of markers folded into one
+/// another would overlap.)
+fn trim_rows(conn: &mut Connection, cutoff: i64, limit: i64) -> rusqlite::Result<Trimmed> {
+    const CHOSEN: &str = "id IN (SELECT id FROM (SELECT id FROM events
+                                                 WHERE time < ?1 AND op <> 'journal-trimmed'
+                                                 ORDER BY id LIMIT ?2)
+                                 UNION SELECT id FROM events WHERE op = 'journal-trimmed')";
+    let args = params![cutoff, limit];
     let tx = conn.transaction()?;
     let (rows, events, own, oldest, newest): (i64, i64, i64, Option<i64>, Option<i64>) = tx
         .query_row(
@@ -987,11 +984,7 @@ fn trim_rows(
         )?;
     if own == 0 {
         // Nothing new to trim (the transaction rolls back as it drops).
-        return Ok(Trimmed {
-            deleted: 0,
-            own: 0,
-            marker: fold.unwrap_or(-1),
-        });
+        return Ok(Trimmed { deleted: 0, own: 0 });
     }
     tx.execute(&format!("DELETE FROM events WHERE {CHOSEN}"), args)?;
     let (pid, uid, gid) = daemon_ids();
@@ -1009,12 +1002,10 @@ fn trim_rows(
             newest
         ],
     )?;
-    let marker = tx.last_insert_rowid();
     tx.commit()?;
     Ok(Trimmed {
         deleted: rows as u64,
         own: own as u64,
-        marker,
     })
 }
 
@@ -1301,9 +1292,8 @@ mod tests {
         let (kept, trimmed, markers) = accounted(&db);
         assert_eq!(kept + trimmed, 20_000, "kept {kept}, trimmed {trimmed}");
         assert!(trimmed > 0);
-        // Markers fold in as the trimming reaches them (each pass trims a
-        // quarter): a handful, not one per trim.
-        assert!(markers <= 6, "{markers} journal-trimmed rows");
+        // One marker, counting every trim.
+        assert_eq!(markers, 1);
         assert!(disk_bytes(&db) <= cap, "{} bytes", disk_bytes(&db));
         assert!(max <= cap + cap / 16, "{max} bytes");
         let h = j.health();
