@@ -221,8 +221,8 @@ struct Health {
     written: AtomicU64,
     /// Events lost (full queue or a failed insert).
     dropped: AtomicU64,
-    /// Rows retention deleted (not counting earlier `journal-trimmed`
-    /// rows folded into new ones).
+    /// Rows retention deleted (the `journal-trimmed` row it replaces
+    /// not counted).
     trimmed: AtomicU64,
     last_error: Mutex<Option<(SystemTime, String)>>,
 }
@@ -862,16 +862,21 @@ impl Writer {
     /// Deletes the oldest rows `how` selects, in chunks, each one
     /// transaction that adds what went to the `journal-trimmed` row (how
     /// many rows, the span of their times: `trim_rows`), so a trim is
-    /// never silent. A chunk's pages go through the WAL as they are freed, so
-    /// each chunk frees at most half the WAL's share, the WAL emptied
-    /// before it: trimming keeps within the bound too. Returns whether
-    /// any row went.
+    /// never silent. A chunk's freed pages go through the WAL, so each
+    /// chunk frees at most half the WAL's share, the WAL emptied before
+    /// it: trimming keeps within the bound too. Returns whether any row
+    /// went.
     fn trim(&mut self, how: Trim) -> rusqlite::Result<bool> {
         let b = self.budget;
         let wal = wal_path(&self.path);
         let Some(conn) = self.conn.as_mut() else {
             return Ok(false);
         };
+        // After every batch: two page counts, and no row count unless
+        // the pages in use call for a trim.
+        if matches!(how, Trim::ToSize) && used_bytes(conn)? <= b.trim_above() {
+            return Ok(false);
+        }
         let mut rows: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
         let mut any = false;
         while rows > 1 {
