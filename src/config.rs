@@ -50,6 +50,9 @@ pub struct Config {
     /// before asking again: changes made to a lower from outside show up
     /// through the mount within this time.
     pub lower_timeout: Duration,
+    /// `--max-watches`: the most inotify watches the mount holds on lower
+    /// directories; `None` = `overlay::watch::default_cap()`.
+    pub max_watches: Option<usize>,
     /// Where the daemon logs (`--log-file`); `None` = stderr (foreground)
     /// or nowhere (background).
     pub log_file: Option<PathBuf>,
@@ -116,6 +119,7 @@ pub struct MountArgs {
     /// `--io-uring` or `-o io_uring`.
     pub io_uring: bool,
     pub lower_timeout: Option<Duration>,
+    pub max_watches: Option<usize>,
     pub log_file: Option<PathBuf>,
     /// Every `-o` value, in order (each a comma-separated list).
     pub options: Vec<String>,
@@ -241,7 +245,7 @@ pub const IGNORED_OPTIONS: [&str; 35] = [
 /// The mount options layerfs itself understands (`-o KEY=VALUE` or `-o
 /// FLAG`), as `(key, the value's name or None for a flag, meaning)`: one
 /// list for the parser's error message and the mount.fuse.layerfs man page.
-pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 17] = [
+pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 18] = [
     (
         "lowerdir",
         Some("DIR[:DIR…]"),
@@ -275,6 +279,11 @@ pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 17] = [
         "lower_timeout",
         Some("DURATION"),
         "trust unwatched lower entries this long (as --lower-timeout)",
+    ),
+    (
+        "max_watches",
+        Some("N"),
+        "the most inotify watches on lower directories (as --max-watches)",
     ),
     (
         "journal_max_size",
@@ -377,6 +386,13 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
             "lower_timeout" => {
                 args.lower_timeout = Some(parse_duration(&need(value)?).map_err(bad)?);
             }
+            "max_watches" => {
+                let v = need(value)?;
+                let n: usize = v
+                    .parse()
+                    .map_err(|_| bad(format!("`{v}` is not a number of watches")))?;
+                args.max_watches = Some(n);
+            }
             "journal_max_size" => {
                 let size = parse_size(&need(value)?).map_err(bad)?;
                 if let Some(j) = &mut args.journal {
@@ -468,6 +484,7 @@ fn example_value(key: &str) -> &'static str {
     match key {
         "threads" => "8",
         "lower_timeout" => "1s",
+        "max_watches" => "1000",
         "journal_max_size" => "64M",
         "journal_max_age" => "30d",
         "scratch" => "target/**",
@@ -734,6 +751,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         threads: args.threads.unwrap_or_else(default_threads),
         io_uring: args.io_uring,
         lower_timeout: args.lower_timeout.unwrap_or(DEFAULT_LOWER_TIMEOUT),
+        max_watches: args.max_watches,
         log_file,
         created_work: created_work.keep(),
         scratch: args.scratch,

@@ -8,13 +8,17 @@
 //!   name that needs it is printed C-quoted in double quotes, the way git
 //!   quotes paths (`"a\nb"`, octal `\ooo` for other bytes), so `git apply`
 //!   reads a `diff --patch` back to the exact bytes;
-//! - `visible` for free text on a line of its own (`status` values, process
-//!   names, rules, error messages): the same escapes without the quotes.
+//! - `visible` for free text on a line of its own (`status` values, rules,
+//!   error messages): the same escapes without the quotes, and a backslash
+//!   left as it is (messages quote systemd's `\x2d` escapes and the like,
+//!   which must read as the user types them); such text is read, not
+//!   parsed back.
 //!
 //! What is escaped: C0 controls, DEL, C1 controls, Unicode format and
 //! bidirectional controls (which reorder what a terminal shows), bytes
-//! that are not UTF-8, and the backslash and double quote that the escapes
-//! themselves use. Other UTF-8 (accented names, CJK) prints as it is.
+//! that are not UTF-8, and in `quote` also the backslash and double quote
+//! that the escapes themselves use. Other UTF-8 (accented names, CJK)
+//! prints as it is.
 //! `--json` output is not escaped here: JSON strings carry their own.
 
 use std::borrow::Cow;
@@ -56,11 +60,14 @@ fn escape_bytes(out: &mut String, bytes: &[u8]) {
 
 /// Escapes `bytes`; returns `None` when nothing needed escaping (and the
 /// bytes are UTF-8), so callers can borrow the input.
-fn escaped(bytes: &[u8], quote_chars: bool) -> Option<String> {
+/// `quoting`: the backslash and double quote are escaped too, so the
+/// result parses back (`quote`); without it only what a terminal would act
+/// on is escaped (`visible`).
+fn escaped(bytes: &[u8], quoting: bool) -> Option<String> {
     let clean = match std::str::from_utf8(bytes) {
         Ok(s) => !s
             .chars()
-            .any(|c| is_unsafe_char(c) || c == '\\' || (quote_chars && c == '"')),
+            .any(|c| is_unsafe_char(c) || (quoting && (c == '\\' || c == '"'))),
         Err(_) => false,
     };
     if clean {
@@ -70,8 +77,8 @@ fn escaped(bytes: &[u8], quote_chars: bool) -> Option<String> {
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
             match c {
-                '\\' => out.push_str("\\\\"),
-                '"' if quote_chars => out.push_str("\\\""),
+                '\\' if quoting => out.push_str("\\\\"),
+                '"' if quoting => out.push_str("\\\""),
                 c if is_unsafe_char(c) => {
                     let mut buf = [0u8; 4];
                     escape_bytes(&mut out, c.encode_utf8(&mut buf).as_bytes());
@@ -101,6 +108,17 @@ pub fn quote(bytes: &[u8]) -> Cow<'_, str> {
             }
         }
         Some(e) => Cow::Owned(format!("\"{e}\"")),
+    }
+}
+
+/// `quote` for a name among the labelled fields of one line (`log`'s
+/// path, target, process and user names): quoted also when it holds a
+/// space or a parenthesis, so an unquoted name is one word and no name
+/// can pose as the fields after it (a process named `x) uid 0 (root`).
+pub fn quote_field(bytes: &[u8]) -> Cow<'_, str> {
+    match quote(bytes) {
+        Cow::Borrowed(s) if s.contains([' ', '(', ')']) => Cow::Owned(format!("\"{s}\"")),
+        q => q,
     }
 }
 
@@ -195,7 +213,17 @@ mod tests {
         assert_eq!(quote(b"a -> b"), "\"a -> b\"");
         assert_eq!(quote(b" lead"), "\" lead\"");
         assert_eq!(quote(b"\"x"), "\"\\\"x\"");
-        assert_eq!(visible("C:\\dir"), "C:\\\\dir");
+        assert_eq!(visible("alice\\x2ds1"), "alice\\x2ds1");
+    }
+
+    #[test]
+    fn a_field_is_one_word_or_quoted() {
+        assert_eq!(quote_field(b"git"), "git");
+        assert_eq!(quote_field(b"x) uid 0 (root"), "\"x) uid 0 (root\"");
+        assert_eq!(quote_field(b"dir with space/f"), "\"dir with space/f\"");
+        assert_eq!(quote_field(b"(paren"), "\"(paren\"");
+        assert_eq!(quote_field(b"a\nb"), quote(b"a\nb"));
+        assert_eq!(unquote(&quote_field(b"x) uid 0 (root")), b"x) uid 0 (root");
     }
 
     #[test]

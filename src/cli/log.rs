@@ -1,7 +1,10 @@
-//! `layerfs log [--json] [--since TIME] [--path GLOB] [--op OP] [--limit N]
-//! WORKSPACE`: the change journal, read straight from the database
-//! (read-only), so it works whether the workspace is mounted or not.
+//! `layerfs log [--json] [--since TIME] [--path GLOB] [--op OP] [--uid UID]
+//! [--limit N] WORKSPACE`: the change journal, read straight from the
+//! database (read-only), so it works whether the workspace is mounted or
+//! not, and whatever layerfs wrote it (columns an older journal lacks
+//! read as empty).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,7 +12,7 @@ use clap::Args;
 use globset::GlobMatcher;
 use serde_json::{json, Value};
 
-use crate::quote::{quote, visible};
+use crate::quote::{quote_field, visible};
 use crate::state::journal;
 use crate::state::workspace::Workspace;
 
@@ -23,10 +26,21 @@ Examples:
 Each record: time (RFC 3339, UTC), op, path, to (rename/link target, symlink
 target, xattr name), result (ok or the errno name), bytes (write: bytes
 written through the daemon, empty for passthrough writes; truncate: new
-size), pid and comm (the caller), rule (the policy rule of a denial).
+size), the caller: uid and gid (from the kernel: who it was), pid and comm
+(the command name the process gave itself: anyone can call a program
+`git`), and rule (the policy rule of a denial). JSON adds `user`, the
+uid's name as resolved when `log` runs. Rows written before layerfs
+recorded ids have none.
 Ops: create write truncate unlink rename link symlink mkdir rmdir mknod
-chmod chown utimes setxattr removexattr copy-up journal-dropped; `deny`
-selects every refused change with a policy rule.";
+chmod chown utimes setxattr removexattr copy-up; the journal's own:
+journal-dropped (bytes: events it lost) and journal-trimmed (one row,
+moved to the end at each trim; bytes: the rows retention deleted in all;
+oldest, newest: the span of their times); `deny` selects every refused
+change with a policy rule.
+
+Text output: one line a record; a name holding a space, a parenthesis or
+a character a terminal would act on is printed in double quotes with C
+escapes.";
 
 #[derive(Args, Debug)]
 #[command(after_help = LOG_HELP)]
@@ -49,6 +63,10 @@ pub struct LogCmd {
     #[arg(long, value_name = "OP")]
     op: Option<String>,
 
+    /// Only records of this caller: a uid or a user name.
+    #[arg(long, value_name = "UID|NAME")]
+    uid: Option<String>,
+
     /// Only the last N matching records.
     #[arg(long, value_name = "N")]
     limit: Option<usize>,
@@ -69,6 +87,45 @@ struct Row {
     pid: Option<i64>,
     comm: Option<String>,
     rule: Option<String>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    /// journal-trimmed: the span of the trimmed rows' times.
+    oldest: Option<i64>,
+    newest: Option<i64>,
+    /// The uid's user name, where it resolves.
+    user: Option<String>,
+}
+
+/// The uid `--uid` names: a number, or a user name looked up.
+fn parse_uid(s: &str) -> Result<u32, String> {
+    if let Ok(n) = s.parse::<u32>() {
+        return Ok(n);
+    }
+    match nix::unistd::User::from_name(s) {
+        Ok(Some(u)) => Ok(u.uid.as_raw()),
+        Ok(None) => Err(format!(
+            "--uid {s}: no such user (give a uid or a user name)"
+        )),
+        Err(e) => Err(format!("--uid {s}: cannot look the user up: {e}")),
+    }
+}
+
+/// User names by uid, each looked up once.
+#[derive(Default)]
+struct Names(HashMap<u32, Option<String>>);
+
+impl Names {
+    fn of(&mut self, uid: u32) -> Option<String> {
+        self.0
+            .entry(uid)
+            .or_insert_with(|| {
+                nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                    .ok()
+                    .flatten()
+                    .map(|u| u.name)
+            })
+            .clone()
+    }
 }
 
 fn parse_since(s: &str) -> Result<i64, String> {
@@ -105,29 +162,51 @@ impl Row {
             "pid": self.pid,
             "comm": self.comm,
             "rule": self.rule,
+            "uid": self.uid,
+            "gid": self.gid,
+            "user": self.user,
+            "oldest": self.oldest.map(rfc3339),
+            "newest": self.newest.map(rfc3339),
         })
     }
 
-    /// One line per record, whatever the names hold: paths, targets and
-    /// process names are quoted, rules escaped (`crate::quote`).
+    /// One line per record, whatever the names hold: paths, targets,
+    /// process and user names are one word or quoted, rules escaped
+    /// (`crate::quote`), so no name can forge a line or a field.
     fn text(&self) -> String {
         let mut s = format!(
             "{}  {:<11} {}",
             rfc3339(self.time),
             self.op,
-            quote(self.path.as_bytes())
+            quote_field(self.path.as_bytes())
         );
         if let Some(t) = &self.to {
-            s.push_str(&format!(" -> {}", quote(t.as_bytes())));
+            s.push_str(&format!(" -> {}", quote_field(t.as_bytes())));
         }
         s.push_str(&format!("  {}", visible(&self.result)));
-        if let Some(b) = self.bytes {
-            s.push_str(&format!("  {b} bytes"));
+        match (self.op.as_str(), self.bytes) {
+            ("journal-trimmed", Some(n)) => s.push_str(&format!(
+                "  {n} rows trimmed, from {} to {}",
+                self.oldest.map_or("?".into(), rfc3339),
+                self.newest.map_or("?".into(), rfc3339)
+            )),
+            ("journal-dropped", Some(n)) => s.push_str(&format!("  {n} events lost")),
+            (_, Some(b)) => s.push_str(&format!("  {b} bytes")),
+            (_, None) => {}
+        }
+        if let Some(u) = self.uid {
+            s.push_str(&format!("  uid {u}"));
+            if let Some(n) = &self.user {
+                s.push_str(&format!(" ({})", quote_field(n.as_bytes())));
+            }
+            if let Some(g) = self.gid {
+                s.push_str(&format!(" gid {g}"));
+            }
         }
         if let Some(p) = self.pid {
             s.push_str(&format!("  pid {p}"));
             if let Some(c) = &self.comm {
-                s.push_str(&format!(" ({})", quote(c.as_bytes())));
+                s.push_str(&format!(" ({})", quote_field(c.as_bytes())));
             }
         }
         if let Some(r) = &self.rule {
@@ -156,6 +235,7 @@ impl LogCmd {
 
     fn rows(&self) -> Result<Vec<Row>, String> {
         let since = self.since.as_deref().map(parse_since).transpose()?;
+        let uid = self.uid.as_deref().map(parse_uid).transpose()?;
         let glob: Option<GlobMatcher> = match &self.path {
             Some(g) => Some(
                 globset::GlobBuilder::new(g.trim_start_matches('/'))
@@ -185,16 +265,38 @@ impl LogCmd {
             Some("deny") | Some("denied") => ("rule IS NOT NULL", String::new()),
             Some(o) => ("op = ?2", o.to_string()),
         };
+        // A journal no layerfs with these columns has opened yet reads
+        // them as NULL (and then no row matches --uid).
+        let have = journal::columns(&conn)
+            .map_err(|e| format!("reading journal {}: {e}", db.display()))?;
+        let col = |name: &str| {
+            if have.iter().any(|h| h == name) {
+                name.to_string()
+            } else {
+                "NULL".to_string()
+            }
+        };
+        let uid_sql = if uid.is_some() {
+            format!("{} = ?3", col("uid"))
+        } else {
+            "?3 IS NULL".to_string()
+        };
         let sql = format!(
-            "SELECT time, op, path, \"to\", result, bytes, pid, comm, rule FROM events
-             WHERE time >= ?1 AND {op_sql} AND (?2 = ?2) ORDER BY id DESC"
+            "SELECT time, op, path, \"to\", result, bytes, pid, comm, rule, {}, {}, {}, {}
+             FROM events
+             WHERE time >= ?1 AND {op_sql} AND (?2 = ?2) AND {uid_sql} ORDER BY id DESC",
+            col("uid"),
+            col("gid"),
+            col("oldest"),
+            col("newest"),
         );
         let mut stmt = conn
             .prepare(&sql)
             .map_err(|e| format!("reading journal {}: {e}", db.display()))?;
         let mut q = stmt
-            .query(rusqlite::params![since.unwrap_or(i64::MIN), op])
+            .query(rusqlite::params![since.unwrap_or(i64::MIN), op, uid])
             .map_err(|e| format!("reading journal {}: {e}", db.display()))?;
+        let mut names = Names::default();
         let mut out = Vec::new();
         let limit = self.limit.unwrap_or(usize::MAX);
         while out.len() < limit {
@@ -204,7 +306,7 @@ impl LogCmd {
             else {
                 break;
             };
-            let row = Row {
+            let mut row = Row {
                 time: r.get(0).unwrap_or(0),
                 op: r.get(1).unwrap_or_default(),
                 path: r.get(2).unwrap_or_default(),
@@ -214,6 +316,11 @@ impl LogCmd {
                 pid: r.get(6).unwrap_or(None),
                 comm: r.get(7).unwrap_or(None),
                 rule: r.get(8).unwrap_or(None),
+                uid: r.get(9).unwrap_or(None),
+                gid: r.get(10).unwrap_or(None),
+                oldest: r.get(11).unwrap_or(None),
+                newest: r.get(12).unwrap_or(None),
+                user: None,
             };
             if let Some(g) = &glob {
                 let to_matches = row.to.as_deref().is_some_and(|t| g.is_match(t));
@@ -221,6 +328,7 @@ impl LogCmd {
                     continue;
                 }
             }
+            row.user = row.uid.and_then(|u| names.of(u));
             out.push(row);
         }
         out.reverse();

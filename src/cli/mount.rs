@@ -99,6 +99,15 @@ pub struct MountCmd {
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = config::parse_duration)]
     lower_timeout: Duration,
 
+    /// The most inotify watches the mount holds on lower directories
+    /// [default: a sixteenth of fs.inotify.max_user_watches, at most
+    /// 65536]. The kernel counts watches against the daemon's user for
+    /// the whole host; beyond this cap a directory is not watched and its
+    /// outside changes show within --lower-timeout, so no walk through a
+    /// shared mount can use up the host's watches. 0 watches nothing.
+    #[arg(long, value_name = "N")]
+    max_watches: Option<usize>,
+
     /// Write the daemon's log here instead of stderr (background: /dev/null).
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -106,7 +115,8 @@ pub struct MountCmd {
     /// Comma-separated mount options, kernel-overlay style:
     /// lowerdir=A:B (first topmost), upperdir=DIR, workdir=DIR, and
     /// layerfs's own state=, policy=, scratch=, log_file=, threads=, io_uring,
-    /// lower_timeout=, journal_max_size=, journal_max_age=, no_journal,
+    /// lower_timeout=, max_watches=, journal_max_size=, journal_max_age=,
+    /// no_journal,
     /// allow_other, ro, noexec (each as its long option); generic mount
     /// options (rw, nosuid, nodev, noatime, _netdev, nofail, user, x-*, …)
     /// are accepted and ignored. The same options work in fstab through
@@ -154,6 +164,7 @@ impl MountCmd {
             threads: self.threads,
             io_uring: self.io_uring,
             lower_timeout: Some(self.lower_timeout),
+            max_watches: self.max_watches,
             log_file: self.log_file,
             options: self.options,
             scratch: self.scratch,

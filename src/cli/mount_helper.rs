@@ -56,7 +56,7 @@ Examples:
   layerfs /ws/mnt fuse.layerfs lowerdir=/srv/base,upperdir=/ws/upper,workdir=/ws/work,allow_other 0 0
 
 The options are those of `layerfs mount -o`: lowerdir=, upperdir=, workdir=,
-state=, policy=, scratch=, log_file=, threads=, lower_timeout=,
+state=, policy=, scratch=, log_file=, threads=, lower_timeout=, max_watches=,
 journal_max_size=, journal_max_age=, no_journal, allow_other, ro, noexec.
 Generic options mount(8) passes on (rw, nosuid, nodev, noatime, _netdev,
 nofail, user, …) are ignored; any other option is refused.

@@ -244,6 +244,32 @@ fn render(v: &Value) -> String {
             );
         }
     }
+    if let Some(w) = v.get("watches").filter(|w| !w.is_null()) {
+        let s = if w.get("enabled").and_then(Value::as_bool) == Some(true) {
+            let mut s = format!(
+                "{} of {} inotify watches on lower directories",
+                field(w, "used"),
+                field(w, "cap")
+            );
+            if let Some(n) = w
+                .get("dirs_over_cap")
+                .and_then(Value::as_u64)
+                .filter(|n| *n > 0)
+            {
+                s.push_str(&format!(
+                    "; {n} directories beyond the cap show outside changes within \
+                     --lower-timeout"
+                ));
+            }
+            if w.get("live").and_then(Value::as_bool) == Some(false) {
+                s.push_str("; NOT LIVE: every lower change shows within --lower-timeout");
+            }
+            s
+        } else {
+            "none (inotify unavailable): lower changes show within --lower-timeout".into()
+        };
+        line("watches", s);
+    }
     line("state", field(v, "state"));
     if mounted {
         let up = v
@@ -313,16 +339,37 @@ fn render(v: &Value) -> String {
         } else {
             match (j.get("dropped"), j.get("dropped_recorded")) {
                 (Some(d), _) if !d.is_null() => {
-                    format!("{} rows, {} dropped", field(j, "rows"), field(j, "dropped"))
+                    let mut s = format!("{} rows", field(j, "rows"));
+                    if let (Some(b), Some(cap)) = (
+                        j.get("bytes").and_then(Value::as_u64),
+                        j.get("max_bytes").and_then(Value::as_u64),
+                    ) {
+                        s.push_str(&format!(" ({} of {})", human_bytes(b), human_bytes(cap)));
+                    }
+                    s.push_str(&format!(", {} dropped", field(j, "dropped")));
+                    if let Some(t) = j.get("trimmed").and_then(Value::as_u64).filter(|t| *t > 0) {
+                        s.push_str(&format!(", {t} trimmed"));
+                    }
+                    s
                 }
                 // Unmounted: the sum of the journal's own journal-dropped
                 // rows (events lost over every earlier mount, as far as
                 // the journal could record the loss).
-                (_, Some(d)) if !d.is_null() => format!(
-                    "{} rows, {} events lost while mounted",
-                    field(j, "rows"),
-                    field(j, "dropped_recorded")
-                ),
+                (_, Some(d)) if !d.is_null() => {
+                    let mut s = format!(
+                        "{} rows, {} events lost while mounted",
+                        field(j, "rows"),
+                        field(j, "dropped_recorded")
+                    );
+                    if let Some(t) = j
+                        .get("trimmed_recorded")
+                        .and_then(Value::as_u64)
+                        .filter(|t| *t > 0)
+                    {
+                        s.push_str(&format!(", {t} trimmed"));
+                    }
+                    s
+                }
                 _ => format!("{} rows", field(j, "rows")),
             }
         };

@@ -453,6 +453,7 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
         "read_only": ov.read_only,
         "upper_usage": upper_usage(ov),
         "layers": layers(ov, daemon.lower_timeout),
+        "watches": watches(ov),
         "counters": {
             "requests": requests,
             "requests_per_second": (daemon.rate() * 10.0).round() / 10.0,
@@ -471,6 +472,22 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
         },
         "transport": transport(&daemon.fs),
     })
+}
+
+/// The inotify watches on lower directories: how many are held, the cap
+/// (`--max-watches`), and the directories left to `--lower-timeout`
+/// because the cap was reached.
+fn watches(ov: &crate::overlay::Overlay) -> Value {
+    match ov.watch_usage() {
+        Some(u) => json!({
+            "enabled": true,
+            "live": ov.watch.as_ref().is_some_and(|w| w.live()),
+            "used": u.used,
+            "cap": u.cap,
+            "dirs_over_cap": u.dirs_over_cap,
+        }),
+        None => json!({"enabled": false}),
+    }
 }
 
 /// How requests reach the daemon: `/dev/fuse`, or io_uring queues (and

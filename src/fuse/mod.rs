@@ -1002,7 +1002,9 @@ impl fuser::Filesystem for LayerFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.inner.rec.writes(self.ov(), fh.0, req.pid(), true);
+        self.inner
+            .rec
+            .writes(self.ov(), fh.0, Some(&ctx(req, 0)), true);
         self.inner.io.release(self.ov(), ino.0, fh.0);
         self.ov().release(fh.0);
         reply.ok();
@@ -1016,7 +1018,9 @@ impl fuser::Filesystem for LayerFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.inner.rec.writes(self.ov(), fh.0, req.pid(), false);
+        self.inner
+            .rec
+            .writes(self.ov(), fh.0, Some(&ctx(req, 0)), false);
         match self.ov().fsync(fh.0, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),

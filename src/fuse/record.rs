@@ -1,7 +1,8 @@
 //! The adapter's side of the journal: after each mutating request it
 //! takes what the core noted (copy-ups, policy denials), adds what only
-//! the request knows (op, path, result, the caller's pid and command
-//! name) and hands events to the sink. Writes are coalesced per open
+//! the request knows (op, path, result, and the caller: the pid, uid and
+//! gid of the request header, and the command name the process gave
+//! itself) and hands events to the sink. Writes are coalesced per open
 //! file: one event at fsync and at close, with the bytes the daemon wrote
 //! (passthrough writes bypass the daemon: their event has no byte count
 //! and is recorded when the file changed). Counters for `status` are
@@ -26,8 +27,8 @@ const SHARDS: usize = 16;
 struct Track {
     /// Node id of the file.
     ino: u64,
-    pid: u32,
-    comm: Arc<str>,
+    /// The opener.
+    who: Caller,
     passthrough: bool,
     /// (mtime s, mtime ns, size) last seen, for passthrough handles.
     seen: Option<(i64, i64, u64)>,
@@ -170,6 +171,15 @@ impl OpCounts {
     }
 }
 
+/// Who made a request, as a journal row names them.
+#[derive(Clone)]
+struct Caller {
+    pid: u32,
+    uid: u32,
+    gid: u32,
+    comm: Arc<str>,
+}
+
 #[derive(Default)]
 pub struct Recorder {
     sink: OnceLock<Arc<dyn Sink>>,
@@ -230,6 +240,16 @@ impl Recorder {
         name
     }
 
+    /// The caller of request `c`, its command name looked up.
+    fn caller(&self, c: &Ctx) -> Caller {
+        Caller {
+            pid: c.pid,
+            uid: c.uid,
+            gid: c.gid,
+            comm: self.comm(c.pid),
+        }
+    }
+
     fn emit(&self, ev: Event) {
         if let Some(s) = self.sink.get() {
             s.record(ev);
@@ -250,13 +270,13 @@ impl Recorder {
     ) {
         let notes = events::take_notes();
         let mut rule = None;
-        let comm = path.as_ref().map(|_| self.comm(c.pid));
+        let who = path.as_ref().map(|_| self.caller(c));
         let now = SystemTime::now();
         for n in notes {
             match n {
                 Note::CopyUp { path: p } => {
                     self.copy_ups.fetch_add(1, Ordering::Relaxed);
-                    if let Some(comm) = &comm {
+                    if let Some(who) = &who {
                         self.emit(Event {
                             time: now,
                             op: EvOp::CopyUp,
@@ -264,8 +284,10 @@ impl Recorder {
                             to: None,
                             errno: 0,
                             bytes: None,
-                            pid: c.pid,
-                            comm: comm.clone(),
+                            pid: who.pid,
+                            uid: who.uid,
+                            gid: who.gid,
+                            comm: who.comm.clone(),
                             rule: None,
                         });
                     }
@@ -276,7 +298,7 @@ impl Recorder {
                 }
             }
         }
-        let (Some(path), Some(comm)) = (path, comm) else {
+        let (Some(path), Some(who)) = (path, who) else {
             return;
         };
         for (op, bytes) in rows {
@@ -287,8 +309,10 @@ impl Recorder {
                 to: to.clone(),
                 errno,
                 bytes: *bytes,
-                pid: c.pid,
-                comm: comm.clone(),
+                pid: who.pid,
+                uid: who.uid,
+                gid: who.gid,
+                comm: who.comm.clone(),
                 rule: rule.clone(),
             });
         }
@@ -307,8 +331,7 @@ impl Recorder {
         let ino = ov.files.target(fh).map_or(0, |(i, _)| i.id);
         let t = Track {
             ino,
-            pid: c.pid,
-            comm: self.comm(c.pid),
+            who: self.caller(c),
             passthrough,
             seen,
         };
@@ -345,15 +368,17 @@ impl Recorder {
                     t.seen = now;
                 }
             } else {
-                self.writes(ov, fh, 0, false);
+                self.writes(ov, fh, None, false);
             }
         }
     }
 
     /// Records the writes made through `fh` since the last record (at
-    /// fsync, and at close with `closing`). Call before the core releases
-    /// the handle.
-    pub fn writes(&self, ov: &Overlay, fh: u64, pid: u32, closing: bool) {
+    /// fsync, and at close with `closing`), attributed to `by` (the
+    /// fsync's or release's caller) when the kernel names a process
+    /// other than the opener, else to the opener. Call before the core
+    /// releases the handle.
+    pub fn writes(&self, ov: &Overlay, fh: u64, by: Option<&Ctx>, closing: bool) {
         if !self.on() {
             return;
         }
@@ -363,8 +388,7 @@ impl Recorder {
         } else {
             shard.get_mut(&fh).map(|t| Track {
                 ino: t.ino,
-                pid: t.pid,
-                comm: t.comm.clone(),
+                who: t.who.clone(),
                 passthrough: t.passthrough,
                 seen: t.seen,
             })
@@ -391,11 +415,11 @@ impl Recorder {
                 n => Some(n),
             }
         };
-        // The closing process when the kernel says who it is, else the opener.
-        let (pid, comm) = if pid != 0 && pid != t.pid {
-            (pid, self.comm(pid))
-        } else {
-            (t.pid, t.comm)
+        // The closing process when the kernel says who it is, else the
+        // opener (the pid, ids and name always of one and the same caller).
+        let who = match by {
+            Some(c) if c.pid != 0 && c.pid != t.who.pid => self.caller(c),
+            _ => t.who,
         };
         self.emit(Event {
             time: SystemTime::now(),
@@ -404,8 +428,10 @@ impl Recorder {
             to: None,
             errno: 0,
             bytes,
-            pid,
-            comm,
+            pid: who.pid,
+            uid: who.uid,
+            gid: who.gid,
+            comm: who.comm,
             rule: None,
         });
     }

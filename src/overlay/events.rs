@@ -36,6 +36,9 @@ pub enum EvOp {
     CopyUp,
     /// The journal itself lost events (`bytes` holds how many).
     Dropped,
+    /// Retention deleted rows: the journal's one such row holds how many
+    /// in all (`bytes`) and the span of their times (`oldest`/`newest`).
+    Trimmed,
 }
 
 impl EvOp {
@@ -59,6 +62,7 @@ impl EvOp {
             EvOp::Removexattr => "removexattr",
             EvOp::CopyUp => "copy-up",
             EvOp::Dropped => "journal-dropped",
+            EvOp::Trimmed => "journal-trimmed",
         }
     }
 }
@@ -77,8 +81,14 @@ pub struct Event {
     pub errno: i32,
     /// Bytes written (write, as counted by the daemon), new size (truncate).
     pub bytes: Option<u64>,
+    /// The caller as the kernel gives it in the request header: the
+    /// thread group id and the filesystem uid and gid. The uid and gid
+    /// are what attributes a row (a process names itself; its ids it
+    /// cannot choose).
     pub pid: u32,
-    /// The caller's command name (/proc/PID/comm).
+    pub uid: u32,
+    pub gid: u32,
+    /// The caller's command name (/proc/PID/comm), as the process set it.
     pub comm: Arc<str>,
     /// The policy rule that refused the change.
     pub rule: Option<String>,

@@ -122,6 +122,11 @@ pub struct Entry {
     pub lower: bool,
 }
 
+/// Which inode registered a directory's watches (see `watch::Owner`).
+fn watch_owner(dir: &Inode) -> watch::Owner {
+    dir as *const Inode as usize
+}
+
 pub struct Overlay {
     pub upper: Upper,
     pub lowers: Vec<Layer>,
@@ -195,7 +200,7 @@ impl Overlay {
             read_only: cfg.read_only,
             files: Default::default(),
             privileged,
-            watch: watch::LowerWatch::new(),
+            watch: watch::LowerWatch::new(cfg.max_watches.unwrap_or_else(watch::default_cap)),
             reach,
             gate: Default::default(),
         };
@@ -267,7 +272,7 @@ impl Overlay {
     pub fn forget(&self, id: u64, n: u64) {
         if let Some(gone) = self.inodes.forget(id, n) {
             if let (true, Some(w)) = (gone.is_dir(), &self.watch) {
-                w.unwatch(id);
+                w.unwatch(id, watch_owner(&gone));
             }
         }
     }
@@ -299,15 +304,20 @@ impl Overlay {
         let ok = match &self.watch {
             _ if self.any_remote(layers.iter().copied()) => {
                 if let Some(w) = &self.watch {
-                    w.unwatch(dir.id);
+                    w.unwatch(dir.id, watch_owner(dir));
                 }
                 false
             }
-            Some(w) => w.watch(dir.id, &lowers),
+            Some(w) => w.watch(dir.id, watch_owner(dir), &lowers),
             None => lowers.is_empty(),
         };
         *watched_layers = Some(layers);
         dir.watched.store(ok, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Watch usage for `status` (`None` without inotify).
+    pub fn watch_usage(&self) -> Option<watch::Usage> {
+        self.watch.as_ref().map(|w| w.usage())
     }
 
     /// Whether any of these lower layers is on a remote filesystem.
@@ -351,16 +361,28 @@ impl Overlay {
             && self.watch.as_ref().is_none_or(|w| w.live())
     }
 
-    /// Whether an object's name and attributes need the short timeout: it
-    /// involves a lower and its directory is not watched.
+    /// Whether an object's name and attributes need the short timeout
+    /// (see `volatile_in`).
     pub fn volatile(&self, inode: &Inode) -> bool {
-        if !inode.real.read().has_lower() {
-            return false;
-        }
-        match inode.parent() {
-            Some(p) => !self.trusted(&p),
-            None => !self.trusted(inode),
-        }
+        let parent = inode.parent();
+        self.volatile_in(
+            parent.as_deref().unwrap_or(inode),
+            inode,
+            inode.real.read().has_lower(),
+        )
+    }
+
+    /// Whether the entry of `inode` in directory `parent` needs the short
+    /// timeout, for its name and its attributes alike (one reply carries
+    /// both): it involves a lower (`lower`), and either `parent` is not
+    /// watched (the name may change unseen) or `inode` is a directory not
+    /// watched itself (its mtime may change unseen; the kernel keeps a
+    /// directory's cached listing until it sees a new mtime, so without
+    /// this a listing under a watched parent would stay stale as long as
+    /// the parent's entries are trusted). A directory beyond the watch
+    /// cap under a watched parent is the common case of the second.
+    pub fn volatile_in(&self, parent: &Inode, inode: &Inode, lower: bool) -> bool {
+        lower && (!self.trusted(parent) || (inode.is_dir() && !self.trusted(inode)))
     }
 
     /// Gives a new upper object its owner. An unprivileged daemon cannot

@@ -257,9 +257,10 @@ impl Overlay {
             self.watch_dir(&inode);
         }
         // Lower entries under a watched directory are as stable as upper
-        // ones: an outside change there is invalidated when it happens.
-        // A degraded answer is trusted as briefly as a lower entry.
-        let lower = (lower && !self.trusted(parent)) || degraded;
+        // ones: an outside change there is invalidated when it happens
+        // (`volatile_in` says when not). A degraded answer is trusted as
+        // briefly as a lower entry.
+        let lower = self.volatile_in(parent, &inode, lower) || degraded;
         let st = self.fix_stat(&inode, r.st);
         Entry { id, st, lower }
     }

@@ -42,6 +42,7 @@ fn env(populate: impl FnOnce(&Path, &Path)) -> Env {
         threads: 1,
         io_uring: false,
         lower_timeout: Duration::from_secs(1),
+        max_watches: None,
         log_file: None,
         created_work: false,
         scratch: Vec::new(),

@@ -13,9 +13,19 @@
 //! records a `journal-dropped` row saying how many it lost. The journal
 //! is an index of what happened; the upper is the truth.
 //!
-//! Retention: rows older than `max_age` are deleted, and the oldest rows
-//! go when the database outgrows `max_bytes` (SQLite reuses the freed
-//! pages, so the file stays about that size).
+//! Each row names its caller by the uid and gid of the FUSE request
+//! header (what the kernel says, not what the process calls itself), with
+//! its pid and command name. Journals written before these columns
+//! existed get them added at open (`migrate`); their old rows have none.
+//!
+//! Retention: rows older than `max_age` are deleted (when the writer
+//! starts and every minute), and the oldest rows go when the database
+//! outgrows its share of `max_bytes` (checked after every batch). Every
+//! deletion updates, in the same transaction, the journal's one
+//! `journal-trimmed` row: how many rows retention deleted in all and the
+//! span of their times, so evidence never vanishes without a trace
+//! (`trim_rows`). The size bound, database and WAL together, is stated at
+//! `Budget`.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -67,13 +77,31 @@ CREATE TABLE IF NOT EXISTS events (
     path   TEXT NOT NULL,
     \"to\"   TEXT,
     result TEXT NOT NULL,     -- 'ok' or the errno name
-    bytes  INTEGER,
+    bytes  INTEGER,           -- journal-dropped/-trimmed: how many
     pid    INTEGER,
     comm   TEXT,
-    rule   TEXT
+    rule   TEXT,
+    uid    INTEGER,           -- the caller's fs uid and gid (request header)
+    gid    INTEGER,
+    oldest INTEGER,           -- journal-trimmed: the time span of the rows
+    newest INTEGER            --   that went
 );
 CREATE INDEX IF NOT EXISTS events_time ON events(time);
+-- The journal-trimmed row (one at most, see `trim_rows`), found at once
+-- and costing other rows nothing.
+CREATE INDEX IF NOT EXISTS events_trimmed ON events(id) WHERE op = 'journal-trimmed';
 ";
+
+/// Columns added since the first schema, with their types: `migrate`
+/// adds those a journal lacks (`ALTER TABLE … ADD COLUMN` changes only
+/// the schema, not the rows, so it is quick on any size), and readers
+/// select NULL for those an unmigrated journal lacks (`columns`).
+pub const ADDED_COLUMNS: [(&str, &str); 4] = [
+    ("uid", "INTEGER"),
+    ("gid", "INTEGER"),
+    ("oldest", "INTEGER"),
+    ("newest", "INTEGER"),
+];
 
 /// The writer's idle time before it exits: 30 s, or
 /// `LAYERFS_JOURNAL_IDLE_EXIT_MS` (for tests that watch it come and go).
@@ -85,7 +113,8 @@ fn idle_exit() -> Duration {
         .unwrap_or(Duration::from_secs(30))
 }
 
-/// How many events one transaction takes at most.
+/// How many events one transaction takes at most (and at most
+/// `Budget::batch` bytes of them).
 const BATCH: usize = 4096;
 /// After a small batch the writer waits this long for more events: one
 /// transaction per window instead of one per event keeps its CPU time and
@@ -99,6 +128,90 @@ const REOPEN_AFTER: Duration = Duration::from_secs(1);
 /// oldest beyond this are dropped (and counted).
 pub const HOLD: usize = 4096;
 
+/// How the writer keeps the database and its WAL within `max_bytes`.
+///
+/// The bound: after every batch the writer trims, checkpoints and, if
+/// needed, compacts, so that the database file is at most `cap - wal`
+/// and the WAL at most `wal`; the next batch adds its pages to the WAL
+/// before the next check. So database and WAL together stay within the
+/// cap plus one batch (`batch` bytes of rows, about twice that in pages:
+/// a sixteenth of the cap at most) while the writer runs. (A reader
+/// holding the journal open, `layerfs log`, can delay a checkpoint while
+/// it reads; the shared-memory index, `-shm`, 32 KiB, is not counted.)
+/// The freed pages of trimmed rows are reused, so the file does not
+/// shrink as it trims; a file already beyond its share (written by an
+/// older layerfs, or under a larger cap) is compacted once with VACUUM.
+/// The bound holds for caps of 64 KiB and more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Budget {
+    /// `--journal-max-size`.
+    cap: u64,
+    /// The WAL's share: it is checkpointed and truncated beyond this (an
+    /// eighth of the cap, at most 4 MiB, which is SQLite's usual
+    /// checkpoint interval).
+    wal: u64,
+    /// The estimated row bytes (`row_bytes`) one batch takes at most: a
+    /// 32nd of the cap, at least 1 KiB, at most 1 MiB.
+    batch: u64,
+}
+
+impl Budget {
+    fn new(cap: u64) -> Budget {
+        Budget {
+            cap,
+            wal: (cap / 8).min(4 << 20),
+            batch: (cap / 32).clamp(1 << 10, 1 << 20),
+        }
+    }
+
+    /// The database file's share: the cap less the WAL's.
+    fn db(&self) -> u64 {
+        self.cap - self.wal
+    }
+
+    /// Pages in use beyond which the oldest rows are trimmed: the file's
+    /// share less room for one batch (whose pages take about twice its
+    /// row bytes: table and index).
+    fn trim_above(&self) -> u64 {
+        self.db().saturating_sub(2 * self.batch)
+    }
+
+    /// What trimming leaves in use: three quarters of the file's share,
+    /// so the next trim comes only after a quarter of it was written.
+    fn trim_to(&self) -> u64 {
+        self.db() / 4 * 3
+    }
+}
+
+/// An estimate of the bytes a row takes, for the batch bound.
+fn row_bytes(e: &Event) -> u64 {
+    (64 + e.path.len()
+        + e.to.as_ref().map_or(0, |t| t.len())
+        + e.comm.len()
+        + e.rule.as_ref().map_or(0, |r| r.len())) as u64
+}
+
+/// The bytes the database and its WAL take on disk now.
+fn disk_bytes(db: &Path) -> u64 {
+    let len = |p: &Path| fs::metadata(p).map_or(0, |m| m.len());
+    len(db) + len(&wal_path(db))
+}
+
+fn wal_path(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_os_string();
+    p.push("-wal");
+    PathBuf::from(p)
+}
+
+/// The daemon itself, as rows it writes about the journal name it.
+fn daemon_ids() -> (u32, u32, u32) {
+    (
+        std::process::id(),
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    )
+}
+
 /// Counters `status` reports.
 #[derive(Default)]
 struct Health {
@@ -108,6 +221,9 @@ struct Health {
     written: AtomicU64,
     /// Events lost (full queue or a failed insert).
     dropped: AtomicU64,
+    /// Rows retention deleted (the `journal-trimmed` row it replaces
+    /// not counted).
+    trimmed: AtomicU64,
     last_error: Mutex<Option<(SystemTime, String)>>,
 }
 
@@ -282,6 +398,9 @@ impl Journal {
             "rows": h.rows.load(Ordering::Relaxed),
             "written": h.written.load(Ordering::Relaxed),
             "dropped": h.dropped.load(Ordering::Relaxed),
+            "trimmed": h.trimmed.load(Ordering::Relaxed),
+            // The database and its WAL as they are now (what the cap bounds).
+            "bytes": disk_bytes(&self.path),
             "last_error": err,
             "last_error_time": err_time,
             "max_bytes": self.opts.max_bytes,
@@ -369,12 +488,34 @@ pub fn open_rw(path: &Path) -> rusqlite::Result<Connection> {
     c.pragma_update(None, "journal_mode", journal_mode(path))?;
     c.pragma_update(None, "synchronous", "NORMAL")?;
     c.execute_batch(SCHEMA)?;
+    migrate(&c)?;
     Ok(c)
+}
+
+/// The columns of the events table (empty when there is none).
+pub fn columns(c: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = c.prepare("SELECT name FROM pragma_table_info('events')")?;
+    let names = stmt.query_map([], |r| r.get(0))?;
+    names.collect()
+}
+
+/// Adds the columns a journal of an older layerfs lacks (its rows keep
+/// NULL there: their caller's ids were never known).
+fn migrate(c: &Connection) -> rusqlite::Result<()> {
+    let have = columns(c)?;
+    for (name, ty) in ADDED_COLUMNS {
+        if !have.iter().any(|h| h == name) {
+            c.execute_batch(&format!("ALTER TABLE events ADD COLUMN {name} {ty}"))?;
+            tracing::info!("journal: added column {name} to an older journal");
+        }
+    }
+    Ok(())
 }
 
 struct Writer {
     path: PathBuf,
     opts: Options,
+    budget: Budget,
     health: Arc<Health>,
     conn: Option<Connection>,
     id: Option<(u64, u64)>,
@@ -396,6 +537,7 @@ impl Writer {
     fn new(path: PathBuf, opts: Options, health: Arc<Health>, queued: Arc<AtomicUsize>) -> Writer {
         Writer {
             path,
+            budget: Budget::new(opts.max_bytes),
             opts,
             health,
             conn: None,
@@ -462,21 +604,25 @@ impl Writer {
                 }
             };
             let mut batch = Vec::new();
+            let mut bytes = 0;
             let mut flushes = Vec::new();
             let mut next = Some(first);
             while let Some(m) = next.take() {
                 match m {
                     Msg::Event(e) => {
                         self.queued.fetch_sub(1, Ordering::Relaxed);
+                        bytes += row_bytes(&e);
                         batch.push(e)
                     }
                     Msg::Flush(t) => flushes.push(t),
                 }
-                if batch.len() < BATCH {
+                // A batch is bounded in rows and in bytes: the size cap
+                // is checked between batches (`Budget`).
+                if batch.len() < BATCH && bytes < self.budget.batch {
                     next = rx.try_recv().ok();
                 }
             }
-            let small = batch.len() < BATCH;
+            let small = batch.len() < BATCH && bytes < self.budget.batch;
             let flushed = !flushes.is_empty();
             if !batch.is_empty() || !self.held.is_empty() {
                 self.write(batch);
@@ -533,6 +679,20 @@ impl Writer {
         };
         match opened {
             Ok(c) => {
+                // The WAL's share of the cap: SQLite checkpoints at
+                // about that size and truncates the file back to it.
+                let pages = (self.budget.wal / 4096).max(1) as i64;
+                let sized = c
+                    .pragma_update(None, "wal_autocheckpoint", pages)
+                    .and_then(|_| {
+                        c.pragma_update(None, "journal_size_limit", self.budget.wal as i64)
+                    });
+                if let Err(e) = sized {
+                    self.health.fail(format!(
+                        "cannot size the WAL of {}: {e}",
+                        self.path.display()
+                    ));
+                }
                 if !self.counted {
                     let rows: i64 = c
                         .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
@@ -649,49 +809,209 @@ impl Writer {
         });
     }
 
-    /// Retention: rows beyond the age limit, then the oldest beyond the size.
+    /// Retention: rows beyond the age limit (at most every
+    /// `RETENTION_EVERY`), then the size bound (every time: after each
+    /// batch).
     fn maintain(&mut self) {
-        if Instant::now() < self.next_retention {
-            return;
+        if Instant::now() >= self.next_retention {
+            self.next_retention = Instant::now() + RETENTION_EVERY;
+            let _ = self.ensure_open();
+            let cutoff = micros(SystemTime::now()) - self.opts.max_age.as_micros() as i64;
+            if let Err(e) = self.trim(Trim::OlderThan(cutoff)) {
+                self.health
+                    .fail(format!("journal retention by age failed: {e}"));
+            }
         }
-        self.next_retention = Instant::now() + RETENTION_EVERY;
-        let _ = self.ensure_open();
-        let Some(conn) = self.conn.as_ref() else {
-            return;
-        };
-        let cutoff = micros(SystemTime::now()) - self.opts.max_age.as_micros() as i64;
-        let r = (|| -> rusqlite::Result<u64> {
-            let mut deleted = conn.execute("DELETE FROM events WHERE time < ?1", [cutoff])? as u64;
-            for _ in 0..8 {
-                let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
-                let free: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
-                let size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
-                if ((pages - free) * size) as u64 <= self.opts.max_bytes {
-                    break;
-                }
-                // The oldest quarter goes; freed pages are reused.
-                deleted += conn.execute(
-                    "DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id
-                     LIMIT 1 OFFSET (SELECT count(*) / 4 FROM events))",
-                    [],
-                )? as u64;
-            }
-            conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
-            Ok(deleted)
-        })();
-        match r {
-            Ok(d) if d > 0 => {
-                let _ = self
-                    .health
-                    .rows
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
-                        Some(r.saturating_sub(d))
-                    });
-            }
-            Ok(_) => {}
-            Err(e) => self.health.fail(format!("journal retention failed: {e}")),
+        if let Err(e) = self.keep_within_cap() {
+            self.health.fail(format!(
+                "keeping {} within --journal-max-size failed: {e}",
+                self.path.display()
+            ));
         }
     }
+
+    /// Keeps the database and its WAL within the cap (see `Budget`):
+    /// trims the oldest rows when the pages in use pass `trim_above`,
+    /// checkpoints (truncating the WAL) when it passes its share, and
+    /// compacts a file beyond its share.
+    fn keep_within_cap(&mut self) -> rusqlite::Result<()> {
+        let b = self.budget;
+        self.trim(Trim::ToSize)?;
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        let len = |p: &Path| fs::metadata(p).map_or(0, |m| m.len());
+        if len(&wal_path(&self.path)) > b.wal {
+            conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
+        }
+        if len(&self.path) > b.db() {
+            // Beyond its share with the rows trimmed (an older layerfs's
+            // journal, or a larger cap before): freed pages are reused
+            // but never given back, so the file is rewritten once.
+            tracing::info!(
+                "journal: compacting {} ({} bytes, --journal-max-size {})",
+                self.path.display(),
+                len(&self.path),
+                b.cap
+            );
+            conn.execute_batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE)")?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the oldest rows `how` selects, in chunks, each one
+    /// transaction that adds what went to the `journal-trimmed` row (how
+    /// many rows, the span of their times: `trim_rows`), so a trim is
+    /// never silent. A chunk's freed pages go through the WAL, so each
+    /// chunk frees at most half the WAL's share, the WAL emptied before
+    /// it: trimming keeps within the bound too. Returns whether any row
+    /// went.
+    fn trim(&mut self, how: Trim) -> rusqlite::Result<bool> {
+        let b = self.budget;
+        let wal = wal_path(&self.path);
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(false);
+        };
+        // After every batch: two page counts, and no row count unless
+        // the pages in use call for a trim.
+        if matches!(how, Trim::ToSize) && used_bytes(conn)? <= b.trim_above() {
+            return Ok(false);
+        }
+        let mut rows: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
+        let mut any = false;
+        while rows > 1 {
+            let used = used_bytes(conn)?.max(1);
+            let per_chunk = (rows as u128 * (b.wal / 2) as u128 / used as u128).max(1) as i64;
+            let (cutoff, limit) = match how {
+                Trim::OlderThan(cutoff) => (cutoff, per_chunk),
+                Trim::ToSize => {
+                    // Trimming starts above `trim_above` and goes on down
+                    // to `trim_to`: not a trim every batch.
+                    if used <= if any { b.trim_to() } else { b.trim_above() } {
+                        break;
+                    }
+                    let want = (rows as u128 * (used - b.trim_to().min(used)) as u128)
+                        .div_ceil(used as u128) as i64;
+                    (i64::MAX, want.clamp(1, per_chunk))
+                }
+            };
+            if fs::metadata(&wal).map_or(0, |m| m.len()) > 0 {
+                conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
+            }
+            let t = trim_rows(conn, cutoff, limit)?;
+            if t.own == 0 {
+                break;
+            }
+            // The marker row replaces what went.
+            let _ = self
+                .health
+                .rows
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                    Some(r.saturating_sub(t.deleted) + 1)
+                });
+            self.health.trimmed.fetch_add(t.own, Ordering::Relaxed);
+            rows -= t.deleted as i64 - 1;
+            any = true;
+        }
+        if any {
+            conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
+            tracing::debug!("journal: trimmed {}", how.describe());
+        }
+        Ok(any)
+    }
+}
+
+/// Which rows retention deletes, oldest (by id) first.
+#[derive(Debug, Clone, Copy)]
+enum Trim {
+    /// Rows whose time is before this (microseconds): `--journal-max-age`.
+    OlderThan(i64),
+    /// Enough rows to bring the database back within its share of
+    /// `--journal-max-size` (`Budget::trim_to`).
+    ToSize,
+}
+
+impl Trim {
+    fn describe(self) -> &'static str {
+        match self {
+            Trim::OlderThan(_) => "by age",
+            Trim::ToSize => "by size",
+        }
+    }
+}
+
+/// What one `trim_rows` did.
+struct Trimmed {
+    /// Rows deleted, the earlier marker included.
+    deleted: u64,
+    /// Rows deleted that were not the earlier marker.
+    own: u64,
+}
+
+/// The bytes of the database's pages in use (free pages not counted).
+fn used_bytes(conn: &Connection) -> rusqlite::Result<u64> {
+    let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+    let free: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+    let size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    Ok(((pages - free).max(0) * size) as u64)
+}
+
+/// Deletes the oldest `limit` rows (by id) whose time is before `cutoff`
+/// and, in the same transaction, replaces the `journal-trimmed` row by one
+/// that adds them: its `bytes` counts every row retention ever deleted
+/// from this journal and `oldest`/`newest` span their times. So a trim is
+/// never silent, and the rows kept plus that count are every row written.
+/// (One marker, moved to the end at each trim: markers left among the
+/// rows would be trimmed in turn, and spans of markers folded into one
+/// another would overlap.)
+fn trim_rows(conn: &mut Connection, cutoff: i64, limit: i64) -> rusqlite::Result<Trimmed> {
+    const CHOSEN: &str = "id IN (SELECT id FROM (SELECT id FROM events
+                                                 WHERE time < ?1 AND op <> 'journal-trimmed'
+                                                 ORDER BY id LIMIT ?2)
+                                 UNION SELECT id FROM events WHERE op = 'journal-trimmed')";
+    let args = params![cutoff, limit];
+    let tx = conn.transaction()?;
+    let (rows, events, own, oldest, newest): (i64, i64, i64, Option<i64>, Option<i64>) = tx
+        .query_row(
+            &format!(
+                "SELECT count(*),
+                        coalesce(sum(CASE WHEN op = 'journal-trimmed'
+                                          THEN coalesce(bytes, 0) ELSE 1 END), 0),
+                        coalesce(sum(op <> 'journal-trimmed'), 0),
+                        min(CASE WHEN op = 'journal-trimmed' THEN coalesce(oldest, time)
+                                 ELSE time END),
+                        max(CASE WHEN op = 'journal-trimmed' THEN coalesce(newest, time)
+                                 ELSE time END)
+                 FROM events WHERE {CHOSEN}"
+            ),
+            args,
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )?;
+    if own == 0 {
+        // Nothing new to trim (the transaction rolls back as it drops).
+        return Ok(Trimmed { deleted: 0, own: 0 });
+    }
+    tx.execute(&format!("DELETE FROM events WHERE {CHOSEN}"), args)?;
+    let (pid, uid, gid) = daemon_ids();
+    tx.execute(
+        "INSERT INTO events (time, op, path, result, bytes, pid, comm, uid, gid, oldest, newest)
+         VALUES (?1, ?2, '', 'ok', ?3, ?4, 'layerfs', ?5, ?6, ?7, ?8)",
+        params![
+            micros(SystemTime::now()),
+            EvOp::Trimmed.name(),
+            events,
+            pid,
+            uid,
+            gid,
+            oldest,
+            newest
+        ],
+    )?;
+    tx.commit()?;
+    Ok(Trimmed {
+        deleted: rows as u64,
+        own: own as u64,
+    })
 }
 
 /// Inserts `batch` in one transaction, after a `journal-dropped` row
@@ -701,10 +1021,11 @@ fn insert(conn: &mut Connection, batch: &[Event], unrecorded: u64) -> rusqlite::
     let mut rows = 0;
     {
         let mut ins = tx.prepare_cached(
-            "INSERT INTO events (time, op, path, \"to\", result, bytes, pid, comm, rule)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            "INSERT INTO events (time, op, path, \"to\", result, bytes, pid, comm, rule, uid, gid)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         )?;
         if unrecorded > 0 {
+            let (pid, uid, gid) = daemon_ids();
             ins.execute(params![
                 micros(SystemTime::now()),
                 EvOp::Dropped.name(),
@@ -712,9 +1033,11 @@ fn insert(conn: &mut Connection, batch: &[Event], unrecorded: u64) -> rusqlite::
                 None::<String>,
                 "ok",
                 unrecorded as i64,
-                std::process::id(),
+                pid,
                 "layerfs",
                 None::<String>,
+                uid,
+                gid,
             ])?;
             rows += 1;
         }
@@ -729,6 +1052,8 @@ fn insert(conn: &mut Connection, batch: &[Event], unrecorded: u64) -> rusqlite::
                 e.pid,
                 &*e.comm,
                 e.rule,
+                e.uid,
+                e.gid,
             ])?;
             rows += 1;
         }
@@ -755,21 +1080,34 @@ pub fn open_ro(path: &Path) -> Result<Connection, String> {
 }
 
 /// Journal health of an unmounted workspace, read from the database:
-/// its rows, and the events its `journal-dropped` rows say were lost
-/// (`dropped_recorded`; a live mount's `dropped` counts since the mount).
+/// its rows, the events its `journal-dropped` rows say were lost
+/// (`dropped_recorded`; a live mount's `dropped` counts since the mount)
+/// and the rows retention deleted, as its newest `journal-trimmed` rows
+/// say (`trimmed_recorded`: the older ones are folded into them).
 pub fn offline_health(db: &Path) -> Value {
     match open_ro(db).and_then(|c| {
         c.query_row(
-            "SELECT count(*), coalesce(sum(CASE WHEN op = 'journal-dropped' THEN bytes END), 0)
+            "SELECT count(*), coalesce(sum(CASE WHEN op = 'journal-dropped' THEN bytes END), 0),
+                    coalesce(sum(CASE WHEN op = 'journal-trimmed' THEN bytes END), 0)
              FROM events",
             [],
-            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            },
         )
         .map_err(|e| format!("{}: {e}", db.display()))
     }) {
-        Ok((rows, lost)) => {
-            json!({"path": db.to_string_lossy(), "rows": rows, "dropped_recorded": lost})
-        }
+        Ok((rows, lost, trimmed)) => json!({
+            "path": db.to_string_lossy(),
+            "rows": rows,
+            "dropped_recorded": lost,
+            "trimmed_recorded": trimmed,
+            "bytes": disk_bytes(db),
+        }),
         Err(e) => json!({"path": db.to_string_lossy(), "rows": null, "last_error": e}),
     }
 }
@@ -787,6 +1125,8 @@ mod tests {
             errno: 0,
             bytes: Some(3),
             pid: 1,
+            uid: 1001,
+            gid: 1001,
             comm: Arc::from("test"),
             rule: None,
         }
@@ -915,6 +1255,112 @@ mod tests {
             .unwrap();
         assert_eq!(first, "f10");
         assert_eq!(lost, 10);
+    }
+
+    /// Rows kept plus the counts of the `journal-trimmed` rows.
+    fn accounted(db: &Path) -> (i64, i64, i64) {
+        let c = open_ro(db).unwrap();
+        c.query_row(
+            "SELECT coalesce(sum(op <> 'journal-trimmed'), 0),
+                    coalesce(sum(CASE WHEN op = 'journal-trimmed' THEN bytes END), 0),
+                    coalesce(sum(op = 'journal-trimmed'), 0)
+             FROM events",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn trimming_by_size_accounts_for_every_row_and_keeps_within_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("journal.db");
+        let cap = 256 << 10;
+        let j = Journal::start(
+            db.clone(),
+            Options {
+                max_bytes: cap,
+                ..Options::default()
+            },
+        );
+        let mut max = 0;
+        for round in 0..40 {
+            for i in 0..500 {
+                j.record(ev(
+                    EvOp::Create,
+                    &format!("dir/some-longer-name-{round}-{i}"),
+                ));
+            }
+            assert!(j.flush(Duration::from_secs(10)));
+            max = max.max(disk_bytes(&db));
+        }
+        let (kept, trimmed, markers) = accounted(&db);
+        assert_eq!(kept + trimmed, 20_000, "kept {kept}, trimmed {trimmed}");
+        assert!(trimmed > 0);
+        // One marker, counting every trim.
+        assert_eq!(markers, 1);
+        assert!(disk_bytes(&db) <= cap, "{} bytes", disk_bytes(&db));
+        assert!(max <= cap + cap / 16, "{max} bytes");
+        let h = j.health();
+        assert_eq!(h["trimmed"], json!(trimmed), "{h}");
+        assert_eq!(h["rows"], json!(kept + markers), "{h}");
+    }
+
+    #[test]
+    fn an_oversized_journal_of_an_older_layerfs_is_migrated_trimmed_and_compacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("journal.db");
+        {
+            let c = Connection::open(&db).unwrap();
+            c.execute_batch(
+                "CREATE TABLE events (id INTEGER PRIMARY KEY, time INTEGER NOT NULL,
+                     op TEXT NOT NULL, path TEXT NOT NULL, \"to\" TEXT, result TEXT NOT NULL,
+                     bytes INTEGER, pid INTEGER, comm TEXT, rule TEXT);
+                 CREATE INDEX events_time ON events(time);
+                 BEGIN;",
+            )
+            .unwrap();
+            let now = micros(SystemTime::now());
+            for i in 0..30_000i64 {
+                c.execute(
+                    "INSERT INTO events (time, op, path, result, pid, comm)
+                     VALUES (?1, 'create', ?2, 'ok', 7, 'old')",
+                    params![now - 30_000 + i, format!("old/file-{i}")],
+                )
+                .unwrap();
+            }
+            c.execute_batch("COMMIT").unwrap();
+        }
+        let before = fs::metadata(&db).unwrap().len();
+        let cap = 512 << 10;
+        assert!(before > 2 * cap, "{before}");
+        let j = Journal::start(
+            db.clone(),
+            Options {
+                max_bytes: cap,
+                ..Options::default()
+            },
+        );
+        j.record(ev(EvOp::Create, "new"));
+        assert!(j.flush(Duration::from_secs(30)));
+        assert!(disk_bytes(&db) <= cap, "{} bytes", disk_bytes(&db));
+        let (kept, trimmed, _) = accounted(&db);
+        assert_eq!(kept + trimmed, 30_001);
+        let c = open_ro(&db).unwrap();
+        let cols = columns(&c).unwrap();
+        for (name, _) in ADDED_COLUMNS {
+            assert!(cols.iter().any(|c| c == name), "{name} missing: {cols:?}");
+        }
+        let (uid, old_uid): (Option<i64>, Option<i64>) = c
+            .query_row(
+                "SELECT (SELECT uid FROM events WHERE path = 'new'),
+                        (SELECT uid FROM events WHERE comm = 'old' LIMIT 1)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(uid, Some(1001));
+        assert_eq!(old_uid, None);
     }
 
     #[test]

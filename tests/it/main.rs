@@ -25,6 +25,7 @@ mod quoting;
 mod robust;
 mod run;
 mod sandbox_audit;
+mod shared;
 mod snapshot;
 mod state;
 mod stress;

@@ -18,11 +18,11 @@ use crate::harness::{bin, eventually, Workspace};
 const NOBODY: u32 = 65534;
 
 /// The default state dir of a harness workspace (beside its upper).
-fn state_dir(ws: &Workspace) -> PathBuf {
+pub(crate) fn state_dir(ws: &Workspace) -> PathBuf {
     ws.dir.path().join(".upper.layerfs-state")
 }
 
-fn layerfs(args: &[&str]) -> Output {
+pub(crate) fn layerfs(args: &[&str]) -> Output {
     Command::new(bin())
         .args(args)
         .env("RUST_LOG", "warn")
@@ -31,22 +31,22 @@ fn layerfs(args: &[&str]) -> Output {
         .expect("run layerfs")
 }
 
-fn stdout(o: &Output) -> String {
+pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// A control connection speaking JSON lines.
-struct Control {
+pub(crate) struct Control {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
 }
 
 impl Control {
-    fn connect(state: &Path) -> Control {
+    pub(crate) fn connect(state: &Path) -> Control {
         let s = UnixStream::connect(state.join("control.sock")).expect("connect control.sock");
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         Control {
@@ -55,7 +55,7 @@ impl Control {
         }
     }
 
-    fn ask(&mut self, req: Value) -> Value {
+    pub(crate) fn ask(&mut self, req: Value) -> Value {
         writeln!(self.writer, "{req}").unwrap();
         let mut line = String::new();
         self.reader.read_line(&mut line).expect("control answer");
@@ -542,11 +542,11 @@ fn another_user_is_refused_with_a_clear_message() {
 }
 
 /// The journal's rows through `layerfs log --json` (extra filter args).
-fn log_rows(ws: &Path, extra: &[&str]) -> Vec<Value> {
+pub(crate) fn log_rows(ws: &Path, extra: &[&str]) -> Vec<Value> {
     try_log_rows(ws, extra).unwrap_or_else(|e| panic!("layerfs log: {e}"))
 }
 
-fn try_log_rows(ws: &Path, extra: &[&str]) -> Result<Vec<Value>, String> {
+pub(crate) fn try_log_rows(ws: &Path, extra: &[&str]) -> Result<Vec<Value>, String> {
     let mut args = vec!["log", "--json"];
     args.extend_from_slice(extra);
     let w = ws.to_str().unwrap();
@@ -562,7 +562,7 @@ fn try_log_rows(ws: &Path, extra: &[&str]) -> Result<Vec<Value>, String> {
 }
 
 /// Polls the journal (written asynchronously) until `done` holds.
-fn poll_log(ws: &Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+pub(crate) fn poll_log(ws: &Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     let mut rows = Vec::new();
     // (A journal being recreated may be missing for a moment.)
     let ok = eventually(Duration::from_secs(20), || {
@@ -573,7 +573,7 @@ fn poll_log(ws: &Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     rows
 }
 
-fn status_json(ws: &Path) -> Value {
+pub(crate) fn status_json(ws: &Path) -> Value {
     let out = layerfs(&["status", "--json", ws.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     serde_json::from_str(stdout(&out).trim()).unwrap()
@@ -953,8 +953,12 @@ fn journal_retention_trims_by_age_and_by_size() {
     assert!(m.unmount());
 
     // Size: beyond --journal-max-size the oldest rows go, the newest stay.
+    // The rows are written under a larger cap, then the workspace is
+    // mounted with a smaller one: the writer trims when it starts. (Under
+    // the 64K cap itself the size is kept after every batch, so the rows
+    // would already go while being written: `shared::trimming_by_size_…`.)
     let ws = Workspace::new();
-    let m = ws.mount_with(&["--journal-max-size", "64K"]);
+    let m = ws.mount_with(&["--journal-max-size", "1M"]);
     let script = "for i in $(seq 1500); do echo x > f$i; done";
     crate::harness::sh(m.path(), script);
     // (The last file's write row comes at its close, after its create row.)
