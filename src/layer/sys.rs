@@ -546,6 +546,7 @@ pub fn listxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
 }
 
 /// One directory entry as read from a layer.
+#[derive(Debug, Clone)]
 pub struct DirEntry {
     pub name: OsString,
     pub ino: u64,

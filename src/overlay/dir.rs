@@ -262,7 +262,7 @@ impl Overlay {
         })();
         if let Err(e) = built {
             if slot.over_whiteout {
-                let _ = self.upper.remove_tree(&self.upper.work, &tmp);
+                let _ = crate::layer::walk::remove_tree(&self.upper.work, &tmp);
             } else if !matches!(e.0, libc::EEXIST) {
                 let is_dir = matches!(kind, NewKind::Dir { .. });
                 let _ = sys::unlinkat(slot.parent_upper.as_ref(), name, is_dir);

@@ -100,20 +100,6 @@ fn tmp_name() -> OsString {
     OsString::from(format!("#reset.{:x}.{n}", std::process::id()))
 }
 
-/// Removes `name` in `dir` recursively (fd-relative, no symlink followed).
-pub fn remove_tree(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
-    let st = sys::fstatat(dir, name)?;
-    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-        let sub = sys::open_path(dir, name)?;
-        for e in sys::read_dir(&sub)? {
-            remove_tree(&sub, &e.name)?;
-        }
-        sys::unlinkat(dir, name, true)
-    } else {
-        sys::unlinkat(dir, name, false)
-    }
-}
-
 /// Removes the upper object `name` in `dir`: a directory is moved into the
 /// work dir first, so it disappears from the upper at once.
 fn remove_upper(dir: &OwnedFd, name: &OsStr, work: &OwnedFd, is_dir: bool) -> io::Result<()> {
@@ -122,7 +108,7 @@ fn remove_upper(dir: &OwnedFd, name: &OsStr, work: &OwnedFd, is_dir: bool) -> io
     }
     let tmp = tmp_name();
     sys::renameat2(dir, name, work, &tmp, sys::RENAME_NOREPLACE)?;
-    remove_tree(work, &tmp)
+    crate::layer::walk::remove_tree(work, &tmp)
 }
 
 /// What a reset did to one path.
