@@ -233,7 +233,10 @@ impl Walker {
         // Leave the current directory; give its parent its fd back first,
         // through `..` of this one, checked to be the directory we came by.
         if self.levels[depth - 1].fd.is_none() {
-            let child = self.levels[depth].fd.as_ref().expect("the deepest level is open");
+            let child = self.levels[depth]
+                .fd
+                .as_ref()
+                .expect("the deepest level is open");
             let fd = sys::openat2(
                 child,
                 OsStr::new(".."),

@@ -13,6 +13,7 @@ use super::{err, Ctx, Entry, Errno, Overlay, Result};
 use crate::layer::ops::is_whiteout;
 use crate::layer::real::RealFd;
 use crate::layer::sys::{self, Stat};
+use crate::layer::walk::is_dir;
 
 /// What a new object is.
 pub enum NewKind<'a> {
@@ -28,10 +29,6 @@ struct Slot {
     parent_upper: Arc<OwnedFd>,
     /// A whiteout of a deleted lower entry holds the name in the upper.
     over_whiteout: bool,
-}
-
-fn is_dir(st: &Stat) -> bool {
-    st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
 impl Overlay {
@@ -297,7 +294,7 @@ impl Overlay {
             .read()
             .lower_path
             .as_ref()
-            .map(|p| format!("{p}/{}", name.to_string_lossy()));
+            .map(|p| p.child(name));
         let real = Real {
             upper: Some(RealFd::new(fd, &self.upper.layer.mount)),
             lowers: Vec::new(),
@@ -619,11 +616,11 @@ impl Overlay {
         if inode.is_dir() {
             let real = inode.real.read().clone();
             if real.has_lower() && !real.opaque && self.upper.redirect(upper.as_ref()).is_none() {
-                let path = real.lower_path.clone().ok_or(Errno(libc::EIO))?;
-                let path = if path.is_empty() {
+                let path = real.lower_path.as_ref().ok_or(Errno(libc::EIO))?;
+                let path = if path.is_root() {
                     "/".to_string()
                 } else {
-                    path
+                    path.to_os_string().to_string_lossy().into_owned()
                 };
                 self.upper.set_redirect(upper.as_ref(), &path)?;
             }

@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 
 use crate::layer::ops::is_whiteout;
 use crate::layer::sys::{self, Stat};
+use crate::layer::walk::is_dir;
 use crate::overlay::origin::Origin;
 use crate::state::scratch::Scratch;
 
@@ -276,10 +277,6 @@ fn mode_of_dtype(dtype: u8) -> Option<u32> {
         libc::DT_BLK => Some(libc::S_IFBLK),
         _ => None,
     }
-}
-
-fn is_dir(st: &Stat) -> bool {
-    st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
 fn not_found(e: &io::Error) -> bool {
