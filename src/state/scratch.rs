@@ -88,6 +88,12 @@ impl Scratch {
     pub fn matches(&self, rel: &str) -> bool {
         !self.patterns.is_empty() && !rel.is_empty() && self.set.is_match(rel)
     }
+
+    /// `matches` of a path as read from disk (names shown lossily), at no
+    /// cost without patterns.
+    pub fn matches_os(&self, rel: &std::ffi::OsStr) -> bool {
+        !self.patterns.is_empty() && self.matches(&rel.to_string_lossy())
+    }
 }
 
 /// The scratch patterns of a workspace: its `--scratch` globs and the
@@ -129,7 +135,7 @@ pub fn gc(
     while let Some(step) = w.next().map_err(|e| ctx(&w, e))? {
         let Step::Entry(e) = step else { continue };
         let p = w.child_path(&e.name);
-        if scratch.matches(&p.to_string_lossy()) {
+        if scratch.matches_os(&p) {
             found.push(p);
         } else if entry_mode(w.dir().map_err(|err| ctx(&w, err))?, &e)
             .map_err(|err| ctx(&w, err))?
