@@ -34,6 +34,16 @@ use std::path::Path;
 
 use super::sys::{self, DirEntry, Stat};
 
+/// Stack size of the threads the daemon starts to walk trees (control
+/// connections: gc, reset, restore, usage scans; invalidations): set
+/// explicitly, so it does not depend on `RUST_MIN_STACK`. It is headroom,
+/// not the guarantee: the invariant above is, and the deep-tree tests
+/// (`tests/it/deep.rs`) drive every walk and the mount's requests 20,000
+/// levels deep. The threads that serve requests (fuser's workers, parked
+/// writes) keep std's default, 2 MiB (fuser has no setting for it), and
+/// hold to the same invariant.
+pub const THREAD_STACK: usize = 8 << 20;
+
 /// How many levels below the start keep their directory fd open.
 pub const OPEN_LEVELS: usize = 16;
 
