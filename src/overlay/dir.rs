@@ -375,7 +375,8 @@ impl Overlay {
     ///
     /// A removed file the kernel still holds keeps its fd (`fd`, the upper
     /// file's) pinned, as a local filesystem keeps an unlinked inode alive
-    /// while it is referenced.
+    /// while it is referenced; a removed directory, which holds nothing to
+    /// read, does not.
     fn removed_link(&self, victim: &Inode, st: &Stat, fd: Option<Arc<OwnedFd>>, revert: bool) {
         let last = is_dir(st) || st.st_nlink <= 1;
         if last {
@@ -385,6 +386,13 @@ impl Overlay {
         match (revert, last) {
             (true, true) => real.upper = None,
             (true, false) => real.lowers.clear(),
+            // A removed directory lets go of its fd at once (see
+            // `RealFd::release`): `rm -rf` of a deep tree stays linear.
+            (false, true) if is_dir(st) => {
+                if let Some(u) = &real.upper {
+                    u.release();
+                }
+            }
             (false, true) => {
                 if let (Some(u), Some(fd)) = (&real.upper, fd) {
                     u.pin(fd);

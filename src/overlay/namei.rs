@@ -342,13 +342,17 @@ impl Overlay {
         // nearest ancestor with a cached path.
         let mut names: Vec<OsString> = Vec::new();
         let mut prefix: Option<Arc<str>> = None;
+        // Whether the parent's own entry answered (nothing to cache then).
+        let mut parent_cached = false;
         let mut cur = parent.clone();
         while let Some(p) = cur {
             if p.id == super::ROOT_ID {
+                parent_cached = names.is_empty();
                 break;
             }
-            if let Some(hit) = PATHS.get(&p, epoch) {
+            if let Some((hit, own_entry)) = PATHS.get(&p, epoch) {
                 prefix = Some(hit);
+                parent_cached = names.is_empty() && own_entry;
                 break;
             }
             let loc = p.loc.read();
@@ -365,7 +369,7 @@ impl Overlay {
             }
             s.push_str(&n.to_string_lossy());
         }
-        if let (false, Some(p)) = (names.is_empty(), &parent) {
+        if let (false, Some(p)) = (parent_cached, &parent) {
             PATHS.put(p, epoch, &s);
         }
         if !s.is_empty() {
@@ -388,9 +392,19 @@ impl Overlay {
 
 /// The paths of a few directories asked about lately, each valid while no
 /// directory moved since (`inode::dir_loc_epoch`). Entries hold a `Weak`
-/// of their inode: while one does, no other inode can have its address.
+/// of their inode (and of its parent): while one does, no other inode can
+/// have its address. A directory's path is found from its own entry or,
+/// walking back up a tree (`rm -rf` removes bottom up), from the entry of
+/// one of its subdirectories.
 struct PathCache {
-    slots: parking_lot::Mutex<Vec<(std::sync::Weak<Inode>, u64, Arc<str>)>>,
+    slots: parking_lot::Mutex<Vec<PathEntry>>,
+}
+
+struct PathEntry {
+    dir: std::sync::Weak<Inode>,
+    parent: std::sync::Weak<Inode>,
+    epoch: u64,
+    path: Arc<str>,
 }
 
 /// How many directory paths `PathCache` holds, and the longest it keeps.
@@ -402,21 +416,43 @@ static PATHS: PathCache = PathCache {
 };
 
 impl PathCache {
-    fn get(&self, dir: &Arc<Inode>, epoch: u64) -> Option<Arc<str>> {
+    /// The path of `dir`, and whether it was its own entry.
+    fn get(&self, dir: &Arc<Inode>, epoch: u64) -> Option<(Arc<str>, bool)> {
         let slots = self.slots.lock();
-        slots
-            .iter()
-            .find(|(w, e, _)| *e == epoch && std::ptr::eq(w.as_ptr(), Arc::as_ptr(dir)))
-            .map(|(_, _, p)| p.clone())
+        let valid = slots.iter().filter(|e| e.epoch == epoch);
+        let mut child = None;
+        for e in valid {
+            if std::ptr::eq(e.dir.as_ptr(), Arc::as_ptr(dir)) {
+                return Some((e.path.clone(), true));
+            }
+            if std::ptr::eq(e.parent.as_ptr(), Arc::as_ptr(dir)) {
+                child = Some(e.path.clone());
+            }
+        }
+        // A subdirectory's path less its last name (names hold no `/`).
+        let p = child?;
+        p.rfind('/').map(|i| (Arc::from(&p[..i]), false))
     }
 
     fn put(&self, dir: &Arc<Inode>, epoch: u64, path: &str) {
         if path.len() > PATH_CACHE_MAX {
             return;
         }
-        let entry = (Arc::downgrade(dir), epoch, Arc::from(path));
+        let parent = dir
+            .loc
+            .read()
+            .parent
+            .as_ref()
+            .map(Arc::downgrade)
+            .unwrap_or_default();
+        let entry = PathEntry {
+            dir: Arc::downgrade(dir),
+            parent,
+            epoch,
+            path: Arc::from(path),
+        };
         let mut slots = self.slots.lock();
-        slots.retain(|(w, e, _)| *e == epoch && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(dir)));
+        slots.retain(|e| e.epoch == epoch && !std::ptr::eq(e.dir.as_ptr(), Arc::as_ptr(dir)));
         if slots.len() >= PATH_CACHE_SLOTS {
             slots.remove(0);
         }
