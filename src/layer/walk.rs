@@ -119,7 +119,7 @@ pub fn stat_rel(root: &impl AsFd, rel: &OsStr) -> io::Result<Stat> {
     sys::fstat(&open_rel(root, rel, libc::O_PATH)?)
 }
 
-/// What `Walker::next` found.
+/// What `Walker::step` found.
 #[derive(Debug)]
 pub enum Step {
     /// An entry of the current directory (`Walker::dir`, `Walker::path`).
@@ -150,7 +150,7 @@ struct Level {
 /// invariants. Driven by its caller:
 ///
 /// ```text
-/// while let Some(step) = w.next()? {
+/// while let Some(step) = w.step()? {
 ///     match step {
 ///         Step::Entry(e) => if <a directory to enter> { w.descend(&e.name)? },
 ///         Step::Leave(name) => { /* `name` in w.dir()? is done */ }
@@ -222,7 +222,7 @@ impl Walker {
     }
 
     /// The current directory's fd (reopened if it was evicted: only after
-    /// `Leave`, and `next` already did that).
+    /// `Leave`, and `step` already did that).
     pub fn dir(&self) -> io::Result<&OwnedFd> {
         self.top()
             .fd
@@ -232,7 +232,7 @@ impl Walker {
 
     /// The next entry of the current directory, or the end of it.
     /// `None` once the start directory has no entries left.
-    pub fn next(&mut self) -> io::Result<Option<Step>> {
+    pub fn step(&mut self) -> io::Result<Option<Step>> {
         let depth = self.levels.len() - 1;
         if let Some(e) = self.levels[depth].pending.pop() {
             return Ok(Some(Step::Entry(e)));
@@ -351,7 +351,7 @@ pub fn remove_tree(dir: &impl AsFd, name: &OsStr) -> io::Result<()> {
         return sys::unlinkat(dir, name, false);
     }
     let mut w = Walker::start(open_child(dir, name, true)?, true)?;
-    while let Some(step) = w.next()? {
+    while let Some(step) = w.step()? {
         match step {
             Step::Entry(e) => {
                 if entry_mode(w.dir()?, &e)? == libc::S_IFDIR {
@@ -441,7 +441,7 @@ mod tests {
                 let fds_before = std::fs::read_dir("/proc/self/fd").unwrap().count();
                 let mut w = Walker::new(&root).unwrap();
                 let (mut dirs, mut files, mut max_fds, mut deepest) = (0, 0, 0, 0);
-                while let Some(s) = w.next().unwrap() {
+                while let Some(s) = w.step().unwrap() {
                     if let Step::Entry(e) = s {
                         if e.dtype == libc::DT_DIR {
                             dirs += 1;
@@ -478,7 +478,7 @@ mod tests {
         sys::mkdirat(&root, OsStr::new("other"), 0o755).unwrap();
         let mut w = Walker::new(&root).unwrap();
         while w.depth() < OPEN_LEVELS + 4 {
-            match w.next().unwrap().unwrap() {
+            match w.step().unwrap().unwrap() {
                 Step::Entry(e) if e.name == "d" => w.descend(&e.name).unwrap(),
                 _ => {}
             }
@@ -493,7 +493,7 @@ mod tests {
         )
         .unwrap();
         let err = loop {
-            match w.next() {
+            match w.step() {
                 Ok(Some(_)) => {}
                 Ok(None) => panic!("the walk went on through a moved directory"),
                 Err(e) => break e,

@@ -58,7 +58,7 @@ impl Usage {
         let mut bytes = 0i64;
         let mut inodes = 0i64;
         let mut w = crate::layer::walk::Walker::new(root)?;
-        while let Some(step) = w.next()? {
+        while let Some(step) = w.step()? {
             let crate::layer::walk::Step::Entry(e) = step else {
                 continue;
             };

@@ -635,7 +635,7 @@ impl Walk<'_> {
     fn run(&mut self, w: &mut Walker, root: Frame) -> WalkResult {
         self.enter(w, root)?;
         loop {
-            let step = w.next().map_err(|e| (w.path().to_os_string(), e))?;
+            let step = w.step().map_err(|e| (w.path().to_os_string(), e))?;
             match step {
                 None => return Ok(()),
                 Some(Step::Leave(_)) => {

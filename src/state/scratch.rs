@@ -132,7 +132,7 @@ pub fn gc(
     };
     let mut w =
         Walker::new(&layers.upper).map_err(|e| format!("cannot read the upper root: {e}"))?;
-    while let Some(step) = w.next().map_err(|e| ctx(&w, e))? {
+    while let Some(step) = w.step().map_err(|e| ctx(&w, e))? {
         let Step::Entry(e) = step else { continue };
         let p = w.child_path(&e.name);
         if scratch.matches_os(&p) {

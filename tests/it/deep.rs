@@ -215,9 +215,9 @@ fn diff_finds_the_changes_at_the_bottom_of_a_tree_20000_levels_deep() {
     make_chain(d.ws.lower(), LEVELS, "old\n");
     make_chain(&d.ws.upper, LEVELS, "new\n");
     let bottom = descend(&d.ws.upper, LEVELS, false);
-    write!(
+    writeln!(
         open_in(&bottom, c"added", libc::O_CREAT | libc::O_WRONLY),
-        "added\n"
+        "added"
     )
     .unwrap();
     drop(bottom);
