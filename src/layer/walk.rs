@@ -429,16 +429,17 @@ mod tests {
     /// bounded fds, on a thread with a small stack.
     #[test]
     fn walks_and_removes_a_deep_tree_on_a_small_stack() {
+        // A path of 5,000 bytes: beyond PATH_MAX.
+        const LEVELS: usize = 2500;
         let t = tempfile::tempdir().unwrap();
         let root = sys::open_root(t.path()).unwrap();
-        let bottom = mkdirs(&root, 5000);
+        let bottom = mkdirs(&root, LEVELS);
         std::fs::write(format!("/proc/self/fd/{}/leaf", bottom.as_raw_fd()), b"x").unwrap();
         sys::mkdirat(&bottom, OsStr::new("e"), 0o755).unwrap();
         drop(bottom);
         std::thread::Builder::new()
             .stack_size(64 * 1024)
             .spawn(move || {
-                let fds_before = std::fs::read_dir("/proc/self/fd").unwrap().count();
                 let mut w = Walker::new(&root).unwrap();
                 let (mut dirs, mut files, mut max_fds, mut deepest) = (0, 0, 0, 0);
                 while let Some(s) = w.step().unwrap() {
@@ -449,17 +450,15 @@ mod tests {
                             deepest = deepest.max(w.depth());
                         } else {
                             files += 1;
-                            assert_eq!(w.path().len(), 2 * 5000 - 1);
+                            assert_eq!(w.path().len(), 2 * LEVELS - 1);
                         }
-                        if dirs % 500 == 0 {
-                            let n = std::fs::read_dir("/proc/self/fd").unwrap().count();
-                            max_fds = max_fds.max(n.saturating_sub(fds_before));
-                        }
+                        let open = w.levels.iter().filter(|l| l.fd.is_some()).count();
+                        max_fds = max_fds.max(open);
                     }
                 }
-                assert_eq!((dirs, files, deepest), (5001, 1, 5001));
-                assert!(max_fds <= OPEN_LEVELS + 4, "{max_fds} fds open");
-                let rel = OsString::from("d/".repeat(5000) + "leaf");
+                assert_eq!((dirs, files, deepest), (LEVELS + 1, 1, LEVELS + 1));
+                assert_eq!(max_fds, OPEN_LEVELS + 1, "fds held by the walk");
+                let rel = OsString::from("d/".repeat(LEVELS) + "leaf");
                 assert!(rel.len() > libc::PATH_MAX as usize);
                 assert_eq!(stat_rel(&root, &rel).unwrap().st_size, 1);
                 remove_tree(&root, OsStr::new("d")).unwrap();
@@ -500,5 +499,37 @@ mod tests {
             }
         };
         assert!(err.to_string().contains("moved during the walk"), "{err}");
+    }
+
+    /// One recursive removal: none of std's (`remove_dir_all` holds an fd
+    /// per level and, in places, recurses) and no second `remove_tree`.
+    #[test]
+    fn every_removal_of_a_tree_goes_through_this_module() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut dirs = vec![src];
+        let mut found = Vec::new();
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                    continue;
+                }
+                if p.extension().is_none_or(|x| x != "rs") || p.ends_with("layer/walk.rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap();
+                for (i, line) in text.lines().enumerate() {
+                    if line.contains("remove_dir_all(") || line.contains("fn remove_tree") {
+                        found.push(format!("{}:{}: {}", p.display(), i + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "use layer::walk::remove_tree/remove_path:\n{}",
+            found.join("\n")
+        );
     }
 }
