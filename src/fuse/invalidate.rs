@@ -87,7 +87,7 @@ pub fn invalidate_paths(ov: &Overlay, n: &Notifier, paths: &[String]) -> usize {
 /// writes go on meanwhile. Returns how many objects were invalidated.
 pub fn invalidate_everything(ov: &Overlay, n: &Notifier, names: &[(u64, OsString)]) -> usize {
     let mut count = 0;
-    for inode in ov.inodes.all() {
+    for inode in Held::new(ov).children_first() {
         inode.io.lock().last_seen = None;
         if inode.is_dir() {
             forget_listing(ov, n, inode.id);

@@ -35,6 +35,7 @@ pub struct Invalidations {
 /// path string is built per inode and nothing recurses over the depth
 /// (a tree of 20,000 levels held by the kernel is 20,000 inodes).
 pub struct Held {
+    all: Vec<Arc<Inode>>,
     root: Option<Arc<Inode>>,
     by_name: HashMap<(u64, OsString), Arc<Inode>>,
     children: HashMap<u64, Vec<Arc<Inode>>>,
@@ -57,18 +58,31 @@ impl Held {
         let mut by_name = HashMap::new();
         let mut children: HashMap<u64, Vec<Arc<Inode>>> = HashMap::new();
         let mut root = None;
-        for inode in ov.inodes.all() {
-            let loc = inode.loc.read().clone();
-            match loc.parent {
-                Some(p) => {
-                    children.entry(p.id).or_default().push(inode.clone());
-                    by_name.insert((p.id, loc.name), inode.clone());
-                }
-                None if inode.id == ROOT_ID => root = Some(inode.clone()),
-                None => {}
+        let all = ov.inodes.all();
+        // Each object is linked under its parent; a parent the table no
+        // longer holds (an object can outlive the kernel's lookups of its
+        // parent) is linked under its own in turn, each object once.
+        let mut linked = std::collections::HashSet::new();
+        for inode in &all {
+            let mut cur = inode.clone();
+            while linked.insert(Arc::as_ptr(&cur)) {
+                let (parent, name) = {
+                    let loc = cur.loc.read();
+                    (loc.parent.clone(), loc.name.clone())
+                };
+                let Some(p) = parent else {
+                    if cur.id == ROOT_ID {
+                        root = Some(cur.clone());
+                    }
+                    break;
+                };
+                children.entry(p.id).or_default().push(cur.clone());
+                by_name.insert((p.id, name), cur.clone());
+                cur = p;
             }
         }
         Held {
+            all,
             root,
             by_name,
             children,
@@ -95,6 +109,20 @@ impl Held {
             found.parent = Some((cur, name));
         }
         found
+    }
+
+    /// Every held object, children before their parents: the order in
+    /// which to drop the kernel's names (dropping one makes the kernel walk
+    /// all it caches below it; top down over a held chain of N directories
+    /// that costs N²/2 steps, bottom up N).
+    /// (Objects not reached from the root by their last-seen names, if
+    /// any, come last.)
+    pub fn children_first(&self) -> Vec<Arc<Inode>> {
+        let mut out = self.below(self.root.as_slice());
+        out.reverse();
+        let seen: std::collections::HashSet<u64> = out.iter().map(|i| i.id).collect();
+        out.extend(self.all.iter().filter(|i| !seen.contains(&i.id)).cloned());
+        out
     }
 
     /// `targets` and every held object below them, each once, parents
