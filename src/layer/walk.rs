@@ -175,12 +175,6 @@ impl Walker {
         Walker::start(fd, false)
     }
 
-    /// A walk over the directory `name` in `dir`.
-    pub fn at(dir: &impl AsFd, name: &OsStr) -> io::Result<Walker> {
-        let fd = open_child(dir, name, false)?;
-        Walker::start(fd, false)
-    }
-
     fn start(fd: OwnedFd, grant_owner: bool) -> io::Result<Walker> {
         let level = Level::enter(OsString::new(), fd, 0, grant_owner)?;
         Ok(Walker {
