@@ -248,6 +248,29 @@ fn diff_finds_the_changes_at_the_bottom_of_a_tree_20000_levels_deep() {
     assert!(m.unmount(), "the daemon did not exit cleanly");
 }
 
+/// Two branches, each deeper than the levels whose shared directories
+/// the diff keeps open: after the first, the shared version of their
+/// parent is reopened to compare the second.
+#[test]
+fn diff_compares_a_second_deep_branch_after_a_first() {
+    let d = DeepWs::new();
+    for (layer, text) in [(d.ws.lower(), "old"), (d.ws.upper.as_path(), "new")] {
+        for branch in ["a", "b", "c"] {
+            let dir = layer.join("x").join(branch);
+            fs::create_dir_all(&dir).unwrap();
+            make_chain(&dir, 40, text);
+        }
+    }
+    let m = d.ws.mount();
+    let out = ok(&["diff".as_ref(), m.path().as_os_str()]);
+    let rel = deep_rel(40);
+    assert_eq!(
+        out,
+        format!("M x/a/{rel}/leaf\nM x/b/{rel}/leaf\nM x/c/{rel}/leaf\n")
+    );
+    assert_alive(&d, &m);
+}
+
 /// A new tree deeper than PATH_MAX: every level is one `A` line, in text
 /// and `--json`, with its whole path.
 #[test]
