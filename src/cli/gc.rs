@@ -52,11 +52,14 @@ impl GcCmd {
         let layers = Layers::open(&ws.upper, &ws.lowers)?;
         let work = sys::open_root(&ws.work)
             .map_err(|e| format!("cannot open work dir {}: {e}", ws.work.display()))?;
-        let mut done = Vec::new();
+        let mut done = crate::state::reset::Outcome::default();
         let r = scratch::gc(&layers, &work, &sc, &mut done);
-        for p in &done {
+        for p in &done.changed {
             println!("emptied {}", super::reset::shown(p));
         }
-        r
+        r.and(crate::state::reset::remove_moved_away(
+            &work,
+            &done.moved_away,
+        ))
     }
 }

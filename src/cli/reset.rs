@@ -92,9 +92,10 @@ pub fn offline(ws: &Workspace, paths: &[OsString]) -> Result<Vec<OsString>, Stri
     let layers = Layers::open(&ws.upper, &ws.lowers)?;
     let work = sys::open_root(&ws.work)
         .map_err(|e| format!("cannot open work dir {}: {e}", ws.work.display()))?;
-    let mut changed = Vec::new();
-    for p in paths {
-        changed.extend(reset::reset_path(&layers, &work, p)?.changed);
-    }
-    Ok(changed)
+    let mut out = reset::Outcome::default();
+    let r = paths
+        .iter()
+        .try_for_each(|p| reset::reset_path(&layers, &work, p, &mut out));
+    reset::remove_moved_away(&work, &out.moved_away)?;
+    r.map(|()| out.changed)
 }

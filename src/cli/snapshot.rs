@@ -185,7 +185,7 @@ fn live_restore(
     let staged = snapshot::stage(&ws.upper, Some(&ws.work), &ws.state, id, progress)?;
     let staging = staged.path();
     if staged.parent != ws.work {
-        let _ = snapshot::remove_tree(&staging);
+        let _ = crate::layer::walk::remove_path(&staging);
         return Err(format!(
             "work dir {} is not on the upper's filesystem: a live restore needs it there",
             ws.work.display()
@@ -199,7 +199,7 @@ fn live_restore(
     // Either way `staging` is to go: on success it holds the old upper,
     // else the unused restored tree. (Killed here, it stays in the work
     // dir, which the next mount cleans.)
-    let removed = snapshot::remove_tree(&staging);
+    let removed = crate::layer::walk::remove_path(&staging);
     let answer = answer.map_err(|e| format!("the mount was not changed: {e}"))?;
     if answer["pending"] == serde_json::Value::Bool(true) {
         eprintln!(

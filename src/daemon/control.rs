@@ -229,8 +229,10 @@ pub fn accept_ready(listener: &UnixListener, daemon: &Arc<Daemon>) {
             continue;
         }
         let d = daemon.clone();
+        // Runs gc, reset, restore and usage scans: see walk::THREAD_STACK.
         let spawned = std::thread::Builder::new()
             .name("control-conn".into())
+            .stack_size(crate::layer::walk::THREAD_STACK)
             .spawn(move || serve_conn(stream, &d));
         if let Err(e) = spawned {
             tracing::warn!("control socket: cannot serve a connection: {e}");
@@ -421,6 +423,7 @@ pub(super) fn invalidate_bounded(work: impl FnOnce() -> usize + Send + 'static) 
     let (tx, rx) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("invalidate".into())
+        .stack_size(crate::layer::walk::THREAD_STACK)
         .spawn(move || {
             let _ = tx.send(work());
         });

@@ -63,32 +63,31 @@ pub fn serve(daemon: &Daemon, req: &Value, gc: bool) -> Result<Value, String> {
     }
     // Whatever was changed before an error is still refreshed and
     // invalidated: the mount never shows a stale view.
-    let mut changed = Vec::new();
-    let mut failed = None;
-    {
+    let mut done = reset::Outcome::default();
+    let failed = {
         let (_pause, _busy) = daemon.fs.pause_writes(DRAIN);
-        if gc {
-            if let Err(e) = scratch::gc(&layers, &work, &sc, &mut changed) {
-                failed = Some(e);
-            }
+        let r = if gc {
+            scratch::gc(&layers, &work, &sc, &mut done)
         } else {
-            for p in &paths {
-                match reset::reset_path(&layers, &work, p) {
-                    Ok(o) => changed.extend(o.changed),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-        }
-        ov.refresh_paths(&changed);
-    }
-    let rel: Vec<String> = changed
+            paths
+                .iter()
+                .try_for_each(|p| reset::reset_path(&layers, &work, p, &mut done))
+        };
+        // The inodes under the reset paths let go of the upper files they
+        // held (those moved into the work dir among them).
+        ov.refresh_paths(&done.changed);
+        r.err()
+    };
+    let rel: Vec<String> = done
+        .changed
         .iter()
         .map(|p| String::from_utf8_lossy(p.as_bytes()).into_owned())
         .collect();
     daemon.fs.invalidate_paths(&rel);
+    // Out of the view since the pause: removed with writes going on.
+    if let Err(e) = reset::remove_moved_away(&work, &done.moved_away) {
+        tracing::warn!("{e}");
+    }
     match failed {
         Some(e) if rel.is_empty() => Err(e),
         Some(e) => Err(format!("{e} (already reset: {})", rel.join(", "))),

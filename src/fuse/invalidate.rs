@@ -5,26 +5,14 @@
 //! the daemon's own record of their real files is re-resolved, so the next
 //! access sees the layers as they are now.
 
-use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;
 
 use fuser::{INodeNo, Notifier};
 
 use super::watcher::forget_listing;
-use crate::overlay::{Inode, Overlay, ROOT_ID};
-
-/// The objects the kernel holds, by (parent id, name).
-fn held_children(ov: &Overlay) -> HashMap<(u64, OsString), Arc<Inode>> {
-    let mut index = HashMap::new();
-    for inode in ov.inodes.all() {
-        let loc = inode.loc.read().clone();
-        if let Some(p) = loc.parent {
-            index.insert((p.id, loc.name), inode.clone());
-        }
-    }
-    index
-}
+use crate::overlay::refresh::Held;
+use crate::overlay::{Inode, Overlay};
 
 /// Re-resolves what `inode` (held by the kernel at `name` in `parent`)
 /// stands on now. An upper file removed behind the daemon is dropped
@@ -44,65 +32,36 @@ fn refresh(ov: &Overlay, parent: &Arc<Inode>, name: &OsStr, inode: &Inode) {
 /// root) and everything the kernel holds below it. Returns how many cached
 /// objects were invalidated. Call from a thread that serves no request.
 pub fn invalidate_paths(ov: &Overlay, n: &Notifier, paths: &[String]) -> usize {
-    let index = held_children(ov);
-    let Some(root) = ov.inodes.get(ROOT_ID) else {
-        return 0;
-    };
+    let held = Held::new(ov);
     let mut targets: Vec<Arc<Inode>> = Vec::new();
-    let mut count = 0;
+    let mut names: Vec<(u64, OsString)> = Vec::new();
     for path in paths {
-        let comps: Vec<&str> = path
-            .split('/')
-            .filter(|c| !c.is_empty() && *c != ".")
-            .collect();
-        let mut cur = root.clone();
-        let mut found = true;
-        for (i, comp) in comps.iter().enumerate() {
-            let name = OsStr::new(comp);
-            // The entry (or a cached absence) of this name in its parent.
-            if i + 1 == comps.len() {
-                let _ = n.inval_entry(INodeNo(cur.id), name);
-                forget_listing(ov, n, cur.id);
-                count += 1;
-            }
-            match index.get(&(cur.id, name.to_os_string())) {
-                Some(child) => cur = child.clone(),
-                None => {
-                    if i + 1 < comps.len() {
-                        // Not held below here: only the name in its parent.
-                        let _ = n.inval_entry(INodeNo(cur.id), name);
-                        forget_listing(ov, n, cur.id);
-                        count += 1;
-                    }
-                    found = false;
-                    break;
-                }
-            }
+        let found = held.find(path.as_bytes());
+        // The entry (or a cached absence) of the path's last name in its
+        // parent; where the kernel does not hold the way down, the
+        // deepest name it may cache on it.
+        if let Some((parent, name)) = found.parent {
+            names.push((parent.id, name));
         }
-        if found {
-            targets.push(cur);
-        }
+        targets.extend(found.target);
     }
-    // Each target and every held object below it, parents before children
-    // so each is re-resolved against its parent's new state.
-    let mut below: Vec<(usize, Arc<Inode>)> = Vec::new();
-    for inode in ov.inodes.all() {
-        let mut depth = 0;
-        let mut cur = Some(inode.clone());
-        while let Some(c) = cur {
-            if targets.iter().any(|t| t.id == c.id) {
-                below.push((depth, inode.clone()));
-                break;
-            }
-            depth += 1;
-            cur = c.parent();
-        }
-    }
-    below.sort_by_key(|(d, _)| *d);
-    for (_, inode) in &below {
+    // Each target and every held object below it is re-resolved, parents
+    // before children, each against its parent's new state ...
+    let below = held.below(&targets);
+    for inode in &below {
         if let Some(parent) = inode.parent() {
             let name = inode.loc.read().name.clone();
             refresh(ov, &parent, &name, inode);
+        }
+    }
+    // ... and the kernel's entries are dropped children first: dropping a
+    // name makes the kernel walk every cached name below it, so top down
+    // over a chain of N directories would cost N²/2 steps (minutes, with
+    // every other request on those names waiting) where bottom up costs N.
+    let mut count = 0;
+    for inode in below.iter().rev() {
+        if let Some(parent) = inode.parent() {
+            let name = inode.loc.read().name.clone();
             let _ = n.inval_entry(INodeNo(parent.id), &name);
         }
         if inode.is_dir() {
@@ -110,6 +69,11 @@ pub fn invalidate_paths(ov: &Overlay, n: &Notifier, paths: &[String]) -> usize {
         } else {
             let _ = n.inval_inode(INodeNo(inode.id), 0, 0);
         }
+        count += 1;
+    }
+    for (parent, name) in &names {
+        let _ = n.inval_entry(INodeNo(*parent), name);
+        forget_listing(ov, n, *parent);
         count += 1;
     }
     count
@@ -123,7 +87,7 @@ pub fn invalidate_paths(ov: &Overlay, n: &Notifier, paths: &[String]) -> usize {
 /// writes go on meanwhile. Returns how many objects were invalidated.
 pub fn invalidate_everything(ov: &Overlay, n: &Notifier, names: &[(u64, OsString)]) -> usize {
     let mut count = 0;
-    for inode in ov.inodes.all() {
+    for inode in Held::new(ov).children_first() {
         inode.io.lock().last_seen = None;
         if inode.is_dir() {
             forget_listing(ov, n, inode.id);

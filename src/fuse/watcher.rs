@@ -98,7 +98,8 @@ fn apply(ov: &Overlay, n: &Notifier, c: Change) {
 /// access asks the daemon again (after a policy reload or lost events).
 pub fn invalidate_all(ov: &Overlay, n: &Notifier) -> usize {
     let mut dropped = 0;
-    for inode in ov.inodes.all() {
+    // Children first: see `Held::children_first`.
+    for inode in crate::overlay::refresh::Held::new(ov).children_first() {
         if inode.is_dir() {
             forget_listing(ov, n, inode.id);
         }

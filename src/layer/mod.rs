@@ -8,6 +8,7 @@ pub mod ops;
 pub mod reach;
 pub mod real;
 pub mod sys;
+pub mod walk;
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;

@@ -62,7 +62,7 @@ impl Upper {
     /// removal interrupted by a crash never became visible).
     pub fn clean_work(&self) -> io::Result<()> {
         for e in sys::read_dir(&self.work)? {
-            if let Err(err) = self.remove_tree(&self.work, &e.name) {
+            if let Err(err) = super::walk::remove_tree(&self.work, &e.name) {
                 tracing::warn!("cannot clean work dir entry {:?}: {err}", e.name);
             }
         }
@@ -96,7 +96,7 @@ impl Upper {
             let _ = sys::unlinkat(&self.work, &tmp, false);
             return Err(e);
         }
-        self.remove_tree(&self.work, &tmp)
+        super::walk::remove_tree(&self.work, &tmp)
     }
 
     /// Removes the upper directory `name` in `dir` together with the
@@ -106,23 +106,9 @@ impl Upper {
             Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
                 let tmp = self.tmp_name();
                 sys::renameat2(dir, name, &self.work, &tmp, 0)?;
-                self.remove_tree(&self.work, &tmp)
+                super::walk::remove_tree(&self.work, &tmp)
             }
             r => r,
-        }
-    }
-
-    /// Removes `name` in `dir` recursively (work-dir cleanup only).
-    pub fn remove_tree(&self, dir: &impl AsFd, name: &OsStr) -> io::Result<()> {
-        let st = sys::fstatat(dir, name)?;
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            let sub = sys::open_path(dir, name)?;
-            for e in sys::read_dir(&sub)? {
-                self.remove_tree(&sub, &e.name)?;
-            }
-            sys::unlinkat(dir, name, true)
-        } else {
-            sys::unlinkat(dir, name, false)
         }
     }
 

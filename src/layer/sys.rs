@@ -546,6 +546,7 @@ pub fn listxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
 }
 
 /// One directory entry as read from a layer.
+#[derive(Debug, Clone)]
 pub struct DirEntry {
     pub name: OsString,
     pub ino: u64,
@@ -561,9 +562,17 @@ pub fn read_dir(dir: &impl AsFd) -> io::Result<Vec<DirEntry>> {
 /// O_DIRECTORY`) and not read from before: the listing starts where the
 /// fd's position is.
 pub fn read_open_dir(fd: &impl AsRawFd) -> io::Result<Vec<DirEntry>> {
-    let raw = fd.as_raw_fd();
+    thread_local! {
+        // One buffer per thread, not one per directory: a walk lists
+        // thousands of directories, and a fresh 64 KiB each time costs
+        // more than the listing of a small one.
+        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 64 * 1024]);
+    }
+    BUF.with(|b| read_open_dir_with(fd.as_raw_fd(), &mut b.borrow_mut()))
+}
+
+fn read_open_dir_with(raw: RawFd, buf: &mut [u8]) -> io::Result<Vec<DirEntry>> {
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
     loop {
         // SAFETY: buf is writable for its length; getdents64 fills it with records.
         let n = unsafe { libc::syscall(libc::SYS_getdents64, raw, buf.as_mut_ptr(), buf.len()) };

@@ -104,7 +104,7 @@ impl Overlay {
         let real = match result {
             Ok(real) => real,
             Err(e) => {
-                let _ = self.upper.remove_tree(&self.upper.work, &tmp);
+                let _ = crate::layer::walk::remove_tree(&self.upper.work, &tmp);
                 self.quota.refund_copy_up(&st);
                 tracing::warn!(path = %self.path_of(inode), "copy-up failed: {e}");
                 return Err(e);

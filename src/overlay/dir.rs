@@ -13,6 +13,7 @@ use super::{err, Ctx, Entry, Errno, Overlay, Result};
 use crate::layer::ops::is_whiteout;
 use crate::layer::real::RealFd;
 use crate::layer::sys::{self, Stat};
+use crate::layer::walk::is_dir;
 
 /// What a new object is.
 pub enum NewKind<'a> {
@@ -28,10 +29,6 @@ struct Slot {
     parent_upper: Arc<OwnedFd>,
     /// A whiteout of a deleted lower entry holds the name in the upper.
     over_whiteout: bool,
-}
-
-fn is_dir(st: &Stat) -> bool {
-    st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
 impl Overlay {
@@ -262,7 +259,7 @@ impl Overlay {
         })();
         if let Err(e) = built {
             if slot.over_whiteout {
-                let _ = self.upper.remove_tree(&self.upper.work, &tmp);
+                let _ = crate::layer::walk::remove_tree(&self.upper.work, &tmp);
             } else if !matches!(e.0, libc::EEXIST) {
                 let is_dir = matches!(kind, NewKind::Dir { .. });
                 let _ = sys::unlinkat(slot.parent_upper.as_ref(), name, is_dir);
@@ -297,7 +294,7 @@ impl Overlay {
             .read()
             .lower_path
             .as_ref()
-            .map(|p| format!("{p}/{}", name.to_string_lossy()));
+            .map(|p| p.child(name));
         let real = Real {
             upper: Some(RealFd::new(fd, &self.upper.layer.mount)),
             lowers: Vec::new(),
@@ -378,7 +375,8 @@ impl Overlay {
     ///
     /// A removed file the kernel still holds keeps its fd (`fd`, the upper
     /// file's) pinned, as a local filesystem keeps an unlinked inode alive
-    /// while it is referenced.
+    /// while it is referenced; a removed directory, which holds nothing to
+    /// read, does not.
     fn removed_link(&self, victim: &Inode, st: &Stat, fd: Option<Arc<OwnedFd>>, revert: bool) {
         let last = is_dir(st) || st.st_nlink <= 1;
         if last {
@@ -388,6 +386,13 @@ impl Overlay {
         match (revert, last) {
             (true, true) => real.upper = None,
             (true, false) => real.lowers.clear(),
+            // A removed directory lets go of its fd at once (see
+            // `RealFd::release`): `rm -rf` of a deep tree stays linear.
+            (false, true) if is_dir(st) => {
+                if let Some(u) = &real.upper {
+                    u.release();
+                }
+            }
             (false, true) => {
                 if let (Some(u), Some(fd)) = (&real.upper, fd) {
                     u.pin(fd);
@@ -619,11 +624,11 @@ impl Overlay {
         if inode.is_dir() {
             let real = inode.real.read().clone();
             if real.has_lower() && !real.opaque && self.upper.redirect(upper.as_ref()).is_none() {
-                let path = real.lower_path.clone().ok_or(Errno(libc::EIO))?;
-                let path = if path.is_empty() {
+                let path = real.lower_path.as_ref().ok_or(Errno(libc::EIO))?;
+                let path = if path.is_root() {
                     "/".to_string()
                 } else {
-                    path
+                    path.to_os_string().to_string_lossy().into_owned()
                 };
                 self.upper.set_redirect(upper.as_ref(), &path)?;
             }

@@ -31,7 +31,86 @@ pub struct Real {
     pub opaque: bool,
     /// For a directory: where its lower directories live, as an absolute
     /// path from the lower roots ("/a/b"); what a redirect mark names.
-    pub lower_path: Option<String>,
+    pub lower_path: Option<LowerPath>,
+}
+
+/// A lower path ("/a/b"; the root is "") as a chain of nodes shared with
+/// the parent directory's: a directory's path is its parent's plus one
+/// node, so N nested directories cost N nodes, not N paths of growing
+/// length (quadratic: 400 MB for 20,000 one-letter levels, more than the
+/// daemon can hold for 20,000 levels of long names).
+#[derive(Clone, Default)]
+pub struct LowerPath(Option<Arc<PathNode>>);
+
+pub struct PathNode {
+    parent: LowerPath,
+    /// One or more components, without a leading `/`.
+    seg: Box<OsStr>,
+}
+
+impl LowerPath {
+    /// The lower roots' own path, "".
+    pub fn root() -> LowerPath {
+        LowerPath(None)
+    }
+
+    /// An absolute path as a redirect mark names it ("/a/b").
+    pub fn absolute(p: &OsStr) -> LowerPath {
+        LowerPath::root().child(p)
+    }
+
+    /// This path followed by `seg` (a name, or several joined by `/`).
+    pub fn child(&self, seg: &OsStr) -> LowerPath {
+        use std::os::unix::ffi::OsStrExt;
+        let b = seg.as_bytes();
+        let b = &b[b.iter().position(|&c| c != b'/').unwrap_or(b.len())..];
+        if b.is_empty() {
+            return self.clone();
+        }
+        LowerPath(Some(Arc::new(PathNode {
+            parent: self.clone(),
+            seg: OsStr::from_bytes(b).into(),
+        })))
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The path as bytes: "/a/b", or "" for the root.
+    pub fn to_os_string(&self) -> OsString {
+        let mut segs = Vec::new();
+        let mut cur = self.0.as_deref();
+        while let Some(n) = cur {
+            segs.push(&*n.seg);
+            cur = n.parent.0.as_deref();
+        }
+        let mut out = OsString::new();
+        for s in segs.iter().rev() {
+            out.push("/");
+            out.push(s);
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for LowerPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.to_os_string())
+    }
+}
+
+/// A long chain of nodes is unlinked in a loop, as for `Inode`.
+impl Drop for PathNode {
+    fn drop(&mut self) {
+        let mut next = self.parent.0.take();
+        while let Some(n) = next {
+            next = match Arc::try_unwrap(n) {
+                Ok(mut node) => node.parent.0.take(),
+                Err(_) => None,
+            };
+        }
+    }
 }
 
 impl Real {
@@ -59,6 +138,16 @@ pub struct Loc {
     pub parent: Option<Arc<Inode>>,
     pub name: OsString,
     pub others: Vec<(Arc<Inode>, OsString)>,
+}
+
+/// Bumped whenever a directory's `Loc` changes (after the change): a path
+/// built from the locations seen at one value stays right while the value
+/// does (`Overlay::path_of` caches directory paths under it).
+static DIR_LOC_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// See `DIR_LOC_EPOCH`.
+pub fn dir_loc_epoch() -> u64 {
+    DIR_LOC_EPOCH.load(Ordering::Acquire)
 }
 
 /// How many other names of one object are remembered (hard links).
@@ -185,6 +274,13 @@ impl Inode {
             }
             loc.others.push((p, prev_name));
         }
+        self.loc_changed();
+    }
+
+    fn loc_changed(&self) {
+        if self.is_dir() {
+            DIR_LOC_EPOCH.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// The object moved to `name` in `parent` (rename): its old name, the
@@ -195,6 +291,7 @@ impl Inode {
             .retain(|(p, n)| !(p.id == parent.id && n == name));
         loc.parent = Some(parent.clone());
         loc.name = name.to_os_string();
+        self.loc_changed();
     }
 
     /// `name` in directory `parent_id` no longer names this object
@@ -208,6 +305,7 @@ impl Inode {
             if let Some((p, n)) = loc.others.pop() {
                 loc.parent = Some(p);
                 loc.name = n;
+                self.loc_changed();
             }
         }
     }

@@ -232,7 +232,7 @@ impl Overlay {
             )),
             lowers,
             opaque,
-            lower_path: Some(String::new()),
+            lower_path: Some(inode::LowerPath::root()),
         };
         self.inodes.insert_root(Inode::new(
             ROOT_ID,

@@ -5,15 +5,17 @@
 //! through the mount) finds its lower directories at the path its redirect
 //! mark names rather than under its own name.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
-use super::inode::{IdSource, Inode, Real};
+use super::inode::{IdSource, Inode, LowerPath, Real};
 use super::{err, Ctx, Entry, Errno, Overlay, Result};
 use crate::layer::ops::is_whiteout;
 use crate::layer::reach;
 use crate::layer::real::RealFd;
 use crate::layer::sys::{self, Stat};
+use crate::layer::walk::is_dir;
 
 /// What a name resolves to before it becomes an inode.
 pub struct Resolved {
@@ -34,10 +36,6 @@ fn same_object(i: &Inode, real: &Real) -> bool {
     let cur = i.real.read();
     cur.upper.as_ref().is_some_and(|u| u.same_file(ident))
         || cur.lowers.first().is_some_and(|(_, l)| l.same_file(ident))
-}
-
-fn is_dir(st: &Stat) -> bool {
-    st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
 fn not_found(e: &std::io::Error) -> bool {
@@ -92,12 +90,9 @@ impl Overlay {
         }
         // The lower path of this name: where a directory's lower parts live.
         let lower_path = match &redirect {
-            Some(r) if r.starts_with('/') => Some(r.clone()),
-            Some(r) => preal.lower_path.as_ref().map(|p| format!("{p}/{r}")),
-            None => preal
-                .lower_path
-                .as_ref()
-                .map(|p| format!("{p}/{}", name.to_string_lossy())),
+            Some(r) if r.starts_with('/') => Some(LowerPath::absolute(OsStr::new(r))),
+            Some(r) => preal.lower_path.as_ref().map(|p| p.child(OsStr::new(r))),
+            None => preal.lower_path.as_ref().map(|p| p.child(name)),
         };
         if redirect.is_some() {
             if let Some(path) = &lower_path {
@@ -164,14 +159,19 @@ impl Overlay {
 
     /// Lower directories at an absolute lower path ("/a/b"), for a
     /// redirected directory, walked one component at a time in each layer.
-    fn lowers_at_path(&self, path: &str, real: &mut Real) {
+    fn lowers_at_path(&self, path: &LowerPath, real: &mut Real) {
+        let path = path.to_os_string();
         'layers: for (i, l) in self.lowers.iter().enumerate() {
             let mut fd = match sys::open_path(&l.root, OsStr::new(".")) {
                 Ok(fd) => fd,
                 Err(_) => continue,
             };
-            for comp in path.split('/').filter(|c| !c.is_empty()) {
-                let c = OsStr::new(comp);
+            for comp in path
+                .as_bytes()
+                .split(|&b| b == b'/')
+                .filter(|c| !c.is_empty())
+            {
+                let c = OsStr::from_bytes(comp);
                 match sys::fstatat(&fd, c) {
                     Ok(s) if is_dir(&s) => {}
                     Ok(s) if is_whiteout(&s) => break 'layers,
@@ -324,14 +324,38 @@ impl Overlay {
 
     /// The path of an object relative to the mount root ("" for the root),
     /// from the names it was last seen under.
+    ///
+    /// Built from the nearest ancestor whose path is cached (`PathCache`),
+    /// so a walk down a tree thousands of levels deep — each request asks
+    /// for the path of a child of the directory asked about just before —
+    /// costs a copy of the path per request, not a lock and a name per
+    /// level; no recursion over the depth.
     pub fn path_of(&self, inode: &Inode) -> String {
-        let mut names = Vec::new();
-        let mut cur = {
+        if inode.id == super::ROOT_ID {
+            return String::new();
+        }
+        let epoch = super::inode::dir_loc_epoch();
+        let (own, parent) = {
             let loc = inode.loc.read();
-            names.push(loc.name.clone());
-            loc.parent.clone()
+            (loc.name.clone(), loc.parent.clone())
         };
+        // Names from the parent up to (not including) the root or the
+        // nearest ancestor with a cached path.
+        let mut names: Vec<OsString> = Vec::new();
+        let mut prefix: Option<Arc<str>> = None;
+        // Whether the parent's own entry answered (nothing to cache then).
+        let mut parent_cached = false;
+        let mut cur = parent.clone();
         while let Some(p) = cur {
+            if p.id == super::ROOT_ID {
+                parent_cached = names.is_empty();
+                break;
+            }
+            if let Some((hit, own_entry)) = PATHS.get(&p, epoch) {
+                prefix = Some(hit);
+                parent_cached = names.is_empty() && own_entry;
+                break;
+            }
             let loc = p.loc.read();
             if loc.parent.is_none() {
                 break;
@@ -339,16 +363,20 @@ impl Overlay {
             names.push(loc.name.clone());
             cur = loc.parent.clone();
         }
-        if inode.id == super::ROOT_ID {
-            return String::new();
-        }
-        let mut s = String::new();
+        let mut s = String::from(prefix.as_deref().unwrap_or(""));
         for n in names.iter().rev() {
             if !s.is_empty() {
                 s.push('/');
             }
             s.push_str(&n.to_string_lossy());
         }
+        if let (false, Some(p)) = (parent_cached, &parent) {
+            PATHS.put(p, epoch, &s);
+        }
+        if !s.is_empty() {
+            s.push('/');
+        }
+        s.push_str(&own.to_string_lossy());
         s
     }
 
@@ -360,5 +388,75 @@ impl Overlay {
         } else {
             format!("{p}/{}", name.to_string_lossy())
         }
+    }
+}
+
+/// The paths of a few directories asked about lately, each valid while no
+/// directory moved since (`inode::dir_loc_epoch`). Entries hold a `Weak`
+/// of their inode (and of its parent): while one does, no other inode can
+/// have its address. A directory's path is found from its own entry or,
+/// walking back up a tree (`rm -rf` removes bottom up), from the entry of
+/// one of its subdirectories.
+struct PathCache {
+    slots: parking_lot::Mutex<Vec<PathEntry>>,
+}
+
+struct PathEntry {
+    dir: std::sync::Weak<Inode>,
+    parent: std::sync::Weak<Inode>,
+    epoch: u64,
+    path: Arc<str>,
+}
+
+/// How many directory paths `PathCache` holds, and the longest it keeps.
+const PATH_CACHE_SLOTS: usize = 8;
+const PATH_CACHE_MAX: usize = 4 << 20;
+
+static PATHS: PathCache = PathCache {
+    slots: parking_lot::const_mutex(Vec::new()),
+};
+
+impl PathCache {
+    /// The path of `dir`, and whether it was its own entry.
+    fn get(&self, dir: &Arc<Inode>, epoch: u64) -> Option<(Arc<str>, bool)> {
+        let slots = self.slots.lock();
+        let valid = slots.iter().filter(|e| e.epoch == epoch);
+        let mut child = None;
+        for e in valid {
+            if std::ptr::eq(e.dir.as_ptr(), Arc::as_ptr(dir)) {
+                return Some((e.path.clone(), true));
+            }
+            if std::ptr::eq(e.parent.as_ptr(), Arc::as_ptr(dir)) {
+                child = Some(e.path.clone());
+            }
+        }
+        // A subdirectory's path less its last name (names hold no `/`).
+        let p = child?;
+        p.rfind('/').map(|i| (Arc::from(&p[..i]), false))
+    }
+
+    fn put(&self, dir: &Arc<Inode>, epoch: u64, path: &str) {
+        if path.len() > PATH_CACHE_MAX {
+            return;
+        }
+        let parent = dir
+            .loc
+            .read()
+            .parent
+            .as_ref()
+            .map(Arc::downgrade)
+            .unwrap_or_default();
+        let entry = PathEntry {
+            dir: Arc::downgrade(dir),
+            parent,
+            epoch,
+            path: Arc::from(path),
+        };
+        let mut slots = self.slots.lock();
+        slots.retain(|e| e.epoch == epoch && !std::ptr::eq(e.dir.as_ptr(), Arc::as_ptr(dir)));
+        if slots.len() >= PATH_CACHE_SLOTS {
+            slots.remove(0);
+        }
+        slots.push(entry);
     }
 }

@@ -155,7 +155,7 @@ impl Overlay {
         else {
             return Ok(());
         };
-        let mut path = OsString::from(dir_path);
+        let mut path = dir_path.to_os_string();
         path.push("/");
         path.push(&inode.loc.read().name);
         let record = Origin::new(layer, path, st).encode();

@@ -57,19 +57,20 @@ impl Usage {
     pub fn scan(&self, root: &impl std::os::fd::AsFd) -> std::io::Result<()> {
         let mut bytes = 0i64;
         let mut inodes = 0i64;
-        let mut stack = vec![sys::open_path(root, std::ffi::OsStr::new("."))?];
-        while let Some(dir) = stack.pop() {
-            for e in sys::read_dir(&dir)? {
-                let st = sys::fstatat(&dir, &e.name)?;
-                if crate::layer::ops::is_whiteout(&st) {
-                    continue;
-                }
-                inodes += 1;
-                if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                    stack.push(sys::open_path(&dir, &e.name)?);
-                } else if st.st_mode & libc::S_IFMT == libc::S_IFREG {
-                    bytes += st.st_size;
-                }
+        let mut w = crate::layer::walk::Walker::new(root)?;
+        while let Some(step) = w.step()? {
+            let crate::layer::walk::Step::Entry(e) = step else {
+                continue;
+            };
+            let st = sys::fstatat(w.dir()?, &e.name)?;
+            if crate::layer::ops::is_whiteout(&st) {
+                continue;
+            }
+            inodes += 1;
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                w.descend(&e.name)?;
+            } else if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                bytes += st.st_size;
             }
         }
         self.bytes.store(bytes, Ordering::Relaxed);

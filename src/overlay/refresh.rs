@@ -9,6 +9,7 @@
 //! kernel's entry for it is invalidated, so only handles already open use
 //! it, as with a file deleted while open.
 
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
@@ -27,8 +28,126 @@ pub struct Invalidations {
     pub inodes: Vec<u64>,
 }
 
-fn at_or_under(p: &[u8], dir: &[u8]) -> bool {
-    dir.is_empty() || p == dir || (p.starts_with(dir) && p.get(dir.len()) == Some(&b'/'))
+/// The objects the kernel holds, as the tree their last-seen names make:
+/// found by name from the root, and each directory's held children. Built
+/// in one pass over the inode table; finding a path costs one step per
+/// component and what lies below a path is walked breadth-first, so no
+/// path string is built per inode and nothing recurses over the depth
+/// (a tree of 20,000 levels held by the kernel is 20,000 inodes).
+pub struct Held {
+    all: Vec<Arc<Inode>>,
+    root: Option<Arc<Inode>>,
+    by_name: HashMap<(u64, OsString), Arc<Inode>>,
+    children: HashMap<u64, Vec<Arc<Inode>>>,
+}
+
+/// Where a path led in the held tree.
+pub struct Found {
+    /// The held directory holding the last component reached, and that
+    /// component: the deepest name the kernel may cache on the way.
+    pub parent: Option<(Arc<Inode>, OsString)>,
+    /// Whether `parent` holds the path's last component (every directory
+    /// on the way is held).
+    pub whole: bool,
+    /// The object at the whole path, when the kernel holds it.
+    pub target: Option<Arc<Inode>>,
+}
+
+impl Held {
+    pub fn new(ov: &Overlay) -> Held {
+        let mut by_name = HashMap::new();
+        let mut children: HashMap<u64, Vec<Arc<Inode>>> = HashMap::new();
+        let mut root = None;
+        let all = ov.inodes.all();
+        // Each object is linked under its parent; a parent the table no
+        // longer holds (an object can outlive the kernel's lookups of its
+        // parent) is linked under its own in turn, each object once.
+        let mut linked = std::collections::HashSet::new();
+        for inode in &all {
+            let mut cur = inode.clone();
+            while linked.insert(Arc::as_ptr(&cur)) {
+                let (parent, name) = {
+                    let loc = cur.loc.read();
+                    (loc.parent.clone(), loc.name.clone())
+                };
+                let Some(p) = parent else {
+                    if cur.id == ROOT_ID {
+                        root = Some(cur.clone());
+                    }
+                    break;
+                };
+                children.entry(p.id).or_default().push(cur.clone());
+                by_name.insert((p.id, name), cur.clone());
+                cur = p;
+            }
+        }
+        Held {
+            all,
+            root,
+            by_name,
+            children,
+        }
+    }
+
+    /// Follows `rel` ("a/b"; "" or "." is the root) from the root by names.
+    pub fn find(&self, rel: &[u8]) -> Found {
+        let mut found = Found {
+            parent: None,
+            whole: true,
+            target: self.root.clone(),
+        };
+        for comp in rel
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
+            let Some(cur) = found.target.take() else {
+                found.whole = false;
+                break;
+            };
+            let name = OsStr::from_bytes(comp).to_os_string();
+            found.target = self.by_name.get(&(cur.id, name.clone())).cloned();
+            found.parent = Some((cur, name));
+        }
+        found
+    }
+
+    /// Every held object, children before their parents: the order in
+    /// which to drop the kernel's names (dropping one makes the kernel walk
+    /// all it caches below it; top down over a held chain of N directories
+    /// that costs N²/2 steps, bottom up N).
+    /// (Objects not reached from the root by their last-seen names, if
+    /// any, come last.)
+    pub fn children_first(&self) -> Vec<Arc<Inode>> {
+        let mut out = self.below(self.root.as_slice());
+        out.reverse();
+        let seen: std::collections::HashSet<u64> = out.iter().map(|i| i.id).collect();
+        out.extend(self.all.iter().filter(|i| !seen.contains(&i.id)).cloned());
+        out
+    }
+
+    /// `targets` and every held object below them, each once, parents
+    /// before children.
+    pub fn below(&self, targets: &[Arc<Inode>]) -> Vec<Arc<Inode>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out: Vec<Arc<Inode>> = Vec::new();
+        for t in targets {
+            if seen.insert(t.id) {
+                out.push(t.clone());
+            }
+        }
+        let mut i = 0;
+        while i < out.len() {
+            if let Some(kids) = self.children.get(&out[i].id) {
+                for k in kids {
+                    if seen.insert(k.id) {
+                        out.push(k.clone());
+                    }
+                }
+            }
+            i += 1;
+        }
+        out
+    }
 }
 
 impl Overlay {
@@ -39,43 +158,22 @@ impl Overlay {
         if changed.is_empty() {
             return inv;
         }
-        let mut held: Vec<(String, Arc<Inode>)> = self
-            .inodes
-            .all()
-            .into_iter()
-            .map(|i| (self.path_of(&i), i))
-            .collect();
+        let held = Held::new(self);
+        let mut targets = Vec::new();
+        for c in changed {
+            let found = held.find(c.as_bytes());
+            // The changed name's parent, when the kernel holds the whole
+            // way to it: its listing and its entry for the name go.
+            if let (Some((parent, name)), true) = (&found.parent, found.whole) {
+                *parent.listing.lock() = None;
+                inv.inodes.push(parent.id);
+                inv.entries.push((parent.id, name.clone()));
+            }
+            targets.extend(found.target);
+        }
         // Parents before children: a child resolves through its parent.
-        held.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then(a.0.cmp(&b.0)));
-        for (path, inode) in &held {
-            let p = path.as_bytes();
-            let is_parent_of_changed = changed.iter().any(|c| {
-                let c = c.as_bytes();
-                let parent = c
-                    .iter()
-                    .rposition(|&b| b == b'/')
-                    .map_or(&c[..0], |i| &c[..i]);
-                !c.is_empty() && parent == p
-            });
-            if is_parent_of_changed {
-                *inode.listing.lock() = None;
-                inv.inodes.push(inode.id);
-                for c in changed {
-                    let c = c.as_bytes();
-                    let (parent, name) = match c.iter().rposition(|&b| b == b'/') {
-                        Some(i) => (&c[..i], &c[i + 1..]),
-                        None => (&c[..0], c),
-                    };
-                    if parent == p && !c.is_empty() {
-                        inv.entries
-                            .push((inode.id, OsStr::from_bytes(name).to_os_string()));
-                    }
-                }
-            }
-            if !changed.iter().any(|c| at_or_under(p, c.as_bytes())) {
-                continue;
-            }
-            self.re_resolve(inode);
+        for inode in held.below(&targets) {
+            self.re_resolve(&inode);
             inv.inodes.push(inode.id);
         }
         if self.quota.limited() {
@@ -121,7 +219,7 @@ impl Overlay {
             upper: Some(RealFd::new(root, &self.upper.layer.mount)),
             lowers,
             opaque,
-            lower_path: Some(String::new()),
+            lower_path: Some(super::inode::LowerPath::root()),
         };
         let inode = self
             .inode(ROOT_ID)

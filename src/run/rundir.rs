@@ -10,9 +10,10 @@
 //! file and is never swept.
 
 use std::fs;
-use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use crate::layer::walk::remove_path;
 
 pub struct RunDir {
     path: PathBuf,
@@ -92,7 +93,9 @@ impl RunDir {
 
     /// Removes the whole directory.
     pub fn remove(self) -> Result<(), String> {
-        remove_tree(&self.path).map_err(|e| format!("cannot remove {}: {e}", self.path.display()))
+        // Fd-relative at any depth; directories the command left without
+        // owner write or search permission (`chmod 0555`) are given it back.
+        remove_path(&self.path).map_err(|e| format!("cannot remove {}: {e}", self.path.display()))
     }
 }
 
@@ -148,43 +151,9 @@ fn sweep_stale(tmp: &Path) {
         if !owner_gone(&owner) || mounted.iter().any(|m| m.starts_with(&dir)) {
             continue;
         }
-        match remove_tree(&dir) {
+        match remove_path(&dir) {
             Ok(()) => tracing::info!("removed {}, left by a killed layerfs run", dir.display()),
             Err(e) => tracing::warn!("cannot remove stale {}: {e}", dir.display()),
-        }
-    }
-}
-
-/// Removes a tree whose directories the command may have left without
-/// write or search permission for their owner (`chmod 0555 dir`): an
-/// unprivileged owner adds it back first, as `rm -rf` does not.
-pub fn remove_tree(root: &Path) -> io::Result<()> {
-    match fs::remove_dir_all(root) {
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            grant_owner_access(root);
-            fs::remove_dir_all(root)
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        r => r,
-    }
-}
-
-fn grant_owner_access(dir: &Path) {
-    let me = nix::unistd::geteuid().as_raw();
-    let Ok(md) = fs::symlink_metadata(dir) else {
-        return;
-    };
-    if !md.is_dir() || md.uid() != me {
-        return;
-    }
-    if md.mode() & 0o700 != 0o700 {
-        let _ = fs::set_permissions(dir, fs::Permissions::from_mode(md.mode() | 0o700));
-    }
-    if let Ok(entries) = fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                grant_owner_access(&e.path());
-            }
         }
     }
 }

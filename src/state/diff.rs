@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 
 use crate::layer::ops::is_whiteout;
 use crate::layer::sys::{self, Stat};
+use crate::layer::walk::{self, is_dir, Step, Walker};
 use crate::overlay::origin::Origin;
 use crate::quote::{quote, quote_os};
 use crate::state::scratch::Scratch;
@@ -272,10 +273,6 @@ fn mode_of_dtype(dtype: u8) -> Option<u32> {
     }
 }
 
-fn is_dir(st: &Stat) -> bool {
-    st.st_mode & libc::S_IFMT == libc::S_IFDIR
-}
-
 fn not_found(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
@@ -418,15 +415,11 @@ fn rel_of(lower_path: &OsStr) -> OsString {
 
 /// The stat of the file at `rel` in a layer, not following symlinks.
 fn stat_in(root: &OwnedFd, rel: &OsStr) -> io::Result<Stat> {
-    if rel.is_empty() {
-        return sys::fstat(root);
-    }
-    let fd = sys::open_beneath(root, rel, libc::O_PATH, 0)?;
-    sys::fstat(&fd)
+    walk::stat_rel(root, rel)
 }
 
 fn open_read(root: &OwnedFd, rel: &OsStr) -> io::Result<OwnedFd> {
-    let fd = sys::open_beneath(root, rel, libc::O_PATH, 0)?;
+    let fd = walk::open_rel(root, rel, libc::O_PATH)?;
     sys::reopen(&fd, libc::O_RDONLY | libc::O_NOATIME).or_else(|_| sys::reopen(&fd, libc::O_RDONLY))
 }
 
@@ -518,16 +511,18 @@ struct Walk<'a> {
     added_files: Vec<usize>,
     /// Deleted shared non-directories by their (layer, lower path).
     deleted: HashMap<(usize, OsString), usize>,
+    /// The shared version of each directory on the walker's stack.
+    frames: Vec<Frame>,
 }
 
-/// One upper directory being walked and the shared version it is compared
-/// with.
+/// The shared version an upper directory being walked is compared with
+/// (the upper directory itself is the walker's current one).
 struct Frame {
-    /// The upper directory, opened for reading (one fd serves its listing,
-    /// its marks and the lookups of its entries).
-    upper: OwnedFd,
-    rel: OsString,
+    /// Its lower directories (`O_PATH`), topmost first; empty once
+    /// evicted (`BASE_OPEN`), see `Walk::base`.
     base: Base,
+    /// (layer, device, inode) of each lower directory, to reopen them.
+    base_ids: Vec<(usize, u64, u64)>,
     /// Lower path of `base` (`/a/b`, "" for the root); `None` if none.
     base_path: Option<OsString>,
     /// Whether shared entries missing from the upper are deleted (the
@@ -538,32 +533,57 @@ struct Frame {
     moved_in: bool,
 }
 
+/// How many of the deepest frames keep their lower directories open (as
+/// the walker keeps its upper ones, `walk::OPEN_LEVELS`).
+const BASE_OPEN: usize = walk::OPEN_LEVELS;
+
+impl Frame {
+    fn new(base: Base, base_path: Option<OsString>, hides: bool, moved_in: bool) -> Frame {
+        // An fd that cannot be stat'ed gets an id no reopened one matches.
+        let base_ids = base
+            .iter()
+            .map(|(i, fd)| sys::fstat(fd).map_or((*i, 0, 0), |st| (*i, st.st_dev, st.st_ino)))
+            .collect();
+        Frame {
+            base,
+            base_ids,
+            base_path,
+            hides,
+            moved_in,
+        }
+    }
+}
+
 /// Computes the diff of a workspace's upper against its lowers.
+///
+/// One walk of the upper (`layer::walk`, iterative and fd-relative: any
+/// depth), with the shared version of each directory beside it; a path is
+/// only ever opened from the directory holding it, never as a whole.
 pub fn diff(layers: &Layers, filter: &Filter) -> Result<Vec<Change>, String> {
-    let root = sys::open_dir(&layers.upper).map_err(|e| format!("cannot open upper root: {e}"))?;
     let mut base = Vec::new();
     for (i, l) in layers.lowers.iter().enumerate() {
         let fd = sys::open_path(l, OsStr::new("."))
             .map_err(|e| format!("cannot open lower dir #{}: {e}", i + 1))?;
         base.push((i, fd));
     }
-    let marks = dir_marks(&root);
+    let mut walker =
+        Walker::new(&layers.upper).map_err(|e| format!("cannot read the upper root: {e}"))?;
+    let marks = dir_marks(
+        walker
+            .dir()
+            .map_err(|e| format!("cannot read the upper root: {e}"))?,
+    );
     let mut w = Walk {
         layers,
         filter,
         out: Vec::new(),
         added_files: Vec::new(),
         deleted: HashMap::new(),
+        frames: Vec::new(),
     };
-    w.dir(Frame {
-        upper: root,
-        rel: OsString::new(),
-        base,
-        base_path: Some(OsString::new()),
-        hides: marks.opaque,
-        moved_in: marks.moved_in,
-    })
-    .map_err(|(p, e)| format!("cannot read {}: {e}", describe(&p)))?;
+    let root = Frame::new(base, Some(OsString::new()), marks.opaque, marks.moved_in);
+    w.run(&mut walker, root)
+        .map_err(|(p, e)| format!("cannot read {}: {e}", describe(&p)))?;
     w.match_moves();
     if let Some(m) = &filter.moves {
         w.match_journal_moves(m);
@@ -605,146 +625,211 @@ impl Walk<'_> {
         self.out.len() - 1
     }
 
-    fn dir(&mut self, f: Frame) -> WalkResult {
-        let ctx = |e: io::Error| (f.rel.clone(), e);
-        // `f.upper` was opened for reading and not read yet (`Frame`).
-        let mut entries = sys::read_open_dir(&f.upper).map_err(ctx)?;
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        let nlowers = self.layers.lowers.len();
-        for e in &entries {
-            let rel = join(&f.rel, &e.name);
-            if self.filter.scratch.matches(&rel.to_string_lossy()) || !self.filter.enters(&rel) {
-                continue;
-            }
-            let ectx = |err: io::Error| (rel.clone(), err);
-            // In a directory without a shared version (new), the entry
-            // type from the listing is enough: no stat per entry.
-            let st = match mode_of_dtype(e.dtype) {
-                Some(mode) if f.base.is_empty() => {
-                    // SAFETY: a zeroed stat is a valid value of a plain C struct.
-                    let mut st: Stat = unsafe { std::mem::zeroed() };
-                    st.st_mode = mode;
-                    st
+    /// Walks the upper from the root, whose shared version is `root`.
+    fn run(&mut self, w: &mut Walker, root: Frame) -> WalkResult {
+        self.enter(w, root)?;
+        loop {
+            let step = w.step().map_err(|e| (w.path().to_os_string(), e))?;
+            match step {
+                None => return Ok(()),
+                Some(Step::Leave(_)) => {
+                    self.frames.pop();
                 }
-                _ => sys::fstatat(&f.upper, &e.name).map_err(ectx)?,
-            };
-            let base = base_lookup(&f.base, nlowers, &e.name).map_err(ectx)?;
-            let base_rel = f
-                .base_path
-                .as_ref()
-                .map(|p| rel_of(&join_lower(p, &e.name)));
-            if is_whiteout(&st) {
-                if let Some(b) = base {
-                    let idx = self.push(Change {
-                        path: rel.clone(),
-                        kind: Kind::Deleted,
-                        from: None,
-                        ftype: type_name(b.st.st_mode),
-                        conflict: false,
-                        old: base_rel.clone().map(|r| (b.layer, r)),
-                        new: false,
-                    });
-                    if let (false, Some(r)) = (is_dir(&b.st), base_rel) {
-                        self.deleted.insert((b.layer, r), idx);
-                    }
-                }
-                continue;
-            }
-            if is_dir(&st) {
-                self.child_dir(&f, e.name.as_os_str(), rel, &st, base)?;
-                continue;
-            }
-            match base {
-                None => {
-                    let idx = self.push(Change {
-                        path: rel,
-                        kind: Kind::Added,
-                        from: None,
-                        ftype: type_name(st.st_mode),
-                        conflict: false,
-                        old: None,
-                        new: true,
-                    });
-                    if f.moved_in && st.st_mode & libc::S_IFMT == libc::S_IFREG {
-                        self.added_files.push(idx);
-                    }
-                }
-                Some(b) => {
-                    let old = base_rel.map(|r| (b.layer, r));
-                    let kind = if is_dir(&b.st) {
-                        Some(Kind::Modified)
-                    } else {
-                        self.compare(&f.upper, &e.name, &st, &b, old.as_ref())
-                            .map_err(ectx)?
-                    };
-                    let conflict = st.st_mode & libc::S_IFMT == libc::S_IFREG
-                        && self.drifted(&f.upper, &e.name);
-                    if let Some(kind) = kind {
-                        self.push(Change {
-                            path: rel,
-                            kind,
-                            from: None,
-                            ftype: type_name(st.st_mode),
-                            conflict,
-                            old,
-                            new: true,
-                        });
-                    }
-                }
+                Some(Step::Entry(e)) => self.entry(w, e)?,
             }
         }
-        if f.hides {
-            let names: std::collections::HashSet<&OsStr> =
-                entries.iter().map(|e| e.name.as_os_str()).collect();
-            for n in base_names(&f.base).map_err(|e| (f.rel.clone(), e))? {
-                if names.contains(n.as_os_str()) {
-                    continue;
+    }
+
+    /// The walker just entered a directory whose shared version is `f`:
+    /// the shared entries it hides are deleted.
+    fn enter(&mut self, w: &Walker, f: Frame) -> WalkResult {
+        let depth = self.frames.len();
+        if depth >= BASE_OPEN {
+            self.frames[depth - BASE_OPEN].base.clear();
+        }
+        self.frames.push(f);
+        let f = self.frames.last().expect("just pushed");
+        if !f.hides {
+            return Ok(());
+        }
+        let nlowers = self.layers.lowers.len();
+        let names: std::collections::HashSet<&OsStr> = w.pending().collect();
+        let mut gone = Vec::new();
+        for n in base_names(&f.base).map_err(|e| (w.path().to_os_string(), e))? {
+            if names.contains(n.as_os_str()) {
+                continue;
+            }
+            let rel = w.child_path(&n);
+            if self.filter.scratch.matches_os(&rel) {
+                continue;
+            }
+            let Some(b) = base_lookup(&f.base, nlowers, &n).map_err(|e| (rel.clone(), e))? else {
+                continue;
+            };
+            let base_rel = f.base_path.as_ref().map(|p| rel_of(&join_lower(p, &n)));
+            gone.push(Change {
+                path: rel,
+                kind: Kind::Deleted,
+                from: None,
+                ftype: type_name(b.st.st_mode),
+                conflict: false,
+                old: base_rel.map(|r| (b.layer, r)),
+                new: false,
+            });
+        }
+        self.out.extend(gone);
+        Ok(())
+    }
+
+    /// The current frame's lower directories, reopened if they were
+    /// evicted: by their lower path from each layer root (any length,
+    /// `walk::open_rel`), checked to be the very directories seen before.
+    fn base(&mut self, w: &Walker) -> io::Result<&Base> {
+        let f = self.frames.last_mut().expect("a frame per level");
+        if f.base.len() < f.base_ids.len() {
+            let rel = rel_of(f.base_path.as_deref().unwrap_or(OsStr::new("")));
+            let mut base = Vec::new();
+            for &(i, dev, ino) in &f.base_ids {
+                let fd = walk::open_rel(
+                    &self.layers.lowers[i],
+                    &rel,
+                    libc::O_PATH | libc::O_DIRECTORY,
+                )?;
+                let st = sys::fstat(&fd)?;
+                if (st.st_dev, st.st_ino) != (dev, ino) {
+                    return Err(io::Error::other(format!(
+                        "the shared version of {} changed during the diff; run it again",
+                        describe(w.path())
+                    )));
                 }
-                let rel = join(&f.rel, &n);
-                if self.filter.scratch.matches(&rel.to_string_lossy()) {
-                    continue;
-                }
-                let Some(b) = base_lookup(&f.base, nlowers, &n).map_err(|e| (rel.clone(), e))?
-                else {
-                    continue;
-                };
-                let base_rel = f.base_path.as_ref().map(|p| rel_of(&join_lower(p, &n)));
-                self.push(Change {
+                base.push((i, fd));
+            }
+            f.base = base;
+        }
+        Ok(&f.base)
+    }
+
+    /// One entry of the walker's current directory.
+    fn entry(&mut self, w: &mut Walker, e: sys::DirEntry) -> WalkResult {
+        let rel = w.child_path(&e.name);
+        if self.filter.scratch.matches_os(&rel) || !self.filter.enters(&rel) {
+            return Ok(());
+        }
+        let ectx = |err: io::Error| (rel.clone(), err);
+        let nlowers = self.layers.lowers.len();
+        let dir = w.dir().map_err(ectx)?;
+        let base_empty = self.frames.last().is_some_and(|f| f.base_ids.is_empty());
+        // In a directory without a shared version (new), the entry
+        // type from the listing is enough: no stat per entry.
+        let st = match mode_of_dtype(e.dtype) {
+            Some(mode) if base_empty => {
+                // SAFETY: a zeroed stat is a valid value of a plain C struct.
+                let mut st: Stat = unsafe { std::mem::zeroed() };
+                st.st_mode = mode;
+                st
+            }
+            _ => sys::fstatat(dir, &e.name).map_err(ectx)?,
+        };
+        let base = if base_empty {
+            None
+        } else {
+            let b = self.base(w).map_err(ectx)?;
+            base_lookup(b, nlowers, &e.name).map_err(ectx)?
+        };
+        let f = self.frames.last().expect("a frame per level");
+        let base_rel = f
+            .base_path
+            .as_ref()
+            .map(|p| rel_of(&join_lower(p, &e.name)));
+        if is_whiteout(&st) {
+            if let Some(b) = base {
+                let idx = self.push(Change {
                     path: rel,
                     kind: Kind::Deleted,
                     from: None,
                     ftype: type_name(b.st.st_mode),
                     conflict: false,
-                    old: base_rel.map(|r| (b.layer, r)),
+                    old: base_rel.clone().map(|r| (b.layer, r)),
                     new: false,
                 });
+                if let (false, Some(r)) = (is_dir(&b.st), base_rel) {
+                    self.deleted.insert((b.layer, r), idx);
+                }
+            }
+            return Ok(());
+        }
+        if is_dir(&st) {
+            return self.child_dir(w, &e.name, rel, &st, base);
+        }
+        let moved_in = f.moved_in;
+        match base {
+            None => {
+                let idx = self.push(Change {
+                    path: rel,
+                    kind: Kind::Added,
+                    from: None,
+                    ftype: type_name(st.st_mode),
+                    conflict: false,
+                    old: None,
+                    new: true,
+                });
+                if moved_in && st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                    self.added_files.push(idx);
+                }
+            }
+            Some(b) => {
+                let old = base_rel.map(|r| (b.layer, r));
+                let dir = w.dir().map_err(ectx)?;
+                let kind = if is_dir(&b.st) {
+                    Some(Kind::Modified)
+                } else {
+                    self.compare(dir, &e.name, &st, &b, old.as_ref())
+                        .map_err(ectx)?
+                };
+                let conflict =
+                    st.st_mode & libc::S_IFMT == libc::S_IFREG && self.drifted(dir, &e.name);
+                if let Some(kind) = kind {
+                    self.push(Change {
+                        path: rel,
+                        kind,
+                        from: None,
+                        ftype: type_name(st.st_mode),
+                        conflict,
+                        old,
+                        new: true,
+                    });
+                }
             }
         }
         Ok(())
     }
 
+    /// A directory entry `name` of the walker's current directory: its own
+    /// line, then the walker enters it.
     fn child_dir(
         &mut self,
-        f: &Frame,
+        w: &mut Walker,
         name: &OsStr,
         rel: OsString,
         st: &Stat,
         base: Option<BaseEntry>,
     ) -> WalkResult {
-        let fd = sys::open_beneath(&f.upper, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-            .map_err(|e| (rel.clone(), e))?;
-        let marks = dir_marks(&fd);
+        let parent_path = self.frames.last().and_then(|f| f.base_path.clone());
+        let parent_hides = self.frames.last().is_some_and(|f| f.hides);
+        w.descend(name).map_err(|e| (rel.clone(), e))?;
+        let fd = w.dir().map_err(|e| (rel.clone(), e))?;
+        let marks = dir_marks(fd);
         let opaque = marks.opaque;
         if let Some(r) = marks.redirect {
             let old_lower = if r.as_bytes().starts_with(b"/") {
                 r
             } else {
-                join_lower(f.base_path.as_deref().unwrap_or(OsStr::new("")), &r)
+                join_lower(parent_path.as_deref().unwrap_or(OsStr::new("")), &r)
             };
             let from = rel_of(&old_lower);
             let base = lowers_at_path(self.layers, &old_lower);
             self.push(Change {
-                path: rel.clone(),
+                path: rel,
                 kind: Kind::Renamed,
                 from: Some(from),
                 ftype: "dir",
@@ -752,28 +837,22 @@ impl Walk<'_> {
                 old: None,
                 new: true,
             });
-            return self.dir(Frame {
-                upper: fd,
-                rel,
-                base,
-                base_path: Some(old_lower),
-                hides: opaque,
-                moved_in: marks.moved_in,
-            });
+            let f = Frame::new(base, Some(old_lower), opaque, marks.moved_in);
+            return self.enter(w, f);
         }
-        let base_path = f.base_path.as_ref().map(|p| join_lower(p, name));
+        let base_path = parent_path.as_ref().map(|p| join_lower(p, name));
         let (kind, sub_base, hides) = match base {
             Some(b) if is_dir(&b.st) => {
-                let same = self.same_meta(&fd, st, &b.dirs[0].1, &b.st, false);
+                let same = self.same_meta(fd, st, &b.dirs[0].1, &b.st, false);
                 let kind = (!same).then_some(Kind::Metadata);
-                (kind, b.dirs, f.hides || opaque)
+                (kind, b.dirs, parent_hides || opaque)
             }
             Some(_) => (Some(Kind::Modified), Vec::new(), false),
             None => (Some(Kind::Added), Vec::new(), false),
         };
         if let Some(kind) = kind {
             self.push(Change {
-                path: rel.clone(),
+                path: rel,
                 kind,
                 from: None,
                 ftype: "dir",
@@ -782,14 +861,7 @@ impl Walk<'_> {
                 new: true,
             });
         }
-        self.dir(Frame {
-            upper: fd,
-            rel,
-            base: sub_base,
-            base_path,
-            hides,
-            moved_in: marks.moved_in,
-        })
+        self.enter(w, Frame::new(sub_base, base_path, hides, marks.moved_in))
     }
 
     /// `Some(Modified)` when content or type differ, `Some(Metadata)` when
@@ -807,10 +879,16 @@ impl Walk<'_> {
             return Ok(Some(Kind::Modified));
         }
         let ufd = sys::open_path(dir, name)?;
-        let Some((layer, lrel)) = old else {
+        if old.is_none() {
             return Ok(Some(Kind::Modified));
-        };
-        let lfd = sys::open_beneath(&self.layers.lowers[*layer], lrel, libc::O_PATH, 0)?;
+        }
+        // The shared file, from the lower directory it was found in.
+        let ldir = self
+            .frames
+            .last()
+            .and_then(|f| f.base.iter().find(|(i, _)| *i == b.layer))
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let lfd = sys::open_path(&ldir.1, name)?;
         let content_same = match fmt {
             libc::S_IFREG => {
                 st.st_size == b.st.st_size && {
@@ -877,11 +955,7 @@ impl Walk<'_> {
             let path = self.out[idx].path.clone();
             let (parent, name) = split_parent(&path);
             if dir.as_ref().is_none_or(|(p, _)| p != parent) {
-                let fd = if parent.is_empty() {
-                    sys::open_path(&self.layers.upper, OsStr::new("."))
-                } else {
-                    sys::open_beneath(&self.layers.upper, parent, libc::O_PATH, 0)
-                };
+                let fd = walk::open_rel(&self.layers.upper, parent, libc::O_PATH);
                 let Ok(fd) = fd else {
                     continue;
                 };
@@ -1005,7 +1079,7 @@ enum Content {
 }
 
 fn content(root: &OwnedFd, rel: &OsStr) -> Content {
-    let Ok(pfd) = sys::open_beneath(root, rel, libc::O_PATH, 0) else {
+    let Ok(pfd) = walk::open_rel(root, rel, libc::O_PATH) else {
         return Content::Absent;
     };
     let Ok(st) = sys::fstat(&pfd) else {

@@ -329,8 +329,34 @@ fn yield_to_requests() {
     }
 }
 
+/// The longest path a journal row keeps. A path beyond it (deeper than
+/// any single system call can name: `PATH_MAX`) keeps its first and last
+/// parts around a marker saying how many bytes were left out: a tree
+/// 20,000 levels deep would otherwise make its journal grow with the
+/// square of its depth (each event naming every level above it: 400 MB
+/// for one file written at the bottom) and hold as much in the queue.
+pub const PATH_KEPT: usize = 4096;
+
+/// `p` cut to at most about `PATH_KEPT` bytes (see there).
+fn bounded(p: String) -> String {
+    if p.len() <= PATH_KEPT {
+        return p;
+    }
+    let mut head = PATH_KEPT / 4;
+    while !p.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = p.len() - PATH_KEPT / 2;
+    while !p.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{}/…[{} bytes]…/{}", &p[..head], tail - head, &p[tail..])
+}
+
 impl Sink for Journal {
-    fn record(&self, ev: Event) {
+    fn record(&self, mut ev: Event) {
+        ev.path = bounded(std::mem::take(&mut ev.path));
+        ev.to = ev.to.map(bounded);
         if self.queued.fetch_add(1, Ordering::Relaxed) >= self.opts.queue.max(1) {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             self.health.dropped.fetch_add(1, Ordering::Relaxed);
@@ -1115,6 +1141,26 @@ pub fn offline_health(db: &Path) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_deeper_than_path_max_is_kept_bounded() {
+        let short = "a/".repeat(100) + "f";
+        assert_eq!(bounded(short.clone()), short);
+        let deep = "é/".repeat(10_000) + "leaf";
+        let b = bounded(deep.clone());
+        assert!(b.len() <= PATH_KEPT + 64, "{}", b.len());
+        assert!(b.starts_with("é/é/") && b.ends_with("é/leaf"));
+        let left_out: usize = b
+            .split("…[")
+            .nth(1)
+            .and_then(|r| r.split(" bytes]").next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        assert_eq!(
+            b.len() - "/…[ bytes]…/".len() - left_out.to_string().len() + left_out,
+            deep.len()
+        );
+    }
 
     fn ev(op: EvOp, path: &str) -> Event {
         Event {

@@ -100,37 +100,54 @@ fn tmp_name() -> OsString {
     OsString::from(format!("#reset.{:x}.{n}", std::process::id()))
 }
 
-/// Removes `name` in `dir` recursively (fd-relative, no symlink followed).
-pub fn remove_tree(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
-    let st = sys::fstatat(dir, name)?;
-    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-        let sub = sys::open_path(dir, name)?;
-        for e in sys::read_dir(&sub)? {
-            remove_tree(&sub, &e.name)?;
-        }
-        sys::unlinkat(dir, name, true)
-    } else {
-        sys::unlinkat(dir, name, false)
-    }
-}
-
 /// Removes the upper object `name` in `dir`: a directory is moved into the
-/// work dir first, so it disappears from the upper at once.
-fn remove_upper(dir: &OwnedFd, name: &OsStr, work: &OwnedFd, is_dir: bool) -> io::Result<()> {
+/// work dir, so it disappears from the upper at once, and is named in
+/// `moved_away` for `remove_moved_away`.
+fn remove_upper(
+    dir: &OwnedFd,
+    name: &OsStr,
+    work: &OwnedFd,
+    is_dir: bool,
+    moved_away: &mut Vec<OsString>,
+) -> io::Result<()> {
     if !is_dir {
         return sys::unlinkat(dir, name, false);
     }
     let tmp = tmp_name();
     sys::renameat2(dir, name, work, &tmp, sys::RENAME_NOREPLACE)?;
-    remove_tree(work, &tmp)
+    moved_away.push(tmp);
+    Ok(())
 }
 
-/// What a reset did to one path.
+/// What resets did.
 #[derive(Debug, Default, Clone)]
 pub struct Outcome {
-    /// Paths (relative to the root) whose view changed: the reset path and,
-    /// for a renamed directory, its old name.
+    /// Paths (relative to the root) whose view changed: the reset paths
+    /// and, for a renamed directory, its old name.
     pub changed: Vec<OsString>,
+    /// Upper directories moved into the work dir (their names there), out
+    /// of the view already; `remove_moved_away` removes them.
+    pub moved_away: Vec<OsString>,
+}
+
+/// Removes the directories a reset moved into `work`. Apart from the
+/// reset itself: the mount's daemon first drops its own fds of the
+/// objects in them (`Overlay::refresh_paths`) and lets writes go on, since
+/// removing a tree that open fds still pin costs the kernel a walk of the
+/// pinned part per directory removed (quadratic in the depth). A tree
+/// left behind by a crash meanwhile goes with the work dir's cleaning at
+/// the next mount.
+pub fn remove_moved_away(work: &OwnedFd, names: &[OsString]) -> Result<(), String> {
+    for n in names {
+        crate::layer::walk::remove_tree(work, n).map_err(|e| {
+            format!(
+                "the reset is done, but its old upper directory {} in the work dir \
+                 could not be removed: {e} (it is removed at the next mount)",
+                n.to_string_lossy()
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Where the walk to a path's parent ended.
@@ -224,8 +241,14 @@ fn walk_parent(layers: &Layers, rel: &OsStr) -> Result<Option<Parent>, String> {
 
 /// Resets one path (relative to the root; "" resets everything) of the
 /// workspace whose layers are `layers`, using `work` (on the upper's
-/// filesystem) to remove directories atomically.
-pub fn reset_path(layers: &Layers, work: &OwnedFd, rel: &OsStr) -> Result<Outcome, String> {
+/// filesystem) to take directories out of the view atomically. What it
+/// did is added to `out`, also when it fails part way.
+pub fn reset_path(
+    layers: &Layers,
+    work: &OwnedFd,
+    rel: &OsStr,
+    out: &mut Outcome,
+) -> Result<(), String> {
     if rel.is_empty() {
         let root = sys::open_path(&layers.upper, OsStr::new("."))
             .map_err(|e| format!("cannot open the upper root: {e}"))?;
@@ -233,16 +256,14 @@ pub fn reset_path(layers: &Layers, work: &OwnedFd, rel: &OsStr) -> Result<Outcom
             let name = std::ffi::CString::new(p).expect("no NUL");
             let _ = sys::removexattr(&root, &name);
         }
-        let mut out = Outcome::default();
         for e in sys::read_dir(&root).map_err(|e| format!("cannot read the upper root: {e}"))? {
-            out.changed
-                .extend(reset_path(layers, work, &e.name)?.changed);
+            reset_path(layers, work, &e.name, out)?;
         }
         out.changed.push(OsString::new());
-        return Ok(out);
+        return Ok(());
     }
     let Some(parent) = walk_parent(layers, rel)? else {
-        return Ok(Outcome::default());
+        return Ok(());
     };
     let name = OsStr::from_bytes(rel.as_bytes().rsplit(|&b| b == b'/').next().unwrap_or(b""));
     let shared = base_lookup(&parent.base, layers.lowers.len(), name)
@@ -258,7 +279,7 @@ pub fn reset_path(layers: &Layers, work: &OwnedFd, rel: &OsStr) -> Result<Outcom
     }
     let st = match sys::fstatat(&parent.upper, name) {
         Ok(s) => s,
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Outcome::default()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
         Err(e) => return Err(format!("cannot read upper path {}: {e}", display(rel))),
     };
     let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
@@ -283,11 +304,9 @@ pub fn reset_path(layers: &Layers, work: &OwnedFd, rel: &OsStr) -> Result<Outcom
     } else {
         None
     };
-    remove_upper(&parent.upper, name, work, is_dir)
+    remove_upper(&parent.upper, name, work, is_dir, &mut out.moved_away)
         .map_err(|e| format!("cannot remove upper path {}: {e}", display(rel)))?;
-    let mut out = Outcome {
-        changed: vec![rel.to_os_string()],
-    };
+    out.changed.push(rel.to_os_string());
     if let Some(old) = moved_from {
         let old_rel =
             OsStr::from_bytes(old.as_bytes().strip_prefix(b"/").unwrap_or(old.as_bytes()))
@@ -296,7 +315,7 @@ pub fn reset_path(layers: &Layers, work: &OwnedFd, rel: &OsStr) -> Result<Outcom
             out.changed.push(old_rel);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Removes the whiteout a directory rename left at the old name `rel`, if

@@ -88,6 +88,12 @@ impl Scratch {
     pub fn matches(&self, rel: &str) -> bool {
         !self.patterns.is_empty() && !rel.is_empty() && self.set.is_match(rel)
     }
+
+    /// `matches` of a path as read from disk (names shown lossily), at no
+    /// cost without patterns.
+    pub fn matches_os(&self, rel: &std::ffi::OsStr) -> bool {
+        !self.patterns.is_empty() && self.matches(&rel.to_string_lossy())
+    }
 }
 
 /// The scratch patterns of a workspace: its `--scratch` globs and the
@@ -108,40 +114,39 @@ pub fn of_workspace(ws: &super::workspace::Workspace) -> Result<Scratch, String>
 
 /// Empties the scratch paths of a workspace: every topmost upper entry
 /// matching a pattern is reset (removed from the upper, so the path shows
-/// its shared version, or nothing). The paths reset are added to `done`,
-/// also when a later one fails.
+/// its shared version, or nothing). What was reset is added to `done`,
+/// also when a later one fails; `reset::remove_moved_away` finishes it.
 pub fn gc(
     layers: &super::diff::Layers,
     work: &std::os::fd::OwnedFd,
     scratch: &Scratch,
-    done: &mut Vec<std::ffi::OsString>,
+    done: &mut super::reset::Outcome,
 ) -> Result<(), String> {
-    use crate::layer::sys;
+    use crate::layer::walk::{entry_mode, Step, Walker};
     let mut found = Vec::new();
     if scratch.is_empty() {
         return Ok(());
     }
-    let root = sys::open_path(&layers.upper, std::ffi::OsStr::new("."))
-        .map_err(|e| format!("cannot open the upper root: {e}"))?;
-    let mut stack = vec![(root, std::ffi::OsString::new())];
-    while let Some((dir, rel)) = stack.pop() {
-        let entries = sys::read_dir(&dir)
-            .map_err(|e| format!("cannot read upper path {}: {e}", rel.to_string_lossy()))?;
-        for e in entries {
-            let p = super::diff::join(&rel, &e.name);
-            if scratch.matches(&p.to_string_lossy()) {
-                found.push(p);
-            } else if e.dtype == libc::DT_DIR {
-                let sub = sys::open_path(&dir, &e.name).map_err(|err| {
-                    format!("cannot open upper path {}: {err}", p.to_string_lossy())
-                })?;
-                stack.push((sub, p));
-            }
+    let ctx = |w: &Walker, e: std::io::Error| {
+        format!("cannot read upper path {}: {e}", w.path().to_string_lossy())
+    };
+    let mut w =
+        Walker::new(&layers.upper).map_err(|e| format!("cannot read the upper root: {e}"))?;
+    while let Some(step) = w.step().map_err(|e| ctx(&w, e))? {
+        let Step::Entry(e) = step else { continue };
+        let p = w.child_path(&e.name);
+        if scratch.matches_os(&p) {
+            found.push(p);
+        } else if entry_mode(w.dir().map_err(|err| ctx(&w, err))?, &e)
+            .map_err(|err| ctx(&w, err))?
+            == libc::S_IFDIR
+        {
+            w.descend(&e.name).map_err(|err| ctx(&w, err))?;
         }
     }
     found.sort();
     for p in found {
-        done.extend(super::reset::reset_path(layers, work, &p)?.changed);
+        super::reset::reset_path(layers, work, &p, done)?;
     }
     Ok(())
 }

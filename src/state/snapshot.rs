@@ -844,7 +844,7 @@ pub fn stage(
         Ok(())
     })();
     if let Err(e) = extracted {
-        let _ = remove_tree(&staging);
+        let _ = crate::layer::walk::remove_path(&staging);
         return Err(e);
     }
     Ok(Staged {
@@ -877,7 +877,7 @@ pub fn restore(
     let ufd = sys::open_root(upper_parent)
         .map_err(ctx(format!("cannot open {}", upper_parent.display())))?;
     if let Err(e) = sys::renameat2(&pfd, &staged.name, &ufd, upper_name, sys::RENAME_EXCHANGE) {
-        let _ = remove_tree(&staging);
+        let _ = crate::layer::walk::remove_path(&staging);
         return Err(ctx(format!(
             "cannot exchange {} with upper dir {}",
             staging.display(),
@@ -888,40 +888,11 @@ pub fn restore(
         fsync_dir(d).map_err(ctx(format!("cannot sync {}", d.display())))?;
     }
     // `staging` now holds the old upper.
-    remove_tree(&staging).map_err(ctx(format!(
+    crate::layer::walk::remove_path(&staging).map_err(ctx(format!(
         "restored, but cannot remove the old upper (now {}); remove it by hand",
         staging.display()
     )))?;
     Ok(staged.info)
-}
-
-/// Removes a tree, making directories writable first where needed (an
-/// upper may hold read-only directories).
-pub fn remove_tree(p: &Path) -> io::Result<()> {
-    match fs::remove_dir_all(p) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            make_writable(p);
-            fs::remove_dir_all(p)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-fn make_writable(p: &Path) {
-    let Ok(m) = fs::symlink_metadata(p) else {
-        return;
-    };
-    if !m.is_dir() {
-        return;
-    }
-    let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
-    if let Ok(rd) = fs::read_dir(p) {
-        for e in rd.flatten() {
-            make_writable(&e.path());
-        }
-    }
 }
 
 /// Metadata applied to a directory once everything beneath it exists.

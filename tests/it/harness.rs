@@ -318,3 +318,117 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(25));
     }
 }
+
+/// A tmpfs mounted for a test, unmounted (lazily) when dropped.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (e.g. `64M`), mode 0700, on `dir` (created).
+    pub fn new(dir: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(dir).unwrap();
+        let ok = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount tmpfs on {}", dir.display());
+        Tmpfs(dir.to_path_buf())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn read_only(&self) {
+        let ok = Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = fs::remove_dir(&self.0);
+    }
+}
+
+/// `layerfs ARGS...`, its output whatever its status.
+pub fn layerfs<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run layerfs")
+}
+
+/// Opens `dir/d/d/…` (`levels` deep) by one `openat` per level, as tar and
+/// rm -rf do past PATH_MAX; with `create`, each level is made first.
+pub fn descend(dir: &Path, levels: usize, create: bool) -> std::os::fd::OwnedFd {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut fd: OwnedFd = fs::File::open(dir).unwrap().into();
+    for level in 0..levels {
+        if create {
+            // SAFETY: a valid dir fd and a NUL-terminated name.
+            let r = unsafe { libc::mkdirat(fd.as_raw_fd(), c"d".as_ptr(), 0o755) };
+            assert_eq!(
+                r,
+                0,
+                "mkdirat at level {level}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        // SAFETY: as above; the result is checked before it is owned.
+        let r = unsafe {
+            libc::openat(
+                fd.as_raw_fd(),
+                c"d".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        assert!(
+            r >= 0,
+            "openat at level {level}: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a fresh fd nobody else owns.
+        fd = unsafe { OwnedFd::from_raw_fd(r) };
+    }
+    fd
+}
+
+/// The file `name` in the directory `dir`, opened with `flags`.
+pub fn open_in(dir: &std::os::fd::OwnedFd, name: &std::ffi::CStr, flags: i32) -> fs::File {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: a valid dir fd and a NUL-terminated name; checked below.
+    let r = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            0o644,
+        )
+    };
+    assert!(
+        r >= 0,
+        "openat {name:?}: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a fresh fd nobody else owns.
+    unsafe { fs::File::from_raw_fd(r) }
+}
+
+pub fn read_all(mut f: fs::File) -> String {
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut f, &mut s).unwrap();
+    s
+}

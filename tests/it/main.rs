@@ -8,6 +8,7 @@ mod cluster;
 mod container;
 mod crash;
 mod daemon;
+mod deep;
 mod diff;
 mod differential;
 mod fulldisk;

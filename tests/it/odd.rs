@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::harness::{errno, eventually, Mount, Workspace};
+use crate::harness::{descend, errno, eventually, open_in, read_all, Mount, Workspace};
 
 fn names(dir: &Path) -> Vec<OsString> {
     fs::read_dir(dir)
@@ -393,68 +393,6 @@ fn a_tree_deeper_than_path_max_is_built_walked_and_removed_through_the_mount() {
         "the upper kept part of the tree"
     );
     assert_serving(&m);
-}
-
-/// Opens `dir/d/d/…` (`levels` deep) by one `openat` per level, as tar and
-/// rm -rf do past PATH_MAX; with `create`, each level is made first.
-fn descend(dir: &Path, levels: usize, create: bool) -> std::os::fd::OwnedFd {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let mut fd: OwnedFd = fs::File::open(dir).unwrap().into();
-    for level in 0..levels {
-        if create {
-            // SAFETY: a valid dir fd and a NUL-terminated name.
-            let r = unsafe { libc::mkdirat(fd.as_raw_fd(), c"d".as_ptr(), 0o755) };
-            assert_eq!(
-                r,
-                0,
-                "mkdirat at level {level}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        // SAFETY: as above; the result is checked before it is owned.
-        let r = unsafe {
-            libc::openat(
-                fd.as_raw_fd(),
-                c"d".as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        assert!(
-            r >= 0,
-            "openat at level {level}: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: a fresh fd nobody else owns.
-        fd = unsafe { OwnedFd::from_raw_fd(r) };
-    }
-    fd
-}
-
-/// The file `name` in the directory `dir`, opened with `flags`.
-fn open_in(dir: &std::os::fd::OwnedFd, name: &std::ffi::CStr, flags: i32) -> fs::File {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    // SAFETY: a valid dir fd and a NUL-terminated name; checked below.
-    let r = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            flags | libc::O_CLOEXEC,
-            0o644,
-        )
-    };
-    assert!(
-        r >= 0,
-        "openat {name:?}: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: a fresh fd nobody else owns.
-    unsafe { fs::File::from_raw_fd(r) }
-}
-
-fn read_all(mut f: fs::File) -> String {
-    let mut s = String::new();
-    std::io::Read::read_to_string(&mut f, &mut s).unwrap();
-    s
 }
 
 /// Copying up at the bottom of a lower tree 3000 levels deep once

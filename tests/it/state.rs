@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::harness::{bin, eventually, Workspace};
+use crate::harness::{bin, eventually, Tmpfs, Workspace};
 
 const NOBODY: u32 = 65534;
 
@@ -782,43 +782,6 @@ fn status_reports_usage_counters_and_journal_health() {
     assert_eq!(v["journal"]["enabled"], json!(false));
     assert!(!state_dir(&ws).join("journal.db").exists());
     drop(m);
-}
-
-/// A tmpfs mounted for a test, unmounted (lazily) when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn new(dir: &Path, size: &str) -> Tmpfs {
-        fs::create_dir_all(dir).unwrap();
-        let ok = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(dir)
-            .status()
-            .unwrap();
-        assert!(ok.success(), "mount tmpfs on {}", dir.display());
-        Tmpfs(dir.to_path_buf())
-    }
-
-    fn read_only(&self) {
-        let ok = Command::new("mount")
-            .args(["-o", "remount,ro"])
-            .arg(&self.0)
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
 }
 
 /// Writes through the mount keep working, and read back right.
