@@ -140,6 +140,9 @@ pub struct Overlay {
     pub reach: Option<Arc<crate::layer::reach::Reach>>,
     /// Held shared by every mutating operation; a pause holds it exclusively.
     pub gate: gate::WriteGate,
+    /// Held shared by whatever adds a name; exclusively by a directory
+    /// move that walks what it moves (see `guard::MoveLock`).
+    pub moves: guard::MoveLock,
 }
 
 impl Overlay {
@@ -198,6 +201,7 @@ impl Overlay {
             watch: watch::LowerWatch::new(),
             reach,
             gate: Default::default(),
+            moves: Default::default(),
         };
         ov.init_root()?;
         if ov.quota.limited() {

@@ -62,6 +62,12 @@ impl Overlay {
     /// when no layer has it (or a whiteout hides it).
     pub fn resolve(&self, parent: &Inode, name: &OsStr) -> Result<Option<Resolved>> {
         let preal = parent.real.read().clone();
+        self.resolve_in(&preal, name)
+    }
+
+    /// `resolve` in the directory whose real files are `preal` (a walk of
+    /// a subtree resolves directories no inode stands for).
+    pub fn resolve_in(&self, preal: &Real, name: &OsStr) -> Result<Option<Resolved>> {
         let mut real = Real::default();
         let mut st: Option<Stat> = None;
         let mut redirect: Option<String> = None;

@@ -1661,6 +1661,392 @@ fn sighup_reloads_and_a_broken_file_keeps_the_old_rules() {
 }
 
 // ---------------------------------------------------------------------------
+// moves and links: a path's class never changes by moving it or an ancestor
+// ---------------------------------------------------------------------------
+
+/// `hide secrets/**`: renaming the directory (or exchanging it with
+/// another) would carry the hidden entries to a visible path.
+#[test]
+fn renaming_a_parent_cannot_reveal_hidden_content() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("secrets/key", "SECRET-KEY"),
+            ("secrets/sub/deep", "SECRET-DEEP"),
+            ("app/private/token", "SECRET-TOKEN"),
+            ("app/public/readme", "hello"),
+            ("a/secrets/k2", "SECRET-K2"),
+            ("pub/", ""),
+            ("other/x", "x"),
+        ],
+    );
+    let m = mount_policy(
+        &ws,
+        "hide secrets/**\nhide **/private/**\nhide **/secrets/k2\n",
+    );
+    let p = |r: &str| m.p(r);
+    let before = outside(&ws);
+    let mut v = Verdicts::default();
+    let perm = libc::EPERM;
+    v.refused(
+        "rename secrets -> pub2",
+        fs::rename(p("secrets"), p("pub2")),
+        perm,
+    );
+    v.refused(
+        "rename secrets -> pub (an empty directory)",
+        fs::rename(p("secrets"), p("pub")),
+        perm,
+    );
+    v.refused(
+        "RENAME_EXCHANGE secrets <-> pub",
+        rename_exchange(&p("secrets"), &p("pub")),
+        perm,
+    );
+    v.refused(
+        "RENAME_EXCHANGE pub <-> secrets",
+        rename_exchange(&p("pub"), &p("secrets")),
+        perm,
+    );
+    v.refused(
+        "rename app/private -> app/open (a `**/` rule)",
+        fs::rename(p("app/private"), p("app/open")),
+        perm,
+    );
+    v.refused(
+        "rename a/secrets -> a/s2 (a `**/secrets/k2` rule)",
+        fs::rename(p("a/secrets"), p("a/s2")),
+        perm,
+    );
+    // The shell sequence of the report.
+    let (ok, out) = run(m.path(), "mv secrets pub3 && cat pub3/key");
+    v.check(
+        &format!("`mv secrets pub3; cat pub3/key` must fail: {out}"),
+        !ok,
+    );
+    v.check(
+        &format!("hidden content shown: {out}"),
+        !out.contains("SECRET"),
+    );
+    v.assert_clean("hidden content carried by a rename");
+    assert_same("hidden content carried by a rename", &before, &outside(&ws));
+
+    // Moves that keep every class stay allowed: the hidden entries move
+    // along and stay hidden.
+    fs::rename(p("app"), p("app2")).expect("rename app -> app2 (private stays private)");
+    assert!(fs::symlink_metadata(p("app2/private/token")).is_err());
+    assert_eq!(
+        fs::read_to_string(p("app2/public/readme")).unwrap(),
+        "hello"
+    );
+    fs::rename(p("other"), p("other2")).expect("rename a directory nothing hides");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// `readonly **/cfg/**`: rename the directory away, edit, rename it back.
+#[test]
+fn renaming_a_parent_cannot_unlock_readonly_content() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("app/cfg/settings.ini", "shared settings\n"),
+            ("app/other/", ""),
+            ("skills/a.md", "skill\n"),
+        ],
+    );
+    // A readonly file the user has in the upper only is read-only too.
+    populate(&ws.upper, &[("mine/cfg/own.ini", "own\n")]);
+    let m = mount_policy(&ws, "readonly **/cfg/**\nreadonly skills/**\n");
+    let p = |r: &str| m.p(r);
+    let before = outside(&ws);
+    let mut v = Verdicts::default();
+    let rofs = libc::EROFS;
+    let (ok, out) = run(
+        m.path(),
+        "mv app/cfg app/c2 && echo x >> app/c2/settings.ini && mv app/c2 app/cfg",
+    );
+    v.check(&format!("the report's sequence must fail: {out}"), !ok);
+    v.refused(
+        "rename app/cfg -> app/c2",
+        fs::rename(p("app/cfg"), p("app/c2")),
+        rofs,
+    );
+    v.refused(
+        "rename mine/cfg -> mine/c2 (upper only)",
+        fs::rename(p("mine/cfg"), p("mine/c2")),
+        rofs,
+    );
+    v.refused(
+        "RENAME_EXCHANGE app/cfg <-> app/other",
+        rename_exchange(&p("app/cfg"), &p("app/other")),
+        rofs,
+    );
+    v.refused(
+        "RENAME_EXCHANGE app/other <-> app/cfg",
+        rename_exchange(&p("app/other"), &p("app/cfg")),
+        rofs,
+    );
+    // Into the readonly class: a directory of the user's own becomes cfg.
+    fs::create_dir(p("mydir")).unwrap();
+    fs::write(p("mydir/evil.ini"), "evil").unwrap();
+    v.refused(
+        "rename mydir -> app/other/cfg (its files would turn readonly)",
+        fs::rename(p("mydir"), p("app/other/cfg")),
+        rofs,
+    );
+    v.assert_clean("readonly content unlocked by a rename");
+    assert_eq!(
+        fs::read_to_string(p("app/cfg/settings.ini")).unwrap(),
+        "shared settings\n"
+    );
+    fs::remove_dir_all(p("mydir")).unwrap();
+    assert_same(
+        "readonly content unlocked by a rename",
+        &before,
+        &outside(&ws),
+    );
+
+    // A move that keeps the class is fine: cfg stays readonly under app2.
+    fs::rename(p("app"), p("app2")).expect("rename app -> app2");
+    assert_eq!(
+        errno(&open_append(&p("app2/cfg/settings.ini")).unwrap_err()),
+        rofs
+    );
+    // An empty directory may go anywhere, and be filled where it lands.
+    fs::create_dir(p("empty")).unwrap();
+    fs::rename(p("empty"), p("app2/other/cfg2")).expect("move an empty directory");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// `protect **/keep/**`: rename away, remove, rename back.
+#[test]
+fn renaming_a_parent_cannot_delete_protected_content() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[("app/keep/shared.md", "shared\n"), ("app/free/", "")],
+    );
+    let m = mount_policy(&ws, "protect **/keep/**\n");
+    let p = |r: &str| m.p(r);
+    let before = outside(&ws);
+    let mut v = Verdicts::default();
+    let (ok, out) = run(
+        m.path(),
+        "mv app/keep app/k2 && rm app/k2/shared.md && mv app/k2 app/keep",
+    );
+    v.check(&format!("the report's sequence must fail: {out}"), !ok);
+    v.refused(
+        "rename app/keep -> app/k2",
+        fs::rename(p("app/keep"), p("app/k2")),
+        libc::EPERM,
+    );
+    v.refused(
+        "RENAME_EXCHANGE app/keep <-> app/free",
+        rename_exchange(&p("app/keep"), &p("app/free")),
+        libc::EPERM,
+    );
+    v.assert_clean("protected content deleted through a rename");
+    assert_same(
+        "protected content deleted through a rename",
+        &before,
+        &outside(&ws),
+    );
+    assert_eq!(
+        fs::read_to_string(p("app/keep/shared.md")).unwrap(),
+        "shared\n"
+    );
+    // The user's own directories move in and out freely: protection is
+    // about shared entries.
+    fs::create_dir_all(p("mine/keep")).unwrap();
+    fs::write(p("mine/keep/own"), "own").unwrap();
+    fs::rename(p("mine/keep"), p("mine/k2")).expect("rename a directory of the user's own");
+    fs::rename(p("app"), p("app2")).expect("rename app -> app2 (keep stays keep)");
+    assert_eq!(
+        errno(&fs::remove_file(p("app2/keep/shared.md")).unwrap_err()),
+        libc::EPERM
+    );
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// A link contained at depth 4 must not escape because its directory moves
+/// up; the same for links that come from the lower.
+#[test]
+fn moving_a_directory_cannot_make_a_symlink_beneath_it_escape() {
+    let ws = Workspace::new();
+    populate(ws.lower(), &[("l1/l2/l3/", ""), ("x", "inside\n")]);
+    std::os::unix::fs::symlink("../../../x", ws.lower().join("l1/l2/l3/lower-link")).unwrap();
+    let m = ws.mount();
+    let p = |r: &str| m.p(r);
+    fs::create_dir_all(p("s1/s2/s3/s4")).unwrap();
+    std::os::unix::fs::symlink("../../../../etc/hostname", p("s1/s2/s3/s4/l"))
+        .expect("a link contained at depth 4");
+    fs::create_dir_all(p("t1/t2/t3/t4/t5")).unwrap();
+    std::os::unix::fs::symlink("../../../../../x", p("t1/t2/t3/t4/t5/l")).unwrap();
+    fs::create_dir_all(p("u1/u2")).unwrap();
+    let before = outside(&ws);
+    let mut v = Verdicts::default();
+    let perm = libc::EPERM;
+    let (ok, out) = run(m.path(), "mv s1/s2/s3/s4 top && cat top/l");
+    v.check(&format!("the report's sequence must fail: {out}"), !ok);
+    v.refused(
+        "rename s1/s2/s3/s4 -> top",
+        fs::rename(p("s1/s2/s3/s4"), p("top")),
+        perm,
+    );
+    v.refused(
+        "rename s1/s2 -> x2 (one level up for the link)",
+        fs::rename(p("s1/s2"), p("x2")),
+        perm,
+    );
+    v.refused(
+        "rename a lower directory holding a lower link l1/l2/l3 -> l3",
+        fs::rename(p("l1/l2/l3"), p("l3")),
+        perm,
+    );
+    v.refused(
+        "RENAME_EXCHANGE s1/s2/s3/s4 <-> u1 (the link goes up)",
+        rename_exchange(&p("s1/s2/s3/s4"), &p("u1")),
+        perm,
+    );
+    v.refused(
+        "RENAME_EXCHANGE u1 <-> t1/t2/t3/t4/t5 (the link goes up)",
+        rename_exchange(&p("u1"), &p("t1/t2/t3/t4/t5")),
+        perm,
+    );
+    v.assert_clean("a symlink made to escape by moving its directory");
+    assert_same("escaping symlinks", &before, &outside(&ws));
+    // Sideways and deeper stay allowed, and the links keep working.
+    fs::create_dir(p("u1/u2/u3")).unwrap();
+    fs::rename(p("s1/s2/s3/s4"), p("u1/u2/u3/s4")).expect("move to the same depth");
+    fs::rename(p("l1/l2/l3"), p("u1/u2/l3")).expect("move a lower directory sideways");
+    assert_eq!(
+        fs::read_to_string(p("u1/u2/l3/lower-link")).unwrap(),
+        "inside\n"
+    );
+    fs::create_dir_all(p("d1/d2/d3/d4/d5")).unwrap();
+    fs::rename(p("t1/t2/t3/t4/t5"), p("d1/d2/d3/d4/d5/t5")).expect("move deeper");
+    // (It now points at d1/x, inside the workspace.)
+    assert_eq!(
+        fs::read_link(p("d1/d2/d3/d4/d5/t5/l")).unwrap(),
+        Path::new("../../../../../x")
+    );
+    // A directory without links may move up.
+    fs::create_dir_all(p("e1/e2/e3")).unwrap();
+    fs::write(p("e1/e2/e3/f"), "f").unwrap();
+    fs::rename(p("e1/e2/e3"), p("e3")).expect("move up a directory without links");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// Links made in a directory while it is being moved up: none may end up
+/// escaping (the walk that checks the directory and the rename are one
+/// step for whoever adds a name).
+#[test]
+fn symlinks_made_while_their_directory_moves_never_escape() {
+    let ws = Workspace::new();
+    let m = ws.mount();
+    fs::create_dir_all(m.p("s1/s2/s3/s4")).unwrap();
+    let stop = AtomicBool::new(false);
+    let made = AtomicUsize::new(0);
+    let moved = AtomicUsize::new(0);
+    let mut bad = Vec::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let l = m.p(&format!("s1/s2/s3/s4/l{i}"));
+                if std::os::unix::fs::symlink("../../../../x", &l).is_ok() {
+                    made.fetch_add(1, Ordering::Relaxed);
+                    let _ = fs::remove_file(&l);
+                }
+                i += 1;
+            }
+        });
+        for _ in 0..400 {
+            if fs::rename(m.p("s1/s2/s3/s4"), m.p("top")).is_err() {
+                continue;
+            }
+            moved.fetch_add(1, Ordering::Relaxed);
+            // Whatever is in `top` now was contained when made: nothing
+            // with four `..` may be there.
+            for e in fs::read_dir(m.p("top")).unwrap().flatten() {
+                if let Ok(t) = fs::read_link(e.path()) {
+                    if t.to_string_lossy().starts_with("../../../..") {
+                        bad.push(format!("top/{:?} -> {t:?}", e.file_name()));
+                    }
+                }
+            }
+            // Put it back (refused while a link that must stay deep is in it).
+            for _ in 0..100 {
+                let _ = sh_quiet(m.path(), "find top -type l -delete");
+                if fs::rename(m.p("top"), m.p("s1/s2/s3/s4")).is_ok() {
+                    break;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(bad.is_empty(), "links escaped after a move: {bad:?}");
+    eprintln!(
+        "{} links made, {} moves up",
+        made.load(Ordering::Relaxed),
+        moved.load(Ordering::Relaxed)
+    );
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+fn sh_quiet(dir: &Path, script: &str) -> bool {
+    crate::harness::bash(dir, script).status.success()
+}
+
+/// `link` through the mount: the new name must be classed as the source.
+#[test]
+fn links_through_the_mount_keep_the_class() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("skills/a.md", "skill"),
+            ("notes/n.md", "note"),
+            ("free/f", "free"),
+        ],
+    );
+    let m = mount_policy(&ws, "readonly skills/**\nprotect notes/**\n");
+    let p = |r: &str| m.p(r);
+    let before = outside(&ws);
+    let mut v = Verdicts::default();
+    v.refused(
+        "link skills/a.md -> free/a.md",
+        fs::hard_link(p("skills/a.md"), p("free/a.md")),
+        libc::EROFS,
+    );
+    v.refused(
+        "link free/f -> skills/f",
+        fs::hard_link(p("free/f"), p("skills/f")),
+        libc::EROFS,
+    );
+    v.refused(
+        "link notes/n.md (shared, protected) -> free/n.md",
+        fs::hard_link(p("notes/n.md"), p("free/n.md")),
+        libc::EPERM,
+    );
+    v.refused(
+        "link free/f (shared) -> notes/f",
+        fs::hard_link(p("free/f"), p("notes/f")),
+        libc::EPERM,
+    );
+    v.assert_clean("links across classes");
+    assert_same("links across classes", &before, &outside(&ws));
+    // Same class: fine; and the user's own files may be linked into a
+    // protected place (nothing shared is at stake).
+    fs::hard_link(p("free/f"), p("free/g")).expect("link within a class");
+    fs::write(p("own"), "own").unwrap();
+    fs::hard_link(p("own"), p("notes/own")).expect("link an own file into notes");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+// ---------------------------------------------------------------------------
 // CLI: explain, check, malformed policies at mount
 // ---------------------------------------------------------------------------
 
