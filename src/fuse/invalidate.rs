@@ -32,7 +32,7 @@ fn held_children(ov: &Overlay) -> HashMap<(u64, OsString), Arc<Inode>> {
 /// they already have, see `Overlay::instantiate`).
 fn refresh(ov: &Overlay, parent: &Arc<Inode>, name: &OsStr, inode: &Inode) {
     if let Ok(Some(r)) = ov.resolve(parent, name) {
-        if ov.ids.id(r.st.st_dev, r.st.st_ino) == inode.id {
+        if ov.known_id(parent, name, &r) == inode.id {
             *inode.real.write() = r.real;
         }
     }

@@ -42,7 +42,7 @@ impl Overlay {
             return err(libc::ENOENT);
         }
         let r = self.resolve(parent, name)?.ok_or(Errno(libc::ENOENT))?;
-        let id = self.object_id(&r);
+        let id = self.object_id(parent, name, &r);
         let kind = r.st.st_mode & libc::S_IFMT;
         if let Some(i) = self.inodes.get(id) {
             // `object_id` chose `id` for this object, so an inode under it
@@ -416,7 +416,18 @@ impl Overlay {
         let mut real = victim.real.write();
         match (revert, last) {
             (true, true) => real.upper = None,
-            (true, false) => real.lowers.clear(),
+            (true, false) => {
+                // If this name was an object of its own (a lower file with
+                // several links), the name gets a new one when looked up.
+                if let Some(Ok(lst)) = real
+                    .lowers
+                    .first()
+                    .map(|(_, l)| l.get().and_then(|fd| sys::fstat(fd.as_ref())))
+                {
+                    self.ids.forget_name_id(lst.st_dev, lst.st_ino, victim.id);
+                }
+                real.lowers.clear()
+            }
             (false, true) => {
                 if let (Some(u), Some(fd)) = (&real.upper, fd) {
                     u.pin(fd);

@@ -137,13 +137,26 @@ impl Overlay {
         Ok(())
     }
 
-    /// `guard_change` for an existing object.
+    /// `guard_change` for an existing object, under every name it is known
+    /// by: a change through one hard link changes all of them. (Names of a
+    /// lower file with several links are separate objects, each judged by
+    /// its own name, see `namei::split_name`; the names an upper file has
+    /// were linked or moved through the mount into the same class, and
+    /// this keeps a pre-existing link across classes read-only too.)
     pub fn guard_inode(&self, ctx: &Ctx, op: Op, inode: &Inode) -> Result<()> {
         self.check_writable()?;
         if !self.policy().has_path_rules() {
             return Ok(());
         }
-        self.guard_change(ctx, op, &self.path_of(inode))
+        self.guard_change(ctx, op, &self.path_of(inode))?;
+        if inode.is_dir() {
+            return Ok(());
+        }
+        let others = inode.loc.read().others.clone();
+        for (parent, name) in others {
+            self.guard_change(ctx, op, &self.child_path(&parent, &name))?;
+        }
+        Ok(())
     }
 
     /// Whether the object `obj`, `name` in `parent`, comes from a lower:

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use super::inode::{Inode, Real};
@@ -54,8 +55,9 @@ struct Merged<'a> {
     /// Device and inode number of the entry in the layer listing it.
     dev: u64,
     ino: u64,
-    /// The layer directory listing it.
+    /// The layer directory listing it, and whether it is a lower one.
     layer: &'a Arc<OwnedFd>,
+    from_lower: bool,
 }
 
 /// One entry met by `Overlay::walk_union`.
@@ -80,7 +82,19 @@ impl Overlay {
         let real = dir.real.read().clone();
         let mut out = Vec::new();
         self.merge(&real, |m| {
-            let id = self.ids.id(m.dev, m.ino);
+            // One name of a lower file with several links that was looked
+            // up is an object of its own (`namei::split_name`): its id.
+            let id = m
+                .from_lower
+                .then_some(real.lower_path.as_ref())
+                .flatten()
+                .and_then(|p| {
+                    let mut path = p.clone().into_bytes();
+                    path.push(b'/');
+                    path.extend_from_slice(m.name.as_bytes());
+                    self.ids.known_name_id(m.dev, m.ino, &path)
+                })
+                .unwrap_or_else(|| self.ids.id(m.dev, m.ino));
             out.push(DirEntry {
                 name: m.name,
                 kind: m.kind,
@@ -105,6 +119,7 @@ impl Overlay {
             layers.push((self.lowers[*i].dev, fd.clone()));
         }
         for (n, (dev, real_fd)) in layers.iter().enumerate() {
+            let from_lower = n > 0 || real.upper.is_none();
             let listed = real_fd
                 .get()
                 .and_then(|fd| sys::read_dir(fd.as_ref()).map(|l| (fd, l)));
@@ -166,6 +181,7 @@ impl Overlay {
                     dev: *dev,
                     ino: e.ino,
                     layer: &fd,
+                    from_lower,
                 });
             }
         }

@@ -2046,6 +2046,119 @@ fn links_through_the_mount_keep_the_class() {
     assert!(m.unmount(), "daemon exited with failure");
 }
 
+/// Hard links in the lower (pnpm stores, `cp -al`, git's local clones): a
+/// write through a name is judged by that name, whatever name was looked up
+/// last, and the readonly name keeps the shared content.
+#[test]
+fn lower_hard_links_are_judged_by_the_name_written_through() {
+    for readonly_first in [true, false] {
+        let ws = Workspace::new();
+        populate(
+            ws.lower(),
+            &[
+                ("skills/a.md", "shared\n"),
+                ("store/pkg/index.js", "module\n"),
+                ("proj/", ""),
+            ],
+        );
+        fs::create_dir_all(ws.lower().join("free")).unwrap();
+        fs::hard_link(ws.lower().join("skills/a.md"), ws.lower().join("free/a.md")).unwrap();
+        // `cp -al store/pkg proj/node_modules/pkg`, with the store readonly.
+        let (ok, out) = run(
+            ws.lower(),
+            "mkdir -p proj/node_modules && cp -al store/pkg proj/node_modules/pkg",
+        );
+        assert!(ok, "cp -al: {out}");
+        let m = mount_policy(&ws, "readonly skills/**\nreadonly store/**\n");
+        let p = |r: &str| m.p(r);
+        let before = outside(&ws);
+        let order = if readonly_first {
+            ["skills/a.md", "free/a.md"]
+        } else {
+            ["free/a.md", "skills/a.md"]
+        };
+        for name in order {
+            fs::symlink_metadata(p(name)).unwrap();
+        }
+        let mut v = Verdicts::default();
+        let rofs = libc::EROFS;
+        let ro = "skills/a.md";
+        v.refused("append skills/a.md", open_append(&p(ro)), rofs);
+        v.refused("open(O_TRUNC) skills/a.md", open_trunc(&p(ro)), rofs);
+        v.refused("truncate skills/a.md", truncate(&p(ro), 0), rofs);
+        v.refused("chmod skills/a.md", chmod(&p(ro), 0o600), rofs);
+        v.refused(
+            "setxattr skills/a.md",
+            xattr::set(p(ro), "user.x", b"1"),
+            rofs,
+        );
+        v.refused(
+            "rename skills/a.md -> free/b.md",
+            fs::rename(p(ro), p("free/b.md")),
+            rofs,
+        );
+        v.refused(
+            "append store/pkg/index.js",
+            open_append(&p("store/pkg/index.js")),
+            rofs,
+        );
+        let (ok, out) = run(
+            m.path(),
+            "stat free/a.md >/dev/null && echo x >> skills/a.md",
+        );
+        v.check(
+            &format!("`stat free/a.md; echo x >> skills/a.md`: {out}"),
+            !ok,
+        );
+        v.assert_clean(&format!(
+            "readonly name of a lower hard link (readonly first: {readonly_first})"
+        ));
+        assert_same("readonly hard link", &before, &outside(&ws));
+
+        // The free names are writable, and writing them leaves the readonly
+        // names' (shared) content as it was.
+        let mut f = open_append(&p("free/a.md")).expect("append free/a.md");
+        f.write_all(b"mine\n").unwrap();
+        drop(f);
+        fs::write(p("proj/node_modules/pkg/index.js"), "patched\n").expect("write the linked copy");
+        chmod(&p("free/a.md"), 0o600).expect("chmod free/a.md");
+        xattr::set(p("free/a.md"), "user.x", b"1").expect("setxattr free/a.md");
+        assert_eq!(
+            fs::read_to_string(p("free/a.md")).unwrap(),
+            "shared\nmine\n"
+        );
+        assert_eq!(fs::read_to_string(p(ro)).unwrap(), "shared\n");
+        assert_eq!(
+            fs::read_to_string(p("store/pkg/index.js")).unwrap(),
+            "module\n"
+        );
+        assert_eq!(
+            fs::read_to_string(p("proj/node_modules/pkg/index.js")).unwrap(),
+            "patched\n"
+        );
+        assert_eq!(mode_of(&p(ro)), 0o644);
+        // Each name is an object of its own: its own st_ino, one link.
+        let (a, b) = (
+            fs::symlink_metadata(p(ro)).unwrap(),
+            fs::symlink_metadata(p("free/a.md")).unwrap(),
+        );
+        assert_ne!(a.ino(), b.ino(), "two names, two objects");
+        assert_eq!((a.nlink(), b.nlink()), (1, 1));
+        // Still judged by the name after all that, in both orders.
+        for name in ["free/a.md", ro] {
+            fs::symlink_metadata(p(name)).unwrap();
+        }
+        assert_eq!(errno(&open_append(&p(ro)).unwrap_err()), rofs);
+        fs::rename(p("free/a.md"), p("free/moved.md")).expect("rename the free name");
+        assert_eq!(fs::read_to_string(p(ro)).unwrap(), "shared\n");
+        assert_eq!(
+            fs::read_to_string(ws.lower().join("skills/a.md")).unwrap(),
+            "shared\n"
+        );
+        assert!(m.unmount(), "daemon exited with failure");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // CLI: explain, check, malformed policies at mount
 // ---------------------------------------------------------------------------
