@@ -268,6 +268,10 @@ impl Overlay {
         // beneath it still need comparing (a subdirectory the policy
         // proves alike needs no more class checks below it).
         self.walk_union(root, classes, |met: &Met<'_>, &classes: &bool| {
+            let is_dir = met.kind == libc::S_IFDIR;
+            if !classes && !(links && (is_dir || met.kind == libc::S_IFLNK)) {
+                return Ok(None);
+            }
             let (from, to) = (format!("{old}/{}", met.rel), format!("{new}/{}", met.rel));
             if classes {
                 let shared = || {
@@ -299,7 +303,7 @@ impl Overlay {
                     Err(e) => return Err(e.into()),
                 }
             }
-            if met.kind != libc::S_IFDIR {
+            if !is_dir {
                 return Ok(None);
             }
             let classes = classes && policy.unproven_move_rule(&from, &to).is_some();

@@ -487,6 +487,12 @@ impl IdMap {
         id
     }
 
+    /// Whether any name has an id of its own (a cheap test before
+    /// `known_name_id`).
+    pub fn has_name_ids(&self) -> bool {
+        self.any_names.load(Ordering::Acquire)
+    }
+
     /// `name_id` if one was given, without giving one.
     pub fn known_name_id(&self, dev: u64, ino: u64, path: &[u8]) -> Option<u64> {
         if !self.any_names.load(Ordering::Acquire) {

@@ -57,20 +57,29 @@ fn is_dir(st: &Stat) -> bool {
 /// through the mount are upper hard links: one object, as on any
 /// filesystem; a link between names of different classes is refused.
 fn split_name(parent: &Inode, name: &OsStr, r: &Resolved) -> Option<Vec<u8>> {
-    use std::os::unix::ffi::OsStrExt;
     if is_dir(&r.st) || r.st.st_nlink <= 1 || r.real.upper.is_some() || !r.real.has_lower() {
         return None;
     }
-    let preal = parent.real.read();
-    let mut path = match &preal.lower_path {
-        Some(p) => p.clone().into_bytes(),
+    Some(name_key(
+        parent.real.read().lower_path.as_deref(),
+        parent.id,
+        name,
+    ))
+}
+
+/// Where `name` lies in the lowers, in the directory `dir_id` whose lower
+/// path is `lower_path`: the key of a name's own object (`split_name`).
+pub(super) fn name_key(lower_path: Option<&str>, dir_id: u64, name: &OsStr) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut path = match lower_path {
+        Some(p) => p.as_bytes().to_vec(),
         // A lower file always lies in a directory with a lower path; if
-        // not, the parent object stands for the place.
-        None => format!("#{}", parent.id).into_bytes(),
+        // not, the directory object stands for the place.
+        None => format!("#{dir_id}").into_bytes(),
     };
     path.push(b'/');
     path.extend_from_slice(name.as_bytes());
-    Some(path)
+    path
 }
 
 fn not_found(e: &std::io::Error) -> bool {

@@ -12,10 +12,10 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use super::inode::{Inode, Real};
+use super::namei::name_key;
 use super::{Errno, Overlay, Result};
 use crate::layer::{reach, sys};
 
@@ -80,21 +80,18 @@ impl Overlay {
     /// and `..`, including names the policy hides (callers filter).
     pub fn merged_entries(&self, dir: &Inode) -> Result<Vec<DirEntry>> {
         let real = dir.real.read().clone();
+        let names = self.ids.has_name_ids();
         let mut out = Vec::new();
         self.merge(&real, |m| {
             // One name of a lower file with several links that was looked
             // up is an object of its own (`namei::split_name`): its id.
-            let id = m
-                .from_lower
-                .then_some(real.lower_path.as_ref())
-                .flatten()
-                .and_then(|p| {
-                    let mut path = p.clone().into_bytes();
-                    path.push(b'/');
-                    path.extend_from_slice(m.name.as_bytes());
-                    self.ids.known_name_id(m.dev, m.ino, &path)
+            let own = (names && m.from_lower && m.kind != libc::S_IFDIR)
+                .then(|| {
+                    let key = name_key(real.lower_path.as_deref(), dir.id, &m.name);
+                    self.ids.known_name_id(m.dev, m.ino, &key)
                 })
-                .unwrap_or_else(|| self.ids.id(m.dev, m.ino));
+                .flatten();
+            let id = own.unwrap_or_else(|| self.ids.id(m.dev, m.ino));
             out.push(DirEntry {
                 name: m.name,
                 kind: m.kind,
