@@ -2000,6 +2000,73 @@ fn sh_quiet(dir: &Path, script: &str) -> bool {
     crate::harness::bash(dir, script).status.success()
 }
 
+/// Another user reaching the workspace through `--allow-other` meets the
+/// same move rules: the policy is the mount's, whoever calls.
+#[test]
+fn another_user_through_allow_other_meets_the_same_move_rules() {
+    let ws = Workspace::with_lowers_in(1, Path::new("/var/tmp"));
+    fs::set_permissions(ws.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    populate(
+        ws.lower(),
+        &[
+            ("secrets/key", "SECRET-KEY"),
+            ("app/cfg/settings.ini", "shared settings\n"),
+            ("s1/s2/s3/s4/", ""),
+        ],
+    );
+    let (uid, gid) = crate::run::tests_ids();
+    crate::run::chown_tree(ws.lower(), uid, gid);
+    crate::run::chown_tree(&ws.upper, uid, gid);
+    let pf = policy_file(&ws, "hide secrets/**\nreadonly **/cfg/**\n");
+    let m = ws.mount_with(&["--allow-other", "--policy", pf.to_str().unwrap()]);
+    let before = outside(&ws);
+    let script = "mv secrets pub; cat pub/key; \
+                  mv app/cfg app/c2; echo x >> app/c2/settings.ini; \
+                  ln -s ../../../../etc/hostname s1/s2/s3/s4/l && mv s1/s2/s3/s4 top; \
+                  cat top/l; true";
+    let out = Command::new("setpriv")
+        .args([
+            format!("--reuid={uid}"),
+            format!("--regid={gid}"),
+            "--clear-groups".into(),
+            "--".into(),
+            "bash".into(),
+            "-c".into(),
+            script.into(),
+        ])
+        .current_dir(m.path())
+        .output()
+        .expect("run setpriv");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("SECRET"), "hidden content shown: {text}");
+    for refusal in [
+        "mv: cannot move 'secrets' to 'pub': Operation not permitted",
+        "mv: cannot move 'app/cfg' to 'app/c2': Read-only file system",
+        "mv: cannot move 's1/s2/s3/s4' to 'top': Operation not permitted",
+    ] {
+        assert!(text.contains(refusal), "expected `{refusal}` in:\n{text}");
+    }
+    assert!(fs::symlink_metadata(m.p("top")).is_err());
+    assert_eq!(
+        fs::read_to_string(m.p("app/cfg/settings.ini")).unwrap(),
+        "shared settings\n"
+    );
+    // The link was made (contained at depth 4), nothing else changed.
+    assert!(fs::symlink_metadata(m.p("s1/s2/s3/s4/l")).is_ok());
+    fs::remove_file(m.p("s1/s2/s3/s4/l")).unwrap();
+    let after = outside(&ws);
+    let changed: Vec<&String> = after
+        .keys()
+        .filter(|k| before.get(*k) != after.get(*k) && !k.starts_with("upper/"))
+        .collect();
+    assert!(changed.is_empty(), "changed outside the upper: {changed:?}");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
 /// `link` through the mount: the new name must be classed as the source.
 #[test]
 fn links_through_the_mount_keep_the_class() {

@@ -571,15 +571,26 @@ fn predict(policy: &Policy, seen: &BTreeMap<String, Seen>, op: &Op) -> Option<i3
 struct Tracked {
     /// st_ino → content of each readonly file shown at the start.
     readonly: HashMap<u64, (String, String)>,
-    /// st_ino → path of each protected file shown at the start (all come
-    /// from the lower then).
-    protected: HashMap<u64, String>,
+    /// Each protected file shown at the start (all come from the lower
+    /// then): where it is now, followed through the moves that succeeded,
+    /// and the st_ino shown there.
+    protected: Vec<Shared>,
+}
+
+struct Shared {
+    first: String,
+    now: String,
+    ino: u64,
+    /// Unlinked (its upper copy dropped): the shared version shows again,
+    /// maybe as another object (a copy that lives on under other names
+    /// keeps the old one).
+    reverted: bool,
 }
 
 fn track(policy: &Policy, seen: &BTreeMap<String, Seen>) -> Tracked {
     let mut t = Tracked {
         readonly: HashMap::new(),
-        protected: HashMap::new(),
+        protected: Vec::new(),
     };
     for (rel, s) in seen {
         if s.kind != 'f' {
@@ -590,17 +601,57 @@ fn track(policy: &Policy, seen: &BTreeMap<String, Seen>) -> Tracked {
             t.readonly.insert(s.ino, (rel.clone(), s.data.clone()));
         }
         if c.protected {
-            t.protected.insert(s.ino, rel.clone());
+            t.protected.push(Shared {
+                first: rel.clone(),
+                now: rel.clone(),
+                ino: s.ino,
+                reverted: false,
+            });
         }
     }
     t
 }
 
+/// `path` after `from` was renamed to `to`, if it was at or beneath it.
+fn moved(path: &str, from: &str, to: &str) -> Option<String> {
+    if path == from {
+        Some(to.to_string())
+    } else {
+        path.strip_prefix(from)
+            .filter(|rest| rest.starts_with('/'))
+            .map(|rest| format!("{to}{rest}"))
+    }
+}
+
+/// Follows the tracked entries through an operation that succeeded.
+fn follow(tracked: &mut Tracked, op: &Op) {
+    for shared in &mut tracked.protected {
+        match op {
+            Op::Rename(a, b) => {
+                if let Some(p) = moved(&shared.now, a, b) {
+                    shared.now = p;
+                }
+            }
+            Op::Exchange(a, b) => {
+                if let Some(p) = moved(&shared.now, a, b).or_else(|| moved(&shared.now, b, a)) {
+                    shared.now = p;
+                }
+            }
+            Op::Unlink(a) if *a == shared.now => shared.reverted = true,
+            _ => {}
+        }
+    }
+}
+
 /// Every invariant of the header on the walk `seen`; the problems found.
 fn check(policy: &Policy, tracked: &Tracked, seen: &BTreeMap<String, Seen>) -> Vec<String> {
     let mut bad = Vec::new();
-    let by_ino: HashMap<u64, (&String, &Seen)> =
-        seen.iter().map(|(p, s)| (s.ino, (p, s))).collect();
+    // An object may have several names (hard links made through the
+    // mount): every one is listed.
+    let mut by_ino: HashMap<u64, Vec<(&String, &Seen)>> = HashMap::new();
+    for (p, s) in seen {
+        by_ino.entry(s.ino).or_default().push((p, s));
+    }
     for (rel, s) in seen {
         if s.data.contains(SECRET) {
             bad.push(format!("hidden content visible at {rel}: {:?}", s.data));
@@ -612,31 +663,51 @@ fn check(policy: &Policy, tracked: &Tracked, seen: &BTreeMap<String, Seen>) -> V
             bad.push(format!("symlink {rel} -> {} escapes the workspace", s.data));
         }
     }
+    // A readonly file cannot be linked or moved out of its class: each of
+    // its names is readonly, with the content it had.
     for (ino, (was, content)) in &tracked.readonly {
-        match by_ino.get(ino) {
-            None => bad.push(format!("readonly file first at {was} is gone")),
-            Some((rel, s)) => {
-                if !kinds(policy, rel).readonly {
-                    bad.push(format!(
-                        "readonly file first at {was} is at {rel}, not readonly"
-                    ));
-                }
-                if &s.data != content {
-                    bad.push(format!(
-                        "readonly file first at {was} (now {rel}) changed: {content:?} -> {:?}",
-                        s.data
-                    ));
-                }
+        let names = by_ino.get(ino).map(Vec::as_slice).unwrap_or_default();
+        if names.is_empty() {
+            bad.push(format!("readonly file first at {was} is gone"));
+        }
+        for (rel, s) in names {
+            if !kinds(policy, rel).readonly {
+                bad.push(format!(
+                    "readonly file first at {was} is at {rel}, not readonly"
+                ));
+            }
+            if &s.data != content {
+                bad.push(format!(
+                    "readonly file first at {was} (now {rel}) changed: {content:?} -> {:?}",
+                    s.data
+                ));
             }
         }
     }
-    for (ino, was) in &tracked.protected {
-        match by_ino.get(ino) {
-            None => bad.push(format!("protected shared file first at {was} is gone")),
-            Some((rel, _)) if !kinds(policy, rel).protected => bad.push(format!(
-                "protected shared file first at {was} is at {rel}, not protected"
+    // A protected shared entry is never gone: where the moves that
+    // succeeded took it, the same object is still shown (or, after its
+    // upper copy was unlinked, the shared version), at a protected path.
+    for shared in &tracked.protected {
+        let Shared {
+            first, now, ino, ..
+        } = shared;
+        match seen.get(now) {
+            None => bad.push(format!(
+                "protected shared file first at {first} is gone from {now}"
             )),
-            Some(_) => {}
+            Some(s) => {
+                if !kinds(policy, now).protected {
+                    bad.push(format!(
+                        "protected shared file first at {first} is at {now}, not protected"
+                    ));
+                }
+                if s.ino != *ino && !shared.reverted {
+                    bad.push(format!(
+                        "protected shared file first at {first} was replaced at {now} (st_ino {ino} -> {})",
+                        s.ino
+                    ));
+                }
+            }
         }
     }
     bad
@@ -697,7 +768,7 @@ fn run_case(seed: u64, steps: usize, replay: Option<&[Op]>) -> (Outcome, String)
             );
         }
     };
-    let tracked = track(&policy, &first);
+    let mut tracked = track(&policy, &first);
     let mut seen = first;
     let mut finding = None;
     let total = replay.map_or(steps, <[Op]>::len);
@@ -738,7 +809,19 @@ fn run_case(seed: u64, steps: usize, replay: Option<&[Op]>) -> (Outcome, String)
                 break;
             }
         };
+        if got == 0 {
+            follow(&mut tracked, &op);
+        }
         let bad = check(&policy, &tracked, &seen);
+        // A reverted entry is whatever object shows there now.
+        for shared in &mut tracked.protected {
+            if shared.reverted {
+                if let Some(s) = seen.get(&shared.now) {
+                    shared.ino = s.ino;
+                }
+                shared.reverted = false;
+            }
+        }
         if !bad.is_empty() {
             finding = Some(format!(
                 "step {step}: after `{op}` ({}):\n    {}",
