@@ -273,20 +273,24 @@ impl Overlay {
                 return Ok(None);
             }
             let (from, to) = (format!("{old}/{}", met.rel), format!("{new}/{}", met.rel));
+            // A refusal names the entry, unless it is hidden at either
+            // path: the log and the journal would show what the policy
+            // hides; then it names the moved object.
+            let refuse = |rule: &RuleRef, errno: i32| {
+                let hides = |p: &str| policy.classify(p).hidden.is_some();
+                let shown = if hides(&from) || hides(&to) {
+                    old
+                } else {
+                    &from
+                };
+                Err(deny(ctx, op, shown, rule, errno))
+            };
             if classes {
                 let shared = || {
                     met.real.is_some_and(Real::has_lower) || self.lower_has_in(met.dir, met.name)
                 };
                 if let Some(d) = policy.class_change(&from, &to, shared) {
-                    // A hidden entry is not named: the log and the journal
-                    // would show what the policy hides.
-                    let hides = |p: &str| policy.classify(p).hidden.is_some();
-                    let shown = if hides(&from) || hides(&to) {
-                        old
-                    } else {
-                        &from
-                    };
-                    return Err(deny(ctx, op, shown, &d.rule, d.errno));
+                    return refuse(&d.rule, d.errno);
                 }
             }
             if links && met.kind == libc::S_IFLNK {
@@ -295,7 +299,7 @@ impl Overlay {
                 match target {
                     Ok(target) => {
                         if let Err(d) = policy.moved_symlink(&from, &to, &target) {
-                            return Err(deny(ctx, op, &from, &d.rule, d.errno));
+                            return refuse(&d.rule, d.errno);
                         }
                     }
                     // Gone meanwhile: nothing left to move.

@@ -2000,6 +2000,64 @@ fn sh_quiet(dir: &Path, script: &str) -> bool {
     crate::harness::bash(dir, script).status.success()
 }
 
+/// A refused move is logged with the operation, the path and the rule,
+/// and never names an entry the policy hides (the log and the journal
+/// would show it): the moved directory is named instead.
+#[test]
+fn move_refusals_are_logged_without_naming_hidden_entries() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("secrets/zebra-key", "SECRET"),
+            ("d1/d2/sec/", ""),
+            ("x", "x"),
+        ],
+    );
+    std::os::unix::fs::symlink("../../../x", ws.lower().join("d1/d2/sec/quokka")).unwrap();
+    let p = policy_file(&ws, "hide secrets/**\nhide **/sec/**\n");
+    let m = ws.mount_env(
+        &["--policy", p.to_str().unwrap()],
+        &[("RUST_LOG", "warn,layerfs=info")],
+    );
+    let mut v = Verdicts::default();
+    v.refused(
+        "rename secrets -> pub",
+        fs::rename(m.p("secrets"), m.p("pub")),
+        libc::EPERM,
+    );
+    // The hidden link keeps its class (hidden under `**/sec/**` at both
+    // places) but would escape one level up.
+    v.refused(
+        "rename d1/d2 -> top",
+        fs::rename(m.p("d1/d2"), m.p("top")),
+        libc::EPERM,
+    );
+    v.assert_clean("refused moves");
+    let wanted = [
+        ("path=\"secrets\"", "hide secrets/**"),
+        ("path=\"d1/d2\"", "symlinks contained"),
+    ];
+    let mut log = String::new();
+    let logged = eventually(Duration::from_secs(3), || {
+        log = ws.daemon_log();
+        wanted.iter().all(|(path, rule)| {
+            log.lines().any(|l| {
+                l.contains("policy denied")
+                    && l.contains("op=Rename")
+                    && l.contains(path)
+                    && l.contains(rule)
+            })
+        })
+    });
+    assert!(logged, "refusals missing from the log:\n{log}");
+    assert!(
+        !log.contains("zebra") && !log.contains("quokka"),
+        "a hidden entry is named in the log:\n{log}"
+    );
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
 /// Another user reaching the workspace through `--allow-other` meets the
 /// same move rules: the policy is the mount's, whoever calls.
 #[test]
