@@ -14,6 +14,7 @@ use std::os::unix::ffi::OsStrExt;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::inode::{Inode, Real};
+use super::origin::Origin;
 use super::readdir::Met;
 use super::{Ctx, Errno, Overlay, Result};
 use crate::layer::sys;
@@ -167,6 +168,24 @@ impl Overlay {
         obj.real.read().has_lower() || self.lower_has(parent, name)
     }
 
+    /// Whether protection is at stake when a move or a link gives `obj`
+    /// (`name` in `parent`) a path of another protection class: it is
+    /// shared (`is_shared`), or it is the upper copy of a lower file (its
+    /// origin record), wherever it stands. The record is what makes this
+    /// a property of the object, not of the name last looked up: a copy
+    /// linked to a second protected name cannot then be moved or linked
+    /// out of the class through that name, so every name of such an
+    /// object keeps one class, and a link through any of them is judged
+    /// alike.
+    pub fn from_lower(&self, obj: &Inode, parent: &Inode, name: &OsStr) -> bool {
+        self.is_shared(obj, parent, name)
+            || obj
+                .upper_fd()
+                .ok()
+                .flatten()
+                .is_some_and(|fd| Origin::read(fd.as_ref()).is_some())
+    }
+
     /// `guard_change` for a new or existing name in a directory.
     pub fn guard_child(&self, ctx: &Ctx, op: Op, parent: &Inode, name: &OsStr) -> Result<()> {
         self.check_writable()?;
@@ -249,7 +268,7 @@ impl Overlay {
         walking: bool,
     ) -> Result<MoveCheck> {
         let policy = self.policy();
-        if let Some(d) = policy.class_change(old, new, || self.is_shared(obj, parent, name)) {
+        if let Some(d) = policy.class_change(old, new, || self.from_lower(obj, parent, name)) {
             return Err(deny(ctx, op, old, &d.rule, d.errno));
         }
         if !obj.is_dir() {
@@ -286,8 +305,12 @@ impl Overlay {
                 Err(deny(ctx, op, shown, rule, errno))
             };
             if classes {
+                // As `from_lower`, for an entry no inode stands for.
                 let shared = || {
-                    met.real.is_some_and(Real::has_lower) || self.lower_has_in(met.dir, met.name)
+                    met.real.is_some_and(Real::has_lower)
+                        || self.lower_has_in(met.dir, met.name)
+                        || sys::open_path(met.layer.as_ref(), met.name)
+                            .is_ok_and(|fd| Origin::read(&fd).is_some())
                 };
                 if let Some(d) = policy.class_change(&from, &to, shared) {
                     return refuse(&d.rule, d.errno);

@@ -249,9 +249,9 @@ impl Policy {
     /// differently: the class of a path never changes by moving it or an
     /// ancestor. Kinds are compared, not rules (`readonly a/**` and
     /// `readonly *.md` class alike). Protection is compared only for an
-    /// object that comes from a lower (`shared`, asked only then): it is
-    /// about shared entries, and the user's own are not protected
-    /// anywhere. A readonly difference is EROFS, as every readonly refusal;
+    /// object that comes from a lower (`shared`, asked only then: a lower
+    /// entry, or an upper copy of one): it is about shared entries, and
+    /// the user's own are not protected anywhere. A readonly difference is EROFS, as every readonly refusal;
     /// a hidden or protected one is EPERM. The rule named is the one that
     /// classes one of the two paths.
     pub fn class_change(

@@ -2171,6 +2171,63 @@ fn links_through_the_mount_keep_the_class() {
     assert!(m.unmount(), "daemon exited with failure");
 }
 
+/// Found by the policy model: the upper copy of a protected shared file,
+/// linked to a second protected name where no lower entry is, could then
+/// be renamed or moved out of the class through that name, and a link
+/// through an unprotected name was refused or not depending on which
+/// name the daemon had seen last. The copy's origin makes protection a
+/// property of the object: every name keeps the class.
+#[test]
+fn a_copy_of_a_protected_shared_file_keeps_its_class_under_every_name() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("a/keep", "shared\n"),
+            ("b/keep", "shared b\n"),
+            ("cfg/", ""),
+            ("sec/", ""),
+        ],
+    );
+    let m = mount_policy(&ws, "protect keep\nprotect **/keep/**\n");
+    let p = |r: &str| m.p(r);
+    let mut v = Verdicts::default();
+    v.works("link a/keep -> keep", fs::hard_link(p("a/keep"), p("keep")));
+    v.refused(
+        "rename keep -> f",
+        fs::rename(p("keep"), p("f")),
+        libc::EPERM,
+    );
+    v.refused(
+        "link keep -> g",
+        fs::hard_link(p("keep"), p("g")),
+        libc::EPERM,
+    );
+    v.works("mkdir sec/keep", fs::create_dir(p("sec/keep")));
+    v.works(
+        "link b/keep -> sec/keep/x",
+        fs::hard_link(p("b/keep"), p("sec/keep/x")),
+    );
+    v.refused(
+        "rename sec/keep -> cfg/c (x would leave the class)",
+        fs::rename(p("sec/keep"), p("cfg/c")),
+        libc::EPERM,
+    );
+    // The user's own files are not protected: linked in and out freely.
+    v.works("create own", fs::write(p("own"), "own"));
+    v.works(
+        "link own -> sec/keep/own",
+        fs::hard_link(p("own"), p("sec/keep/own")),
+    );
+    v.works(
+        "link sec/keep/own -> own2",
+        fs::hard_link(p("sec/keep/own"), p("own2")),
+    );
+    v.assert_clean("names of a copy of a protected shared file");
+    assert_eq!(fs::read_to_string(p("a/keep")).unwrap(), "shared\n");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
 /// Hard links in the lower (pnpm stores, `cp -al`, git's local clones): a
 /// write through a name is judged by that name, whatever name was looked up
 /// last, and the readonly name keeps the shared content.
