@@ -20,7 +20,7 @@ use crate::overlay::{Inode, Overlay};
 /// they already have, see `Overlay::instantiate`).
 fn refresh(ov: &Overlay, parent: &Arc<Inode>, name: &OsStr, inode: &Inode) {
     if let Ok(Some(r)) = ov.resolve(parent, name) {
-        if ov.ids.id(r.st.st_dev, r.st.st_ino) == inode.id {
+        if ov.known_id(parent, name, &r) == inode.id {
             *inode.real.write() = r.real;
         }
     }

@@ -77,17 +77,21 @@ fn apply(ov: &Overlay, n: &Notifier, c: Change) {
             }
         }
         Change::Entry { dirs, name, lower } => {
-            // The object the name now denotes in that lower, if the kernel
-            // holds it: its attributes and cached data may be stale.
-            let child = lower
+            // The objects the name now denotes in that lower, if the kernel
+            // holds them (each name of a file with several links is one):
+            // their attributes and cached data may be stale.
+            let children: Vec<u64> = lower
                 .and_then(|l| sys::fstatat(l.as_ref(), &name).ok())
-                .map(|st| ov.ids.id(st.st_dev, st.st_ino))
-                .filter(|id| ov.inodes.get(*id).is_some());
+                .map(|st| ov.ids.ids_of_file(st.st_dev, st.st_ino))
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|id| ov.inodes.get(*id).is_some())
+                .collect();
             for d in dirs {
                 forget_listing(ov, n, d);
                 let _ = n.inval_entry(INodeNo(d), &name);
             }
-            if let Some(id) = child {
+            for id in children {
                 let _ = n.inval_inode(INodeNo(id), 0, 0);
             }
         }

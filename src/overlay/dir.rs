@@ -7,7 +7,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::guard::{check_name, Op, Removal};
+use super::guard::{check_name, MoveCheck, Op, Removal};
 use super::inode::{Inode, Real};
 use super::{err, Ctx, Entry, Errno, Overlay, Result};
 use crate::layer::ops::is_whiteout;
@@ -39,7 +39,7 @@ impl Overlay {
             return err(libc::ENOENT);
         }
         let r = self.resolve(parent, name)?.ok_or(Errno(libc::ENOENT))?;
-        let id = self.object_id(&r);
+        let id = self.object_id(parent, name, &r);
         let kind = r.st.st_mode & libc::S_IFMT;
         if let Some(i) = self.inodes.get(id) {
             // `object_id` chose `id` for this object, so an inode under it
@@ -69,7 +69,12 @@ impl Overlay {
     /// Whether some lower layer shows `name` in the directory `parent`
     /// (so removing the upper name needs a whiteout).
     pub fn lower_has(&self, parent: &Inode, name: &OsStr) -> bool {
-        let real = parent.real.read();
+        let real = parent.real.read().clone();
+        self.lower_has_in(&real, name)
+    }
+
+    /// `lower_has` for the directory whose real files are `real`.
+    pub fn lower_has_in(&self, real: &Real, name: &OsStr) -> bool {
         if real.opaque {
             return false;
         }
@@ -131,6 +136,8 @@ impl Overlay {
         name: &OsStr,
         kind: NewKind<'_>,
     ) -> Result<(Entry, Option<OwnedFd>)> {
+        // A name is added: see `guard::MoveLock`.
+        let _adding = self.moves.adding();
         let parent = self.inode(parent_id)?;
         let op = match kind {
             NewKind::File { .. } => Op::Create,
@@ -155,6 +162,28 @@ impl Overlay {
                 }
                 self.guard_inode(ctx, Op::Link, source)?;
                 self.guard_moved_symlink(ctx, source, &parent, name)?;
+                // The new name must be classed as the source is: a link is
+                // a second path to the same content. (A hidden or readonly
+                // new name is refused as for any new name first.)
+                if self.policy().has_path_rules() {
+                    self.guard_child(ctx, op, &parent, name)?;
+                    let (src_parent, src_name) = {
+                        let loc = source.loc.read();
+                        (loc.parent.clone(), loc.name.clone())
+                    };
+                    let src_parent = src_parent.ok_or(Errno(libc::EIO))?;
+                    let from = self.path_of(source);
+                    self.guard_move(
+                        ctx,
+                        Op::Link,
+                        source,
+                        &src_parent,
+                        &src_name,
+                        &from,
+                        &path,
+                        false,
+                    )?;
+                }
             }
             _ => {}
         }
@@ -385,7 +414,18 @@ impl Overlay {
         let mut real = victim.real.write();
         match (revert, last) {
             (true, true) => real.upper = None,
-            (true, false) => real.lowers.clear(),
+            (true, false) => {
+                // If this name was an object of its own (a lower file with
+                // several links), the name gets a new one when looked up.
+                if let Some(Ok(lst)) = real
+                    .lowers
+                    .first()
+                    .map(|(_, l)| l.get().and_then(|fd| sys::fstat(fd.as_ref())))
+                {
+                    self.ids.forget_name_id(lst.st_dev, lst.st_ino, victim.id);
+                }
+                real.lowers.clear()
+            }
             // A removed directory lets go of its fd at once (see
             // `RealFd::release`): `rm -rf` of a deep tree stays linear.
             (false, true) if is_dir(st) => {
@@ -409,6 +449,11 @@ impl Overlay {
     }
 
     /// rename(2) and renameat2 with `RENAME_NOREPLACE` / `RENAME_EXCHANGE`.
+    ///
+    /// Holds the move lock (`guard::MoveLock`) shared; a directory move
+    /// whose policy check must walk what it moves starts again holding it
+    /// exclusively, so nothing is added beneath it between the walk and
+    /// the rename.
     pub fn rename(
         &self,
         ctx: &Ctx,
@@ -418,6 +463,33 @@ impl Overlay {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
+        {
+            let _adding = self.moves.adding();
+            let args = (parent_id, name, newparent_id, newname, flags);
+            if self.rename_locked(ctx, args, false)? == MoveCheck::Allowed {
+                return Ok(());
+            }
+        }
+        let _walking = self.moves.walking();
+        let args = (parent_id, name, newparent_id, newname, flags);
+        match self.rename_locked(ctx, args, true)? {
+            MoveCheck::Allowed => Ok(()),
+            MoveCheck::Walk => {
+                tracing::error!("rename: a walk was asked for under the exclusive move lock");
+                err(libc::EIO)
+            }
+        }
+    }
+
+    /// `rename` with the move lock held (exclusively when `walking`);
+    /// answers `MoveCheck::Walk`, having changed nothing, when the policy
+    /// check needs a walk and `walking` is false.
+    fn rename_locked(
+        &self,
+        ctx: &Ctx,
+        (parent_id, name, newparent_id, newname, flags): (u64, &OsStr, u64, &OsStr, u32),
+        walking: bool,
+    ) -> Result<MoveCheck> {
         check_name(name)?;
         check_name(newname)?;
         if flags & !(sys::RENAME_NOREPLACE | sys::RENAME_EXCHANGE) != 0 {
@@ -441,7 +513,7 @@ impl Overlay {
         if let Some(d) = &dst {
             if d.id == src.id {
                 // Two names of one object (or the same name): nothing to do.
-                return Ok(());
+                return Ok(MoveCheck::Allowed);
             }
             if flags & sys::RENAME_NOREPLACE != 0 {
                 return err(libc::EEXIST);
@@ -494,6 +566,40 @@ impl Overlay {
                 // The replaced target leaves its place like a removal does.
                 self.guard_move_away(ctx, &newparent, newname, d)?;
             }
+        }
+        // No class changes by the move, beneath a moved directory either;
+        // with exchange, both ways. Checked before anything changes.
+        let (old_path, new_path) = (
+            self.child_path(&parent, name),
+            self.child_path(&newparent, newname),
+        );
+        let mut check = self.guard_move(
+            ctx,
+            Op::Rename,
+            &src,
+            &parent,
+            name,
+            &old_path,
+            &new_path,
+            walking,
+        )?;
+        if let (true, Some(d)) = (exchange, &dst) {
+            let back = self.guard_move(
+                ctx,
+                Op::Rename,
+                d,
+                &newparent,
+                newname,
+                &new_path,
+                &old_path,
+                walking,
+            )?;
+            if back == MoveCheck::Walk {
+                check = MoveCheck::Walk;
+            }
+        }
+        if check == MoveCheck::Walk {
+            return Ok(MoveCheck::Walk);
         }
         // A directory may not move beneath itself.
         if src.is_dir() {
@@ -549,7 +655,7 @@ impl Overlay {
             }
             self.moved(d, &parent, name);
             self.moved(&src, &newparent, newname);
-            return Ok(());
+            return Ok(MoveCheck::Allowed);
         }
         // Replacing a directory: its upper may only hold whiteouts.
         if let Some(d) = &dst {
@@ -609,7 +715,7 @@ impl Overlay {
             self.seal_moved_dir(&src, &src_upper, dst_lower_here)?;
         }
         self.moved(&src, &newparent, newname);
-        Ok(())
+        Ok(MoveCheck::Allowed)
     }
 
     /// Gives a rename source its upper copy; a directory with lower parts

@@ -1,12 +1,23 @@
 //! Policy glue: where each core operation asks the path policy, and the
 //! always-on name checks. Every denial is logged at `info` with the
 //! operation, the path, the rule and the caller's pid.
+//!
+//! Moves (DESIGN.md §4): a path's class never changes by moving it or an
+//! ancestor. A rename (either side of an exchange) or a link is refused
+//! when an existing object whose path changes would be classed otherwise
+//! at its new path, or a symlink contained where it stood would escape
+//! from its new place (`guard_move`); the rule does not follow the object.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
-use super::inode::Inode;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::inode::{Inode, Real};
+use super::origin::Origin;
+use super::readdir::Met;
 use super::{Ctx, Errno, Overlay, Result};
+use crate::layer::sys;
 use crate::policy::RuleRef;
 
 /// A name is one path component: never empty, `.`, `..`, nor containing
@@ -34,6 +45,50 @@ pub enum Op {
     Link,
     Symlink,
     Mknod,
+}
+
+/// Serializes the directory moves that must look at what they move
+/// against everything that adds a name to the tree.
+///
+/// Invariant: a move whose check walks the moved subtree (`guard_move`
+/// answered `MoveCheck::Walk`) holds this lock exclusively from before the
+/// walk until its rename is done; every operation that adds a name
+/// (create, mkdir, mknod, symlink, link, and every rename) holds it shared
+/// from before its policy checks until the name exists. So nothing
+/// appears in a subtree between the walk that checked it and the rename
+/// that moves it (say a symlink made at depth 4 after the walk, which the
+/// move then lifts out of the workspace). Shared, uncontended, it costs an
+/// atomic; exclusive, it is held only by moves that need a walk (the
+/// policy could not prove the move harmless from the paths alone).
+///
+/// An operation takes it once, never nested (a nested shared take could
+/// wait behind a waiting exclusive one that waits for the outer: a
+/// deadlock), and inside the write gate (`gate`), never around it.
+#[derive(Default)]
+pub struct MoveLock {
+    lock: RwLock<()>,
+}
+
+impl MoveLock {
+    /// Held by an operation that adds a name, or a move that needs no walk.
+    pub fn adding(&self) -> RwLockReadGuard<'_, ()> {
+        self.lock.read()
+    }
+
+    /// Held by a move that walks what it moves.
+    pub fn walking(&self) -> RwLockWriteGuard<'_, ()> {
+        self.lock.write()
+    }
+}
+
+/// What a move's check found (`Overlay::guard_move`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveCheck {
+    /// The move keeps every class and every symlink contained.
+    Allowed,
+    /// Only a walk of the moved subtree can tell, and the caller does not
+    /// hold the move lock exclusively: take it and check again.
+    Walk,
 }
 
 pub fn deny(ctx: &Ctx, op: Op, path: &str, rule: &RuleRef, errno: i32) -> Errno {
@@ -83,13 +138,52 @@ impl Overlay {
         Ok(())
     }
 
-    /// `guard_change` for an existing object.
+    /// `guard_change` for an existing object, under every name it is known
+    /// by: a change through one hard link changes all of them. (Names of a
+    /// lower file with several links are separate objects, each judged by
+    /// its own name, see `namei::split_name`; the names an upper file has
+    /// were linked or moved through the mount into the same class, and
+    /// this keeps a pre-existing link across classes read-only too.)
     pub fn guard_inode(&self, ctx: &Ctx, op: Op, inode: &Inode) -> Result<()> {
         self.check_writable()?;
         if !self.policy().has_path_rules() {
             return Ok(());
         }
-        self.guard_change(ctx, op, &self.path_of(inode))
+        self.guard_change(ctx, op, &self.path_of(inode))?;
+        if inode.is_dir() {
+            return Ok(());
+        }
+        let others = inode.loc.read().others.clone();
+        for (parent, name) in others {
+            self.guard_change(ctx, op, &self.child_path(&parent, &name))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the object `obj`, `name` in `parent`, comes from a lower:
+    /// what protection is about. Asks the parent's lowers, not only the
+    /// object: one resolved from its upper copy does not record the lower
+    /// it shadows (this costs a stat per lower, so ask only when needed).
+    pub fn is_shared(&self, obj: &Inode, parent: &Inode, name: &OsStr) -> bool {
+        obj.real.read().has_lower() || self.lower_has(parent, name)
+    }
+
+    /// Whether protection is at stake when a move or a link gives `obj`
+    /// (`name` in `parent`) a path of another protection class: it is
+    /// shared (`is_shared`), or it is the upper copy of a lower file (its
+    /// origin record), wherever it stands. The record is what makes this
+    /// a property of the object, not of the name last looked up: a copy
+    /// linked to a second protected name cannot then be moved or linked
+    /// out of the class through that name, so every name of such an
+    /// object keeps one class, and a link through any of them is judged
+    /// alike.
+    pub fn from_lower(&self, obj: &Inode, parent: &Inode, name: &OsStr) -> bool {
+        self.is_shared(obj, parent, name)
+            || obj
+                .upper_fd()
+                .ok()
+                .flatten()
+                .is_some_and(|fd| Origin::read(fd.as_ref()).is_some())
     }
 
     /// `guard_change` for a new or existing name in a directory.
@@ -119,10 +213,7 @@ impl Overlay {
         }
         let path = self.child_path(parent, name);
         let c = policy.classify(&path);
-        // Ask the parent's lowers, not the victim: an object resolved from
-        // its upper copy does not record the lower it shadows. Only asked
-        // when a rule depends on it (it costs a stat per lower).
-        let has_lower = || victim.real.read().has_lower() || self.lower_has(parent, name);
+        let has_lower = || self.is_shared(victim, parent, name);
         if let Some(r) = c.protected {
             if has_lower() {
                 if !victim.is_dir() && victim.upper().is_some() && matches!(op, Op::Unlink) {
@@ -145,6 +236,107 @@ impl Overlay {
             }
         }
         Ok(Removal::Normal)
+    }
+
+    /// May the existing object `obj`, `name` in `parent` at path `old`, be
+    /// given the path `new` (rename, either side of an exchange, link)?
+    /// Refused when it, or anything beneath it, would be classed otherwise
+    /// at its new path, or a symlink beneath it contained where it stands
+    /// would escape from its new place (`Policy::class_change`,
+    /// `Policy::moved_symlink`; the moved object's own symlink target is
+    /// checked by the caller).
+    ///
+    /// Cheap first: the object itself is compared directly; beneath a
+    /// directory, the policy decides from the two paths whether any rule
+    /// could class `old/X` and `new/X` differently (`unproven_move_rule`)
+    /// and whether a link could escape (`move_may_uncontain`: only a move
+    /// to a shallower place, under `symlinks contained`). Only then is
+    /// the moved subtree walked (the union view, every layer, hidden
+    /// entries included), which needs the move lock held exclusively
+    /// (`walking`): without it (`walking` false) the answer is
+    /// `MoveCheck::Walk`, and nothing is decided.
+    #[allow(clippy::too_many_arguments)]
+    pub fn guard_move(
+        &self,
+        ctx: &Ctx,
+        op: Op,
+        obj: &Inode,
+        parent: &Inode,
+        name: &OsStr,
+        old: &str,
+        new: &str,
+        walking: bool,
+    ) -> Result<MoveCheck> {
+        let policy = self.policy();
+        if let Some(d) = policy.class_change(old, new, || self.from_lower(obj, parent, name)) {
+            return Err(deny(ctx, op, old, &d.rule, d.errno));
+        }
+        if !obj.is_dir() {
+            return Ok(MoveCheck::Allowed);
+        }
+        let classes = policy.unproven_move_rule(old, new).is_some();
+        let links = policy.move_may_uncontain(old, new);
+        if !classes && !links {
+            return Ok(MoveCheck::Allowed);
+        }
+        if !walking {
+            return Ok(MoveCheck::Walk);
+        }
+        let root = obj.real.read().clone();
+        // The state of a directory in the walk: whether the classes
+        // beneath it still need comparing (a subdirectory the policy
+        // proves alike needs no more class checks below it).
+        self.walk_union(root, classes, |met: &Met<'_>, &classes: &bool| {
+            let is_dir = met.kind == libc::S_IFDIR;
+            if !classes && !(links && (is_dir || met.kind == libc::S_IFLNK)) {
+                return Ok(None);
+            }
+            let (from, to) = (format!("{old}/{}", met.rel), format!("{new}/{}", met.rel));
+            // A refusal names the entry, unless it is hidden at either
+            // path: the log and the journal would show what the policy
+            // hides; then it names the moved object.
+            let refuse = |rule: &RuleRef, errno: i32| {
+                let hides = |p: &str| policy.classify(p).hidden.is_some();
+                let shown = if hides(&from) || hides(&to) {
+                    old
+                } else {
+                    &from
+                };
+                Err(deny(ctx, op, shown, rule, errno))
+            };
+            if classes {
+                // As `from_lower`, for an entry no inode stands for.
+                let shared = || {
+                    met.real.is_some_and(Real::has_lower)
+                        || self.lower_has_in(met.dir, met.name)
+                        || sys::open_path(met.layer.as_ref(), met.name)
+                            .is_ok_and(|fd| Origin::read(&fd).is_some())
+                };
+                if let Some(d) = policy.class_change(&from, &to, shared) {
+                    return refuse(&d.rule, d.errno);
+                }
+            }
+            if links && met.kind == libc::S_IFLNK {
+                let target = sys::open_path(met.layer.as_ref(), met.name)
+                    .and_then(|fd| sys::readlink_fd(&fd));
+                match target {
+                    Ok(target) => {
+                        if let Err(d) = policy.moved_symlink(&from, &to, &target) {
+                            return refuse(&d.rule, d.errno);
+                        }
+                    }
+                    // Gone meanwhile: nothing left to move.
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !is_dir {
+                return Ok(None);
+            }
+            let classes = classes && policy.unproven_move_rule(&from, &to).is_some();
+            Ok((classes || links).then_some(classes))
+        })?;
+        Ok(MoveCheck::Allowed)
     }
 
     /// May a symlink with this target be created at `path`?

@@ -430,13 +430,24 @@ impl InodeTable {
 /// is used only for a file with the same handle, so a later file that
 /// reuses the inode number never inherits it; removals through the mount
 /// also drop the alias of a file's last link at once.
+///
+/// A third kind: each name of a lower file with several links is an
+/// object of its own (see `namei::split_name`), whose id is kept here by
+/// the file's (device, inode) and the name's place in the lowers, for the
+/// life of the mount (its `st_ino` never changes while mounted). The map
+/// grows with the names of such files looked up, one entry each.
 #[derive(Default)]
 pub struct IdMap {
     devs: RwLock<Vec<u64>>,
     aliases: RwLock<HashMap<(u64, u64), Alias>>,
     overflow: Mutex<HashMap<(u64, u64), u64>>,
     next_overflow: AtomicU64,
+    names: RwLock<HashMap<(u64, u64), NameIds>>,
+    any_names: AtomicBool,
 }
+
+/// The ids of the names of one lower file, by where each lies in the lowers.
+type NameIds = HashMap<Vec<u8>, u64>;
 
 struct Alias {
     id: u64,
@@ -554,5 +565,58 @@ impl IdMap {
     /// How many aliases are remembered (for tests and status).
     pub fn aliases(&self) -> usize {
         self.aliases.read().len()
+    }
+
+    /// The id of one name of the lower file (dev, ino) that has several
+    /// links, `path` being where the name lies in the lowers: a fresh id
+    /// the first time, the same one afterwards.
+    pub fn name_id(&self, dev: u64, ino: u64, path: &[u8]) -> u64 {
+        if let Some(id) = self.known_name_id(dev, ino, path) {
+            return id;
+        }
+        let mut names = self.names.write();
+        let of_file = names.entry((dev, ino)).or_default();
+        if let Some(id) = of_file.get(path) {
+            return *id;
+        }
+        let id = self.fresh();
+        of_file.insert(path.to_vec(), id);
+        self.any_names.store(true, Ordering::Release);
+        id
+    }
+
+    /// Whether any name has an id of its own (a cheap test before
+    /// `known_name_id`).
+    pub fn has_name_ids(&self) -> bool {
+        self.any_names.load(Ordering::Acquire)
+    }
+
+    /// `name_id` if one was given, without giving one.
+    pub fn known_name_id(&self, dev: u64, ino: u64, path: &[u8]) -> Option<u64> {
+        if !self.any_names.load(Ordering::Acquire) {
+            return None;
+        }
+        self.names.read().get(&(dev, ino))?.get(path).copied()
+    }
+
+    /// Every id the real file (dev, ino) may be known by: its own, and
+    /// those of its names that are objects of their own.
+    pub fn ids_of_file(&self, dev: u64, ino: u64) -> Vec<u64> {
+        let mut ids = vec![self.id(dev, ino)];
+        if self.any_names.load(Ordering::Acquire) {
+            if let Some(of_file) = self.names.read().get(&(dev, ino)) {
+                ids.extend(of_file.values().copied());
+            }
+        }
+        ids
+    }
+
+    /// The name of (dev, ino) known by `id` no longer is that lower file
+    /// (its object lives on as an upper file under other names): the name
+    /// gets a new id when looked up again.
+    pub fn forget_name_id(&self, dev: u64, ino: u64, id: u64) {
+        if let Some(of_file) = self.names.write().get_mut(&(dev, ino)) {
+            of_file.retain(|_, v| *v != id);
+        }
     }
 }

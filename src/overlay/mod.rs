@@ -145,6 +145,9 @@ pub struct Overlay {
     pub reach: Option<Arc<crate::layer::reach::Reach>>,
     /// Held shared by every mutating operation; a pause holds it exclusively.
     pub gate: gate::WriteGate,
+    /// Held shared by whatever adds a name; exclusively by a directory
+    /// move that walks what it moves (see `guard::MoveLock`).
+    pub moves: guard::MoveLock,
 }
 
 impl Overlay {
@@ -203,6 +206,7 @@ impl Overlay {
             watch: watch::LowerWatch::new(cfg.max_watches.unwrap_or_else(watch::default_cap)),
             reach,
             gate: Default::default(),
+            moves: Default::default(),
         };
         ov.init_root()?;
         if ov.quota.limited() {

@@ -6,7 +6,7 @@
 //! mark names rather than under its own name.
 
 use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
 
 use super::inode::{IdSource, Inode, LowerPath, Real};
@@ -38,6 +38,59 @@ fn same_object(i: &Inode, real: &Real) -> bool {
         || cur.lowers.first().is_some_and(|(_, l)| l.same_file(ident))
 }
 
+/// For one name of a lower file with several links (`st_nlink` > 1, not
+/// copied up): where that name lies in the lowers, which keys the object
+/// of its own the name gets (`IdMap::name_id`). `None` for every other
+/// object.
+///
+/// Why (DESIGN.md §2, "Hard links in a lower"): each name of such a file
+/// is a separate object through the mount, as in kernel overlayfs without
+/// `index`, whose copy-up breaks the link too. The kernel then holds one
+/// inode per name, so every write, truncate, chmod or setxattr reaches the
+/// daemon through the name it was opened by and is judged by that name's
+/// class; a write through one name copies up that name alone, and the
+/// other names keep the shared content. With one object for all names, an
+/// open through a cached name is judged by whichever name was looked up
+/// last (a readonly name written through a free alias). Names linked
+/// through the mount are upper hard links: one object, as on any
+/// filesystem; a link between names of different classes is refused.
+fn split_name(parent: &Inode, name: &OsStr, r: &Resolved) -> Option<Vec<u8>> {
+    if is_dir(&r.st) || r.st.st_nlink <= 1 || r.real.upper.is_some() || !r.real.has_lower() {
+        return None;
+    }
+    Some(name_key(
+        parent.real.read().lower_path.as_ref(),
+        parent.id,
+        name,
+    ))
+}
+
+/// Where `name` lies in the lowers, in the directory `dir_id` whose lower
+/// path is `lower_path`: the key of a name's own object (`split_name`).
+pub(super) fn name_key(lower_path: Option<&LowerPath>, dir_id: u64, name: &OsStr) -> Vec<u8> {
+    name_key_in(&dir_key(lower_path, dir_id), name)
+}
+
+/// The directory part of `name_key`, for keying many names of one
+/// directory (a listing) without rebuilding the path each time.
+pub(super) fn dir_key(lower_path: Option<&LowerPath>, dir_id: u64) -> Vec<u8> {
+    match lower_path {
+        Some(p) => p.to_os_string().into_vec(),
+        // A lower file always lies in a directory with a lower path; if
+        // not, the directory object stands for the place.
+        None => format!("#{dir_id}").into_bytes(),
+    }
+}
+
+/// `name_key` from the directory's `dir_key`.
+pub(super) fn name_key_in(dir: &[u8], name: &OsStr) -> Vec<u8> {
+    let mut path = Vec::with_capacity(dir.len() + 1 + name.len());
+    path.extend_from_slice(dir);
+    path.push(b'/');
+    path.extend_from_slice(name.as_bytes());
+    path
+}
+
 fn not_found(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
@@ -60,6 +113,12 @@ impl Overlay {
     /// when no layer has it (or a whiteout hides it).
     pub fn resolve(&self, parent: &Inode, name: &OsStr) -> Result<Option<Resolved>> {
         let preal = parent.real.read().clone();
+        self.resolve_in(&preal, name)
+    }
+
+    /// `resolve` in the directory whose real files are `preal` (a walk of
+    /// a subtree resolves directories no inode stands for).
+    pub fn resolve_in(&self, preal: &Real, name: &OsStr) -> Result<Option<Resolved>> {
         let mut real = Real::default();
         let mut st: Option<Stat> = None;
         let mut redirect: Option<String> = None;
@@ -197,11 +256,7 @@ impl Overlay {
         let kind = r.st.st_mode & libc::S_IFMT;
         let lower = r.real.has_lower();
         let degraded = r.degraded;
-        let (mut id, mut source) = self.ids.id_of(
-            r.st.st_dev,
-            r.st.st_ino,
-            r.real.identity().map(|f| f.as_ref()),
-        );
+        let (mut id, mut source) = self.first_id(parent, name, &r);
         // The resolved files, until they go into a new inode.
         let pending = std::cell::RefCell::new(Some(r.real));
         let (inode, fresh) = loop {
@@ -265,15 +320,38 @@ impl Overlay {
         Entry { id, st, lower }
     }
 
-    /// The node id of a resolved object without instantiating it: the id
-    /// the kernel knows it by, or the id it will get.
-    pub fn object_id(&self, r: &Resolved) -> u64 {
-        let kind = r.st.st_mode & libc::S_IFMT;
-        let (id, source) = self.ids.id_of(
+    /// The id a resolved object is first tried under (see `instantiate`):
+    /// its own name's id for one name of a lower file with several links,
+    /// else the id of the file that gives it its identity.
+    fn first_id(&self, parent: &Inode, name: &OsStr, r: &Resolved) -> (u64, IdSource) {
+        if let Some(path) = split_name(parent, name, r) {
+            // Checked like a derived id: `same_object` tells whether an
+            // inode under it still is this lower file.
+            let id = self.ids.name_id(r.st.st_dev, r.st.st_ino, &path);
+            return (id, IdSource::Derived);
+        }
+        self.ids.id_of(
             r.st.st_dev,
             r.st.st_ino,
             r.real.identity().map(|f| f.as_ref()),
-        );
+        )
+    }
+
+    /// The node id `name` in `parent`, resolved as `r`, is known by, if
+    /// any, without recording anything (for cache invalidation and
+    /// re-resolving, never for deciding which object a file is).
+    pub fn known_id(&self, parent: &Inode, name: &OsStr, r: &Resolved) -> u64 {
+        split_name(parent, name, r)
+            .and_then(|path| self.ids.known_name_id(r.st.st_dev, r.st.st_ino, &path))
+            .unwrap_or_else(|| self.ids.id(r.st.st_dev, r.st.st_ino))
+    }
+
+    /// The node id of a resolved object (`name` in `parent`) without
+    /// instantiating it: the id the kernel knows it by, or the id it will
+    /// get.
+    pub fn object_id(&self, parent: &Inode, name: &OsStr, r: &Resolved) -> u64 {
+        let kind = r.st.st_mode & libc::S_IFMT;
+        let (id, source) = self.first_id(parent, name, r);
         if source == IdSource::Alias {
             return id;
         }
@@ -297,6 +375,14 @@ impl Overlay {
     /// link counts do not add up).
     pub fn fix_stat(&self, inode: &Inode, mut st: Stat) -> Stat {
         st.st_ino = inode.id;
+        if !inode.is_dir() && st.st_nlink > 1 {
+            // One name of a lower file with several links is an object of
+            // its own (see `split_name`): it has one link.
+            let real = inode.real.read();
+            if real.upper.is_none() && real.has_lower() {
+                st.st_nlink = 1;
+            }
+        }
         if inode.is_dir() {
             let real = inode.real.read();
             let layers = real.upper.is_some() as usize + real.lowers.len();

@@ -5,14 +5,18 @@
 //! positions in one listing taken at offset 0, so a fill in several
 //! requests neither repeats nor skips an entry; `seekdir` and short buffers
 //! are then served from the kernel's copy.
+//!
+//! Also the walk of the union view beneath a directory (`walk_union`),
+//! which a directory move uses to check what it moves (`guard_move`).
 
 use std::collections::HashMap;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use super::inode::Inode;
-use super::Overlay;
-use super::Result;
+use super::inode::{Inode, Real};
+use super::namei::{dir_key, name_key_in};
+use super::{Errno, Overlay, Result};
 use crate::layer::{reach, sys};
 
 /// What a name seen in a higher layer does to the same name below.
@@ -44,12 +48,65 @@ fn dtype_to_kind(d: u8) -> u32 {
     }
 }
 
+/// One entry of a merged listing, as `merge` meets it.
+struct Merged<'a> {
+    name: OsString,
+    kind: u32,
+    /// Device and inode number of the entry in the layer listing it.
+    dev: u64,
+    ino: u64,
+    /// The layer directory listing it, and whether it is a lower one.
+    layer: &'a Arc<OwnedFd>,
+    from_lower: bool,
+}
+
+/// One entry met by `Overlay::walk_union`.
+pub struct Met<'a> {
+    /// Path relative to the walked directory (`a/b`).
+    pub rel: &'a str,
+    pub name: &'a OsStr,
+    /// `S_IFMT` type.
+    pub kind: u32,
+    /// The real files of the directory holding the entry.
+    pub dir: &'a Real,
+    /// The layer directory the entry was listed from.
+    pub layer: &'a Arc<OwnedFd>,
+    /// For a directory: its own real files (what a descent lists).
+    pub real: Option<&'a Real>,
+}
+
 impl Overlay {
     /// Every entry of a directory as seen through the mount, without `.`
     /// and `..`, including names the policy hides (callers filter).
     pub fn merged_entries(&self, dir: &Inode) -> Result<Vec<DirEntry>> {
         let real = dir.real.read().clone();
+        let names = self.ids.has_name_ids();
+        let dir_key = names.then(|| dir_key(real.lower_path.as_ref(), dir.id));
         let mut out = Vec::new();
+        self.merge(&real, |m| {
+            // One name of a lower file with several links that was looked
+            // up is an object of its own (`namei::split_name`): its id.
+            let own = dir_key
+                .as_deref()
+                .filter(|_| m.from_lower && m.kind != libc::S_IFDIR)
+                .and_then(|dk| {
+                    self.ids
+                        .known_name_id(m.dev, m.ino, &name_key_in(dk, &m.name))
+                });
+            let id = own.unwrap_or_else(|| self.ids.id(m.dev, m.ino));
+            out.push(DirEntry {
+                name: m.name,
+                kind: m.kind,
+                id,
+            });
+        })?;
+        Ok(out)
+    }
+
+    /// The union of the layers' listings of the directory whose real files
+    /// are `real`: each visible name once, from the highest layer that has
+    /// it, whiteouts and what they hide left out.
+    fn merge(&self, real: &Real, mut each: impl FnMut(Merged<'_>)) -> Result<()> {
         // One record per name seen so far (one copy of each name, not one
         // per set: a listing of a million names is built in one pass).
         let mut marks: HashMap<OsString, Mark> = HashMap::new();
@@ -61,6 +118,7 @@ impl Overlay {
             layers.push((self.lowers[*i].dev, fd.clone()));
         }
         for (n, (dev, real_fd)) in layers.iter().enumerate() {
+            let from_lower = n > 0 || real.upper.is_none();
             let listed = real_fd
                 .get()
                 .and_then(|fd| sys::read_dir(fd.as_ref()).map(|l| (fd, l)));
@@ -110,20 +168,80 @@ impl Overlay {
                     }
                     continue;
                 }
-                let id = self.ids.id(*dev, e.ino);
                 let m = if dtype == libc::DT_DIR {
                     Mark::Dir
                 } else {
                     Mark::Blocked
                 };
                 marks.insert(e.name.clone(), m);
-                out.push(DirEntry {
+                each(Merged {
                     name: e.name,
                     kind: dtype_to_kind(dtype),
-                    id,
+                    dev: *dev,
+                    ino: e.ino,
+                    layer: &fd,
+                    from_lower,
                 });
             }
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// Walks the union view beneath the directory whose real files are
+    /// `root`, as the mount shows it (hidden names included: they exist),
+    /// calling `visit` for every entry. `visit` gets the state of the
+    /// directory holding the entry (`root_state` for the top) and answers,
+    /// for a directory, `Some(state)` to walk into it with that state; it
+    /// may end the walk with an error.
+    ///
+    /// Iterative: a stack of directories still to list, holding each
+    /// one's real files (layer handles, not open fds) — never recursion,
+    /// so a tree thousands of levels deep cannot overflow a worker's
+    /// stack. A name that vanishes while the walk runs is skipped.
+    pub fn walk_union<S>(
+        &self,
+        root: Real,
+        root_state: S,
+        mut visit: impl FnMut(&Met<'_>, &S) -> Result<Option<S>>,
+    ) -> Result<()> {
+        let mut stack: Vec<(String, Real, S)> = vec![(String::new(), root, root_state)];
+        while let Some((base, dir, state)) = stack.pop() {
+            let mut listed = Vec::new();
+            match self.merge(&dir, |m| listed.push((m.name, m.kind, m.layer.clone()))) {
+                Ok(()) => {}
+                Err(Errno(libc::ENOENT)) | Err(Errno(libc::ENOTDIR)) => continue,
+                Err(e) => return Err(e),
+            }
+            for (name, kind, layer) in listed {
+                let rel = if base.is_empty() {
+                    name.to_string_lossy().into_owned()
+                } else {
+                    format!("{base}/{}", name.to_string_lossy())
+                };
+                let own = if kind == libc::S_IFDIR {
+                    match self.resolve_in(&dir, &name) {
+                        Ok(Some(r)) if r.st.st_mode & libc::S_IFMT == libc::S_IFDIR => Some(r.real),
+                        Ok(_) | Err(Errno(libc::ENOENT)) | Err(Errno(libc::ENOTDIR)) => continue,
+                        Err(e) => return Err(e),
+                    }
+                } else {
+                    None
+                };
+                let met = Met {
+                    rel: &rel,
+                    name: &name,
+                    kind,
+                    dir: &dir,
+                    layer: &layer,
+                    real: own.as_ref(),
+                };
+                if let Some(inner) = visit(&met, &state)? {
+                    if let Some(own) = own {
+                        stack.push((rel, own, inner));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }

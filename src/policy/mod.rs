@@ -219,17 +219,96 @@ impl Policy {
         }
     }
 
-    /// A readonly or protect rule that could match something strictly
-    /// beneath the directory `dir_rel`, so that renaming or removing the
-    /// directory would move or drop classed content. Conservative, with one
-    /// deliberate gap: rules that match at any depth (`readonly *.lock`,
-    /// `protect **/.git`) are not reported, because such a rule still
-    /// matches the entries after their directory moves, and the per-entry
-    /// checks guard each removal.
+    /// A readonly or protect rule anchored at the root that could match
+    /// something strictly beneath the directory `dir_rel`, so that removing
+    /// or renaming the directory as a whole is refused outright.
+    /// Conservative for anchored rules; rules that match at any depth
+    /// (`readonly *.lock`, `protect **/keep/**`) are not reported: a move
+    /// is checked against every rule by `unproven_move_rule` and
+    /// `class_change`, and removals entry by entry.
     pub fn subtree_rule(&self, dir_rel: &str) -> Option<RuleRef> {
         self.paths
             .subtree_rule(dir_rel)
             .map(|index| self.paths.rule(index).clone())
+    }
+
+    /// The rule that keeps this module from proving that moving the object
+    /// at `old` to `new` leaves the class of everything beneath it as it
+    /// was (`old/X` and `new/X` alike for every X): then the mover compares
+    /// the two entry by entry (`class_change`). `None` is a proof. The
+    /// object itself is not covered: compare `old` and `new` directly.
+    /// See `PathRules::unproven_for_move` for what is proven and how.
+    pub fn unproven_move_rule(&self, old: &str, new: &str) -> Option<RuleRef> {
+        self.paths
+            .unproven_for_move(old, new)
+            .map(|index| self.paths.rule(index).clone())
+    }
+
+    /// The refusal a move (rename, exchange, link) earns by giving an
+    /// existing object at `old` the path `new` when the two are classed
+    /// differently: the class of a path never changes by moving it or an
+    /// ancestor. Kinds are compared, not rules (`readonly a/**` and
+    /// `readonly *.md` class alike). Protection is compared only for an
+    /// object that comes from a lower (`shared`, asked only then: a lower
+    /// entry, or an upper copy of one): it is about shared entries, and
+    /// the user's own are not protected anywhere. A readonly difference is EROFS, as every readonly refusal;
+    /// a hidden or protected one is EPERM. The rule named is the one that
+    /// classes one of the two paths.
+    pub fn class_change(
+        &self,
+        old: &str,
+        new: &str,
+        shared: impl FnOnce() -> bool,
+    ) -> Option<Denial> {
+        if !self.has_path_rules() {
+            return None;
+        }
+        let (a, b) = (self.classify(old), self.classify(new));
+        let differs = |x: &Option<RuleRef>, y: &Option<RuleRef>| match (x, y) {
+            (Some(r), None) | (None, Some(r)) => Some(r.clone()),
+            _ => None,
+        };
+        if let Some(rule) = differs(&a.readonly, &b.readonly) {
+            return Some(Denial {
+                errno: libc::EROFS,
+                rule,
+            });
+        }
+        if let Some(rule) = differs(&a.hidden, &b.hidden) {
+            return Some(Denial {
+                errno: libc::EPERM,
+                rule,
+            });
+        }
+        match differs(&a.protected, &b.protected) {
+            Some(rule) if shared() => Some(Denial {
+                errno: libc::EPERM,
+                rule,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether moving a directory from `old` to `new` could make a symlink
+    /// beneath it escape: only under `symlinks contained`, and only when
+    /// the directory becomes shallower (a relative target's leading `..`
+    /// climb from the link's directory; absolute targets do not depend on
+    /// where the link stands). Otherwise every link beneath stays exactly
+    /// as contained as it was.
+    pub fn move_may_uncontain(&self, old: &str, new: &str) -> bool {
+        self.symlinks.value == SymlinkMode::Contained && symlink::depth(new) < symlink::depth(old)
+    }
+
+    /// The refusal a directory move earns for a symlink beneath it, with
+    /// `target`, going from `old` to `new`: it was contained at `old` and
+    /// is not at `new`. A link that was not contained where it stood
+    /// (lower content, or one made under `symlinks any`) is not the move's
+    /// doing.
+    pub fn moved_symlink(&self, old: &str, new: &str, target: &OsStr) -> Result<(), Denial> {
+        match self.check_symlink(new, target) {
+            Err(d) if self.check_symlink(old, target).is_ok() => Err(d),
+            _ => Ok(()),
+        }
     }
 
     /// Whether a new symlink at `link_rel` may point at `target`.

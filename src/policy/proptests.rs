@@ -545,3 +545,83 @@ proptest! {
         }
     }
 }
+
+// ------------------------------------------------------------ moves
+
+/// What a move must keep: the kinds of class of a path (not the rules).
+fn kinds(p: &Policy, rel: &str) -> [bool; 3] {
+    let c = p.classify(rel);
+    [
+        c.hidden.is_some(),
+        c.readonly.is_some(),
+        c.protected.is_some(),
+    ]
+}
+
+/// Moves between paths of the small alphabet, so that rules fire.
+fn move_paths() -> impl Strategy<Value = (String, String, Vec<String>)> {
+    (
+        rel_path(),
+        rel_path(),
+        prop::collection::vec(rel_path(), 1..8),
+    )
+}
+
+proptest! {
+    /// When `unproven_move_rule(OLD, NEW)` proves a move harmless, every
+    /// path beneath is classed alike at both places: `OLD/X` and `NEW/X`
+    /// have the same kinds for every X (the static test is sound; a walk
+    /// is skipped only on a proof).
+    #[test]
+    fn fuzz_unproven_move_rule_is_sound(
+        rules in prop::collection::vec((kind(), glob_pattern()), 1..5),
+        (old, new, tails) in move_paths(),
+    ) {
+        let text: String = rules.iter().map(|(k, p)| format!("{} {p}\n", keyword(*k))).collect();
+        let Ok(policy) = Policy::parse(&text) else { return Ok(()) };
+        if policy.unproven_move_rule(&old, &new).is_some() {
+            return Ok(());
+        }
+        for x in &tails {
+            let (a, b) = (format!("{old}/{x}"), format!("{new}/{x}"));
+            prop_assert_eq!(kinds(&policy, &a), kinds(&policy, &b), "{} vs {} proven alike under\n{}", a, b, text);
+        }
+    }
+
+    /// The static test proves the common moves: under rules that match a
+    /// name at any depth, a move between two paths holding none of the
+    /// names is proven (no walk for `mv build out` under `hide .env`).
+    #[test]
+    fn fuzz_unproven_move_rule_proves_name_rules(
+        names in prop::collection::vec(prop::sample::select(vec![".env", "secrets", "*.key", "**/cfg/**", "**/node_modules"]), 1..4),
+        // Components none of the names can match (two letters at most).
+        old in prop::collection::vec("[a-z]{1,2}", 1..4),
+        new in prop::collection::vec("[a-z]{1,2}", 1..4),
+    ) {
+        let text: String = names.iter().map(|n| format!("hide {n}\n")).collect();
+        let policy = Policy::parse(&text).unwrap();
+        prop_assert_eq!(policy.unproven_move_rule(&old.join("/"), &new.join("/")), None, "{}", text);
+    }
+
+    /// When `move_may_uncontain(OLD, NEW)` says no, every target contained
+    /// at `OLD/X` is contained at `NEW/X` (a walk for symlinks is skipped
+    /// only then).
+    #[test]
+    fn fuzz_move_may_uncontain_is_sound(
+        old in link_rel(),
+        new in link_rel(),
+        tail in link_rel(),
+        target in target_bytes(),
+    ) {
+        let policy = Policy::default();
+        if policy.move_may_uncontain(&old, &new) {
+            return Ok(());
+        }
+        let t = OsStr::from_bytes(&target);
+        let (a, b) = (format!("{old}/{tail}"), format!("{new}/{tail}"));
+        if policy.check_symlink(&a, t).is_ok() {
+            prop_assert!(policy.check_symlink(&b, t).is_ok(), "{a} -> {:?} contained, {b} not", String::from_utf8_lossy(&target));
+        }
+        prop_assert!(policy.moved_symlink(&a, &b, t).is_ok());
+    }
+}

@@ -5,6 +5,11 @@
 //! name at any depth (compiled as `**/NAME`); a pattern with `/` is anchored
 //! at the mount root (a leading `/` is stripped); `*`, `?` and `[...]` do
 //! not cross `/`; `**` as a whole component crosses directories.
+//!
+//! Moves (`PathRules::unproven_for_move`): whether a rule could class
+//! `OLD/X` and `NEW/X` differently for some X is decided from the rule's
+//! shape alone where that is cheap to prove, so most directory renames need
+//! no look at what the directory holds.
 
 use std::collections::HashMap;
 
@@ -31,6 +36,53 @@ pub(super) struct PathRule {
     /// Globs matching directories beneath which this rule could match
     /// something (empty for rules that match at any depth).
     containers: Vec<String>,
+    /// How the rule behaves when a directory moves.
+    moves: MoveShape,
+}
+
+/// What is known about a rule for `PathRules::unproven_for_move`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MoveShape {
+    /// The rule matches a run of `len` consecutive components at any depth
+    /// (`NAME`, `*.key`, `**/a/b`); with `trailing` (`**/a/b/**`) the run
+    /// must not end at the path's last component. Each component glob
+    /// matches exactly one path component.
+    Floating { len: usize, trailing: bool },
+    /// Anchored at the root (`skills/**`, `a/*/c`): its `containers` say
+    /// under which directories it can match anything.
+    Anchored,
+    /// Anything else (`**/a/**/b`, a `**/…` pattern with `{`/`[`): a move
+    /// is checked entry by entry.
+    Unknown,
+}
+
+fn move_shape(components: &[&str], anchored: bool) -> MoveShape {
+    if !anchored {
+        // One component (no `/` at all): a class or alternation cannot
+        // hold a `/` either.
+        return MoveShape::Floating {
+            len: 1,
+            trailing: false,
+        };
+    }
+    if components[0] != "**" {
+        return MoveShape::Anchored;
+    }
+    let rest = &components[1..];
+    let trailing = rest.last() == Some(&"**");
+    let run = if trailing {
+        &rest[..rest.len() - 1]
+    } else {
+        rest
+    };
+    let plain = |c: &&str| !c.contains("**") && !c.contains(['{', '}', '[', ']']);
+    if run.is_empty() || !run.iter().all(plain) {
+        return MoveShape::Unknown;
+    }
+    MoveShape::Floating {
+        len: run.len(),
+        trailing,
+    }
 }
 
 /// Literal patterns (the common case) skip globset on the hot path; their
@@ -151,7 +203,9 @@ pub(super) fn compile_rule(
     };
     let shape = shape(body, anchored);
     build_glob(&glob).map_err(|e| format!("bad glob `{pattern}`: {}", e.kind()))?;
-    let containers = if kind == PathKind::Hide || components[0] == "**" || !anchored {
+    // Hide rules have containers too: a directory move must not carry
+    // hidden entries out of (or visible ones into) what a rule hides.
+    let containers = if components[0] == "**" || !anchored {
         Vec::new()
     } else {
         container_globs(&components)
@@ -162,6 +216,7 @@ pub(super) fn compile_rule(
         glob,
         shape,
         containers,
+        moves: move_shape(&components, anchored),
     })
 }
 
@@ -342,11 +397,83 @@ impl PathRules {
         let candidate = Candidate::from_bytes(dir_rel.as_bytes());
         for index in self.containers.matches_candidate(&candidate) {
             let owner = self.container_owner[index];
-            if latest.is_none_or(|l| l < owner) {
+            if guards(&self.rules[owner]) && latest.is_none_or(|l| l < owner) {
                 latest = Some(owner);
             }
         }
         latest
+    }
+
+    /// Which rules have a container glob matching `dir_rel` (indexed by
+    /// rule): those that could match something strictly beneath it.
+    fn container_rules(&self, dir_rel: &str) -> Vec<bool> {
+        let mut hit = vec![false; self.rules.len()];
+        let candidate = Candidate::from_bytes(dir_rel.as_bytes());
+        for index in self.containers.matches_candidate(&candidate) {
+            hit[self.container_owner[index]] = true;
+        }
+        hit
+    }
+
+    /// The latest rule that cannot be shown, from its shape alone, to class
+    /// `old/X` and `new/X` alike for every non-empty relative path X (the
+    /// object at `old` moving to `new`, with everything beneath it). `None`
+    /// proves the move keeps the class of every path beneath the object;
+    /// otherwise the caller compares entry by entry. The object itself
+    /// (X empty) is not covered: callers compare `old` and `new` directly.
+    ///
+    /// Per rule, "alike" is proven when:
+    /// - floating (a run of L components at any depth): a run lies within
+    ///   `old` exactly when one lies within `new`, and either one does (then
+    ///   every path beneath either is classed) or the last L-1 components
+    ///   of `old` and `new` are the same (then runs that straddle the end
+    ///   of `old`/`new` and the start of X are the same);
+    /// - anchored: the rule classes both `old` and `new` (everything
+    ///   beneath both is classed), or neither and it can match nothing
+    ///   beneath either (no container glob matches them).
+    pub(super) fn unproven_for_move(&self, old: &str, new: &str) -> Option<usize> {
+        if self.rules.is_empty() {
+            return None;
+        }
+        let containers = std::cell::OnceCell::new();
+        let containers =
+            || containers.get_or_init(|| (self.container_rules(old), self.container_rules(new)));
+        let old_parts: Vec<&str> = old.split('/').collect();
+        let new_parts: Vec<&str> = new.split('/').collect();
+        let suffix = |parts: &[&str], n: usize| -> Vec<String> {
+            parts[parts.len().saturating_sub(n)..]
+                .iter()
+                .map(|c| c.to_string())
+                .collect()
+        };
+        for (index, rule) in self.rules.iter().enumerate().rev() {
+            let alike = match rule.moves {
+                MoveShape::Floating { len, trailing } => {
+                    // A run within P (for `trailing`: one not ending at the
+                    // last component of P/X, X non-empty: P/probe matches).
+                    let within = |p: &str| {
+                        if trailing {
+                            self.matched_prefix(index, &format!("{p}/x")).is_some()
+                        } else {
+                            self.matched_prefix(index, p).is_some()
+                        }
+                    };
+                    let (a, b) = (within(old), within(new));
+                    a == b && (a || suffix(&old_parts, len - 1) == suffix(&new_parts, len - 1))
+                }
+                MoveShape::Anchored => {
+                    let a = self.matched_prefix(index, old).is_some();
+                    let b = self.matched_prefix(index, new).is_some();
+                    let (c_old, c_new) = containers();
+                    (a && b) || (!a && !b && !c_old[index] && !c_new[index])
+                }
+                MoveShape::Unknown => false,
+            };
+            if !alike {
+                return Some(index);
+            }
+        }
+        None
     }
 }
 

@@ -34,13 +34,14 @@ fn components(target: &[u8]) -> impl Iterator<Item = &[u8]> {
         .filter(|c| !c.is_empty() && *c != b".")
 }
 
+/// How many components `rel` has (its depth beneath the root).
+pub(super) fn depth(rel: &str) -> usize {
+    rel.split('/').filter(|c| !c.is_empty()).count()
+}
+
 fn relative_contained(link_rel: &str, target: &[u8]) -> bool {
     // Depth of the link's directory beneath the root.
-    let mut depth = link_rel
-        .split('/')
-        .filter(|c| !c.is_empty())
-        .count()
-        .saturating_sub(1);
+    let mut depth = depth(link_rel).saturating_sub(1);
     let mut past_leading_dotdots = false;
     for component in components(target) {
         if component == b".." {

@@ -20,6 +20,7 @@ mod netlower;
 mod odd;
 mod pjdfstest;
 mod policy;
+mod policy_model;
 mod posix;
 mod powerloss;
 mod quoting;

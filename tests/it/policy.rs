@@ -1661,6 +1661,687 @@ fn sighup_reloads_and_a_broken_file_keeps_the_old_rules() {
 }
 
 // ---------------------------------------------------------------------------
+// moves and links: a path's class never changes by moving it or an ancestor
+// ---------------------------------------------------------------------------
+
+/// `hide secrets/**`: renaming the directory (or exchanging it with
+/// another) would carry the hidden entries to a visible path.
+#[test]
+fn renaming_a_parent_cannot_reveal_hidden_content() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("secrets/key", "SECRET-KEY"),
+            ("secrets/sub/deep", "SECRET-DEEP"),
+            ("app/private/token", "SECRET-TOKEN"),
+            ("app/public/readme", "hello"),
+            ("a/secrets/k2", "SECRET-K2"),
+            ("pub/", ""),
+            ("other/x", "x"),
+        ],
+    );
+    let m = mount_policy(
+        &ws,
+        "hide secrets/**\nhide **/private/**\nhide **/secrets/k2\n",
+    );
+    let p = |r: &str| m.p(r);
+    let before = outside(&ws);
+    let mut v = Verdicts::default();
+    let perm = libc::EPERM;
+    v.refused(
+        "rename secrets -> pub2",
+        fs::rename(p("secrets"), p("pub2")),
+        perm,
+    );
+    v.refused(
+        "rename secrets -> pub (an empty directory)",
+        fs::rename(p("secrets"), p("pub")),
+        perm,
+    );
+    v.refused(
+        "RENAME_EXCHANGE secrets <-> pub",
+        rename_exchange(&p("secrets"), &p("pub")),
+        perm,
+    );
+    v.refused(
+        "RENAME_EXCHANGE pub <-> secrets",
+        rename_exchange(&p("pub"), &p("secrets")),
+        perm,
+    );
+    v.refused(
+        "rename app/private -> app/open (a `**/` rule)",
+        fs::rename(p("app/private"), p("app/open")),
+        perm,
+    );
+    v.refused(
+        "rename a/secrets -> a/s2 (a `**/secrets/k2` rule)",
+        fs::rename(p("a/secrets"), p("a/s2")),
+        perm,
+    );
+    // The shell sequence of the report.
+    let (ok, out) = run(m.path(), "mv secrets pub3 && cat pub3/key");
+    v.check(
+        &format!("`mv secrets pub3; cat pub3/key` must fail: {out}"),
+        !ok,
+    );
+    v.check(
+        &format!("hidden content shown: {out}"),
+        !out.contains("SECRET"),
+    );
+    v.assert_clean("hidden content carried by a rename");
+    assert_same("hidden content carried by a rename", &before, &outside(&ws));
+
+    // Moves that keep every class stay allowed: the hidden entries move
+    // along and stay hidden.
+    fs::rename(p("app"), p("app2")).expect("rename app -> app2 (private stays private)");
+    assert!(fs::symlink_metadata(p("app2/private/token")).is_err());
+    assert_eq!(
+        fs::read_to_string(p("app2/public/readme")).unwrap(),
+        "hello"
+    );
+    fs::rename(p("other"), p("other2")).expect("rename a directory nothing hides");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// `readonly **/cfg/**`: rename the directory away, edit, rename it back.
+#[test]
+fn renaming_a_parent_cannot_unlock_readonly_content() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("app/cfg/settings.ini", "shared settings\n"),
+            ("app/other/", ""),
+            ("skills/a.md", "skill\n"),
+        ],
+    );
+    // A readonly file the user has in the upper only is read-only too.
+    populate(&ws.upper, &[("mine/cfg/own.ini", "own\n")]);
+    let m = mount_policy(&ws, "readonly **/cfg/**\nreadonly skills/**\n");
+    let p = |r: &str| m.p(r);
+    let before = outside(&ws);
+    let mut v = Verdicts::default();
+    let rofs = libc::EROFS;
+    let (ok, out) = run(
+        m.path(),
+        "mv app/cfg app/c2 && echo x >> app/c2/settings.ini && mv app/c2 app/cfg",
+    );
+    v.check(&format!("the report's sequence must fail: {out}"), !ok);
+    v.refused(
+        "rename app/cfg -> app/c2",
+        fs::rename(p("app/cfg"), p("app/c2")),
+        rofs,
+    );
+    v.refused(
+        "rename mine/cfg -> mine/c2 (upper only)",
+        fs::rename(p("mine/cfg"), p("mine/c2")),
+        rofs,
+    );
+    v.refused(
+        "RENAME_EXCHANGE app/cfg <-> app/other",
+        rename_exchange(&p("app/cfg"), &p("app/other")),
+        rofs,
+    );
+    v.refused(
+        "RENAME_EXCHANGE app/other <-> app/cfg",
+        rename_exchange(&p("app/other"), &p("app/cfg")),
+        rofs,
+    );
+    // Into the readonly class: a directory of the user's own becomes cfg.
+    fs::create_dir(p("mydir")).unwrap();
+    fs::write(p("mydir/evil.ini"), "evil").unwrap();
+    v.refused(
+        "rename mydir -> app/other/cfg (its files would turn readonly)",
+        fs::rename(p("mydir"), p("app/other/cfg")),
+        rofs,
+    );
+    v.assert_clean("readonly content unlocked by a rename");
+    assert_eq!(
+        fs::read_to_string(p("app/cfg/settings.ini")).unwrap(),
+        "shared settings\n"
+    );
+    fs::remove_dir_all(p("mydir")).unwrap();
+    assert_same(
+        "readonly content unlocked by a rename",
+        &before,
+        &outside(&ws),
+    );
+
+    // A move that keeps the class is fine: cfg stays readonly under app2.
+    fs::rename(p("app"), p("app2")).expect("rename app -> app2");
+    assert_eq!(
+        errno(&open_append(&p("app2/cfg/settings.ini")).unwrap_err()),
+        rofs
+    );
+    // An empty directory may go anywhere, and be filled where it lands.
+    fs::create_dir(p("empty")).unwrap();
+    fs::rename(p("empty"), p("app2/other/cfg2")).expect("move an empty directory");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// `protect **/keep/**`: rename away, remove, rename back.
+#[test]
+fn renaming_a_parent_cannot_delete_protected_content() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[("app/keep/shared.md", "shared\n"), ("app/free/", "")],
+    );
+    let m = mount_policy(&ws, "protect **/keep/**\n");
+    let p = |r: &str| m.p(r);
+    let before = outside(&ws);
+    let mut v = Verdicts::default();
+    let (ok, out) = run(
+        m.path(),
+        "mv app/keep app/k2 && rm app/k2/shared.md && mv app/k2 app/keep",
+    );
+    v.check(&format!("the report's sequence must fail: {out}"), !ok);
+    v.refused(
+        "rename app/keep -> app/k2",
+        fs::rename(p("app/keep"), p("app/k2")),
+        libc::EPERM,
+    );
+    v.refused(
+        "RENAME_EXCHANGE app/keep <-> app/free",
+        rename_exchange(&p("app/keep"), &p("app/free")),
+        libc::EPERM,
+    );
+    v.assert_clean("protected content deleted through a rename");
+    assert_same(
+        "protected content deleted through a rename",
+        &before,
+        &outside(&ws),
+    );
+    assert_eq!(
+        fs::read_to_string(p("app/keep/shared.md")).unwrap(),
+        "shared\n"
+    );
+    // The user's own directories move in and out freely: protection is
+    // about shared entries.
+    fs::create_dir_all(p("mine/keep")).unwrap();
+    fs::write(p("mine/keep/own"), "own").unwrap();
+    fs::rename(p("mine/keep"), p("mine/k2")).expect("rename a directory of the user's own");
+    fs::rename(p("app"), p("app2")).expect("rename app -> app2 (keep stays keep)");
+    assert_eq!(
+        errno(&fs::remove_file(p("app2/keep/shared.md")).unwrap_err()),
+        libc::EPERM
+    );
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// A link contained at depth 4 must not escape because its directory moves
+/// up; the same for links that come from the lower.
+#[test]
+fn moving_a_directory_cannot_make_a_symlink_beneath_it_escape() {
+    let ws = Workspace::new();
+    populate(ws.lower(), &[("l1/l2/l3/", ""), ("x", "inside\n")]);
+    std::os::unix::fs::symlink("../../../x", ws.lower().join("l1/l2/l3/lower-link")).unwrap();
+    let m = ws.mount();
+    let p = |r: &str| m.p(r);
+    fs::create_dir_all(p("s1/s2/s3/s4")).unwrap();
+    std::os::unix::fs::symlink("../../../../etc/hostname", p("s1/s2/s3/s4/l"))
+        .expect("a link contained at depth 4");
+    fs::create_dir_all(p("t1/t2/t3/t4/t5")).unwrap();
+    std::os::unix::fs::symlink("../../../../../x", p("t1/t2/t3/t4/t5/l")).unwrap();
+    fs::create_dir_all(p("u1/u2")).unwrap();
+    let before = outside(&ws);
+    let mut v = Verdicts::default();
+    let perm = libc::EPERM;
+    let (ok, out) = run(m.path(), "mv s1/s2/s3/s4 top && cat top/l");
+    v.check(&format!("the report's sequence must fail: {out}"), !ok);
+    v.refused(
+        "rename s1/s2/s3/s4 -> top",
+        fs::rename(p("s1/s2/s3/s4"), p("top")),
+        perm,
+    );
+    v.refused(
+        "rename s1/s2 -> x2 (one level up for the link)",
+        fs::rename(p("s1/s2"), p("x2")),
+        perm,
+    );
+    v.refused(
+        "rename a lower directory holding a lower link l1/l2/l3 -> l3",
+        fs::rename(p("l1/l2/l3"), p("l3")),
+        perm,
+    );
+    v.refused(
+        "RENAME_EXCHANGE s1/s2/s3/s4 <-> u1 (the link goes up)",
+        rename_exchange(&p("s1/s2/s3/s4"), &p("u1")),
+        perm,
+    );
+    v.refused(
+        "RENAME_EXCHANGE u1 <-> t1/t2/t3/t4/t5 (the link goes up)",
+        rename_exchange(&p("u1"), &p("t1/t2/t3/t4/t5")),
+        perm,
+    );
+    v.assert_clean("a symlink made to escape by moving its directory");
+    assert_same("escaping symlinks", &before, &outside(&ws));
+    // Sideways and deeper stay allowed, and the links keep working.
+    fs::create_dir(p("u1/u2/u3")).unwrap();
+    fs::rename(p("s1/s2/s3/s4"), p("u1/u2/u3/s4")).expect("move to the same depth");
+    fs::rename(p("l1/l2/l3"), p("u1/u2/l3")).expect("move a lower directory sideways");
+    assert_eq!(
+        fs::read_to_string(p("u1/u2/l3/lower-link")).unwrap(),
+        "inside\n"
+    );
+    fs::create_dir_all(p("d1/d2/d3/d4/d5")).unwrap();
+    fs::rename(p("t1/t2/t3/t4/t5"), p("d1/d2/d3/d4/d5/t5")).expect("move deeper");
+    // (It now points at d1/x, inside the workspace.)
+    assert_eq!(
+        fs::read_link(p("d1/d2/d3/d4/d5/t5/l")).unwrap(),
+        Path::new("../../../../../x")
+    );
+    // A directory without links may move up.
+    fs::create_dir_all(p("e1/e2/e3")).unwrap();
+    fs::write(p("e1/e2/e3/f"), "f").unwrap();
+    fs::rename(p("e1/e2/e3"), p("e3")).expect("move up a directory without links");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// Links made in a directory while it is being moved up: none may end up
+/// escaping (the walk that checks the directory and the rename are one
+/// step for whoever adds a name).
+#[test]
+fn symlinks_made_while_their_directory_moves_never_escape() {
+    let ws = Workspace::new();
+    let m = ws.mount();
+    fs::create_dir_all(m.p("s1/s2/s3/s4")).unwrap();
+    let stop = AtomicBool::new(false);
+    let made = AtomicUsize::new(0);
+    let moved = AtomicUsize::new(0);
+    let mut bad = Vec::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let l = m.p(&format!("s1/s2/s3/s4/l{i}"));
+                if std::os::unix::fs::symlink("../../../../x", &l).is_ok() {
+                    made.fetch_add(1, Ordering::Relaxed);
+                    let _ = fs::remove_file(&l);
+                }
+                i += 1;
+            }
+        });
+        for _ in 0..400 {
+            if fs::rename(m.p("s1/s2/s3/s4"), m.p("top")).is_err() {
+                continue;
+            }
+            moved.fetch_add(1, Ordering::Relaxed);
+            // Whatever is in `top` now was contained when made: nothing
+            // with four `..` may be there.
+            for e in fs::read_dir(m.p("top")).unwrap().flatten() {
+                if let Ok(t) = fs::read_link(e.path()) {
+                    if t.to_string_lossy().starts_with("../../../..") {
+                        bad.push(format!("top/{:?} -> {t:?}", e.file_name()));
+                    }
+                }
+            }
+            // Put it back (refused while a link that must stay deep is in it).
+            for _ in 0..100 {
+                let _ = sh_quiet(m.path(), "find top -type l -delete");
+                if fs::rename(m.p("top"), m.p("s1/s2/s3/s4")).is_ok() {
+                    break;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(bad.is_empty(), "links escaped after a move: {bad:?}");
+    eprintln!(
+        "{} links made, {} moves up",
+        made.load(Ordering::Relaxed),
+        moved.load(Ordering::Relaxed)
+    );
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+fn sh_quiet(dir: &Path, script: &str) -> bool {
+    crate::harness::bash(dir, script).status.success()
+}
+
+/// A refused move is logged with the operation, the path and the rule,
+/// and never names an entry the policy hides (the log and the journal
+/// would show it): the moved directory is named instead.
+#[test]
+fn move_refusals_are_logged_without_naming_hidden_entries() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("secrets/zebra-key", "SECRET"),
+            ("d1/d2/sec/", ""),
+            ("x", "x"),
+        ],
+    );
+    std::os::unix::fs::symlink("../../../x", ws.lower().join("d1/d2/sec/quokka")).unwrap();
+    let p = policy_file(&ws, "hide secrets/**\nhide **/sec/**\n");
+    let m = ws.mount_env(
+        &["--policy", p.to_str().unwrap()],
+        &[("RUST_LOG", "warn,layerfs=info")],
+    );
+    let mut v = Verdicts::default();
+    v.refused(
+        "rename secrets -> pub",
+        fs::rename(m.p("secrets"), m.p("pub")),
+        libc::EPERM,
+    );
+    // The hidden link keeps its class (hidden under `**/sec/**` at both
+    // places) but would escape one level up.
+    v.refused(
+        "rename d1/d2 -> top",
+        fs::rename(m.p("d1/d2"), m.p("top")),
+        libc::EPERM,
+    );
+    v.assert_clean("refused moves");
+    let wanted = [
+        ("path=\"secrets\"", "hide secrets/**"),
+        ("path=\"d1/d2\"", "symlinks contained"),
+    ];
+    let mut log = String::new();
+    let logged = eventually(Duration::from_secs(3), || {
+        log = ws.daemon_log();
+        wanted.iter().all(|(path, rule)| {
+            log.lines().any(|l| {
+                l.contains("policy denied")
+                    && l.contains("op=Rename")
+                    && l.contains(path)
+                    && l.contains(rule)
+            })
+        })
+    });
+    assert!(logged, "refusals missing from the log:\n{log}");
+    assert!(
+        !log.contains("zebra") && !log.contains("quokka"),
+        "a hidden entry is named in the log:\n{log}"
+    );
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// Another user reaching the workspace through `--allow-other` meets the
+/// same move rules: the policy is the mount's, whoever calls.
+#[test]
+fn another_user_through_allow_other_meets_the_same_move_rules() {
+    let ws = Workspace::with_lowers_in(1, Path::new("/var/tmp"));
+    fs::set_permissions(ws.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    populate(
+        ws.lower(),
+        &[
+            ("secrets/key", "SECRET-KEY"),
+            ("app/cfg/settings.ini", "shared settings\n"),
+            ("s1/s2/s3/s4/", ""),
+        ],
+    );
+    let (uid, gid) = crate::run::tests_ids();
+    crate::run::chown_tree(ws.lower(), uid, gid);
+    crate::run::chown_tree(&ws.upper, uid, gid);
+    let pf = policy_file(&ws, "hide secrets/**\nreadonly **/cfg/**\n");
+    let m = ws.mount_with(&["--allow-other", "--policy", pf.to_str().unwrap()]);
+    let before = outside(&ws);
+    let script = "mv secrets pub; cat pub/key; \
+                  mv app/cfg app/c2; echo x >> app/c2/settings.ini; \
+                  ln -s ../../../../etc/hostname s1/s2/s3/s4/l && mv s1/s2/s3/s4 top; \
+                  cat top/l; true";
+    let out = Command::new("setpriv")
+        .args([
+            format!("--reuid={uid}"),
+            format!("--regid={gid}"),
+            "--clear-groups".into(),
+            "--".into(),
+            "bash".into(),
+            "-c".into(),
+            script.into(),
+        ])
+        .current_dir(m.path())
+        .output()
+        .expect("run setpriv");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("SECRET"), "hidden content shown: {text}");
+    for refusal in [
+        "mv: cannot move 'secrets' to 'pub': Operation not permitted",
+        "mv: cannot move 'app/cfg' to 'app/c2': Read-only file system",
+        "mv: cannot move 's1/s2/s3/s4' to 'top': Operation not permitted",
+    ] {
+        assert!(text.contains(refusal), "expected `{refusal}` in:\n{text}");
+    }
+    assert!(fs::symlink_metadata(m.p("top")).is_err());
+    assert_eq!(
+        fs::read_to_string(m.p("app/cfg/settings.ini")).unwrap(),
+        "shared settings\n"
+    );
+    // The link was made (contained at depth 4), nothing else changed.
+    assert!(fs::symlink_metadata(m.p("s1/s2/s3/s4/l")).is_ok());
+    fs::remove_file(m.p("s1/s2/s3/s4/l")).unwrap();
+    let after = outside(&ws);
+    let changed: Vec<&String> = after
+        .keys()
+        .filter(|k| before.get(*k) != after.get(*k) && !k.starts_with("upper/"))
+        .collect();
+    assert!(changed.is_empty(), "changed outside the upper: {changed:?}");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// `link` through the mount: the new name must be classed as the source.
+#[test]
+fn links_through_the_mount_keep_the_class() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("skills/a.md", "skill"),
+            ("notes/n.md", "note"),
+            ("free/f", "free"),
+        ],
+    );
+    let m = mount_policy(&ws, "readonly skills/**\nprotect notes/**\n");
+    let p = |r: &str| m.p(r);
+    let before = outside(&ws);
+    let mut v = Verdicts::default();
+    v.refused(
+        "link skills/a.md -> free/a.md",
+        fs::hard_link(p("skills/a.md"), p("free/a.md")),
+        libc::EROFS,
+    );
+    v.refused(
+        "link free/f -> skills/f",
+        fs::hard_link(p("free/f"), p("skills/f")),
+        libc::EROFS,
+    );
+    v.refused(
+        "link notes/n.md (shared, protected) -> free/n.md",
+        fs::hard_link(p("notes/n.md"), p("free/n.md")),
+        libc::EPERM,
+    );
+    v.refused(
+        "link free/f (shared) -> notes/f",
+        fs::hard_link(p("free/f"), p("notes/f")),
+        libc::EPERM,
+    );
+    v.assert_clean("links across classes");
+    assert_same("links across classes", &before, &outside(&ws));
+    // Same class: fine; and the user's own files may be linked into a
+    // protected place (nothing shared is at stake).
+    fs::hard_link(p("free/f"), p("free/g")).expect("link within a class");
+    fs::write(p("own"), "own").unwrap();
+    fs::hard_link(p("own"), p("notes/own")).expect("link an own file into notes");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// Found by the policy model: the upper copy of a protected shared file,
+/// linked to a second protected name where no lower entry is, could then
+/// be renamed or moved out of the class through that name, and a link
+/// through an unprotected name was refused or not depending on which
+/// name the daemon had seen last. The copy's origin makes protection a
+/// property of the object: every name keeps the class.
+#[test]
+fn a_copy_of_a_protected_shared_file_keeps_its_class_under_every_name() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("a/keep", "shared\n"),
+            ("b/keep", "shared b\n"),
+            ("cfg/", ""),
+            ("sec/", ""),
+        ],
+    );
+    let m = mount_policy(&ws, "protect keep\nprotect **/keep/**\n");
+    let p = |r: &str| m.p(r);
+    let mut v = Verdicts::default();
+    v.works("link a/keep -> keep", fs::hard_link(p("a/keep"), p("keep")));
+    v.refused(
+        "rename keep -> f",
+        fs::rename(p("keep"), p("f")),
+        libc::EPERM,
+    );
+    v.refused(
+        "link keep -> g",
+        fs::hard_link(p("keep"), p("g")),
+        libc::EPERM,
+    );
+    v.works("mkdir sec/keep", fs::create_dir(p("sec/keep")));
+    v.works(
+        "link b/keep -> sec/keep/x",
+        fs::hard_link(p("b/keep"), p("sec/keep/x")),
+    );
+    v.refused(
+        "rename sec/keep -> cfg/c (x would leave the class)",
+        fs::rename(p("sec/keep"), p("cfg/c")),
+        libc::EPERM,
+    );
+    // The user's own files are not protected: linked in and out freely.
+    v.works("create own", fs::write(p("own"), "own"));
+    v.works(
+        "link own -> sec/keep/own",
+        fs::hard_link(p("own"), p("sec/keep/own")),
+    );
+    v.works(
+        "link sec/keep/own -> own2",
+        fs::hard_link(p("sec/keep/own"), p("own2")),
+    );
+    v.assert_clean("names of a copy of a protected shared file");
+    assert_eq!(fs::read_to_string(p("a/keep")).unwrap(), "shared\n");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
+/// Hard links in the lower (pnpm stores, `cp -al`, git's local clones): a
+/// write through a name is judged by that name, whatever name was looked up
+/// last, and the readonly name keeps the shared content.
+#[test]
+fn lower_hard_links_are_judged_by_the_name_written_through() {
+    for readonly_first in [true, false] {
+        let ws = Workspace::new();
+        populate(
+            ws.lower(),
+            &[
+                ("skills/a.md", "shared\n"),
+                ("store/pkg/index.js", "module\n"),
+                ("proj/", ""),
+            ],
+        );
+        fs::create_dir_all(ws.lower().join("free")).unwrap();
+        fs::hard_link(ws.lower().join("skills/a.md"), ws.lower().join("free/a.md")).unwrap();
+        // `cp -al store/pkg proj/node_modules/pkg`, with the store readonly.
+        let (ok, out) = run(
+            ws.lower(),
+            "mkdir -p proj/node_modules && cp -al store/pkg proj/node_modules/pkg",
+        );
+        assert!(ok, "cp -al: {out}");
+        let m = mount_policy(&ws, "readonly skills/**\nreadonly store/**\n");
+        let p = |r: &str| m.p(r);
+        let before = outside(&ws);
+        let order = if readonly_first {
+            ["skills/a.md", "free/a.md"]
+        } else {
+            ["free/a.md", "skills/a.md"]
+        };
+        for name in order {
+            fs::symlink_metadata(p(name)).unwrap();
+        }
+        let mut v = Verdicts::default();
+        let rofs = libc::EROFS;
+        let ro = "skills/a.md";
+        v.refused("append skills/a.md", open_append(&p(ro)), rofs);
+        v.refused("open(O_TRUNC) skills/a.md", open_trunc(&p(ro)), rofs);
+        v.refused("truncate skills/a.md", truncate(&p(ro), 0), rofs);
+        v.refused("chmod skills/a.md", chmod(&p(ro), 0o600), rofs);
+        v.refused(
+            "setxattr skills/a.md",
+            xattr::set(p(ro), "user.x", b"1"),
+            rofs,
+        );
+        v.refused(
+            "rename skills/a.md -> free/b.md",
+            fs::rename(p(ro), p("free/b.md")),
+            rofs,
+        );
+        v.refused(
+            "append store/pkg/index.js",
+            open_append(&p("store/pkg/index.js")),
+            rofs,
+        );
+        let (ok, out) = run(
+            m.path(),
+            "stat free/a.md >/dev/null && echo x >> skills/a.md",
+        );
+        v.check(
+            &format!("`stat free/a.md; echo x >> skills/a.md`: {out}"),
+            !ok,
+        );
+        v.assert_clean(&format!(
+            "readonly name of a lower hard link (readonly first: {readonly_first})"
+        ));
+        assert_same("readonly hard link", &before, &outside(&ws));
+
+        // The free names are writable, and writing them leaves the readonly
+        // names' (shared) content as it was.
+        let mut f = open_append(&p("free/a.md")).expect("append free/a.md");
+        f.write_all(b"mine\n").unwrap();
+        drop(f);
+        fs::write(p("proj/node_modules/pkg/index.js"), "patched\n").expect("write the linked copy");
+        chmod(&p("free/a.md"), 0o600).expect("chmod free/a.md");
+        xattr::set(p("free/a.md"), "user.x", b"1").expect("setxattr free/a.md");
+        assert_eq!(
+            fs::read_to_string(p("free/a.md")).unwrap(),
+            "shared\nmine\n"
+        );
+        assert_eq!(fs::read_to_string(p(ro)).unwrap(), "shared\n");
+        assert_eq!(
+            fs::read_to_string(p("store/pkg/index.js")).unwrap(),
+            "module\n"
+        );
+        assert_eq!(
+            fs::read_to_string(p("proj/node_modules/pkg/index.js")).unwrap(),
+            "patched\n"
+        );
+        assert_eq!(mode_of(&p(ro)), 0o644);
+        // Each name is an object of its own: its own st_ino, one link.
+        let (a, b) = (
+            fs::symlink_metadata(p(ro)).unwrap(),
+            fs::symlink_metadata(p("free/a.md")).unwrap(),
+        );
+        assert_ne!(a.ino(), b.ino(), "two names, two objects");
+        assert_eq!((a.nlink(), b.nlink()), (1, 1));
+        // Still judged by the name after all that, in both orders.
+        for name in ["free/a.md", ro] {
+            fs::symlink_metadata(p(name)).unwrap();
+        }
+        assert_eq!(errno(&open_append(&p(ro)).unwrap_err()), rofs);
+        fs::rename(p("free/a.md"), p("free/moved.md")).expect("rename the free name");
+        assert_eq!(fs::read_to_string(p(ro)).unwrap(), "shared\n");
+        assert_eq!(
+            fs::read_to_string(ws.lower().join("skills/a.md")).unwrap(),
+            "shared\n"
+        );
+        assert!(m.unmount(), "daemon exited with failure");
+    }
+}
+
+// ---------------------------------------------------------------------------
 // CLI: explain, check, malformed policies at mount
 // ---------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirEntryExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -502,8 +502,17 @@ fn link_of_upper_files_counts_links_and_shares_data() {
     assert_unchanged(&before);
 }
 
+/// Each name of a lower file with several links is an object of its own
+/// through the mount (DESIGN.md §2, "Hard links in a lower"). This used to
+/// be one object with one st_ino, but then a write through one name was
+/// judged by whichever name was looked up last, and a readonly name could
+/// be written through a free alias (the path policy must judge a write by
+/// the name it comes through). As in kernel overlayfs without `index`, a
+/// copy-up breaks the link; unlike it, st_ino tells the truth: two names,
+/// two objects, one link each, so `tar`, `cp -a` and `rsync -H` never pair
+/// names whose contents may differ.
 #[test]
-fn hard_links_in_the_lower_show_the_same_st_ino() {
+fn hard_links_in_the_lower_are_one_object_per_name() {
     let ws = Workspace::new();
     write(&ws.lower().join("one"), b"linked");
     fs::create_dir(ws.lower().join("sub")).unwrap();
@@ -512,15 +521,32 @@ fn hard_links_in_the_lower_show_the_same_st_ino() {
     let m = ws.mount();
     let a = fs::symlink_metadata(m.p("one")).unwrap();
     let b = fs::symlink_metadata(m.p("sub/two")).unwrap();
-    assert_eq!(
-        a.ino(),
-        b.ino(),
-        "lower hard links are one inode through the mount"
-    );
-    assert_eq!((a.nlink(), b.nlink()), (2, 2));
+    assert_ne!(a.ino(), b.ino(), "one object per name");
+    assert_eq!((a.nlink(), b.nlink()), (1, 1));
+    assert_eq!(fs::read(m.p("sub/two")).unwrap(), b"linked");
+    // Stable: the same st_ino again, in readdir too, and across copy-up.
+    let listed: Vec<(String, u64)> = fs::read_dir(m.p("sub"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().to_string_lossy().into_owned(), e.ino())
+        })
+        .collect();
+    assert_eq!(listed, vec![("two".to_string(), b.ino())]);
+    assert_eq!(fs::symlink_metadata(m.p("one")).unwrap().ino(), a.ino());
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("one"))
+        .unwrap();
+    f.write_all(b" more").unwrap();
+    drop(f);
+    assert_eq!(fs::symlink_metadata(m.p("one")).unwrap().ino(), a.ino());
+    assert_eq!(fs::symlink_metadata(m.p("sub/two")).unwrap().ino(), b.ino());
+    // The copy-up broke the link: the other name keeps the shared content.
+    assert_eq!(fs::read(m.p("one")).unwrap(), b"linked more");
     assert_eq!(fs::read(m.p("sub/two")).unwrap(), b"linked");
     drop(m);
-    assert!(walk_names(&ws.upper).is_empty());
+    assert_eq!(walk_names(&ws.upper), vec!["one".to_string()]);
     assert_unchanged(&before);
 }
 
@@ -550,8 +576,11 @@ fn writing_a_lower_hard_link_after_its_other_name_went_away() {
     append(&m.p("three"), b"again\n");
     assert_eq!(fs::read(m.p("one")).unwrap(), b"other\n");
     assert!(fs::symlink_metadata(m.p("sub/two")).is_err());
-    // `three` still names the object, as on a local filesystem.
-    assert_eq!(fs::read(m.p("three")).unwrap(), b"linked\nmore\nagain\n");
+    // `three` is an object of its own (each name of a lower hard link is,
+    // see `hard_links_in_the_lower_are_one_object_per_name`): the write
+    // through `one` copied up `one` alone, so `three` started from the
+    // shared content.
+    assert_eq!(fs::read(m.p("three")).unwrap(), b"linked\nagain\n");
     drop(m);
     assert_unchanged(&before);
 }
