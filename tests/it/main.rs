@@ -28,4 +28,5 @@ mod state;
 mod stress;
 mod systemd;
 mod tools;
+mod trust;
 mod uring;
