@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod archive;
 mod basic;
 mod cluster;
 mod container;

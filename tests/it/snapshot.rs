@@ -404,10 +404,10 @@ fn snapshot_kill9_during_save_leaves_nothing_partial() {
 }
 
 /// A small tmpfs mounted on a path, unmounted on drop.
-struct Tmpfs(PathBuf);
+pub(crate) struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    fn mount(path: &Path, size: &str) -> Tmpfs {
+    pub(crate) fn mount(path: &Path, size: &str) -> Tmpfs {
         fs::create_dir_all(path).unwrap();
         let st = Command::new("mount")
             .args([
