@@ -9,8 +9,10 @@
 //! nanosecond (PAX `mtime`/`atime` records; the ustar header keeps whole
 //! seconds for other tools), every xattr the caller can read of
 //! directories, files, devices and fifos (PAX `SCHILY.xattr.NAME` records,
-//! as GNU tar writes them: this includes the overlay's `opaque`/`redirect`
-//! marks and POSIX ACLs; a symlink's own xattrs are not kept), symlink
+//! as GNU tar writes them, or `LAYERFS.xattr.hex.NAME` for a value holding
+//! a newline, which the tar reader could not read back: this includes the
+//! overlay's `opaque`/`redirect` marks and POSIX ACLs; a symlink's own
+//! xattrs are not kept), symlink
 //! targets, device numbers, and the holes of sparse files (GNU sparse
 //! entries; a restored file has the same holes). Not kept: ctime (no one
 //! can set it) and the inode numbers. Paths matching the workspace's
@@ -81,6 +83,11 @@ use crate::overlay::origin::{Origin, MOVED_IN_VALUE, MOVED_IN_XATTR, ORIGIN_XATT
 use crate::policy::Policy;
 
 const PAX_XATTR: &str = "SCHILY.xattr.";
+/// An xattr whose value holds a newline, hex-encoded: the tar reader
+/// splits PAX records at newlines, so `SCHILY.xattr.NAME` with such a
+/// value (a POSIX ACL naming uid 10, say) could not be read back. Other
+/// tools skip the record and lose only that xattr.
+const PAX_XATTR_HEX: &str = "LAYERFS.xattr.hex.";
 const IO_BUF: usize = 1 << 20;
 /// Most bytes of metadata (one PAX record set, one long name or link
 /// name) a single entry may carry. Such records are read whole into
@@ -654,6 +661,10 @@ impl<W: Write> ArchiveWriter<W> {
         ];
         for (name, value) in xattrs {
             match name.to_str() {
+                Some(n) if value.contains(&b'\n') => {
+                    let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+                    recs.push((format!("{PAX_XATTR_HEX}{n}"), hex.into_bytes()))
+                }
                 Some(n) => recs.push((format!("{PAX_XATTR}{n}"), value)),
                 None => eprintln!(
                     "layerfs snapshot: warning: xattr {:?} of {} is not UTF-8 and is not saved",
@@ -1597,6 +1608,14 @@ pub fn extract<R: Read>(
                         OsStr::from_bytes(name).to_os_string(),
                         ext.value_bytes().to_vec(),
                     ));
+                } else if let Some(name) = key.strip_prefix(PAX_XATTR_HEX.as_bytes()) {
+                    let value = unhex(ext.value_bytes()).ok_or_else(|| {
+                        format!(
+                            "entry {:?}: a bad hex xattr record in the archive",
+                            raw_path
+                        )
+                    })?;
+                    xattrs.push((OsStr::from_bytes(name).to_os_string(), value));
                 } else if key == b"mtime" {
                     times[1] = parse_time(ext.value_bytes()).unwrap_or(times[1]);
                 } else if key == b"atime" {
@@ -2130,6 +2149,16 @@ fn make_writable(p: &Path) {
     }
 }
 
+/// Bytes from lowercase or uppercase hex (`PAX_XATTR_HEX`).
+fn unhex(v: &[u8]) -> Option<Vec<u8>> {
+    if !v.len().is_multiple_of(2) {
+        return None;
+    }
+    v.chunks(2)
+        .map(|p| u8::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok())
+        .collect()
+}
+
 /// A PAX time record (`SECS[.FRACTION]`); `None` for anything else (the
 /// header's whole seconds then stand).
 fn parse_time(v: &[u8]) -> Option<libc::timespec> {
@@ -2291,6 +2320,14 @@ mod tests {
         }
         assert!(!Exclude::new(&[]).unwrap().excludes(Path::new("x")));
         assert!(Exclude::new(&["a/[".into()]).is_err());
+    }
+
+    #[test]
+    fn hex_xattr_values_decode() {
+        assert_eq!(unhex(b"610a62"), Some(b"a\nb".to_vec()));
+        assert_eq!(unhex(b"FF00"), Some(vec![0xff, 0]));
+        assert_eq!(unhex(b"abc"), None);
+        assert_eq!(unhex(b"zz"), None);
     }
 
     #[test]

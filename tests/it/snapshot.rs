@@ -506,6 +506,29 @@ fn snapshot_roundtrip_as_another_user() {
     );
 }
 
+#[test]
+fn snapshot_keeps_xattr_values_holding_a_newline() {
+    // A POSIX ACL naming uid 10 holds the byte 0x0a, as does any value
+    // with a newline: the archive must still restore, with the values.
+    let ws = Workspace::new();
+    register(&ws);
+    sh(
+        &ws.upper,
+        "echo x > f && setfacl -m u:10:r f && setfattr -n user.nl -v \"$(printf 'a\\nb')\" f \
+         && mkdir d && setfacl -d -m u:10:rx d",
+    );
+    let before = walk(&ws.upper);
+    let upper = ws.upper.to_str().unwrap();
+    ok(&snap(&["save", upper, "nl"]));
+    sh(&ws.upper, "rm -rf f d");
+    ok(&snap(&["restore", upper, "nl"]));
+    assert_eq!(walk(&ws.upper), before);
+    assert_eq!(
+        xattr::get(ws.upper.join("f"), "user.nl").unwrap(),
+        Some(b"a\nb".to_vec())
+    );
+}
+
 /// Record size of the writers: not a divisor of the page size, so a write
 /// cut anywhere shows.
 const RECORD: usize = 3001;
