@@ -16,7 +16,10 @@ const SNAPSHOT_HELP: &str = "\
 WORKSPACE is a live layerfs mountpoint or, for an unmounted workspace, its
 upper directory. Snapshots live in the state dir's snapshots/ as ID.tar
 (plain tar files: `tar tvf` lists them). An ID is 1-128 characters of
-A-Z a-z 0-9 . _ -, not starting with `.`.
+A-Z a-z 0-9 . _ -, not starting with `.`. A restore checks the archive
+against the workspace's policy and names everything it leaves out or
+changes (device nodes, setuid bits, foreign xattrs, symlinks out, the
+root's mode); --json lists them all.
 
 Examples:
   layerfs snapshot save ~/ws/mnt before-refactor
@@ -25,6 +28,7 @@ Examples:
   layerfs snapshot list --json ~/ws/upper
   layerfs snapshot restore ~/ws/mnt before-refactor
   layerfs snapshot restore ~/ws/upper before-refactor   # unmounted
+  layerfs snapshot restore --json ~/ws/mnt from-elsewhere
   layerfs snapshot rm ~/ws/mnt before-refactor";
 
 #[derive(Subcommand, Debug)]

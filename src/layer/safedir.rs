@@ -155,14 +155,16 @@ fn shell_quote(p: &Path) -> String {
 fn leaf_problem(st: &sys::Stat, extra: Option<u32>) -> Option<String> {
     if !trusted_owner(st.st_uid) && extra != Some(st.st_uid) {
         if euid() == 0 {
+            let name = nix::unistd::User::from_uid(st.st_uid.into())
+                .ok()
+                .flatten()
+                .map_or_else(|| st.st_uid.to_string(), |u| u.name);
             return Some(format!(
-                "belongs to {}: layerfs running as root does not write through another \
-                 user's directories, which that user could redirect; run the command as \
-                 that user (e.g. `setpriv --reuid={} --regid=$(id -g {}) --init-groups \
-                 layerfs …`)",
-                who(st.st_uid),
-                st.st_uid,
-                st.st_uid
+                "belongs to {}, not to root: layerfs running as root never uses another \
+                 user's directory, which that user could redirect. If the workspace is that \
+                 user's, run the command as them (`setpriv --reuid={name} --regid={name} \
+                 --init-groups layerfs …`); if not, someone planted it",
+                who(st.st_uid)
             ));
         }
         return Some(format!(
@@ -365,7 +367,13 @@ impl SafeDir {
         if let Some(problem) = leaf_problem(&st, extra) {
             let is_mode = trusted_owner(st.st_uid) || extra == Some(st.st_uid);
             if !is_mode && euid() == 0 {
-                return Err(format!("{} {} {problem}", role.what(), path.display()));
+                return Err(format!(
+                    "{} {} {problem}: check what it holds and remove it (`rm -r {}`){}",
+                    role.what(),
+                    path.display(),
+                    shell_quote(&path),
+                    role.elsewhere()
+                ));
             }
             return Err(format!(
                 "{} {} {problem}; {}",
