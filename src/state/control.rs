@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::workspace::SOCKET_FILE;
-use crate::layer::safedir::{Role, SafeDir};
+use crate::layer::safedir::SafeDir;
 
 /// How long a request may take before the client gives up (a pause waits
 /// for write opens to drain first).
@@ -59,9 +59,10 @@ fn connect_error(path: &Path, e: &io::Error) -> String {
 
 impl Client {
     /// Connects to the daemon serving the workspace whose state directory
-    /// is `state_dir` (opened checked, see `layer::safedir`).
+    /// is `state_dir` (opened checked, see `layer::safedir`; root may talk
+    /// to a user's daemon, `workspace::open_state_to_read`).
     pub fn connect(state_dir: &Path) -> Result<Client, String> {
-        match SafeDir::open(state_dir, Role::State)? {
+        match super::workspace::open_state_to_read(state_dir)? {
             Some(dir) => Self::connect_dir(&dir),
             None => Err(format!(
                 "no state dir {}: the workspace is not mounted (or was never mounted)",

@@ -193,17 +193,24 @@ fn socket_live(state: &SafeDir) -> bool {
     }
 }
 
-/// Opens the state dir `state` of a workspace, which must exist. Root may
-/// read another user's (`SafeDir::open_trusting`): `check_owner` then
-/// makes sure the workspace it describes is that user's.
-fn existing_state(state: &Path, what: impl FnOnce() -> String) -> Result<Arc<SafeDir>, String> {
+/// Opens an existing state dir to read what it says (`Ok(None)` when
+/// missing). Root may read another user's (`SafeDir::open_trusting`): a
+/// user's workspace, or their daemon's control socket; `Workspace::resolve`
+/// then makes sure the workspace it describes is that user's
+/// (`check_owner`).
+pub fn open_state_to_read(state: &Path) -> Result<Option<SafeDir>, String> {
     use std::os::unix::fs::MetadataExt;
     let extra = if nix::unistd::geteuid().is_root() {
         std::fs::symlink_metadata(state).ok().map(|m| m.uid())
     } else {
         None
     };
-    match SafeDir::open_trusting(state, Role::State, extra)? {
+    SafeDir::open_trusting(state, Role::State, extra)
+}
+
+/// Opens the state dir `state` of a workspace, which must exist.
+fn existing_state(state: &Path, what: impl FnOnce() -> String) -> Result<Arc<SafeDir>, String> {
+    match open_state_to_read(state)? {
         Some(d) => Ok(Arc::new(d)),
         None => Err(what()),
     }

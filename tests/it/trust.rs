@@ -284,6 +284,18 @@ fn planted_dirs_are_refused_and_never_followed(caller: Who) {
     let (out, guard) = sh.mount();
     assert!(out.status.success(), "{}", text(&out));
     assert!(is_mounted(&sh.ws.mnt));
+    // Root may still ask a user's daemon how it is (reading the user's
+    // state dir, never writing through it).
+    let out = layerfs_as(ROOT, &["status", "--json", s(&sh.ws.mnt)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mounted"], serde_json::json!(true), "{v}");
+    let out = layerfs_as(ROOT, &["status", "--json"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("\"upper\":\"{}\"", s(&sh.upper))),
+        "{}",
+        text(&out)
+    );
     drop(guard);
 }
 
