@@ -1754,6 +1754,26 @@ pub fn extract<R: Read>(
                 if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
                     return Err(not_earlier());
                 }
+                // A hard link to a symlink is that symlink at a new name,
+                // where its target may lead out: checked again there.
+                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    let link_target = sys::open_path(&tdir, tname)
+                        .and_then(|fd| sys::readlink_fd(&fd))
+                        .map_err(io_err("read the symlink linked by"))?;
+                    if let Err(d) = policy.check_symlink(&rel.to_string_lossy(), &link_target) {
+                        ex.skip(
+                            &rel,
+                            "symlink-skipped",
+                            format!(
+                                "a hard link to the symlink {:?}, which points at {:?}: outside \
+                                 what the policy allows from here ({})",
+                                trel, link_target, d.rule
+                            ),
+                        );
+                        n += 1;
+                        continue;
+                    }
+                }
                 let parent = chain.fd().map_err(io_err("reopen the parent of"))?;
                 sys::linkat(&tdir, tname, parent, name).map_err(io_err("link"))?;
             }

@@ -425,6 +425,12 @@ fn crafted() -> Vec<u8> {
         E::new("usr", b'2').link("/usr/bin/env"),
         E::new("h", b'1').link("rootshell"),
         E::new("hmem", b'1').link("mem"),
+        // Contained where it stands; a hard link would move it to the
+        // top, where the same target leads out (found by the fuzz).
+        E::new("deep", b'5'),
+        E::new("deep/d2", b'5'),
+        E::new("deep/d2/ok", b'2').link("../.."),
+        E::new("moved", b'1').link("deep/d2/ok"),
     ])
 }
 
@@ -438,7 +444,11 @@ fn crafted_archive_is_restored_as_the_policy_allows(who: Who) {
     let bad = violations(up, &[&w.sentinel, Path::new("/etc/shadow")]);
     assert!(bad.is_empty(), "{bad:#?}");
     assert_eq!(w.root_meta(), root_before, "the upper root's mode changed");
-    for gone in ["mem", "sda", "esc", "up", "hmem"] {
+    assert_eq!(
+        fs::read_link(up.join("deep/d2/ok")).unwrap(),
+        Path::new("../..")
+    );
+    for gone in ["mem", "sda", "esc", "up", "hmem", "moved"] {
         assert!(
             fs::symlink_metadata(up.join(gone)).is_err(),
             "{gone} restored"
@@ -513,6 +523,7 @@ fn crafted_archive_is_restored_as_the_policy_allows(who: Who) {
         ("esc", "symlink-skipped"),
         ("up", "symlink-skipped"),
         ("hmem", "link-skipped"),
+        ("moved", "symlink-skipped"),
         ("", "root-kept"),
     ];
     if who != ROOT {
@@ -976,7 +987,9 @@ fn a_tree_deeper_than_path_max_is_saved_and_restored() {
         .prefix("layerfs-test.")
         .tempdir_in("/var/tmp")
         .unwrap();
-    let _tmpfs = crate::snapshot::Tmpfs::mount(place.path(), "512M");
+    // Room for the archive (each entry holds its whole path) and the tree.
+    let mib = 64 + levels * levels * 3 / 500_000;
+    let _tmpfs = crate::snapshot::Tmpfs::mount(place.path(), &format!("{mib}M"));
     fs::set_permissions(place.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let w = Ws::new_in(ROOT, None, place.path());
     let up = s(&w.ws.upper);
