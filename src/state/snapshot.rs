@@ -2199,18 +2199,29 @@ fn parse_time(v: &[u8]) -> Option<libc::timespec> {
     })
 }
 
-/// A relative path of the archive made safe: `./` prefixes dropped, only
-/// normal components; "" is the root.
+/// A relative path of the archive made safe: `.` and empty components
+/// dropped (`./x`, `a//b`), only plain names; "" is the root. An absolute
+/// path or a `..` component is refused. (Byte by byte: an entry's path may
+/// have tens of thousands of components.)
 fn safe_rel(p: &Path) -> Result<PathBuf, String> {
-    let mut out = PathBuf::new();
-    for c in p.components() {
+    let b = p.as_os_str().as_bytes();
+    if b.first() == Some(&b'/') {
+        return Err(format!("unsafe path {:?} in the archive", p));
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(b.len());
+    for c in b.split(|&x| x == b'/') {
         match c {
-            Component::CurDir => {}
-            Component::Normal(n) => out.push(n),
-            _ => return Err(format!("unsafe path {:?} in the archive", p)),
+            b"" | b"." => {}
+            b".." => return Err(format!("unsafe path {:?} in the archive", p)),
+            _ => {
+                if !out.is_empty() {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(c);
+            }
         }
     }
-    Ok(out)
+    Ok(PathBuf::from(OsStr::from_bytes(&out)))
 }
 
 #[cfg(test)]
@@ -2340,6 +2351,21 @@ mod tests {
         }
         assert!(!Exclude::new(&[]).unwrap().excludes(Path::new("x")));
         assert!(Exclude::new(&["a/[".into()]).is_err());
+    }
+
+    #[test]
+    fn archive_paths_are_made_safe() {
+        for (raw, want) in [
+            ("./", ""),
+            ("a//b/./c/", "a/b/c"),
+            ("./x", "x"),
+            (".", ""),
+        ] {
+            assert_eq!(safe_rel(Path::new(raw)), Ok(PathBuf::from(want)), "{raw}");
+        }
+        for raw in ["/etc", "a/../b", "..", "a/.."] {
+            assert!(safe_rel(Path::new(raw)).is_err(), "{raw}");
+        }
     }
 
     #[test]
