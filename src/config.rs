@@ -11,11 +11,12 @@
 use std::fmt;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use crate::daemon::mounts;
+use crate::layer::safedir::{Role, SafeDir};
 use crate::policy::Policy;
 
 /// Everything the daemon and the overlay core need to serve one mount.
@@ -784,9 +785,10 @@ impl Drop for CreatedDir {
     }
 }
 
-/// Finds or creates (mode 0700) the state directory and checks where it
-/// lies: never inside the upper, a lower, the work dir (cleared at every
-/// mount) or the mountpoint (the daemon would write through itself).
+/// Finds or creates (mode 0700) the state directory, checks it (see
+/// `layer::safedir`) and checks where it lies: never inside the upper, a
+/// lower, the work dir (cleared at every mount) or the mountpoint (the
+/// daemon would write through itself).
 fn resolve_state(
     given: Option<&Path>,
     upper: &Path,
@@ -820,12 +822,10 @@ fn resolve_state(
         Ok(())
     };
     check(&raw)?;
-    crate::state::workspace::create_state_dir(&raw).map_err(|e| {
-        invalid(format!(
-            "state dir {}: cannot create it: {e} (give another --state DIR)",
-            raw.display()
-        ))
-    })?;
+    // Created (0700) or opened without following a link at its name, and
+    // refused if another user owns it or could write it (`SafeDir`): it
+    // usually sits beside the upper, where others may be able to write.
+    crate::state::workspace::create_state_dir(&raw).map_err(invalid)?;
     let state = existing_dir(&raw, "state dir", "--state (state=)")?;
     check(&state)?;
     Ok(state)
@@ -844,18 +844,11 @@ fn resolve_work(
         None => default_work_dir(upper)?,
     };
     let mut created = CreatedDir(None);
-    match fs::DirBuilder::new().mode(0o700).create(&raw) {
-        Ok(()) => {
-            tracing::debug!("created work dir {}", raw.display());
-            created = CreatedDir(Some(raw.clone()));
-        }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(invalid(format!(
-                "work dir {}: cannot create it: {e}",
-                raw.display()
-            )))
-        }
+    // Like the state dir: created 0700 or checked as found (`SafeDir`).
+    let (_, made) = SafeDir::create(&raw, Role::Work, 0o700).map_err(invalid)?;
+    if made {
+        tracing::debug!("created work dir {}", raw.display());
+        created = CreatedDir(Some(raw.clone()));
     }
     let work = existing_dir(&raw, "work dir", "--work (workdir=)")?;
     if is_within(&work, upper) || is_within(upper, &work) {

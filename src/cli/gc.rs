@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::layer::sys;
 use crate::state::diff::Layers;
 use crate::state::{scratch, workspace::Workspace};
 
@@ -50,8 +49,7 @@ impl GcCmd {
             return Ok(());
         }
         let layers = Layers::open(&ws.upper, &ws.lowers)?;
-        let work = sys::open_root(&ws.work)
-            .map_err(|e| format!("cannot open work dir {}: {e}", ws.work.display()))?;
+        let work = ws.work_dir()?.into_fd();
         let mut done = crate::state::reset::Outcome::default();
         let r = scratch::gc(&layers, &work, &sc, &mut done);
         for p in &done.changed {

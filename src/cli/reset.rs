@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::layer::sys;
 use crate::state::diff::Layers;
 use crate::state::{reset, workspace::Workspace};
 
@@ -90,8 +89,7 @@ pub fn shown(p: &std::ffi::OsStr) -> String {
 /// Resets `paths` of an unmounted workspace directly in its upper.
 pub fn offline(ws: &Workspace, paths: &[OsString]) -> Result<Vec<OsString>, String> {
     let layers = Layers::open(&ws.upper, &ws.lowers)?;
-    let work = sys::open_root(&ws.work)
-        .map_err(|e| format!("cannot open work dir {}: {e}", ws.work.display()))?;
+    let work = ws.work_dir()?.into_fd();
     let mut out = reset::Outcome::default();
     let r = paths
         .iter()

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 
+use crate::policy::Policy;
 use crate::state::snapshot::{self, Exclude, SaveOptions};
 use crate::state::snapshot_id;
 use crate::state::workspace::Workspace;
@@ -15,7 +16,10 @@ const SNAPSHOT_HELP: &str = "\
 WORKSPACE is a live layerfs mountpoint or, for an unmounted workspace, its
 upper directory. Snapshots live in the state dir's snapshots/ as ID.tar
 (plain tar files: `tar tvf` lists them). An ID is 1-128 characters of
-A-Z a-z 0-9 . _ -, not starting with `.`.
+A-Z a-z 0-9 . _ -, not starting with `.`. A restore checks the archive
+against the workspace's policy and names everything it leaves out or
+changes (device nodes, setuid bits, foreign xattrs, symlinks out, the
+root's mode); --json lists them all.
 
 Examples:
   layerfs snapshot save ~/ws/mnt before-refactor
@@ -24,6 +28,7 @@ Examples:
   layerfs snapshot list --json ~/ws/upper
   layerfs snapshot restore ~/ws/mnt before-refactor
   layerfs snapshot restore ~/ws/upper before-refactor   # unmounted
+  layerfs snapshot restore --json ~/ws/mnt from-elsewhere
   layerfs snapshot rm ~/ws/mnt before-refactor";
 
 #[derive(Subcommand, Debug)]
@@ -45,7 +50,17 @@ pub enum SnapshotCmd {
     /// mount shows the restored state at once; refused while files are
     /// open for writing in it (files open for reading keep their old
     /// contents).
+    ///
+    /// The archive is checked against the workspace's policy (its policy
+    /// file, else the defaults) as the mount checks what it creates: device
+    /// nodes, setuid/setgid bits, file capabilities, symlinks the policy
+    /// refuses and xattrs outside what a workspace keeps are left out, the
+    /// upper root keeps its own mode and owner, and each such change is
+    /// listed by name.
     Restore {
+        /// Print one JSON object: the snapshot and every change made to it.
+        #[arg(long)]
+        json: bool,
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
         #[arg(value_name = "ID")]
@@ -76,7 +91,11 @@ impl SnapshotCmd {
                 workspace,
                 id,
             } => ("save", save(&workspace, id.as_deref(), force)),
-            SnapshotCmd::Restore { workspace, id } => ("restore", restore(&workspace, &id)),
+            SnapshotCmd::Restore {
+                json,
+                workspace,
+                id,
+            } => ("restore", restore(&workspace, &id, json)),
             SnapshotCmd::List { json, workspace } => ("list", list(&workspace, json)),
             SnapshotCmd::Rm { workspace, id } => ("rm", rm(&workspace, &id)),
         };
@@ -108,7 +127,7 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
     let ws = Workspace::resolve(ws_arg)?;
     let id = match given {
         Some(id) => id.to_string(),
-        None => snapshot_id::generate(|c| snapshot::exists(&ws.state, c)),
+        None => snapshot_id::generate(|c| snapshot::exists(&ws.dir, c)),
     };
     let opts = SaveOptions {
         exclude: Exclude::new(&ws.scratch)?,
@@ -140,7 +159,7 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
             Some(c)
         }
     };
-    let info = snapshot::save(&ws.upper, &ws.state, &id, &opts)?;
+    let info = snapshot::save(&ws.upper, &ws.dir, &id, &opts)?;
     if let Some(mut c) = pause {
         // Dropping the connection also resumes; asking says so explicitly.
         let _ = c.request(&serde_json::json!({"cmd": "resume"}));
@@ -155,21 +174,53 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn restore(ws_arg: &Path, id: &OsStr) -> Result<(), String> {
+fn restore(ws_arg: &Path, id: &OsStr, json: bool) -> Result<(), String> {
     let id = snapshot_id::validate(id)?;
     let ws = Workspace::resolve(ws_arg)?;
-    let progress = std::io::stderr().is_terminal();
-    let info = match ws.client() {
-        None => snapshot::restore(&ws.upper, Some(&ws.work), &ws.state, id, progress)?,
-        Some(client) => live_restore(&ws, client?, id, progress)?,
+    let policy = workspace_policy(&ws)?;
+    let progress = std::io::stderr().is_terminal() && !json;
+    let (info, report) = match ws.client() {
+        None => snapshot::restore(&ws.upper, Some(&ws.work), &ws.dir, id, &policy, progress)?,
+        Some(client) => live_restore(&ws, client?, id, &policy, progress)?,
     };
-    println!(
-        "restored snapshot {} ({}) into {}",
-        info.id,
-        human(info.size),
-        ws.upper.display()
-    );
+    if json {
+        let mut v = report.to_json();
+        v["restored"] = serde_json::json!(info.id);
+        v["size"] = serde_json::json!(info.size);
+        v["upper"] = serde_json::json!(ws.upper.to_string_lossy());
+        println!("{v}");
+    } else {
+        println!(
+            "restored snapshot {} ({}) into {}",
+            info.id,
+            human(info.size),
+            ws.upper.display()
+        );
+    }
+    if !report.is_empty() {
+        eprintln!(
+            "layerfs snapshot restore: the snapshot held what the workspace's policy does \
+             not allow; it was restored without it:"
+        );
+        for l in report.lines(20) {
+            eprintln!("  {l}");
+        }
+    }
     Ok(())
+}
+
+/// The policy a restore checks the archive against: the workspace's
+/// policy file (named in its workspace.json), else the defaults.
+fn workspace_policy(ws: &Workspace) -> Result<Policy, String> {
+    match &ws.policy {
+        Some(p) => Policy::load(p).map_err(|e| {
+            format!(
+                "{e}: a restore checks the snapshot against the workspace's policy; fix the \
+                 policy file (or remount without it) and retry"
+            )
+        }),
+        None => Ok(Policy::default()),
+    }
 }
 
 /// Restores on a live mount: the snapshot is extracted into a staging dir
@@ -180,12 +231,12 @@ fn live_restore(
     ws: &Workspace,
     mut client: crate::state::control::Client,
     id: &str,
+    policy: &Policy,
     progress: bool,
-) -> Result<snapshot::Info, String> {
-    let staged = snapshot::stage(&ws.upper, Some(&ws.work), &ws.state, id, progress)?;
-    let staging = staged.path();
-    if staged.parent != ws.work {
-        let _ = crate::layer::walk::remove_path(&staging);
+) -> Result<(snapshot::Info, snapshot::Report), String> {
+    let staged = snapshot::stage(&ws.upper, Some(&ws.work), &ws.dir, id, policy, progress)?;
+    if !staged.in_work {
+        let _ = staged.remove();
         return Err(format!(
             "work dir {} is not on the upper's filesystem: a live restore needs it there",
             ws.work.display()
@@ -196,28 +247,30 @@ fn live_restore(
         "staging": staged.name.to_string_lossy(),
     });
     let answer = client.request(&req);
-    // Either way `staging` is to go: on success it holds the old upper,
-    // else the unused restored tree. (Killed here, it stays in the work
-    // dir, which the next mount cleans.)
-    let removed = crate::layer::walk::remove_path(&staging);
+    // Either way the staging dir is to go: on success it holds the old
+    // upper, else the unused restored tree. (Killed here, it stays in the
+    // work dir, which the next mount cleans.)
+    let removed = staged.remove();
     let answer = answer.map_err(|e| format!("the mount was not changed: {e}"))?;
     if answer["pending"] == serde_json::Value::Bool(true) {
         eprintln!(
-            "layerfs snapshot restore: warning: the kernel's caches are still being              invalidated; the mount may show old attributes for a moment"
+            "layerfs snapshot restore: warning: the kernel's caches are still being \
+             invalidated; the mount may show old attributes for a moment"
         );
     }
     if let Err(e) = removed {
         eprintln!(
-            "layerfs snapshot restore: warning: restored, but cannot remove the old upper              (now {}): {e}; remove it by hand (or it goes at the next mount)",
-            staging.display()
+            "layerfs snapshot restore: warning: restored, but cannot remove the old upper \
+             (now {}): {e}; remove it by hand (or it goes at the next mount)",
+            staged.path().display()
         );
     }
-    Ok(staged.info)
+    Ok((staged.info, staged.report))
 }
 
 fn list(ws_arg: &Path, json: bool) -> Result<(), String> {
     let ws = Workspace::resolve(ws_arg)?;
-    let all = snapshot::list(&ws.state, true)?;
+    let all = snapshot::list(&ws.dir, true)?;
     if json {
         for i in &all {
             println!("{}", i.to_json());
@@ -248,7 +301,7 @@ fn list(ws_arg: &Path, json: bool) -> Result<(), String> {
 fn rm(ws_arg: &Path, id: &OsStr) -> Result<(), String> {
     let id = snapshot_id::validate(id)?;
     let ws = Workspace::resolve(ws_arg)?;
-    snapshot::remove(&ws.state, id)?;
+    snapshot::remove(&ws.dir, id)?;
     println!("removed snapshot {id}");
     Ok(())
 }

@@ -14,7 +14,7 @@
 use std::fs;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,6 +24,7 @@ use serde_json::{json, Value};
 
 use crate::config::Config;
 use crate::fuse::FsHandle;
+use crate::layer::safedir::SafeDir;
 use crate::overlay::gate::PauseGuard;
 use crate::state::journal::Journal;
 use crate::state::workspace::SOCKET_FILE;
@@ -39,7 +40,9 @@ const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
 /// the one this daemon created.
 pub struct ControlSocket {
     listener: UnixListener,
-    path: PathBuf,
+    /// The checked state dir the socket is in, reached through its
+    /// descriptor (`layer::safedir`).
+    dir: Arc<SafeDir>,
     id: (u64, u64),
 }
 
@@ -52,9 +55,10 @@ pub enum BindError {
     Other(String),
 }
 
-/// Binds `control.sock` in `state`. A stale socket (nothing listening) is
-/// replaced; a live one means another daemon serves this workspace.
-pub fn bind(state: &Path) -> Result<ControlSocket, BindError> {
+/// Binds `control.sock` in the checked state dir `state`. A stale socket
+/// (nothing listening) is replaced; a live one means another daemon
+/// serves this workspace.
+pub fn bind(state: Arc<SafeDir>) -> Result<ControlSocket, BindError> {
     bind_inner(state).map_err(|(in_use, msg)| {
         if in_use {
             BindError::InUse(msg)
@@ -64,12 +68,13 @@ pub fn bind(state: &Path) -> Result<ControlSocket, BindError> {
     })
 }
 
-fn bind_inner(state: &Path) -> Result<ControlSocket, (bool, String)> {
-    let path = state.join(SOCKET_FILE);
-    let p = path.display();
-    if let Ok(md) = fs::symlink_metadata(&path) {
-        use std::os::unix::fs::FileTypeExt;
-        if !md.file_type().is_socket() {
+fn bind_inner(dir: Arc<SafeDir>) -> Result<ControlSocket, (bool, String)> {
+    // Reached through the directory's descriptor; `shown` only names it.
+    let path = dir.fd_path(SOCKET_FILE);
+    let shown = dir.shown(SOCKET_FILE);
+    let p = shown.display();
+    if let Ok(st) = dir.stat(SOCKET_FILE) {
+        if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
             return Err((
                 false,
                 format!(
@@ -98,7 +103,8 @@ fn bind_inner(state: &Path) -> Result<ControlSocket, (bool, String)> {
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 tracing::info!("replacing stale control socket {p}");
-                fs::remove_file(&path).map_err(|e| (false, format!("removing stale {p}: {e}")))?;
+                dir.remove_file(SOCKET_FILE)
+                    .map_err(|e| (false, format!("removing stale {p}: {e}")))?;
             }
             Err(e) => return Err((false, format!("control socket {p}: {e}"))),
         }
@@ -117,11 +123,13 @@ fn bind_inner(state: &Path) -> Result<ControlSocket, (bool, String)> {
         )
     })?;
     let _ = fs::set_permissions(&path, fs::Permissions::from_mode(0o600));
-    let md = fs::symlink_metadata(&path).map_err(|e| (false, format!("{p}: {e}")))?;
+    let st = dir
+        .stat(SOCKET_FILE)
+        .map_err(|e| (false, format!("{p}: {e}")))?;
     Ok(ControlSocket {
         listener,
-        path,
-        id: (md.dev(), md.ino()),
+        dir,
+        id: (st.st_dev, st.st_ino),
     })
 }
 
@@ -140,11 +148,13 @@ fn ask_status(s: UnixStream) -> Option<(u64, String)> {
 
 impl Drop for ControlSocket {
     fn drop(&mut self) {
-        let ours = fs::symlink_metadata(&self.path)
-            .map(|m| (m.dev(), m.ino()) == self.id)
+        let ours = self
+            .dir
+            .stat(SOCKET_FILE)
+            .map(|st| (st.st_dev, st.st_ino) == self.id)
             .unwrap_or(false);
         if ours {
-            let _ = fs::remove_file(&self.path);
+            let _ = self.dir.remove_file(SOCKET_FILE);
         }
     }
 }

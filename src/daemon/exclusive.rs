@@ -23,6 +23,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use crate::config::Config;
+use crate::layer::safedir::{Role, SafeDir};
 
 /// Held for as long as the daemon serves; dropping it releases the locks.
 pub struct Claim {
@@ -47,7 +48,13 @@ pub fn claim(cfg: &Config) -> Result<Claim, String> {
             h.umount_hint()
         )
     })?;
-    let work = lock(&cfg.work, |h| {
+    // The work dir as `layerfs mount` checked it (`layer::safedir`).
+    let work_dir = SafeDir::open(&cfg.work, Role::Work)?
+        .ok_or_else(|| format!("work dir {} does not exist", cfg.work.display()))?;
+    let work_file = work_dir
+        .open_self()
+        .map_err(|e| format!("cannot open {}: {e}", cfg.work.display()))?;
+    let work = lock_file(work_file, &cfg.work, |h| {
         format!(
             "work dir {} is already in use by another layerfs mount ({}); give each mount \
              its own --work DIR, or unmount the other one first ({})",
@@ -66,6 +73,11 @@ pub fn claim(cfg: &Config) -> Result<Claim, String> {
 /// holds it.
 fn lock(dir: &Path, busy: impl Fn(&Holder) -> String) -> Result<File, String> {
     let f = File::open(dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+    lock_file(f, dir, busy)
+}
+
+/// Takes the lock on the open directory `f` (`dir` names it).
+fn lock_file(f: File, dir: &Path, busy: impl Fn(&Holder) -> String) -> Result<File, String> {
     // A daemon killed a moment ago (its stale mount just recovered) may
     // still be tearing down and hold the lock for a few more
     // milliseconds: wait for a holder that is exiting or already gone,

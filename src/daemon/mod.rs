@@ -159,24 +159,24 @@ fn background(cfg: Config, log: Option<File>) -> i32 {
 
 /// `workspace.json` names the mountpoint while this lives, and no
 /// mountpoint once it is dropped (the daemon is done, whichever way).
-struct Described<'a>(&'a Config);
+struct Described<'a>(&'a Config, &'a crate::layer::safedir::SafeDir);
 
 impl<'a> Described<'a> {
-    fn new(cfg: &'a Config) -> Described<'a> {
-        describe(cfg, true);
-        Described(cfg)
+    fn new(cfg: &'a Config, state: &'a crate::layer::safedir::SafeDir) -> Described<'a> {
+        describe(cfg, state, true);
+        Described(cfg, state)
     }
 }
 
 impl Drop for Described<'_> {
     fn drop(&mut self) {
-        describe(self.0, false);
+        describe(self.0, self.1, false);
     }
 }
 
 /// Writes the state dir's `workspace.json` (atomically), with the
 /// mountpoint while `mounted`. A failure is logged: the mount serves on.
-fn describe(cfg: &Config, mounted: bool) {
+fn describe(cfg: &Config, state: &crate::layer::safedir::SafeDir, mounted: bool) {
     let d = crate::state::workspace::Description {
         upper: &cfg.upper,
         lowers: &cfg.lowers,
@@ -185,7 +185,7 @@ fn describe(cfg: &Config, mounted: bool) {
         policy: cfg.policy_file.as_deref(),
         scratch: &cfg.scratch,
     };
-    if let Err(e) = crate::state::workspace::write_description(&cfg.state, &d) {
+    if let Err(e) = crate::state::workspace::write_description(state, &d) {
         tracing::warn!(
             "cannot write {}/workspace.json: {e}; state commands given the upper directory \
              will not find this workspace",
@@ -248,9 +248,19 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     signals::block().map_err(|e| format!("blocking signals: {e}"))?;
     // Before the layers are opened: opening clears the work dir.
     let _claim = exclusive::claim(cfg)?;
+    // The state dir, checked again and held open: the control socket,
+    // the journal and workspace.json are reached through its descriptor.
+    let state_dir = std::sync::Arc::new(
+        crate::state::workspace::open_state_dir(&cfg.state)?.ok_or_else(|| {
+            format!(
+                "state dir {} vanished before the mount started; mount again",
+                cfg.state.display()
+            )
+        })?,
+    );
     // The control socket first: a workspace another daemon serves is
     // refused before anything is mounted.
-    let control = match control::bind(&cfg.state) {
+    let control = match control::bind(state_dir.clone()) {
         Ok(c) => Some(c),
         Err(control::BindError::InUse(msg)) => return Err(msg),
         Err(control::BindError::Other(msg)) => {
@@ -263,14 +273,13 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     let fs = LayerFs::new(cfg)?;
     let handle = fs.handle();
     let journal = cfg.journal.clone().map(|opts| {
-        let path = cfg.state.join(crate::state::workspace::JOURNAL_FILE);
-        let j = crate::state::journal::Journal::start(path, opts);
+        let j = crate::state::journal::Journal::start_in(state_dir.clone(), opts);
         handle.set_journal(j.clone());
         j
     });
     // Described and registered before the mount appears, so a state
     // command run as soon as the mountpoint is live finds both.
-    let _described = Described::new(cfg);
+    let _described = Described::new(cfg, &state_dir);
     let pid_file = match PidFile::create(&cfg.mountpoint, &cfg.state) {
         Ok(p) => Some(p),
         Err(e) => {

@@ -6,9 +6,12 @@
 use std::fs;
 use std::hash::{Hash, Hasher};
 use std::io;
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use crate::layer::safedir::{Role, SafeDir};
 
 /// Candidate pid directories for mounts made by `uid`, preferred first.
 fn dirs_for_uid(uid: u32) -> Vec<PathBuf> {
@@ -44,6 +47,9 @@ pub fn file_name(mountpoint: &Path) -> String {
 
 /// A pid file, removed when dropped (at daemon exit).
 pub struct PidFile {
+    /// The pid directory, checked and open (`layer::safedir`).
+    dir: SafeDir,
+    name: String,
     path: PathBuf,
 }
 
@@ -53,20 +59,29 @@ impl PidFile {
     pub fn create(mountpoint: &Path, state: &Path) -> io::Result<PidFile> {
         let uid = nix::unistd::geteuid().as_raw();
         let mut last = io::Error::other("no pid directory");
-        for dir in dirs_for_uid(uid) {
-            match ensure_private_dir(&dir, uid) {
-                Ok(()) => {
-                    let path = dir.join(file_name(mountpoint));
+        for path in dirs_for_uid(uid) {
+            match private_dir(&path, uid) {
+                Ok(dir) => {
+                    let name = file_name(mountpoint);
                     let text = format!(
                         "{}\n{}\n{}\n",
                         std::process::id(),
                         mountpoint.display(),
                         state.display()
                     );
-                    fs::write(&path, text)?;
-                    return Ok(PidFile { path });
+                    let mut f = dir.open_file(
+                        &name,
+                        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+                        0o644,
+                    )?;
+                    f.write_all(text.as_bytes())?;
+                    return Ok(PidFile {
+                        path: dir.shown(&name),
+                        dir,
+                        name,
+                    });
                 }
-                Err(e) => last = io::Error::new(e.kind(), format!("{}: {e}", dir.display())),
+                Err(e) => last = io::Error::new(e.kind(), format!("{}: {e}", path.display())),
             }
         }
         Err(last)
@@ -79,13 +94,14 @@ impl PidFile {
 
 impl Drop for PidFile {
     fn drop(&mut self) {
-        let _ = fs::remove_file(&self.path);
+        let _ = self.dir.remove_file(&self.name);
     }
 }
 
-/// Creates `dir` (mode 0700) if missing and checks it is a real directory
-/// owned by `uid`, so no other user can plant pid files in it.
-fn ensure_private_dir(dir: &Path, uid: u32) -> io::Result<()> {
+/// Creates `dir` (mode 0700) if missing and opens it checked
+/// (`SafeDir`: no symlink, not writable by others) and owned by `uid`, so
+/// no other user can plant pid files in it.
+fn private_dir(dir: &Path, uid: u32) -> io::Result<SafeDir> {
     if let Some(parent) = dir.parent() {
         if uid == 0 {
             fs::create_dir_all(parent)?;
@@ -93,19 +109,15 @@ fn ensure_private_dir(dir: &Path, uid: u32) -> io::Result<()> {
             return Err(io::Error::new(io::ErrorKind::NotFound, "parent missing"));
         }
     }
-    match fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    let md = fs::symlink_metadata(dir)?;
-    if !md.is_dir() || md.uid() != uid {
+    let (d, _) = SafeDir::create(dir, Role::PidDir, 0o700)
+        .map_err(|m| io::Error::new(io::ErrorKind::PermissionDenied, m))?;
+    if d.owner() != uid {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             "not a directory owned by this user",
         ));
     }
-    Ok(())
+    Ok(d)
 }
 
 /// Whether `pid` is a layerfs process still alive: running, or a zombie

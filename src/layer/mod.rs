@@ -1,12 +1,15 @@
 //! Fd-relative access to the layers. Every access to a layer goes through a
 //! file descriptor opened one component at a time beneath the layer root,
 //! never following a symlink (`sys`); every change of the upper goes through
-//! `ops`, so each mutation of the upper is one logged wrapper.
+//! `ops`, so each mutation of the upper is one logged wrapper. layerfs's own
+//! directories beside the layers (state, work, snapshots, a run's
+//! mountpoint) are checked once and then reached the same way (`safedir`).
 
 pub mod netfs;
 pub mod ops;
 pub mod reach;
 pub mod real;
+pub mod safedir;
 pub mod sys;
 pub mod walk;
 

@@ -29,7 +29,49 @@ pub const WHITEOUT_MODE: u32 = libc::S_IFCHR;
 
 /// Whether a stat describes a whiteout (character device 0/0).
 pub fn is_whiteout(st: &sys::Stat) -> bool {
-    st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == 0
+    is_whiteout_node(st.st_mode & libc::S_IFMT, st.st_rdev)
+}
+
+/// Whether a node of type `fmt` (`S_IFMT` bits) and device number `rdev`
+/// is a whiteout.
+pub fn is_whiteout_node(fmt: u32, rdev: u64) -> bool {
+    fmt == libc::S_IFCHR && rdev == 0
+}
+
+/// The prefixes of the overlay's private xattrs: `trusted.overlay.` (a
+/// root daemon) and `user.overlay.` (an unprivileged one).
+pub const PRIVATE_PREFIXES: [&str; 2] = ["trusted.overlay.", "user.overlay."];
+
+/// The value of the opaque mark.
+pub const OPAQUE_VALUE: &[u8] = b"y";
+
+/// Whether `v` is an absolute path of plain names as a lower path is
+/// written in the marks (`/` alone is the root): no `.`, `..` or empty
+/// name, no NUL, at most `PATH_MAX` bytes.
+pub fn is_plain_abs_path(v: &[u8]) -> bool {
+    if v == b"/" {
+        return true;
+    }
+    v.len() <= libc::PATH_MAX as usize
+        && v.first() == Some(&b'/')
+        && !v.contains(&0)
+        && v[1..]
+            .split(|&b| b == b'/')
+            .all(|n| !n.is_empty() && n != b"." && n != b"..")
+}
+
+/// Whether `v` is a redirect mark this overlay follows (`resolve` in
+/// `overlay::namei`): an absolute lower path as `set_redirect` writes it,
+/// or a single plain name (the kernel's form for a move within one
+/// directory).
+pub fn is_valid_redirect(v: &[u8]) -> bool {
+    is_plain_abs_path(v)
+        || (!v.is_empty()
+            && v.len() <= 255
+            && v != b"."
+            && v != b".."
+            && !v.contains(&b'/')
+            && !v.contains(&0))
 }
 
 impl Upper {
@@ -125,11 +167,11 @@ impl Upper {
     }
 
     pub fn set_opaque(&self, dir: &impl std::os::fd::AsRawFd) -> io::Result<()> {
-        sys::setxattr(dir, &self.xattr("opaque"), b"y", 0)
+        sys::setxattr(dir, &self.xattr("opaque"), OPAQUE_VALUE, 0)
     }
 
     pub fn is_opaque(&self, dir: &impl std::os::fd::AsRawFd) -> bool {
-        matches!(sys::getxattr(dir, &self.xattr("opaque")), Ok(v) if v == b"y")
+        matches!(sys::getxattr(dir, &self.xattr("opaque")), Ok(v) if v == OPAQUE_VALUE)
     }
 
     pub fn set_redirect(&self, dir: &impl std::os::fd::AsRawFd, target: &str) -> io::Result<()> {
@@ -145,6 +187,8 @@ impl Upper {
     /// Whether an xattr name belongs to the overlay itself (never shown or
     /// settable through the mount, in either convention).
     pub fn is_private_xattr(name: &[u8]) -> bool {
-        name.starts_with(b"trusted.overlay.") || name.starts_with(b"user.overlay.")
+        PRIVATE_PREFIXES
+            .iter()
+            .any(|p| name.starts_with(p.as_bytes()))
     }
 }

@@ -355,11 +355,7 @@ impl Overlay {
 
     /// The mode bits that may stick under the policy (`suid strip`).
     pub fn allowed_mode(&self, mode: u32, is_dir: bool) -> u32 {
-        if !is_dir && self.policy().strip_suid() {
-            mode & !(libc::S_ISUID | libc::S_ISGID)
-        } else {
-            mode
-        }
+        self.policy().allowed_mode(mode, is_dir)
     }
 }
 

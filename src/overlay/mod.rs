@@ -31,6 +31,7 @@ use parking_lot::RwLock;
 
 use crate::config::Config;
 use crate::layer::ops::Upper;
+use crate::layer::safedir::Role;
 use crate::layer::{sys, Layer};
 use crate::policy::Policy;
 
@@ -156,8 +157,11 @@ impl Overlay {
     pub fn new(cfg: &Config) -> std::result::Result<Overlay, String> {
         raise_fd_limit();
         let upper_layer = Layer::open(&cfg.upper, "upper dir")?;
-        let work = sys::open_root(&cfg.work)
-            .map_err(|e| format!("cannot open work dir {}: {e}", cfg.work.display()))?;
+        // Checked as `layerfs mount` checked it (not a symlink, ours, not
+        // writable by others): copy-ups are built in it.
+        let work = crate::layer::safedir::SafeDir::open(&cfg.work, Role::Work)?
+            .ok_or_else(|| format!("work dir {} does not exist", cfg.work.display()))?
+            .into_fd();
         let work_st = sys::fstat(&work)
             .map_err(|e| format!("cannot stat work dir {}: {e}", cfg.work.display()))?;
         if work_st.st_dev != upper_layer.dev {

@@ -46,6 +46,9 @@ pub const ORIGIN_NAMES: [&str; 2] = [
 /// directory when the directory itself moves.
 pub const MOVED_IN_XATTR: &str = "layerfs.moved-in";
 
+/// The value of the moved-in mark.
+pub const MOVED_IN_VALUE: &[u8] = b"y";
+
 /// Both spellings of the moved-in mark.
 pub const MOVED_IN_NAMES: [&str; 2] = [
     "trusted.overlay.layerfs.moved-in",
@@ -116,6 +119,12 @@ impl Origin {
         })
     }
 
+    /// Whether `raw` is a record this overlay writes: it decodes and its
+    /// path is an absolute path of plain names (`Upper`'s lower-path form).
+    pub fn is_valid(raw: &[u8]) -> bool {
+        Origin::decode(raw).is_some_and(|o| crate::layer::ops::is_plain_abs_path(o.path.as_bytes()))
+    }
+
     /// Whether `st` (the lower file found at `path` in `layer` now) is still
     /// the original the copy was made from, unchanged.
     pub fn matches(&self, st: &Stat) -> bool {
@@ -182,7 +191,7 @@ impl Overlay {
         if sys::getxattr(dir, &mark).is_ok() {
             return;
         }
-        if let Err(e) = sys::setxattr(dir, &mark, b"y", 0) {
+        if let Err(e) = sys::setxattr(dir, &mark, MOVED_IN_VALUE, 0) {
             tracing::debug!("moved-in mark not stored: {e}");
         }
     }

@@ -353,6 +353,23 @@ impl Policy {
         self.suid.value == SuidMode::Strip
     }
 
+    /// The mode bits that may stick on an object under `suid`: with
+    /// `strip`, setuid and setgid go from everything but directories (a
+    /// directory's setgid bit only makes new entries inherit its group).
+    /// The mount and a snapshot restore both apply this.
+    pub fn allowed_mode(&self, mode: u32, is_dir: bool) -> u32 {
+        if !is_dir && self.strip_suid() {
+            mode & !(libc::S_ISUID | libc::S_ISGID)
+        } else {
+            mode
+        }
+    }
+
+    /// The rule behind the `suid` setting, for messages.
+    pub fn suid_rule(&self) -> &RuleRef {
+        &self.suid.rule
+    }
+
     /// The upper's usage limits (`quota`).
     pub fn quota(&self) -> Quota {
         self.quota

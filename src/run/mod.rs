@@ -210,6 +210,36 @@ pub fn default_mountpoint(upper: &Path) -> Result<PathBuf, String> {
     Ok(parent.join(format!(".{}.layerfs-mnt", name.to_string_lossy())))
 }
 
+/// Makes (or checks) the mountpoint beside a persistent upper. The mount
+/// daemon names it by path, so it must be where it was checked when the
+/// mount happens: it is created with `mkdirat` (or found) without
+/// following a link at its name, must be the caller's and writable only
+/// by them, and nobody else may be able to rename anything on the way to
+/// it (`SafeDir::create_stable`). Otherwise whoever can write the upper's
+/// parent could plant `.NAME.layerfs-mnt -> /some/dir` and have the
+/// workspace mounted over a directory of their choosing. A stale layerfs
+/// mount of the caller's left there by a killed run is left to the mount
+/// daemon, which detaches it.
+fn persistent_mountpoint(mp: &Path) -> Result<(), String> {
+    use crate::layer::safedir::{Role, SafeDir};
+    if let Some(m) = crate::daemon::mounts::find(mp) {
+        let mine = m.is_layerfs() && m.owner_uid() == Some(geteuid().as_raw());
+        if !mine {
+            return Err(format!(
+                "run mountpoint {} is already a {} mount of {}: unmount it first \
+                 (umount {})",
+                mp.display(),
+                m.fstype,
+                m.owner_uid()
+                    .map_or_else(|| "another user".to_string(), |u| format!("uid {u}")),
+                mp.display()
+            ));
+        }
+        return SafeDir::stable_parent_fd(mp, Role::RunMountpoint).map(drop);
+    }
+    SafeDir::create_stable(mp, Role::RunMountpoint, 0o755).map(drop)
+}
+
 /// How the run holds its workspace mount.
 enum Held {
     /// Somebody else's live mount: left alone.
@@ -260,8 +290,13 @@ impl Workspace {
             }
         };
         let made = opts.upper.is_some().then(|| mountpoint.clone());
-        daemon::ensure_dir(&mountpoint)
-            .map_err(|e| runtime(format!("creating mountpoint {}: {e}", mountpoint.display())))?;
+        if opts.upper.is_some() {
+            persistent_mountpoint(&mountpoint).map_err(runtime)?;
+        } else {
+            daemon::ensure_dir(&mountpoint).map_err(|e| {
+                runtime(format!("creating mountpoint {}: {e}", mountpoint.display()))
+            })?;
+        }
         let plan = Plan {
             lowers: &lowers,
             upper: &upper,

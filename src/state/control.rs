@@ -16,6 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::workspace::SOCKET_FILE;
+use crate::layer::safedir::SafeDir;
 
 /// How long a request may take before the client gives up (a pause waits
 /// for write opens to drain first).
@@ -58,10 +59,24 @@ fn connect_error(path: &Path, e: &io::Error) -> String {
 
 impl Client {
     /// Connects to the daemon serving the workspace whose state directory
-    /// is `state_dir`.
+    /// is `state_dir` (opened checked, see `layer::safedir`; root may talk
+    /// to a user's daemon, `workspace::open_state_to_read`).
     pub fn connect(state_dir: &Path) -> Result<Client, String> {
-        let path = state_dir.join(SOCKET_FILE);
-        let stream = UnixStream::connect(&path).map_err(|e| connect_error(&path, &e))?;
+        match super::workspace::open_state_to_read(state_dir)? {
+            Some(dir) => Self::connect_dir(&dir),
+            None => Err(format!(
+                "no state dir {}: the workspace is not mounted (or was never mounted)",
+                state_dir.display()
+            )),
+        }
+    }
+
+    /// Connects through the checked state dir `dir`: the socket is reached
+    /// through its descriptor, not by the directory's name.
+    pub fn connect_dir(dir: &SafeDir) -> Result<Client, String> {
+        let path = dir.shown(SOCKET_FILE);
+        let stream =
+            UnixStream::connect(dir.fd_path(SOCKET_FILE)).map_err(|e| connect_error(&path, &e))?;
         let _ = stream.set_read_timeout(Some(REPLY_TIMEOUT));
         let writer = stream
             .try_clone()

@@ -261,6 +261,9 @@ pub struct Journal {
     health: Arc<Health>,
     path: PathBuf,
     opts: Options,
+    /// The state dir whose descriptor `path` goes through, kept open for
+    /// as long as the journal may use it.
+    _dir: Option<Arc<crate::layer::safedir::SafeDir>>,
 }
 
 /// The writer's state while no thread runs it.
@@ -376,10 +379,26 @@ impl Journal {
     /// database that cannot be opened is retried, and events dropped
     /// meanwhile are counted.
     pub fn start(path: PathBuf, opts: Options) -> Arc<Journal> {
+        Self::start_with(path, None, opts)
+    }
+
+    /// Starts the writer for `journal.db` in the checked state dir `dir`,
+    /// reached through its descriptor (kept open by the journal).
+    pub fn start_in(dir: Arc<crate::layer::safedir::SafeDir>, opts: Options) -> Arc<Journal> {
+        let path = dir.fd_path(crate::state::workspace::JOURNAL_FILE);
+        Self::start_with(path, Some(dir), opts)
+    }
+
+    fn start_with(
+        path: PathBuf,
+        dir: Option<Arc<crate::layer::safedir::SafeDir>>,
+        opts: Options,
+    ) -> Arc<Journal> {
         let (tx, rx) = mpsc::channel();
         let health = Arc::new(Health::default());
         let queued = Arc::new(AtomicUsize::new(0));
-        let writer = Writer::new(path.clone(), opts.clone(), health.clone(), queued.clone());
+        let mut writer = Writer::new(path.clone(), opts.clone(), health.clone(), queued.clone());
+        writer._dir = dir.clone();
         let j = Arc::new(Journal {
             tx,
             queued,
@@ -390,6 +409,7 @@ impl Journal {
             health,
             path,
             opts,
+            _dir: dir,
         });
         // The first run opens the database (and counts its rows for
         // `status`) and applies retention, then goes idle.
@@ -420,7 +440,7 @@ impl Journal {
         };
         json!({
             "enabled": true,
-            "path": self.path.to_string_lossy(),
+            "path": shown(&self.path).to_string_lossy(),
             "rows": h.rows.load(Ordering::Relaxed),
             "written": h.written.load(Ordering::Relaxed),
             "dropped": h.dropped.load(Ordering::Relaxed),
@@ -458,7 +478,26 @@ pub fn errno_name(e: i32) -> String {
 
 /// The database's identity on disk, to notice it being deleted or replaced.
 fn file_id(p: &Path) -> Option<(u64, u64)> {
-    fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+    fs::symlink_metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// A database path for messages: a path through a state dir's descriptor
+/// (`SafeDir::fd_path`) shows as the directory's own path.
+fn shown(p: &Path) -> PathBuf {
+    crate::layer::safedir::shown_path(p)
+}
+
+/// Opens the database at `path`. A path through a checked state dir's
+/// descriptor (`/proc/self/fd/N/journal.db`) is opened through the
+/// `layerfs-fd` VFS, so SQLite reaches it (and its `-wal`, `-shm` and
+/// `-journal` files) through the descriptor rather than by the
+/// directory's name (`layer::sys::sqlite_fd_vfs`).
+fn open_db(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
+    if path.starts_with("/proc/self/fd") && crate::layer::sys::sqlite_fd_vfs() {
+        Connection::open_with_flags_and_vfs(path, flags, crate::layer::sys::SQLITE_FD_VFS)
+    } else {
+        Connection::open_with_flags(path, flags)
+    }
 }
 
 fn is_corrupt(e: &rusqlite::Error) -> bool {
@@ -501,10 +540,11 @@ pub fn open_rw(path: &Path) -> rusqlite::Result<Connection> {
             .create(true)
             .truncate(false)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path)
             .and_then(|f| f.set_permissions(fs::Permissions::from_mode(0o600)));
     }
-    let c = Connection::open_with_flags(
+    let c = open_db(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
@@ -557,6 +597,8 @@ struct Writer {
     /// Whether the rows were counted (once: a reopen after an idle exit
     /// does not scan the table again).
     counted: bool,
+    /// The state dir `path` goes through, open while the writer lives.
+    _dir: Option<Arc<crate::layer::safedir::SafeDir>>,
 }
 
 impl Writer {
@@ -575,6 +617,7 @@ impl Writer {
             next_retention: Instant::now(),
             queued,
             counted: false,
+            _dir: None,
         }
     }
 
@@ -623,7 +666,7 @@ impl Writer {
                         tracing::warn!(
                             "journal: {} event(s) could not be written to {} and are lost",
                             self.held.len(),
-                            self.path.display()
+                            shown(&self.path).display()
                         );
                     }
                     return;
@@ -673,7 +716,7 @@ impl Writer {
                 self.health.fail(format!(
                     "{} was deleted or replaced while mounted; a new journal was started \
                      (earlier rows are gone with the old file)",
-                    self.path.display()
+                    shown(&self.path).display()
                 ));
                 self.conn = None;
                 self.next_open = Instant::now();
@@ -690,7 +733,7 @@ impl Writer {
             self.health.fail(format!(
                 "{} was deleted or replaced while mounted; a new journal was started \
                  (earlier rows are gone with the old file)",
-                self.path.display()
+                shown(&self.path).display()
             ));
             self.id = None;
             self.counted = false;
@@ -732,7 +775,7 @@ impl Writer {
             }
             Err(e) => {
                 self.health
-                    .fail(format!("cannot open {}: {e}", self.path.display()));
+                    .fail(format!("cannot open {}: {e}", shown(&self.path).display()));
                 false
             }
         }
@@ -793,14 +836,14 @@ impl Writer {
                 self.health.fail(format!(
                     "writing to {} failed: {e}; the oldest events waiting were dropped \
                      (free space in the state dir, or lower --journal-max-size)",
-                    self.path.display()
+                    shown(&self.path).display()
                 ));
                 continue;
             }
             self.health.fail(format!(
                 "writing to {} failed: {e}; {} event(s) kept for a retry (at most {HOLD}, \
                  then dropped)",
-                self.path.display(),
+                shown(&self.path).display(),
                 batch.len()
             ));
             self.conn = None;
@@ -825,12 +868,12 @@ impl Writer {
         self.health.fail(match moved {
             Ok(()) => format!(
                 "{} was corrupt ({e}); moved to {} and a new journal was started",
-                self.path.display(),
+                shown(&self.path).display(),
                 aside.display()
             ),
             Err(m) => format!(
                 "{} is corrupt ({e}) and cannot be moved: {m}; remove it to start a new journal",
-                self.path.display()
+                shown(&self.path).display()
             ),
         });
     }
@@ -1090,17 +1133,17 @@ fn insert(conn: &mut Connection, batch: &[Event], unrecorded: u64) -> rusqlite::
 
 /// Opens the journal read-only (for `layerfs log` and offline status).
 pub fn open_ro(path: &Path) -> Result<Connection, String> {
-    if !path.exists() {
+    if fs::symlink_metadata(path).is_err() {
         return Err(format!(
             "no journal at {} (the workspace was mounted with --no-journal, or never mounted)",
-            path.display()
+            shown(path).display()
         ));
     }
-    let c = Connection::open_with_flags(
+    let c = open_db(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(|e| format!("cannot open journal {}: {e}", path.display()))?;
+    .map_err(|e| format!("cannot open journal {}: {e}", shown(path).display()))?;
     let _ = c.busy_timeout(Duration::from_secs(2));
     Ok(c)
 }
@@ -1125,16 +1168,16 @@ pub fn offline_health(db: &Path) -> Value {
                 ))
             },
         )
-        .map_err(|e| format!("{}: {e}", db.display()))
+        .map_err(|e| format!("{}: {e}", shown(db).display()))
     }) {
         Ok((rows, lost, trimmed)) => json!({
-            "path": db.to_string_lossy(),
+            "path": shown(db).to_string_lossy(),
             "rows": rows,
             "dropped_recorded": lost,
             "trimmed_recorded": trimmed,
             "bytes": disk_bytes(db),
         }),
-        Err(e) => json!({"path": db.to_string_lossy(), "rows": null, "last_error": e}),
+        Err(e) => json!({"path": shown(db).to_string_lossy(), "rows": null, "last_error": e}),
     }
 }
 

@@ -1,6 +1,7 @@
-//! Workspace state beside the upper: the state directory and its
-//! `workspace.json`, the control protocol's client, the change journal,
-//! diff, reset and scratch paths. The daemon's side of the control socket
+//! Workspace state beside the upper: the state directory (checked and
+//! reached through its descriptor, `layer::safedir`) and its `workspace.json`,
+//! the control protocol's client, the change journal, diff, reset,
+//! snapshots and scratch paths. The daemon's side of the control socket
 //! lives in `daemon::control`.
 
 pub mod control;

@@ -100,14 +100,11 @@ impl Scratch {
 /// `scratch` lines of its policy file (named in `workspace.json`).
 pub fn of_workspace(ws: &super::workspace::Workspace) -> Result<Scratch, String> {
     let mut patterns = ws.scratch.clone();
-    let desc = ws.state.join("workspace.json");
-    if let Ok(text) = std::fs::read_to_string(&desc) {
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| format!("{}: not valid JSON: {e}", desc.display()))?;
-        if let Some(p) = v["policy"].as_str() {
-            let policy = crate::policy::Policy::load(std::path::Path::new(p))?;
-            patterns.extend(policy.scratch().iter().cloned());
-        }
+    // `ws.policy` comes from workspace.json, read through the checked
+    // state dir (`Workspace::resolve`).
+    if let Some(p) = &ws.policy {
+        let policy = crate::policy::Policy::load(p)?;
+        patterns.extend(policy.scratch().iter().cloned());
     }
     Scratch::new(&patterns)
 }

@@ -7,62 +7,123 @@
 //! and fifo; sockets are skipped with a warning), permission bits with
 //! setuid/setgid/sticky, numeric owner and group, mtime and atime to the
 //! nanosecond (PAX `mtime`/`atime` records; the ustar header keeps whole
-//! seconds for other tools), every xattr the caller can read (PAX
-//! `SCHILY.xattr.NAME` records, as GNU tar writes them: this includes the
-//! overlay's `opaque`/`redirect` marks and POSIX ACLs), symlink targets,
-//! device numbers, and the holes of sparse files (GNU sparse entries; a
-//! restored file has the same holes). Not kept: ctime (no one can set it)
-//! and the inode numbers. Paths matching the workspace's scratch globs are
-//! left out (a matching directory with everything beneath it).
+//! seconds for other tools), every xattr the caller can read of
+//! directories, files, devices and fifos (PAX `SCHILY.xattr.NAME` records,
+//! as GNU tar writes them, or `LAYERFS.xattr.hex.NAME` for a value holding
+//! a newline, which the tar reader could not read back: this includes the
+//! overlay's `opaque`/`redirect` marks and POSIX ACLs; a symlink's own
+//! xattrs are not kept), symlink
+//! targets, device numbers, and the holes of sparse files (GNU sparse
+//! entries; a restored file has the same holes). Not kept: ctime (no one
+//! can set it) and the inode numbers. Paths matching the workspace's
+//! scratch globs are left out (a matching directory with everything
+//! beneath it).
 //!
 //! Invariants:
+//! - The state dir and `snapshots/` are checked directories
+//!   (`layer::safedir`): every snapshot file is opened, created, renamed
+//!   and removed through their descriptors, never through a path another
+//!   user could redirect.
 //! - A snapshot file `ID.tar` is complete or absent: it is written as
 //!   `.ID.tar.tmp`, fsynced, renamed into place and the directory fsynced.
 //!   A `.ID.tar.tmp` is held with `flock` while its save runs, so a later
 //!   save removes any unlocked leftover (a killed save) and never mistakes
 //!   a running save's file for one. `list` shows only `*.tar` names whose
 //!   stem is a valid ID (never a dot file).
+//! - Save and extraction walk iteratively and reach every object relative
+//!   to its parent directory's descriptor (`Chain`), so a tree deeper than
+//!   `PATH_MAX` (or than the open-file limit) is archived and restored
+//!   whole, and no symlink inside it is ever followed.
 //! - `restore` never modifies the upper in place: the archive is extracted
 //!   into a staging directory on the upper's filesystem, synced, and
 //!   exchanged with the upper by one `renameat2(RENAME_EXCHANGE)`; before
 //!   the exchange the upper is untouched, after it the upper is the whole
 //!   restored tree. The old tree is removed afterwards (a crash leaves it
 //!   in the work dir, which `mount` cleans).
-//! - Extraction creates every object itself beneath the staging dir: an
-//!   entry whose path is absolute, has a `..` component, or lies under
-//!   anything but a directory extracted before it, or a hard link to
-//!   anything but a non-directory extracted before it, is refused, so a
-//!   tampered archive cannot write outside the staging dir.
+//! - An archive is untrusted input (it may come from another host, or have
+//!   been replaced): before anything is extracted a pass over its headers
+//!   (`prescan`) bounds the metadata any one entry carries (`META_LIMIT`),
+//!   and checks its entries and data fit the workspace's quota and the
+//!   upper's free space; extraction creates every object itself beneath the
+//!   staging dir, and an entry whose path is absolute, has a `..`
+//!   component, lies under anything but a directory extracted before it,
+//!   repeats an earlier name, or is a hard link to anything but a
+//!   non-directory extracted before it, fails the restore (the upper stays
+//!   as it was).
+//! - The restored tree holds only what the workspace's policy lets the
+//!   mount create (`Policy`): no device node but the overlay's 0/0
+//!   whiteouts unless `devices allow`; no setuid/setgid bit on anything but
+//!   a directory, and no file capability, unless `suid allow`; no symlink
+//!   the `symlinks` rule refuses; of the private xattrs only the overlay's
+//!   own marks, each on the kind of object it belongs to and in the form
+//!   its reader parses (`ops::is_valid_redirect`, `Origin::is_valid`, …);
+//!   no other `trusted.*`, `security.*` or `system.*` xattr but POSIX
+//!   ACLs; owners only as the restoring user may set them; the upper
+//!   root's own mode and owner unchanged. Every entry left out or changed
+//!   is reported by name (`Report`).
 
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr, OsString};
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
+use std::hash::BuildHasher;
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 use super::snapshot_id;
+use crate::layer::ops::{self, PRIVATE_PREFIXES};
+use crate::layer::safedir::{Role, SafeDir};
 use crate::layer::sys;
+use crate::overlay::origin::{Origin, MOVED_IN_VALUE, MOVED_IN_XATTR, ORIGIN_XATTR};
+use crate::policy::Policy;
 
 const PAX_XATTR: &str = "SCHILY.xattr.";
+/// An xattr whose value holds a newline, hex-encoded: the tar reader
+/// splits PAX records at newlines, so `SCHILY.xattr.NAME` with such a
+/// value (a POSIX ACL naming uid 10, say) could not be read back. Other
+/// tools skip the record and lose only that xattr.
+const PAX_XATTR_HEX: &str = "LAYERFS.xattr.hex.";
 const IO_BUF: usize = 1 << 20;
+/// Most bytes of metadata (one PAX record set, one long name or link
+/// name) a single entry may carry. Such records are read whole into
+/// memory, so this bounds what an archive can make a restore allocate; a
+/// path deeper than `PATH_MAX` (tens of KiB) or a file's xattrs (64 KiB
+/// each at most) stay far below it.
+pub const META_LIMIT: u64 = 8 << 20;
+/// Directories along a walk that keep an open descriptor (`Chain`).
+const WINDOW: usize = 64;
+/// Changes a `Report` lists by name; beyond this they are only counted.
+const MAX_LISTED: usize = 1000;
+/// The name of `snapshots/` in the state dir.
+const SNAPSHOTS: &str = "snapshots";
 
-/// The `snapshots/` directory of a state dir.
+/// The `snapshots/` directory of a state dir (for messages).
 pub fn dir(state: &Path) -> PathBuf {
-    state.join("snapshots")
+    state.join(SNAPSHOTS)
 }
 
-/// Path of snapshot `id` (a validated ID) in a state dir.
+/// Path of snapshot `id` (a validated ID) in a state dir (for messages).
 pub fn path(state: &Path, id: &str) -> PathBuf {
-    dir(state).join(format!("{id}.tar"))
+    dir(state).join(file_name(id))
+}
+
+fn file_name(id: &str) -> String {
+    format!("{id}.tar")
 }
 
 fn tmp_name(id: &str) -> String {
     format!(".{id}.tar.tmp")
+}
+
+/// `snapshots/` in the checked state dir, itself checked; created (0700)
+/// when `create`, else `None` when missing.
+pub fn snapshots_dir(state: &SafeDir, create: bool) -> Result<Option<SafeDir>, String> {
+    state.subdir(SNAPSHOTS, Role::Snapshots, create.then_some(0o700))
 }
 
 /// Paths left out of snapshots: gitignore-style globs relative to the
@@ -144,34 +205,6 @@ fn ctx(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> String {
     }
 }
 
-/// Creates `snapshots/` (and the state dir, mode 0700) if missing.
-fn ensure_dir(state: &Path) -> Result<PathBuf, String> {
-    let d = dir(state);
-    match fs::symlink_metadata(&d) {
-        Ok(m) if m.is_dir() => return Ok(d),
-        Ok(_) => return Err(format!("{} exists and is not a directory", d.display())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(ctx(format!("cannot stat {}", d.display()))(e)),
-    }
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .recursive(true)
-        .create(&d)
-        .or_else(|e| {
-            if e.kind() == io::ErrorKind::AlreadyExists {
-                Ok(())
-            } else {
-                Err(e)
-            }
-        })
-        .map_err(ctx(format!("cannot create {}", d.display())))?;
-    Ok(d)
-}
-
-fn fsync_dir(d: &Path) -> io::Result<()> {
-    File::open(d)?.sync_all()
-}
-
 fn flock(f: &File, op: libc::c_int) -> io::Result<()> {
     // SAFETY: flock on an fd we own; no memory is passed.
     if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
@@ -182,41 +215,37 @@ fn flock(f: &File, op: libc::c_int) -> io::Result<()> {
 
 /// Removes leftovers of killed saves: `.ID.tar.tmp` files no running save
 /// holds locked.
-fn remove_stale_tmps(d: &Path) {
-    let Ok(rd) = fs::read_dir(d) else { return };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let b = name.as_bytes();
+fn remove_stale_tmps(d: &SafeDir) {
+    let Ok(entries) = d.read_dir() else { return };
+    for e in entries {
+        let b = e.name.as_bytes();
         if !(b.starts_with(b".") && b.ends_with(b".tar.tmp")) {
             continue;
         }
-        let p = e.path();
-        let Ok(f) = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&p)
-        else {
+        let Ok(f) = d.open_file(&e.name, libc::O_RDONLY, 0) else {
             continue;
         };
         if flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
-            let _ = fs::remove_file(&p);
+            let _ = d.remove_file(&e.name);
         }
     }
 }
 
 /// Whether snapshot `id` exists.
-pub fn exists(state: &Path, id: &str) -> bool {
-    fs::symlink_metadata(path(state, id)).is_ok()
+pub fn exists(state: &SafeDir, id: &str) -> bool {
+    matches!(snapshots_dir(state, false), Ok(Some(d)) if d.stat(file_name(id)).is_ok())
 }
 
-/// Writes snapshot `id` of the upper into the state dir. The caller holds
-/// whatever makes the upper still (the daemon's write pause, or no mount)
-/// for the duration of the call.
-pub fn save(upper: &Path, state: &Path, id: &str, opts: &SaveOptions) -> Result<Info, String> {
+/// Writes snapshot `id` of the upper into the checked state dir. The
+/// caller holds whatever makes the upper still (the daemon's write pause,
+/// or no mount) for the duration of the call.
+pub fn save(upper: &Path, state: &SafeDir, id: &str, opts: &SaveOptions) -> Result<Info, String> {
     snapshot_id::validate(OsStr::new(id))?;
-    let d = ensure_dir(state)?;
-    let final_path = path(state, id);
-    if !opts.force && fs::symlink_metadata(&final_path).is_ok() {
+    let d = snapshots_dir(state, true)?
+        .ok_or_else(|| format!("cannot create {}", dir(state.path()).display()))?;
+    let final_name = file_name(id);
+    let final_path = d.shown(&final_name);
+    if !opts.force && d.stat(&final_name).is_ok() {
         return Err(format!(
             "snapshot `{id}` already exists ({}): choose another ID, remove it first \
              (layerfs snapshot rm WORKSPACE {id}) or pass --force",
@@ -224,15 +253,12 @@ pub fn save(upper: &Path, state: &Path, id: &str, opts: &SaveOptions) -> Result<
         ));
     }
     remove_stale_tmps(&d);
-    let tmp_path = d.join(tmp_name(id));
-    let tmp = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp_path)
+    let tmp = tmp_name(id);
+    let tmp_path = d.shown(&tmp);
+    let f = d
+        .open_file(&tmp, libc::O_WRONLY | libc::O_CREAT, 0o600)
         .map_err(ctx(format!("cannot create {}", tmp_path.display())))?;
-    flock(&tmp, libc::LOCK_EX | libc::LOCK_NB).map_err(|_| {
+    flock(&f, libc::LOCK_EX | libc::LOCK_NB).map_err(|_| {
         format!(
             "another `snapshot save` of `{id}` is running (it holds {}); wait for it to finish",
             tmp_path.display()
@@ -240,37 +266,30 @@ pub fn save(upper: &Path, state: &Path, id: &str, opts: &SaveOptions) -> Result<
     })?;
     // Invariant: from here on, every failure removes the temporary file.
     let result = (|| -> Result<u64, String> {
-        tmp.set_len(0)
+        f.set_len(0)
             .map_err(ctx(format!("cannot truncate {}", tmp_path.display())))?;
         let bar = progress_bar(opts.progress, None, &format!("saving {id}"));
-        let out = BufWriter::with_capacity(IO_BUF, bar.wrap_write(EarlyWriteback::new(&tmp)));
+        let out = BufWriter::with_capacity(IO_BUF, bar.wrap_write(EarlyWriteback::new(&f)));
         let (out, entries) = write_archive(upper, out, &opts.exclude)?;
         let inner = out
             .into_inner()
             .map_err(|e| ctx(format!("cannot write {}", tmp_path.display()))(e.into_error()))?;
         drop(inner);
         bar.finish_and_clear();
-        tmp.sync_all()
+        f.sync_all()
             .map_err(ctx(format!("cannot sync {}", tmp_path.display())))?;
         Ok(entries)
     })();
     let entries = match result {
         Ok(n) => n,
         Err(e) => {
-            let _ = fs::remove_file(&tmp_path);
+            let _ = d.remove_file(&tmp);
             return Err(e);
         }
     };
     let flags = if opts.force { 0 } else { sys::RENAME_NOREPLACE };
-    let dfd = sys::open_root(&d).map_err(ctx(format!("cannot open {}", d.display())))?;
-    if let Err(e) = sys::renameat2(
-        &dfd,
-        OsStr::new(&tmp_name(id)),
-        &dfd,
-        OsStr::new(&format!("{id}.tar")),
-        flags,
-    ) {
-        let _ = fs::remove_file(&tmp_path);
+    if let Err(e) = d.rename(&tmp, &final_name, flags) {
+        let _ = d.remove_file(&tmp);
         if e.raw_os_error() == Some(libc::EEXIST) {
             return Err(format!(
                 "snapshot `{id}` was created by someone else meanwhile; choose another ID or pass --force"
@@ -281,9 +300,10 @@ pub fn save(upper: &Path, state: &Path, id: &str, opts: &SaveOptions) -> Result<
             tmp_path.display()
         ))(e));
     }
-    fsync_dir(&d).map_err(ctx(format!("cannot sync {}", d.display())))?;
-    drop(tmp);
-    let mut info = info_of(state, id)?;
+    d.sync()
+        .map_err(ctx(format!("cannot sync {}", d.path().display())))?;
+    drop(f);
+    let mut info = info_in(&d, id)?;
     info.entries = Some(entries);
     Ok(info)
 }
@@ -359,9 +379,162 @@ fn progress_bar(show: bool, total: Option<u64>, msg: &str) -> indicatif::Progres
     bar
 }
 
+/// The directories from a root down to the current one of a walk, each
+/// reached from its parent by name (`openat2` beneath it, no symlink
+/// followed) and known by (device, inode). Only the deepest `WINDOW` keep
+/// a descriptor, so a tree deeper than the open-file limit can be walked;
+/// a level whose descriptor was closed is reopened from the nearest open
+/// ancestor and must still be the same directory. Each level carries the
+/// walk's own data `M`.
+struct Chain<M> {
+    root: OwnedFd,
+    root_meta: M,
+    levels: Vec<Level<M>>,
+    /// The current directory's path relative to the root, `/`-joined.
+    path: Vec<u8>,
+}
+
+struct Level<M> {
+    name: OsString,
+    fd: Option<OwnedFd>,
+    id: (u64, u64),
+    meta: M,
+}
+
+impl<M> Chain<M> {
+    fn new(root: OwnedFd, root_meta: M) -> Chain<M> {
+        Chain {
+            root,
+            root_meta,
+            levels: Vec::new(),
+            path: Vec::new(),
+        }
+    }
+
+    fn depth(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// Enters `name`, whose descriptor is `fd`.
+    fn push(&mut self, name: OsString, fd: OwnedFd, meta: M) -> io::Result<()> {
+        let st = sys::fstat(&fd)?;
+        if !self.levels.is_empty() {
+            self.path.push(b'/');
+        }
+        self.path.extend_from_slice(name.as_bytes());
+        self.levels.push(Level {
+            name,
+            fd: Some(fd),
+            id: (st.st_dev, st.st_ino),
+            meta,
+        });
+        let n = self.levels.len();
+        if n > WINDOW {
+            self.levels[n - 1 - WINDOW].fd = None;
+        }
+        Ok(())
+    }
+
+    /// Leaves the current directory for its parent.
+    fn pop(&mut self) -> Option<Level<M>> {
+        let l = self.levels.pop()?;
+        let keep = if self.levels.is_empty() {
+            0
+        } else {
+            self.path.len() - l.name.len() - 1
+        };
+        self.path.truncate(keep);
+        Some(l)
+    }
+
+    /// The walk's data of the current directory.
+    fn meta_mut(&mut self) -> &mut M {
+        match self.levels.last_mut() {
+            Some(l) => &mut l.meta,
+            None => &mut self.root_meta,
+        }
+    }
+
+    /// The current directory's descriptor (reopened if it was closed).
+    fn fd(&mut self) -> io::Result<&OwnedFd> {
+        let n = self.levels.len();
+        if n == 0 {
+            return Ok(&self.root);
+        }
+        if self.levels[n - 1].fd.is_none() {
+            self.reopen()?;
+        }
+        self.levels[n - 1]
+            .fd
+            .as_ref()
+            .ok_or_else(|| io::Error::other("directory descriptor lost"))
+    }
+
+    fn reopen(&mut self) -> io::Result<()> {
+        let n = self.levels.len();
+        let from = self
+            .levels
+            .iter()
+            .rposition(|l| l.fd.is_some())
+            .map_or(0, |i| i + 1);
+        for k in from..n {
+            let fd = {
+                let parent = if k == 0 {
+                    &self.root
+                } else {
+                    self.levels[k - 1]
+                        .fd
+                        .as_ref()
+                        .ok_or_else(|| io::Error::other("directory descriptor lost"))?
+                };
+                sys::open_beneath(
+                    parent,
+                    &self.levels[k].name,
+                    libc::O_PATH | libc::O_DIRECTORY,
+                    0,
+                )?
+            };
+            let st = sys::fstat(&fd)?;
+            if (st.st_dev, st.st_ino) != self.levels[k].id {
+                return Err(io::Error::other(
+                    "a directory was replaced while being walked",
+                ));
+            }
+            self.levels[k].fd = Some(fd);
+            // Only the window stays open (the parent was needed for this one).
+            if k > 0 && k - 1 + WINDOW < n {
+                self.levels[k - 1].fd = None;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `parent/name` as a relative path (`parent` `/`-joined, "" the root).
+fn child_rel(parent: &[u8], name: &OsStr) -> PathBuf {
+    let mut b = parent.to_vec();
+    if !b.is_empty() {
+        b.push(b'/');
+    }
+    b.extend_from_slice(name.as_bytes());
+    PathBuf::from(OsStr::from_bytes(&b))
+}
+
+/// The names in a directory, sorted in reverse (the walk pops the first).
+fn names_rev(fd: &OwnedFd, shown: &Path) -> Result<Vec<OsString>, String> {
+    let mut names: Vec<OsString> = sys::read_dir(fd)
+        .map_err(ctx(format!("cannot list {}", shown.display())))?
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    names.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(names)
+}
+
 /// Writes the tar of `upper` to `out`: the root as `./`, then every object
 /// depth-first in name order, a directory before what it holds. Returns the
-/// writer and the number of entries.
+/// writer and the number of entries. Iterative, every object reached
+/// relative to its parent's descriptor (`Chain`).
 pub fn write_archive<W: Write>(
     upper: &Path,
     out: W,
@@ -372,30 +545,74 @@ pub fn write_archive<W: Write>(
         upper: upper.to_path_buf(),
         links: HashMap::new(),
         entries: 0,
-        exclude,
     };
     w.b.mode(tar::HeaderMode::Complete);
     w.b.follow_symlinks(false);
     w.b.sparse(true);
-    let root = fs::symlink_metadata(upper)
+    let root =
+        sys::open_root(upper).map_err(ctx(format!("cannot open upper dir {}", upper.display())))?;
+    let root_file = File::from(
+        root.try_clone()
+            .map_err(ctx(format!("cannot open upper dir {}", upper.display())))?,
+    );
+    let meta = root_file
+        .metadata()
         .map_err(ctx(format!("cannot stat upper dir {}", upper.display())))?;
-    if !root.is_dir() {
+    if !meta.is_dir() {
         return Err(format!("upper {} is not a directory", upper.display()));
     }
-    w.dir(Path::new(""), &root)?;
+    w.dir(&root_file, Path::new(""), &meta)?;
+    let names = names_rev(&root, upper)?;
+    let mut chain = Chain::new(root, names);
+    loop {
+        let Some(name) = chain.meta_mut().pop() else {
+            if chain.pop().is_none() {
+                break;
+            }
+            continue;
+        };
+        let rel = child_rel(&chain.path, &name);
+        if exclude.excludes(&rel) {
+            continue;
+        }
+        let full = w.full(&rel);
+        let parent = chain.fd().map_err(ctx(format!(
+            "cannot reopen the directory of {}",
+            full.display()
+        )))?;
+        let f = match sys::open_path(parent, &name) {
+            Ok(fd) => File::from(fd),
+            // Removed from outside meanwhile (only possible when the
+            // upper is changed behind the mount's back).
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(ctx(format!("cannot open {}", full.display()))(e)),
+        };
+        let m = f
+            .metadata()
+            .map_err(ctx(format!("cannot stat {}", full.display())))?;
+        if m.is_dir() {
+            w.dir(&f, &rel, &m)?;
+            let fd = OwnedFd::from(f);
+            let names = names_rev(&fd, &full)?;
+            chain
+                .push(name, fd, names)
+                .map_err(ctx(format!("cannot stat {}", full.display())))?;
+        } else {
+            w.non_dir(&f, &rel, &m)?;
+        }
+    }
     w.b.finish().map_err(ctx("cannot finish the archive"))?;
     let n = w.entries;
     let out = w.b.into_inner().map_err(ctx("cannot finish the archive"))?;
     Ok((out, n))
 }
 
-struct ArchiveWriter<'a, W: Write> {
+struct ArchiveWriter<W: Write> {
     b: tar::Builder<W>,
     upper: PathBuf,
     /// (dev, ino) of multiply-linked objects → their first path.
     links: HashMap<(u64, u64), PathBuf>,
     entries: u64,
-    exclude: &'a Exclude,
 }
 
 /// Name of an object in the archive: `./` for the root, `rel` below.
@@ -407,7 +624,7 @@ fn archive_name(rel: &Path) -> PathBuf {
     }
 }
 
-fn header_for(meta: &fs::Metadata) -> tar::Header {
+fn header_for(meta: &std::fs::Metadata) -> tar::Header {
     let mut h = tar::Header::new_gnu();
     h.set_metadata_in_mode(meta, tar::HeaderMode::Complete);
     // Seconds before 1970 do not fit the header: the PAX record has them.
@@ -421,7 +638,8 @@ fn time_record(secs: i64, nsec: i64) -> Vec<u8> {
     format!("{secs}.{nsec:09}").into_bytes()
 }
 
-impl<W: Write> ArchiveWriter<'_, W> {
+impl<W: Write> ArchiveWriter<W> {
+    /// The object's path, for messages.
     fn full(&self, rel: &Path) -> PathBuf {
         if rel.as_os_str().is_empty() {
             self.upper.clone()
@@ -434,7 +652,7 @@ impl<W: Write> ArchiveWriter<'_, W> {
     fn pax(
         &mut self,
         rel: &Path,
-        meta: &fs::Metadata,
+        meta: &std::fs::Metadata,
         xattrs: Vec<(OsString, Vec<u8>)>,
     ) -> Result<(), String> {
         let mut recs: Vec<(String, Vec<u8>)> = vec![
@@ -443,6 +661,10 @@ impl<W: Write> ArchiveWriter<'_, W> {
         ];
         for (name, value) in xattrs {
             match name.to_str() {
+                Some(n) if value.contains(&b'\n') => {
+                    let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+                    recs.push((format!("{PAX_XATTR_HEX}{n}"), hex.into_bytes()))
+                }
                 Some(n) => recs.push((format!("{PAX_XATTR}{n}"), value)),
                 None => eprintln!(
                     "layerfs snapshot: warning: xattr {:?} of {} is not UTF-8 and is not saved",
@@ -456,9 +678,10 @@ impl<W: Write> ArchiveWriter<'_, W> {
             .map_err(ctx("cannot write the archive"))
     }
 
-    fn dir(&mut self, rel: &Path, meta: &fs::Metadata) -> Result<(), String> {
+    /// A directory's own entry (`f` is an `O_PATH` descriptor of it).
+    fn dir(&mut self, f: &File, rel: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
         let full = self.full(rel);
-        let xattrs = read_xattrs_path(&full)?;
+        let xattrs = read_xattrs(f, &full)?;
         self.pax(rel, meta, xattrs)?;
         let mut h = header_for(meta);
         h.set_size(0);
@@ -466,35 +689,12 @@ impl<W: Write> ArchiveWriter<'_, W> {
             .append_data(&mut h, archive_name(rel), io::empty())
             .map_err(ctx(format!("cannot archive {}", full.display())))?;
         self.entries += 1;
-        let mut names: Vec<OsString> = fs::read_dir(&full)
-            .map_err(ctx(format!("cannot list {}", full.display())))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<io::Result<_>>()
-            .map_err(ctx(format!("cannot list {}", full.display())))?;
-        names.sort();
-        for name in names {
-            let child = rel.join(&name);
-            if self.exclude.excludes(&child) {
-                continue;
-            }
-            let cfull = self.full(&child);
-            let m = match fs::symlink_metadata(&cfull) {
-                Ok(m) => m,
-                // Removed from outside meanwhile (only possible when the
-                // upper is changed behind the mount's back).
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(ctx(format!("cannot stat {}", cfull.display()))(e)),
-            };
-            if m.is_dir() {
-                self.dir(&child, &m)?;
-            } else {
-                self.non_dir(&child, &m)?;
-            }
-        }
         Ok(())
     }
 
-    fn non_dir(&mut self, rel: &Path, meta: &fs::Metadata) -> Result<(), String> {
+    /// Anything but a directory (`f` is an `O_PATH` descriptor of it,
+    /// opened without following a symlink).
+    fn non_dir(&mut self, f: &File, rel: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
         let full = self.full(rel);
         let name = archive_name(rel);
         if meta.nlink() > 1 {
@@ -516,18 +716,13 @@ impl<W: Write> ArchiveWriter<'_, W> {
         let ft = meta.file_type();
         use std::os::unix::fs::FileTypeExt;
         if ft.is_file() {
-            let mut f =
-                open_nofollow(&full).map_err(ctx(format!("cannot open {}", full.display())))?;
-            let fm = f
+            // The same inode, opened for reading through its descriptor.
+            let mut data =
+                reopen_for_reading(f).map_err(ctx(format!("cannot open {}", full.display())))?;
+            let fm = data
                 .metadata()
                 .map_err(ctx(format!("cannot stat {}", full.display())))?;
-            if !fm.is_file() || fm.ino() != meta.ino() {
-                return Err(format!(
-                    "{} changed while being archived (the upper was modified outside the mount); retry",
-                    full.display()
-                ));
-            }
-            let xattrs = read_xattrs_fd(&f, &full)?;
+            let xattrs = read_xattrs(&data, &full)?;
             self.pax(rel, &fm, xattrs)?;
             let changed = || {
                 format!(
@@ -539,9 +734,9 @@ impl<W: Write> ArchiveWriter<'_, W> {
                 // Sparse: the tar crate writes the data map (SEEK_DATA/HOLE)
                 // and reads each data extent; the header has the size.
                 self.b
-                    .append_file(&name, &mut f)
+                    .append_file(&name, &mut data)
                     .map_err(ctx(format!("cannot archive {}", full.display())))?;
-                let now = f.metadata().map(|m| m.len()).unwrap_or(0);
+                let now = data.metadata().map(|m| m.len()).unwrap_or(0);
                 if now != fm.len() {
                     return Err(changed());
                 }
@@ -549,29 +744,28 @@ impl<W: Write> ArchiveWriter<'_, W> {
                 // Exactly the size in the header, whatever happens to the
                 // file meanwhile: the archive stays well-formed.
                 let mut h = header_for(&fm);
-                let mut data = ExactReader {
-                    inner: (&f).take(fm.len()),
+                let mut exact = ExactReader {
+                    inner: (&data).take(fm.len()),
                     short: false,
                 };
                 self.b
-                    .append_data(&mut h, &name, &mut data)
+                    .append_data(&mut h, &name, &mut exact)
                     .map_err(ctx(format!("cannot archive {}", full.display())))?;
-                if data.short {
+                if exact.short {
                     return Err(changed());
                 }
             }
         } else if ft.is_symlink() {
-            let target = fs::read_link(&full)
+            let target = sys::readlink_fd(f)
                 .map_err(ctx(format!("cannot read symlink {}", full.display())))?;
-            let xattrs = read_xattrs_path(&full)?;
-            self.pax(rel, meta, xattrs)?;
+            self.pax(rel, meta, Vec::new())?;
             let mut h = header_for(meta);
             h.set_size(0);
             self.b
                 .append_link(&mut h, &name, &target)
                 .map_err(ctx(format!("cannot archive {}", full.display())))?;
         } else if ft.is_char_device() || ft.is_block_device() || ft.is_fifo() {
-            let xattrs = read_xattrs_path(&full)?;
+            let xattrs = read_xattrs(f, &full)?;
             self.pax(rel, meta, xattrs)?;
             let mut h = header_for(meta);
             h.set_size(0);
@@ -619,123 +813,111 @@ impl<R: Read> Read for ExactReader<R> {
     }
 }
 
-fn open_nofollow(p: &Path) -> io::Result<File> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NOATIME | libc::O_CLOEXEC)
-        .open(p);
-    match f {
+/// Opens the regular file behind the `O_PATH` descriptor `f` for reading
+/// (the same inode: through `/proc/self/fd`), without touching its atime
+/// where the caller may.
+fn reopen_for_reading(f: &File) -> io::Result<File> {
+    match sys::reopen(f, libc::O_RDONLY | libc::O_NOATIME) {
         // O_NOATIME needs ownership of the file.
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(p),
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::reopen(f, libc::O_RDONLY),
         r => r,
     }
+    .map(File::from)
 }
 
-fn xattr_ctx(p: &Path) -> impl FnOnce(io::Error) -> String + '_ {
-    move |e| format!("cannot read xattrs of {}: {e}", p.display())
-}
-
-/// Every xattr of `p` (never following a symlink), name order.
-fn read_xattrs_path(p: &Path) -> Result<Vec<(OsString, Vec<u8>)>, String> {
+/// Every xattr of the object behind `fd` (any descriptor, `O_PATH`
+/// included; never a symlink), in name order.
+fn read_xattrs(fd: &impl AsRawFd, p: &Path) -> Result<Vec<(OsString, Vec<u8>)>, String> {
+    let err = |e: io::Error| format!("cannot read xattrs of {}: {e}", p.display());
     let mut out = Vec::new();
-    let names = match xattr::list(p) {
-        Ok(n) => n,
+    let list = match sys::listxattr(fd) {
+        Ok(l) => l,
         Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(out),
-        Err(e) => return Err(xattr_ctx(p)(e)),
+        Err(e) => return Err(err(e)),
     };
-    for n in names {
-        if let Some(v) = xattr::get(p, &n).map_err(xattr_ctx(p))? {
-            out.push((n, v));
+    for n in list.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let name = CString::new(n).map_err(|_| format!("bad xattr name of {}", p.display()))?;
+        match sys::getxattr(fd, &name) {
+            Ok(v) => out.push((OsStr::from_bytes(n).to_os_string(), v)),
+            // Removed meanwhile.
+            Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+            Err(e) => return Err(err(e)),
         }
     }
     out.sort();
     Ok(out)
 }
 
-fn read_xattrs_fd(f: &File, p: &Path) -> Result<Vec<(OsString, Vec<u8>)>, String> {
-    use xattr::FileExt;
-    let mut out = Vec::new();
-    let names = match f.list_xattr() {
-        Ok(n) => n,
-        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(out),
-        Err(e) => return Err(xattr_ctx(p)(e)),
-    };
-    for n in names {
-        if let Some(v) = f.get_xattr(&n).map_err(xattr_ctx(p))? {
-            out.push((n, v));
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Info about snapshot `id` from its file (entries not counted).
-pub fn info_of(state: &Path, id: &str) -> Result<Info, String> {
-    let p = path(state, id);
-    let m = fs::symlink_metadata(&p).map_err(|e| {
+/// Info about snapshot `id` in the checked `snapshots/` (entries not
+/// counted).
+fn info_in(d: &SafeDir, id: &str) -> Result<Info, String> {
+    let name = file_name(id);
+    let p = d.shown(&name);
+    let st = d.stat(&name).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
             format!(
                 "no snapshot `{id}` in {} (see: layerfs snapshot list WORKSPACE)",
-                dir(state).display()
+                d.path().display()
             )
         } else {
             ctx(format!("cannot stat {}", p.display()))(e)
         }
     })?;
-    if !m.is_file() {
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(format!("{} is not a regular file", p.display()));
     }
     Ok(Info {
         id: id.to_string(),
-        size: m.len(),
-        time: m.mtime(),
+        size: st.st_size as u64,
+        time: st.st_mtime,
         entries: None,
     })
 }
 
-/// Counts the entries of an archive, reading only its headers.
-pub fn count_entries(state: &Path, id: &str) -> Result<u64, String> {
-    let p = path(state, id);
-    let f = File::open(&p).map_err(ctx(format!("cannot open {}", p.display())))?;
-    let mut ar = tar::Archive::new(f);
-    let mut n = 0;
-    for e in ar
-        .entries_with_seek()
-        .map_err(ctx(format!("cannot read {}", p.display())))?
-    {
-        e.map_err(ctx(format!("cannot read {}", p.display())))?;
-        n += 1;
+/// Info about snapshot `id` of the checked state dir.
+pub fn info_of(state: &SafeDir, id: &str) -> Result<Info, String> {
+    match snapshots_dir(state, false)? {
+        Some(d) => info_in(&d, id),
+        None => Err(format!(
+            "no snapshot `{id}`: {} does not exist (see: layerfs snapshot list WORKSPACE)",
+            dir(state.path()).display()
+        )),
     }
-    Ok(n)
 }
 
-/// Every snapshot in the state dir, oldest first (then by ID).
-pub fn list(state: &Path, count: bool) -> Result<Vec<Info>, String> {
-    let d = dir(state);
-    let rd = match fs::read_dir(&d) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(ctx(format!("cannot list {}", d.display()))(e)),
+/// Opens snapshot `id` for reading, never following a symlink.
+fn open_snapshot(d: &SafeDir, id: &str) -> Result<File, String> {
+    let name = file_name(id);
+    d.open_file(&name, libc::O_RDONLY, 0)
+        .map_err(ctx(format!("cannot open {}", d.shown(&name).display())))
+}
+
+/// Every snapshot in the state dir, oldest first (then by ID); `count`
+/// counts each one's entries (reading only headers, `prescan`).
+pub fn list(state: &SafeDir, count: bool) -> Result<Vec<Info>, String> {
+    let Some(d) = snapshots_dir(state, false)? else {
+        return Ok(Vec::new());
     };
+    let entries = d
+        .read_dir()
+        .map_err(ctx(format!("cannot list {}", d.path().display())))?;
     let mut out = Vec::new();
-    for e in rd {
-        let e = e.map_err(ctx(format!("cannot list {}", d.display())))?;
-        let name = e.file_name();
-        let Some(id) = name.as_bytes().strip_suffix(b".tar") else {
+    for e in entries {
+        let Some(id) = e.name.as_bytes().strip_suffix(b".tar") else {
             continue;
         };
         let Ok(id) = snapshot_id::validate(OsStr::from_bytes(id)) else {
             continue;
         };
-        let mut info = match info_of(state, id) {
+        let mut info = match info_in(&d, id) {
             Ok(i) => i,
             Err(_) => continue,
         };
         if count {
-            info.entries = count_entries(state, id).ok();
+            info.entries = open_snapshot(&d, id)
+                .and_then(|f| prescan(&f))
+                .ok()
+                .map(|s| s.entries);
         }
         out.push(info);
     }
@@ -744,232 +926,301 @@ pub fn list(state: &Path, count: bool) -> Result<Vec<Info>, String> {
 }
 
 /// Removes snapshot `id`.
-pub fn remove(state: &Path, id: &str) -> Result<(), String> {
-    info_of(state, id)?;
-    let p = path(state, id);
-    fs::remove_file(&p).map_err(ctx(format!("cannot remove {}", p.display())))?;
-    fsync_dir(&dir(state)).map_err(ctx(format!("cannot sync {}", dir(state).display())))
+pub fn remove(state: &SafeDir, id: &str) -> Result<(), String> {
+    let d = snapshots_dir(state, false)?
+        .ok_or_else(|| format!("no snapshot `{id}` in {}", dir(state.path()).display()))?;
+    info_in(&d, id)?;
+    let name = file_name(id);
+    d.remove_file(&name)
+        .map_err(ctx(format!("cannot remove {}", d.shown(&name).display())))?;
+    d.sync()
+        .map_err(ctx(format!("cannot sync {}", d.path().display())))
 }
 
-/// Where a restore builds its staging tree: inside `work` when it is on
-/// the upper's filesystem (mount cleans leftovers there), else beside the
-/// upper.
-fn staging_parent(upper: &Path, work: Option<&Path>) -> Result<PathBuf, String> {
-    let upper_dev = fs::symlink_metadata(upper)
-        .map_err(ctx(format!("cannot stat upper dir {}", upper.display())))?
-        .dev();
-    if let Some(w) = work {
-        if fs::symlink_metadata(w).is_ok_and(|m| m.is_dir() && m.dev() == upper_dev) {
-            return Ok(w.to_path_buf());
+/// What a pass over an archive's headers found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// Entries the tar reader will yield (extension records not counted).
+    pub entries: u64,
+    /// Bytes of file data stored in the archive.
+    pub data_bytes: u64,
+}
+
+/// Reads the archive's headers only (one `pread` per header, seeking over
+/// data) and checks its framing before anything is extracted: every
+/// extension record (PAX `x`/`g`, GNU long name `L` and long link `K`),
+/// which the tar reader loads whole into memory, is at most `META_LIMIT`
+/// bytes; no entry's data runs past the end of the file. The framing is
+/// the tar reader's (tar 0.4, non-raw iteration): a PAX `size` overrides
+/// the next entry's size, GNU sparse entries have extension blocks after
+/// their header, and the headers themselves are parsed by `tar::Header`.
+pub fn prescan(f: &File) -> Result<Scan, String> {
+    const BLOCK: u64 = 512;
+    let len = f.metadata().map_err(ctx("cannot stat the archive"))?.len();
+    let truncated = |at: u64| {
+        format!(
+            "the archive is truncated (it ends at byte {len}, an entry at byte {at} goes \
+             beyond): not a complete snapshot"
+        )
+    };
+    let mut scan = Scan::default();
+    let mut pos = 0u64;
+    let mut pax_size: Option<u64> = None;
+    let (mut long_name, mut long_link, mut pax) = (false, false, false);
+    let mut block = [0u8; BLOCK as usize];
+    loop {
+        let got = read_full_at(f, &mut block, pos).map_err(ctx("cannot read the archive"))?;
+        if got == 0 {
+            break;
         }
-    }
-    let parent = upper
-        .parent()
-        .ok_or_else(|| format!("upper dir {} has no parent directory", upper.display()))?;
-    let m =
-        fs::symlink_metadata(parent).map_err(ctx(format!("cannot stat {}", parent.display())))?;
-    if m.dev() != upper_dev {
-        return Err(format!(
-            "upper dir {} is a mount point: it cannot be replaced atomically; restore into a workspace whose upper is a plain directory",
-            upper.display()
-        ));
-    }
-    Ok(parent.to_path_buf())
-}
-
-/// A snapshot extracted into a staging directory beside the upper (on its
-/// filesystem), synced, ready to be exchanged with it.
-pub struct Staged {
-    pub info: Info,
-    /// Where the staging dir is (the work dir, or the upper's parent).
-    pub parent: PathBuf,
-    /// Its name there (`.layerfs-restore.PID.NANOS`).
-    pub name: OsString,
-}
-
-impl Staged {
-    pub fn path(&self) -> PathBuf {
-        self.parent.join(&self.name)
-    }
-}
-
-/// Extracts snapshot `id` into a new staging directory (in `work` when it
-/// is on the upper's filesystem, else beside the upper) and syncs it. On
-/// error nothing is left behind.
-pub fn stage(
-    upper: &Path,
-    work: Option<&Path>,
-    state: &Path,
-    id: &str,
-    progress: bool,
-) -> Result<Staged, String> {
-    snapshot_id::validate(OsStr::new(id))?;
-    let info = info_of(state, id)?;
-    let parent = staging_parent(upper, work)?;
-    let staging_name = OsString::from(format!(
-        "{}{}.{}",
-        crate::daemon::restore::STAGING_PREFIX,
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos()
-    ));
-    let staging = parent.join(&staging_name);
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&staging)
-        .map_err(ctx(format!(
-            "cannot create staging dir {}",
-            staging.display()
-        )))?;
-    // Invariant: every failure removes the staging tree.
-    let extracted = (|| -> Result<(), String> {
-        let p = path(state, id);
-        let f = File::open(&p).map_err(ctx(format!("cannot open {}", p.display())))?;
-        let bar = progress_bar(progress, Some(info.size), &format!("restoring {id}"));
-        extract(BufReader::with_capacity(IO_BUF, bar.wrap_read(f)), &staging)
-            .map_err(|e| format!("snapshot {}: {e}", p.display()))?;
-        bar.finish_and_clear();
-        let sfd =
-            File::open(&staging).map_err(ctx(format!("cannot open {}", staging.display())))?;
-        // One syncfs makes the whole staging tree durable before it
-        // becomes the upper (cheaper than an fsync per file).
-        // SAFETY: syncfs on an fd we own.
-        if unsafe { libc::syncfs(sfd.as_raw_fd()) } != 0 {
-            return Err(ctx(format!("cannot sync {}", staging.display()))(
-                io::Error::last_os_error(),
+        if got < block.len() || pos + BLOCK > len {
+            return Err(truncated(pos));
+        }
+        if block.iter().all(|&b| b == 0) {
+            break;
+        }
+        let at = pos;
+        let h = tar::Header::from_byte_slice(&block);
+        let sum = block[..148]
+            .iter()
+            .chain(&block[156..])
+            .fold(0u32, |a, b| a + *b as u32)
+            + 8 * 32;
+        if h.cksum().ok() != Some(sum) {
+            return Err(format!(
+                "the archive's header at byte {at} is damaged (checksum mismatch): not a \
+                 complete snapshot"
             ));
         }
-        Ok(())
-    })();
-    if let Err(e) = extracted {
-        let _ = crate::layer::walk::remove_path(&staging);
-        return Err(e);
+        pos += BLOCK;
+        let ty = h.entry_type();
+        let extension = ty.is_gnu_longname()
+            || ty.is_gnu_longlink()
+            || ty.is_pax_local_extensions()
+            || ty.is_pax_global_extensions();
+        let recognized = h.as_gnu().is_some() || h.as_ustar().is_some();
+        let mut size = h
+            .entry_size()
+            .map_err(|e| format!("the archive's header at byte {at}: {e}"))?;
+        if !extension {
+            if let Some(s) = pax_size {
+                size = s;
+            }
+        }
+        if extension && size > META_LIMIT {
+            return Err(format!(
+                "the archive's entry at byte {at} declares {size} bytes of metadata (PAX \
+                 records or a long name), more than the {} MiB layerfs reads: refused",
+                META_LIMIT >> 20
+            ));
+        }
+        let padded = size
+            .checked_add(BLOCK - 1)
+            .map(|s| s & !(BLOCK - 1))
+            .ok_or_else(|| format!("the archive's entry at byte {at} has an absurd size"))?;
+        let consumed = recognized
+            && (ty.is_gnu_longname() || ty.is_gnu_longlink() || ty.is_pax_local_extensions());
+        if consumed {
+            let seen = if ty.is_gnu_longname() {
+                &mut long_name
+            } else if ty.is_gnu_longlink() {
+                &mut long_link
+            } else {
+                &mut pax
+            };
+            if *seen {
+                return Err(format!(
+                    "the archive has two extension records for one entry (at byte {at})"
+                ));
+            }
+            *seen = true;
+            if ty.is_pax_local_extensions() {
+                let mut data = vec![0u8; size as usize];
+                if read_full_at(f, &mut data, pos).map_err(ctx("cannot read the archive"))?
+                    < data.len()
+                {
+                    return Err(truncated(at));
+                }
+                pax_size = pax_value_size(&data);
+            }
+        } else {
+            if ty.is_gnu_sparse() {
+                let gnu = h
+                    .as_gnu()
+                    .ok_or_else(|| format!("sparse entry at byte {at} without a GNU header"))?;
+                if gnu.is_extended() {
+                    loop {
+                        let got = read_full_at(f, &mut block, pos)
+                            .map_err(ctx("cannot read the archive"))?;
+                        if got < block.len() {
+                            return Err(truncated(at));
+                        }
+                        pos += BLOCK;
+                        // `GnuExtSparseHeader::isextended`, after 21 24-byte records.
+                        if block[21 * 24] != 1 {
+                            break;
+                        }
+                    }
+                }
+            }
+            scan.entries += 1;
+            if matches!(
+                ty,
+                tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse
+            ) {
+                scan.data_bytes = scan.data_bytes.saturating_add(size);
+            }
+            pax_size = None;
+            (long_name, long_link, pax) = (false, false, false);
+        }
+        pos = pos
+            .checked_add(padded)
+            .filter(|&p| p <= len)
+            .ok_or_else(|| truncated(at))?;
     }
-    Ok(Staged {
-        info,
-        parent,
-        name: staging_name,
-    })
+    if long_name || long_link || pax {
+        return Err(
+            "the archive ends with extension records for an entry that is missing: not a \
+             complete snapshot"
+                .into(),
+        );
+    }
+    Ok(scan)
 }
 
-/// Replaces the upper by the contents of snapshot `id`, atomically (see
-/// the module invariants). The upper must not be in use by a daemon (a
-/// live mount's daemon does the exchange itself: `daemon::restore`).
-pub fn restore(
-    upper: &Path,
-    work: Option<&Path>,
-    state: &Path,
-    id: &str,
-    progress: bool,
-) -> Result<Info, String> {
-    let upper_name = upper
-        .file_name()
-        .ok_or_else(|| format!("upper dir {} has no name", upper.display()))?;
-    let upper_parent = upper
-        .parent()
-        .ok_or_else(|| format!("upper dir {} has no parent directory", upper.display()))?;
-    let staged = stage(upper, work, state, id, progress)?;
-    let staging = staged.path();
-    let pfd = sys::open_root(&staged.parent)
-        .map_err(ctx(format!("cannot open {}", staged.parent.display())))?;
-    let ufd = sys::open_root(upper_parent)
-        .map_err(ctx(format!("cannot open {}", upper_parent.display())))?;
-    if let Err(e) = sys::renameat2(&pfd, &staged.name, &ufd, upper_name, sys::RENAME_EXCHANGE) {
-        let _ = crate::layer::walk::remove_path(&staging);
-        return Err(ctx(format!(
-            "cannot exchange {} with upper dir {}",
-            staging.display(),
-            upper.display()
-        ))(e));
+/// The `size` record of a PAX record set, read as the tar reader reads it
+/// (the first `size` key decides; a value that does not parse is none).
+fn pax_value_size(data: &[u8]) -> Option<u64> {
+    for ext in tar::PaxExtensions::new(data) {
+        let ext = ext.ok()?;
+        if ext.key() != Ok("size") {
+            continue;
+        }
+        return ext.value().ok()?.parse().ok();
     }
-    for d in [upper_parent, staged.parent.as_path()] {
-        fsync_dir(d).map_err(ctx(format!("cannot sync {}", d.display())))?;
-    }
-    // `staging` now holds the old upper.
-    crate::layer::walk::remove_path(&staging).map_err(ctx(format!(
-        "restored, but cannot remove the old upper (now {}); remove it by hand",
-        staging.display()
-    )))?;
-    Ok(staged.info)
+    None
 }
 
-/// Metadata applied to a directory once everything beneath it exists.
-struct DirMeta {
-    path: PathBuf,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    times: [libc::timespec; 2],
-}
-
-fn parse_time(v: &[u8]) -> Option<libc::timespec> {
-    let s = std::str::from_utf8(v).ok()?;
-    let (secs, frac) = s.split_once('.').unwrap_or((s, "0"));
-    let secs: i64 = secs.parse().ok()?;
-    let mut digits: String = frac.chars().take(9).collect();
-    while digits.len() < 9 {
-        digits.push('0');
-    }
-    let nsec: i64 = digits.parse().ok()?;
-    Some(libc::timespec {
-        tv_sec: secs,
-        tv_nsec: nsec,
-    })
-}
-
-/// A relative path of the archive made safe: `./` prefixes dropped, only
-/// normal components; "" is the root.
-fn safe_rel(p: &Path) -> Result<PathBuf, String> {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::CurDir => {}
-            Component::Normal(n) => out.push(n),
-            _ => return Err(format!("unsafe path {:?} in the archive", p)),
+/// Reads as much of `buf` as the file has at `off`.
+fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], off + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
-    Ok(out)
+    Ok(got)
 }
 
-fn cpath(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+/// What a restore left out of the archive or changed, by name: everything
+/// the workspace's policy (or the restoring user's rights) did not let
+/// through as the archive had it.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// The first `MAX_LISTED` changes, in archive order.
+    pub changes: Vec<Change>,
+    /// Every change, counted by kind.
+    pub counts: std::collections::BTreeMap<&'static str, u64>,
 }
 
-fn lchown(p: &Path, uid: u32, gid: u32) -> io::Result<()> {
-    let c = cpath(p)?;
-    // SAFETY: c is a valid C string; lchown never follows a symlink.
-    if unsafe { libc::lchown(c.as_ptr(), uid, gid) } != 0 {
-        return Err(io::Error::last_os_error());
+/// One change: the entry's path in the archive, what happened
+/// (`device-skipped`, `suid-stripped`, `xattr-dropped`, `owner-kept`,
+/// `symlink-skipped`, `link-skipped`, `root-kept`) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub path: PathBuf,
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+impl Report {
+    fn add(&mut self, path: &Path, kind: &'static str, detail: String) {
+        *self.counts.entry(kind).or_default() += 1;
+        if self.changes.len() < MAX_LISTED {
+            self.changes.push(Change {
+                path: path.to_path_buf(),
+                kind,
+                detail,
+            });
+        }
     }
-    Ok(())
+
+    /// Whether nothing was left out or changed.
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    /// Changes counted but not listed.
+    pub fn omitted(&self) -> u64 {
+        self.counts.values().sum::<u64>() - self.changes.len() as u64
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "changes": self.changes.iter().map(|c| serde_json::json!({
+                "path": c.path.to_string_lossy(),
+                "change": c.kind,
+                "detail": c.detail,
+            })).collect::<Vec<_>>(),
+            "counts": self.counts,
+            "omitted": self.omitted(),
+        })
+    }
+
+    /// Lines for the terminal: at most `max` changes (paths quoted with
+    /// control characters escaped), then what was left unlisted.
+    pub fn lines(&self, max: usize) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .changes
+            .iter()
+            .take(max)
+            .map(|c| {
+                let p = if c.path.as_os_str().is_empty() {
+                    "./".to_string()
+                } else {
+                    format!("{:?}", c.path.to_string_lossy())
+                };
+                format!("{}: {p}: {}", c.kind, c.detail)
+            })
+            .collect();
+        let more = self.counts.values().sum::<u64>() - out.len() as u64;
+        if more > 0 {
+            let counts: Vec<String> = self
+                .counts
+                .iter()
+                .map(|(k, n)| format!("{n} {k}"))
+                .collect();
+            out.push(format!(
+                "… {more} more not listed (all: {}; --json lists up to {MAX_LISTED})",
+                counts.join(", ")
+            ));
+        }
+        out
+    }
 }
 
-fn set_times(p: &Path, times: &[libc::timespec; 2]) -> io::Result<()> {
-    let c = cpath(p)?;
-    // SAFETY: c and times are valid; AT_SYMLINK_NOFOLLOW sets the link's own times.
-    if unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+/// What kind of object an xattr sits on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Dir,
+    File,
+    Symlink,
+    /// A device node or a fifo.
+    Node,
 }
 
-fn mknod(p: &Path, mode: u32, dev: libc::dev_t) -> io::Result<()> {
-    let c = cpath(p)?;
-    // SAFETY: c is a valid C string; mknod creates a new node (fails if present).
-    if unsafe { libc::mknod(c.as_ptr(), mode, dev) } != 0 {
-        return Err(io::Error::last_os_error());
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Dir => "directory",
+            Kind::File => "regular file",
+            Kind::Symlink => "symlink",
+            Kind::Node => "device or fifo",
+        }
     }
-    Ok(())
 }
 
 fn is_root() -> bool {
@@ -977,66 +1228,362 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Sets owner, tolerating EPERM for an unprivileged caller (objects keep
-/// the caller as owner, as the daemon's own objects do).
-fn chown_tolerant(r: io::Result<()>) -> io::Result<()> {
-    match r {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) && !is_root() => Ok(()),
-        r => r,
-    }
-}
-
-fn set_xattr_on(
-    set: impl Fn(&OsStr, &[u8]) -> io::Result<()>,
-    name: &OsStr,
+/// Whether the xattr `name` = `value` may be restored on an object of
+/// `kind` under `policy`: `Ok(name to set)` (an overlay mark is written in
+/// the restoring user's spelling: `trusted.overlay.` as root, else
+/// `user.overlay.`, as the mount would write it), or `Err(why not)`.
+fn xattr_verdict(
+    name: &[u8],
     value: &[u8],
-    p: &Path,
-) -> io::Result<()> {
-    match set(name, value) {
-        // security.* labels and capabilities need privileges the caller
-        // may not have; they are not part of the overlay's view.
-        Err(_) if name.as_bytes().starts_with(b"security.") && !is_root() => {
-            eprintln!(
-                "layerfs snapshot: warning: cannot restore xattr {:?} of {}",
-                name,
-                p.display()
-            );
-            Ok(())
+    kind: Kind,
+    policy: &Policy,
+) -> Result<Vec<u8>, String> {
+    if kind == Kind::Symlink {
+        return Err("a symlink's xattrs are not restored".into());
+    }
+    if let Some(mark) = PRIVATE_PREFIXES
+        .iter()
+        .find_map(|p| name.strip_prefix(p.as_bytes()))
+    {
+        let valid = match mark {
+            b"opaque" => kind == Kind::Dir && value == ops::OPAQUE_VALUE,
+            b"redirect" => kind == Kind::Dir && ops::is_valid_redirect(value),
+            m if m == MOVED_IN_XATTR.as_bytes() => kind == Kind::Dir && value == MOVED_IN_VALUE,
+            m if m == ORIGIN_XATTR.as_bytes() => kind == Kind::File && Origin::is_valid(value),
+            _ => {
+                return Err("the overlay's private namespace holds only layerfs's own marks".into())
+            }
+        };
+        if !valid {
+            return Err(format!(
+                "not a valid {} mark for a {}: the overlay writes it differently",
+                String::from_utf8_lossy(mark),
+                kind.name()
+            ));
         }
-        Err(e) => Err(io::Error::new(
-            e.kind(),
-            format!("cannot set xattr {:?} on {}: {e}", name, p.display()),
-        )),
-        Ok(()) => Ok(()),
+        let prefix = if is_root() {
+            PRIVATE_PREFIXES[0]
+        } else {
+            PRIVATE_PREFIXES[1]
+        };
+        let mut n = prefix.as_bytes().to_vec();
+        n.extend_from_slice(mark);
+        return Ok(n);
+    }
+    if name.starts_with(b"trusted.") {
+        return Err("trusted.* xattrs are privileged and not layerfs's marks".into());
+    }
+    if name == b"security.capability" {
+        if policy.strip_suid() {
+            return Err(format!(
+                "a file capability grants privilege like a setuid bit ({})",
+                policy.suid_rule()
+            ));
+        }
+        return if kind == Kind::File {
+            Ok(name.to_vec())
+        } else {
+            Err("a capability belongs on a regular file".into())
+        };
+    }
+    if name.starts_with(b"security.") {
+        return Err("security labels are not restored".into());
+    }
+    if name == b"system.posix_acl_access" || name == b"system.posix_acl_default" {
+        return match kind {
+            Kind::Dir => Ok(name.to_vec()),
+            Kind::File | Kind::Node if name == b"system.posix_acl_access" => Ok(name.to_vec()),
+            _ => Err("a default ACL belongs on a directory".into()),
+        };
+    }
+    if name.starts_with(b"user.") {
+        // The kernel keeps user.* on files and directories only.
+        return if matches!(kind, Kind::Dir | Kind::File) {
+            Ok(name.to_vec())
+        } else {
+            Err("user.* xattrs belong on files and directories".into())
+        };
+    }
+    Err("not an xattr namespace a workspace keeps".into())
+}
+
+/// The upper root's own mode and owner: a restore keeps them, whatever
+/// the archive's root entry says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootMeta {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl RootMeta {
+    /// Those of the directory at `p` (not following a symlink).
+    pub fn of(p: &Path) -> Result<RootMeta, String> {
+        let m =
+            std::fs::symlink_metadata(p).map_err(ctx(format!("cannot stat {}", p.display())))?;
+        if !m.is_dir() {
+            return Err(format!("{} is not a directory", p.display()));
+        }
+        Ok(RootMeta {
+            mode: m.mode() & 0o7777,
+            uid: m.uid(),
+            gid: m.gid(),
+        })
     }
 }
 
-/// Extracts an archive made by `write_archive` into the existing, empty
-/// directory `dst` (its root entry sets `dst`'s own metadata).
-pub fn extract<R: Read>(r: R, dst: &Path) -> Result<u64, String> {
+/// Mode and times applied to a directory once everything beneath it
+/// exists (a read-only mode would stop its children being made; their
+/// creation would change its times).
+struct DirMeta {
+    mode: u32,
+    times: [libc::timespec; 2],
+}
+
+/// The state of one extraction besides the directory chain.
+struct Extractor<'a> {
+    policy: &'a Policy,
+    report: &'a mut Report,
+    /// Hashes of the paths of entries left out (hard links to them are
+    /// left out too), keyed per process so an archive cannot aim at
+    /// collisions.
+    skipped: HashSet<u64>,
+    hasher: RandomState,
+}
+
+impl Extractor<'_> {
+    fn skip(&mut self, rel: &Path, kind: &'static str, detail: String) {
+        self.skipped
+            .insert(self.hasher.hash_one(rel.as_os_str().as_bytes()));
+        self.report.add(rel, kind, detail);
+    }
+
+    fn was_skipped(&self, rel: &Path) -> bool {
+        self.skipped
+            .contains(&self.hasher.hash_one(rel.as_os_str().as_bytes()))
+    }
+
+    /// Gives the object behind `fd` the archive's owner, as far as the
+    /// restoring user may: another user's ids are kept as the caller's
+    /// (and reported) when the kernel refuses them.
+    fn owner(&mut self, fd: &impl AsFd, uid: u32, gid: u32, rel: &Path) -> Result<(), String> {
+        match sys::fchown(fd, Some(uid), Some(gid)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) && !is_root() => {
+                self.report.add(
+                    rel,
+                    "owner-kept",
+                    format!(
+                        "owner {uid}:{gid} cannot be given by uid {}; it stays yours",
+                        nix::unistd::geteuid()
+                    ),
+                );
+                Ok(())
+            }
+            Err(e) => Err(format!("cannot chown {:?}: {e}", rel)),
+        }
+    }
+
+    /// Sets the xattrs the policy lets through (`xattr_verdict`) on the
+    /// object behind `fd`; reports the others.
+    fn xattrs(
+        &mut self,
+        fd: &impl AsRawFd,
+        kind: Kind,
+        xattrs: &[(OsString, Vec<u8>)],
+        rel: &Path,
+    ) -> Result<(), String> {
+        for (name, value) in xattrs {
+            let shown = String::from_utf8_lossy(name.as_bytes()).into_owned();
+            match xattr_verdict(name.as_bytes(), value, kind, self.policy) {
+                Ok(set) => {
+                    let Ok(c) = CString::new(set) else {
+                        self.report.add(
+                            rel,
+                            "xattr-dropped",
+                            format!("{shown:?}: a NUL in its name"),
+                        );
+                        continue;
+                    };
+                    sys::setxattr(fd, &c, value, 0)
+                        .map_err(|e| format!("cannot set xattr {shown:?} on {:?}: {e}", rel))?;
+                }
+                Err(why) => self
+                    .report
+                    .add(rel, "xattr-dropped", format!("{shown:?}: {why}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// The mode the policy lets a non-directory keep; reports a stripped
+    /// setuid/setgid bit.
+    fn file_mode(&mut self, mode: u32, rel: &Path) -> u32 {
+        let allowed = self.policy.allowed_mode(mode, false);
+        if allowed != mode {
+            self.report.add(
+                rel,
+                "suid-stripped",
+                format!(
+                    "mode {mode:04o} restored as {allowed:04o} ({})",
+                    self.policy.suid_rule()
+                ),
+            );
+        }
+        allowed
+    }
+
+    /// Moves `chain` to the directory `parent` (relative, `/`-joined):
+    /// the directories left are completed (`finish_dir`), the ones
+    /// entered are opened beneath their parents, never through a symlink.
+    fn navigate(
+        &mut self,
+        chain: &mut Chain<Option<DirMeta>>,
+        parent: &[u8],
+    ) -> Result<(), String> {
+        if chain.path == parent {
+            return Ok(());
+        }
+        let comps: Vec<&[u8]> = if parent.is_empty() {
+            Vec::new()
+        } else {
+            parent.split(|&b| b == b'/').collect()
+        };
+        let common = chain
+            .levels
+            .iter()
+            .zip(&comps)
+            .take_while(|(l, c)| l.name.as_bytes() == **c)
+            .count();
+        while chain.depth() > common {
+            self.finish_dir(chain)?;
+            chain.pop();
+        }
+        for c in &comps[common..] {
+            let name = OsStr::from_bytes(c);
+            let opened = chain
+                .fd()
+                .and_then(|p| sys::open_beneath(p, name, libc::O_PATH | libc::O_DIRECTORY, 0));
+            let fd = opened.map_err(|e| {
+                format!(
+                    "{:?} is not a directory extracted before it ({e})",
+                    child_rel(&chain.path, name)
+                )
+            })?;
+            chain
+                .push(name.to_os_string(), fd, None)
+                .map_err(|e| format!("cannot stat {:?}: {e}", chain.path))?;
+        }
+        Ok(())
+    }
+
+    /// Applies the current directory's deferred mode and times.
+    fn finish_dir(&mut self, chain: &mut Chain<Option<DirMeta>>) -> Result<(), String> {
+        let Some(m) = chain.meta_mut().take() else {
+            return Ok(());
+        };
+        let shown = PathBuf::from(OsStr::from_bytes(&chain.path));
+        let fd = chain
+            .fd()
+            .map_err(|e| format!("cannot reopen {:?}: {e}", shown))?;
+        sys::fchmod(fd, m.mode).map_err(|e| format!("cannot chmod {:?}: {e}", shown))?;
+        sys::futimens(fd, &m.times).map_err(|e| format!("cannot set times of {:?}: {e}", shown))
+    }
+}
+
+/// The directory holding `rel`'s last name, opened from `root` beneath it
+/// (no symlink, no `..`), and that name.
+fn open_parent_of<'r>(root: &OwnedFd, rel: &'r Path) -> io::Result<(OwnedFd, &'r OsStr)> {
+    let bytes = rel.as_os_str().as_bytes();
+    let (parent, name) = match bytes.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&bytes[..i], &bytes[i + 1..]),
+        None => (&b""[..], bytes),
+    };
+    let name = OsStr::from_bytes(name);
+    let dir_flags = libc::O_PATH | libc::O_DIRECTORY;
+    if parent.is_empty() {
+        return Ok((
+            sys::open_beneath(root, OsStr::new("."), dir_flags, 0)?,
+            name,
+        ));
+    }
+    if parent.len() < 4000 {
+        let fd = sys::openat2(
+            root,
+            OsStr::from_bytes(parent),
+            dir_flags | libc::O_NOFOLLOW,
+            0,
+            sys::RESOLVE_BENEATH | sys::RESOLVE_NO_SYMLINKS | sys::RESOLVE_NO_MAGICLINKS,
+        )?;
+        return Ok((fd, name));
+    }
+    // Deeper than one path lookup may go: a name at a time.
+    let mut cur = sys::open_beneath(root, OsStr::new("."), dir_flags, 0)?;
+    for c in parent.split(|&b| b == b'/') {
+        cur = sys::open_beneath(&cur, OsStr::from_bytes(c), dir_flags, 0)?;
+    }
+    Ok((cur, name))
+}
+
+fn duplicate(raw: &Path) -> String {
+    format!(
+        "entry {:?} appears twice in the archive (or replaces an earlier one)",
+        raw
+    )
+}
+
+/// Extracts an archive into the existing, empty, checked directory `dst`
+/// under `policy` (see the module invariants), and gives `dst` the mode
+/// and owner `root` at the end. Everything left out or changed goes to
+/// `report`. Returns the number of entries.
+pub fn extract<R: Read>(
+    r: R,
+    dst: &SafeDir,
+    policy: &Policy,
+    root: RootMeta,
+    report: &mut Report,
+) -> Result<u64, String> {
     let mut ar = tar::Archive::new(r);
     ar.set_preserve_mtime(false);
     ar.set_preserve_permissions(false);
     ar.set_preserve_ownerships(false);
     ar.set_unpack_xattrs(false);
     ar.set_overwrite(false);
-    let mut dirs: HashSet<PathBuf> = HashSet::new();
-    let mut files: HashSet<PathBuf> = HashSet::new();
-    let mut dir_meta: Vec<DirMeta> = Vec::new();
+    let root_fd = dst
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(ctx("cannot duplicate the staging dir's descriptor"))?;
+    let mut chain: Chain<Option<DirMeta>> = Chain::new(root_fd, None);
+    let mut ex = Extractor {
+        policy,
+        report,
+        skipped: HashSet::new(),
+        hasher: RandomState::new(),
+    };
     let mut n = 0u64;
+    let mut root_times: Option<[libc::timespec; 2]> = None;
     let mut saw_root = false;
     for entry in ar.entries().map_err(ctx("cannot read the archive"))? {
         let mut entry = entry.map_err(ctx("cannot read the archive"))?;
+        let kind = entry.header().entry_type();
+        if kind == tar::EntryType::XGlobalHeader {
+            continue;
+        }
         let raw_path = entry
             .path()
             .map_err(ctx("bad path in the archive"))?
             .into_owned();
         let rel = safe_rel(&raw_path)?;
-        let kind = entry.header().entry_type();
         let h = entry.header();
         let mode = h.mode().map_err(ctx("bad mode in the archive"))? & 0o7777;
-        let uid = h.uid().map_err(ctx("bad uid in the archive"))? as u32;
-        let gid = h.gid().map_err(ctx("bad gid in the archive"))? as u32;
+        let uid = h.uid().map_err(ctx("bad uid in the archive"))?;
+        let gid = h.gid().map_err(ctx("bad gid in the archive"))?;
+        let (Ok(uid), Ok(gid)) = (u32::try_from(uid), u32::try_from(gid)) else {
+            return Err(format!(
+                "entry {:?} has an impossible owner {uid}:{gid}",
+                raw_path
+            ));
+        };
         let hdr_mtime = h.mtime().unwrap_or(0) as i64;
         let mut times = [
             libc::timespec {
@@ -1061,6 +1608,14 @@ pub fn extract<R: Read>(r: R, dst: &Path) -> Result<u64, String> {
                         OsStr::from_bytes(name).to_os_string(),
                         ext.value_bytes().to_vec(),
                     ));
+                } else if let Some(name) = key.strip_prefix(PAX_XATTR_HEX.as_bytes()) {
+                    let value = unhex(ext.value_bytes()).ok_or_else(|| {
+                        format!(
+                            "entry {:?}: a bad hex xattr record in the archive",
+                            raw_path
+                        )
+                    })?;
+                    xattrs.push((OsStr::from_bytes(name).to_os_string(), value));
                 } else if key == b"mtime" {
                     times[1] = parse_time(ext.value_bytes()).unwrap_or(times[1]);
                 } else if key == b"atime" {
@@ -1068,125 +1623,236 @@ pub fn extract<R: Read>(r: R, dst: &Path) -> Result<u64, String> {
                 }
             }
         }
-        let full = if rel.as_os_str().is_empty() {
-            dst.to_path_buf()
-        } else {
-            dst.join(&rel)
-        };
         if rel.as_os_str().is_empty() {
-            if !kind.is_dir() || saw_root {
+            if !kind.is_dir() || saw_root || n > 0 {
                 return Err(format!("unexpected root entry {:?}", raw_path));
             }
             saw_root = true;
-        } else {
-            let parent = rel.parent().unwrap_or(Path::new(""));
-            if !dirs.contains(parent) {
-                return Err(format!(
-                    "entry {:?} does not follow its directory in the archive",
-                    raw_path
-                ));
+            let fd = chain.fd().map_err(ctx("cannot open the staging dir"))?;
+            let fd = fd.try_clone().map_err(ctx("cannot open the staging dir"))?;
+            ex.xattrs(&fd, Kind::Dir, &xattrs, &rel)?;
+            if (mode, uid, gid) != (root.mode, root.uid, root.gid) {
+                ex.report.add(
+                    &rel,
+                    "root-kept",
+                    format!(
+                        "the archive's root has mode {mode:04o} and owner {uid}:{gid}; the \
+                         upper's root keeps mode {:04o} and owner {}:{}",
+                        root.mode, root.uid, root.gid
+                    ),
+                );
             }
+            root_times = Some(times);
+            n += 1;
+            continue;
         }
+        if !saw_root {
+            return Err("the archive has no root entry `./` first: not a layerfs snapshot".into());
+        }
+        let bytes = rel.as_os_str().as_bytes();
+        let (parent, name) = match bytes.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&bytes[..i], &bytes[i + 1..]),
+            None => (&b""[..], bytes),
+        };
+        let name = OsStr::from_bytes(name);
+        ex.navigate(&mut chain, parent).map_err(|e| {
+            format!(
+                "entry {:?} does not follow its directory in the archive: {e}",
+                raw_path
+            )
+        })?;
         let io_err = |what: &str| {
-            let full = full.clone();
             let what = what.to_string();
-            move |e: io::Error| format!("cannot {what} {}: {e}", full.display())
+            let raw = raw_path.clone();
+            move |e: io::Error| {
+                if e.raw_os_error() == Some(libc::EEXIST) {
+                    duplicate(&raw)
+                } else {
+                    format!("cannot {what} {:?}: {e}", raw)
+                }
+            }
         };
         match kind {
             tar::EntryType::Directory => {
-                if !rel.as_os_str().is_empty() {
-                    fs::DirBuilder::new()
-                        .mode(0o700)
-                        .create(&full)
-                        .map_err(io_err("create directory"))?;
-                }
-                for (k, v) in &xattrs {
-                    set_xattr_on(|k, v| xattr::set(&full, k, v), k, v, &full)
-                        .map_err(|e| e.to_string())?;
-                }
-                dirs.insert(rel.clone());
-                dir_meta.push(DirMeta {
-                    path: full,
-                    mode,
-                    uid,
-                    gid,
-                    times,
-                });
+                let fd = {
+                    let parent = chain.fd().map_err(io_err("reopen the parent of"))?;
+                    sys::mkdirat(parent, name, 0o700).map_err(io_err("create directory"))?;
+                    sys::open_beneath(parent, name, libc::O_PATH | libc::O_DIRECTORY, 0)
+                        .map_err(io_err("open directory"))?
+                };
+                ex.owner(&fd, uid, gid, &rel)?;
+                ex.xattrs(&fd, Kind::Dir, &xattrs, &rel)?;
+                // The chain enters the new directory: in the archive's
+                // depth-first order, its contents come next.
+                chain
+                    .push(
+                        name.to_os_string(),
+                        fd,
+                        Some(DirMeta {
+                            mode: policy.allowed_mode(mode, true),
+                            times,
+                        }),
+                    )
+                    .map_err(io_err("stat directory"))?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
-                let f = match entry.unpack(&full).map_err(io_err("write"))? {
-                    tar::Unpacked::File(f) => f,
-                    _ => return Err(format!("cannot write {}", full.display())),
+                let target = {
+                    let parent = chain.fd().map_err(io_err("reopen the parent of"))?;
+                    let mut p = PathBuf::from(format!("/proc/self/fd/{}", parent.as_raw_fd()));
+                    p.push(name);
+                    p
                 };
-                use std::os::unix::fs::fchown;
-                use xattr::FileExt;
+                // Created with O_EXCL through the parent's descriptor; the
+                // tar reader writes the data and seeks over holes.
+                let f = match entry.unpack(&target) {
+                    Ok(tar::Unpacked::File(f)) => f,
+                    Ok(_) => return Err(format!("cannot write {:?}", raw_path)),
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        return Err(duplicate(&raw_path))
+                    }
+                    Err(e) => return Err(format!("cannot write {:?}: {e}", raw_path)),
+                };
                 if !xattrs.is_empty() && !is_root() {
                     // user.* xattrs need write permission on the file.
-                    f.set_permissions(fs::Permissions::from_mode(0o600))
-                        .map_err(io_err("chmod"))?;
+                    sys::fchmod(&f, 0o600).map_err(io_err("chmod"))?;
                 }
-                chown_tolerant(fchown(&f, Some(uid), Some(gid))).map_err(io_err("chown"))?;
-                for (k, v) in &xattrs {
-                    set_xattr_on(|k, v| f.set_xattr(k, v), k, v, &full)
-                        .map_err(|e| e.to_string())?;
-                }
+                ex.owner(&f, uid, gid, &rel)?;
+                ex.xattrs(&f, Kind::File, &xattrs, &rel)?;
                 // After chown, which clears setuid/setgid.
-                f.set_permissions(fs::Permissions::from_mode(mode))
-                    .map_err(io_err("chmod"))?;
+                let allowed = ex.file_mode(mode, &rel);
+                sys::fchmod(&f, allowed).map_err(io_err("chmod"))?;
                 sys::futimens(&f, &times).map_err(io_err("set times of"))?;
-                files.insert(rel.clone());
             }
             tar::EntryType::Link => {
                 let target = entry
                     .link_name()
                     .map_err(ctx("bad link name in the archive"))?
-                    .ok_or_else(|| format!("hard link {:?} without a target", raw_path))?;
+                    .ok_or_else(|| format!("hard link {:?} without a target", raw_path))?
+                    .into_owned();
                 let trel = safe_rel(&target)?;
-                if !files.contains(&trel) {
-                    return Err(format!(
+                if trel.as_os_str().is_empty() {
+                    return Err(format!("hard link {:?} names the root", raw_path));
+                }
+                if ex.was_skipped(&trel) {
+                    ex.skip(
+                        &rel,
+                        "link-skipped",
+                        format!("a hard link to {:?}, which was left out", trel),
+                    );
+                    n += 1;
+                    continue;
+                }
+                let not_earlier = || {
+                    format!(
                         "hard link {:?} names {:?}, which is not an earlier file of the archive",
                         raw_path, target
-                    ));
+                    )
+                };
+                let (tdir, tname) =
+                    open_parent_of(&chain.root, &trel).map_err(|_| not_earlier())?;
+                let st = sys::fstatat(&tdir, tname).map_err(|_| not_earlier())?;
+                if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                    return Err(not_earlier());
                 }
-                fs::hard_link(dst.join(&trel), &full).map_err(io_err("link"))?;
-                files.insert(rel.clone());
+                // A hard link to a symlink is that symlink at a new name,
+                // where its target may lead out: checked again there.
+                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    let link_target = sys::open_path(&tdir, tname)
+                        .and_then(|fd| sys::readlink_fd(&fd))
+                        .map_err(io_err("read the symlink linked by"))?;
+                    if let Err(d) = policy.check_symlink(&rel.to_string_lossy(), &link_target) {
+                        ex.skip(
+                            &rel,
+                            "symlink-skipped",
+                            format!(
+                                "a hard link to the symlink {:?}, which points at {:?}: outside \
+                                 what the policy allows from here ({})",
+                                trel, link_target, d.rule
+                            ),
+                        );
+                        n += 1;
+                        continue;
+                    }
+                }
+                let parent = chain.fd().map_err(io_err("reopen the parent of"))?;
+                sys::linkat(&tdir, tname, parent, name).map_err(io_err("link"))?;
             }
             tar::EntryType::Symlink => {
                 let target = entry
                     .link_name()
                     .map_err(ctx("bad link target in the archive"))?
-                    .ok_or_else(|| format!("symlink {:?} without a target", raw_path))?;
-                std::os::unix::fs::symlink(&target, &full).map_err(io_err("create symlink"))?;
-                chown_tolerant(lchown(&full, uid, gid)).map_err(io_err("chown"))?;
-                for (k, v) in &xattrs {
-                    set_xattr_on(|k, v| xattr::set(&full, k, v), k, v, &full)
-                        .map_err(|e| e.to_string())?;
+                    .ok_or_else(|| format!("symlink {:?} without a target", raw_path))?
+                    .into_owned();
+                if let Err(d) = policy.check_symlink(&rel.to_string_lossy(), target.as_os_str()) {
+                    ex.skip(
+                        &rel,
+                        "symlink-skipped",
+                        format!(
+                            "it points at {:?}, outside what the policy allows ({})",
+                            target, d.rule
+                        ),
+                    );
+                    n += 1;
+                    continue;
                 }
-                set_times(&full, &times).map_err(io_err("set times of"))?;
-                files.insert(rel.clone());
+                let parent = chain.fd().map_err(io_err("reopen the parent of"))?;
+                let parent = parent.try_clone().map_err(io_err("reopen the parent of"))?;
+                sys::symlinkat(target.as_os_str(), &parent, name)
+                    .map_err(io_err("create symlink"))?;
+                let fd = sys::open_path(&parent, name).map_err(io_err("open symlink"))?;
+                ex.owner(&fd, uid, gid, &rel)?;
+                ex.xattrs(&fd, Kind::Symlink, &xattrs, &rel)?;
+                sys::utimensat_nofollow(&parent, name, &times).map_err(io_err("set times of"))?;
             }
             tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
                 let h = entry.header();
                 let major = h.device_major().ok().flatten().unwrap_or(0);
                 let minor = h.device_minor().ok().flatten().unwrap_or(0);
+                let rdev = libc::makedev(major, minor);
                 let fmt = match kind {
                     tar::EntryType::Char => libc::S_IFCHR,
                     tar::EntryType::Block => libc::S_IFBLK,
                     _ => libc::S_IFIFO,
                 };
-                mknod(&full, fmt | 0o600, libc::makedev(major, minor))
-                    .map_err(io_err("create device node"))?;
-                chown_tolerant(lchown(&full, uid, gid)).map_err(io_err("chown"))?;
-                for (k, v) in &xattrs {
-                    set_xattr_on(|k, v| xattr::set(&full, k, v), k, v, &full)
-                        .map_err(|e| e.to_string())?;
+                let device = fmt != libc::S_IFIFO && !ops::is_whiteout_node(fmt, rdev);
+                let what = if fmt == libc::S_IFBLK {
+                    "block"
+                } else {
+                    "character"
+                };
+                if device {
+                    if let Err(d) = policy.check_device() {
+                        ex.skip(
+                            &rel,
+                            "device-skipped",
+                            format!("a {what} device {major}:{minor} ({})", d.rule),
+                        );
+                        n += 1;
+                        continue;
+                    }
                 }
-                fs::set_permissions(&full, fs::Permissions::from_mode(mode))
-                    .map_err(io_err("chmod"))?;
-                set_times(&full, &times).map_err(io_err("set times of"))?;
-                files.insert(rel.clone());
+                let parent = chain.fd().map_err(io_err("reopen the parent of"))?;
+                let parent = parent.try_clone().map_err(io_err("reopen the parent of"))?;
+                match sys::mknodat(&parent, name, fmt | 0o600, rdev) {
+                    Ok(()) => {}
+                    Err(e) if device && e.raw_os_error() == Some(libc::EPERM) => {
+                        ex.skip(
+                            &rel,
+                            "device-skipped",
+                            format!("a {what} device {major}:{minor}: you may not create it ({e})"),
+                        );
+                        n += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(io_err("create node")(e)),
+                }
+                let fd = sys::open_path(&parent, name).map_err(io_err("open node"))?;
+                ex.owner(&fd, uid, gid, &rel)?;
+                ex.xattrs(&fd, Kind::Node, &xattrs, &rel)?;
+                let allowed = ex.file_mode(mode, &rel);
+                sys::fchmod(&fd, allowed).map_err(io_err("chmod"))?;
+                sys::utimensat_nofollow(&parent, name, &times).map_err(io_err("set times of"))?;
             }
-            tar::EntryType::XGlobalHeader => continue,
             other => {
                 return Err(format!(
                     "entry {:?} has unsupported type {:?}",
@@ -1199,24 +1865,340 @@ pub fn extract<R: Read>(r: R, dst: &Path) -> Result<u64, String> {
     if !saw_root {
         return Err("the archive has no root entry `./`: not a layerfs snapshot".into());
     }
-    // Deepest first, so setting a directory's times comes after every
-    // change beneath it, and a read-only mode after its children exist.
-    for d in dir_meta.iter().rev() {
-        let err = |what: &str| {
-            let p = d.path.clone();
-            let what = what.to_string();
-            move |e: io::Error| format!("cannot {what} {}: {e}", p.display())
-        };
-        chown_tolerant(lchown(&d.path, d.uid, d.gid)).map_err(err("chown"))?;
-        fs::set_permissions(&d.path, fs::Permissions::from_mode(d.mode)).map_err(err("chmod"))?;
-        set_times(&d.path, &d.times).map_err(err("set times of"))?;
+    // Deepest first, so a directory's times are set after every change
+    // beneath it, and a read-only mode after its children exist.
+    while chain.depth() > 0 {
+        ex.finish_dir(&mut chain)?;
+        chain.pop();
+    }
+    let rootfd = chain.fd().map_err(ctx("cannot open the staging dir"))?;
+    let rootfd = rootfd
+        .try_clone()
+        .map_err(ctx("cannot open the staging dir"))?;
+    ex.owner(&rootfd, root.uid, root.gid, Path::new(""))?;
+    sys::fchmod(&rootfd, root.mode).map_err(ctx("cannot chmod the staging dir"))?;
+    if let Some(t) = root_times {
+        sys::futimens(&rootfd, &t).map_err(ctx("cannot set the times of the staging dir"))?;
     }
     Ok(n)
+}
+
+/// Refuses a restore that would not fit: more file data or entries than
+/// the workspace's quota allows, or than the upper's filesystem has room
+/// for (`parent` is a descriptor on it).
+fn check_room(
+    parent: &OwnedFd,
+    scan: &Scan,
+    policy: &Policy,
+    archive: &Path,
+    where_: &Path,
+) -> Result<(), String> {
+    let q = policy.quota();
+    if let Some(limit) = q.bytes.filter(|&b| scan.data_bytes > b) {
+        return Err(format!(
+            "snapshot {} holds {} bytes of file data, more than the workspace's quota \
+             (bytes={limit}); raise the quota in its policy file to restore it",
+            archive.display(),
+            scan.data_bytes
+        ));
+    }
+    if let Some(limit) = q.inodes.filter(|&i| scan.entries > i) {
+        return Err(format!(
+            "snapshot {} holds {} entries, more than the workspace's quota (inodes={limit}); \
+             raise the quota in its policy file to restore it",
+            archive.display(),
+            scan.entries
+        ));
+    }
+    let st = sys::fstatfs(parent).map_err(ctx(format!("cannot statfs {}", where_.display())))?;
+    #[allow(clippy::unnecessary_cast)]
+    let (free, files, ffree) = (
+        st.f_bavail as u64 * st.f_frsize as u64,
+        st.f_files as u64,
+        st.f_favail as u64,
+    );
+    if scan.data_bytes > free {
+        return Err(format!(
+            "snapshot {} needs {} bytes for its files, and the filesystem of {} has {free} \
+             free: free some space and retry",
+            archive.display(),
+            scan.data_bytes,
+            where_.display()
+        ));
+    }
+    if files > 0 && scan.entries > ffree {
+        return Err(format!(
+            "snapshot {} holds {} entries, and the filesystem of {} has {ffree} free inodes: \
+             free some and retry",
+            archive.display(),
+            scan.entries,
+            where_.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Where a restore builds its staging tree: in the workspace's work dir
+/// (checked, and created 0700 if missing as `mount` would) when it is on
+/// the upper's filesystem, since `mount` cleans leftovers there; else
+/// beside the upper, but only where nobody else can rename entries (the
+/// staging dir is exchanged with the upper by name). Returns its path (for
+/// messages), a descriptor and whether it is the work dir.
+fn staging_parent(upper: &Path, work: Option<&Path>) -> Result<(PathBuf, OwnedFd, bool), String> {
+    let upper_dev = std::fs::symlink_metadata(upper)
+        .map_err(ctx(format!("cannot stat upper dir {}", upper.display())))?
+        .dev();
+    if let Some(w) = work {
+        let (d, _) = SafeDir::create(w, Role::Work, 0o700)?;
+        if d.id().0 == upper_dev {
+            return Ok((w.to_path_buf(), d.into_fd(), true));
+        }
+    }
+    let parent = upper
+        .parent()
+        .ok_or_else(|| format!("upper dir {} has no parent directory", upper.display()))?;
+    let pfd = SafeDir::stable_parent_fd(upper, Role::Staging)?;
+    let st = sys::fstat(&pfd).map_err(ctx(format!("cannot stat {}", parent.display())))?;
+    if st.st_dev != upper_dev {
+        return Err(format!(
+            "upper dir {} is a mount point: it cannot be replaced atomically; restore into a workspace whose upper is a plain directory",
+            upper.display()
+        ));
+    }
+    Ok((parent.to_path_buf(), pfd, false))
+}
+
+/// A snapshot extracted into a staging directory beside the upper (on its
+/// filesystem), synced, ready to be exchanged with it.
+pub struct Staged {
+    pub info: Info,
+    /// What the policy left out of the archive or changed.
+    pub report: Report,
+    /// Where the staging dir is (the work dir, or the upper's parent), for
+    /// messages.
+    pub parent: PathBuf,
+    /// Whether that is the workspace's work dir.
+    pub in_work: bool,
+    /// A descriptor of it: the staging dir is reached through it.
+    parent_fd: OwnedFd,
+    /// Its name there (`.layerfs-restore.PID.NANOS`).
+    pub name: OsString,
+}
+
+impl Staged {
+    /// The staging dir's path, for messages.
+    pub fn path(&self) -> PathBuf {
+        self.parent.join(&self.name)
+    }
+
+    /// A path to the staging dir through its parent's descriptor (to
+    /// remove it), valid while this lives.
+    pub fn fd_path(&self) -> PathBuf {
+        let mut p = PathBuf::from(format!("/proc/self/fd/{}", self.parent_fd.as_raw_fd()));
+        p.push(&self.name);
+        p
+    }
+
+    /// Removes the staging dir (after an exchange: the old upper).
+    pub fn remove(&self) -> io::Result<()> {
+        crate::layer::walk::remove_path(&self.fd_path())
+    }
+}
+
+/// Extracts snapshot `id` of the checked state dir into a new staging
+/// directory (see `staging_parent`) under the workspace's `policy`, and
+/// syncs it. On error nothing is left behind.
+pub fn stage(
+    upper: &Path,
+    work: Option<&Path>,
+    state: &SafeDir,
+    id: &str,
+    policy: &Policy,
+    progress: bool,
+) -> Result<Staged, String> {
+    snapshot_id::validate(OsStr::new(id))?;
+    let snaps = snapshots_dir(state, false)?.ok_or_else(|| {
+        format!(
+            "no snapshot `{id}`: {} does not exist (see: layerfs snapshot list WORKSPACE)",
+            dir(state.path()).display()
+        )
+    })?;
+    let info = info_in(&snaps, id)?;
+    let shown = snaps.shown(file_name(id));
+    let f = open_snapshot(&snaps, id)?;
+    let scan = prescan(&f).map_err(|e| format!("snapshot {}: {e}", shown.display()))?;
+    let root = RootMeta::of(upper)?;
+    let (parent, parent_fd, in_work) = staging_parent(upper, work)?;
+    check_room(&parent_fd, &scan, policy, &shown, &parent)?;
+    let name = OsString::from(format!(
+        "{}{}.{}",
+        crate::daemon::restore::STAGING_PREFIX,
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+    ));
+    sys::mkdirat(&parent_fd, &name, 0o700).map_err(ctx(format!(
+        "cannot create staging dir {}",
+        parent.join(&name).display()
+    )))?;
+    let mut staged = Staged {
+        info,
+        report: Report::default(),
+        parent,
+        in_work,
+        parent_fd,
+        name,
+    };
+    // Invariant: every failure removes the staging tree.
+    let extracted = (|| -> Result<(), String> {
+        let staging = SafeDir::open_at(
+            &staged.parent_fd,
+            &staged.name,
+            staged.path(),
+            Role::Staging,
+        )?;
+        let bar = progress_bar(progress, Some(staged.info.size), &format!("restoring {id}"));
+        extract(
+            BufReader::with_capacity(IO_BUF, bar.wrap_read(f)),
+            &staging,
+            policy,
+            root,
+            &mut staged.report,
+        )
+        .map_err(|e| format!("snapshot {}: {e}", shown.display()))?;
+        bar.finish_and_clear();
+        // One syncfs makes the whole staging tree durable before it
+        // becomes the upper (cheaper than an fsync per file).
+        let sfd = staging
+            .open_self()
+            .map_err(ctx(format!("cannot open {}", staging.path().display())))?;
+        // SAFETY: syncfs on an fd we own.
+        if unsafe { libc::syncfs(sfd.as_raw_fd()) } != 0 {
+            return Err(ctx(format!("cannot sync {}", staging.path().display()))(
+                io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    })();
+    if let Err(e) = extracted {
+        let _ = staged.remove();
+        return Err(e);
+    }
+    Ok(staged)
+}
+
+/// Replaces the upper by the contents of snapshot `id`, atomically (see
+/// the module invariants), under the workspace's `policy`. The upper must
+/// not be in use by a daemon (a live mount's daemon does the exchange
+/// itself: `daemon::restore`).
+pub fn restore(
+    upper: &Path,
+    work: Option<&Path>,
+    state: &SafeDir,
+    id: &str,
+    policy: &Policy,
+    progress: bool,
+) -> Result<(Info, Report), String> {
+    let upper_name = upper
+        .file_name()
+        .ok_or_else(|| format!("upper dir {} has no name", upper.display()))?;
+    let upper_parent = upper
+        .parent()
+        .ok_or_else(|| format!("upper dir {} has no parent directory", upper.display()))?;
+    let staged = stage(upper, work, state, id, policy, progress)?;
+    let ufd = sys::open_root(upper_parent)
+        .map_err(ctx(format!("cannot open {}", upper_parent.display())))?;
+    if let Err(e) = sys::renameat2(
+        &staged.parent_fd,
+        &staged.name,
+        &ufd,
+        upper_name,
+        sys::RENAME_EXCHANGE,
+    ) {
+        let _ = staged.remove();
+        return Err(ctx(format!(
+            "cannot exchange {} with upper dir {}",
+            staged.path().display(),
+            upper.display()
+        ))(e));
+    }
+    for (fd, d) in [
+        (&ufd, upper_parent),
+        (&staged.parent_fd, staged.parent.as_path()),
+    ] {
+        sys::open_dir(fd)
+            .and_then(|f| File::from(f).sync_all())
+            .map_err(ctx(format!("cannot sync {}", d.display())))?;
+    }
+    // The staging dir now holds the old upper.
+    staged.remove().map_err(ctx(format!(
+        "restored, but cannot remove the old upper (now {}); remove it by hand",
+        staged.path().display()
+    )))?;
+    Ok((staged.info, staged.report))
+}
+
+/// Bytes from lowercase or uppercase hex (`PAX_XATTR_HEX`).
+fn unhex(v: &[u8]) -> Option<Vec<u8>> {
+    if !v.len().is_multiple_of(2) {
+        return None;
+    }
+    v.chunks(2)
+        .map(|p| u8::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok())
+        .collect()
+}
+
+/// A PAX time record (`SECS[.FRACTION]`); `None` for anything else (the
+/// header's whole seconds then stand).
+fn parse_time(v: &[u8]) -> Option<libc::timespec> {
+    let s = std::str::from_utf8(v).ok()?;
+    let (secs, frac) = s.split_once('.').unwrap_or((s, "0"));
+    if frac.is_empty() || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let secs: i64 = secs.parse().ok()?;
+    let mut digits: String = frac.chars().take(9).collect();
+    while digits.len() < 9 {
+        digits.push('0');
+    }
+    let nsec: i64 = digits.parse().ok()?;
+    Some(libc::timespec {
+        tv_sec: secs,
+        tv_nsec: nsec,
+    })
+}
+
+/// A relative path of the archive made safe: `.` and empty components
+/// dropped (`./x`, `a//b`), only plain names; "" is the root. An absolute
+/// path or a `..` component is refused. (Byte by byte: an entry's path may
+/// have tens of thousands of components.)
+fn safe_rel(p: &Path) -> Result<PathBuf, String> {
+    let b = p.as_os_str().as_bytes();
+    if b.first() == Some(&b'/') {
+        return Err(format!("unsafe path {:?} in the archive", p));
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(b.len());
+    for c in b.split(|&x| x == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => return Err(format!("unsafe path {:?} in the archive", p)),
+            _ => {
+                if !out.is_empty() {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(c);
+            }
+        }
+    }
+    Ok(PathBuf::from(OsStr::from_bytes(&out)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     /// A raw header with any name (the tar crate refuses `..` in names).
     fn raw(name: &str, kind: tar::EntryType, link: Option<&str>) -> tar::Header {
@@ -1258,8 +2240,16 @@ mod tests {
     ) -> (tempfile::TempDir, Result<u64, String>) {
         let t = tempfile::tempdir().unwrap();
         let dst = t.path().join("dst");
-        fs::create_dir(&dst).unwrap();
-        let r = extract(&archive(entries)[..], &dst);
+        let (d, _) = SafeDir::create(&dst, Role::Staging, 0o700).unwrap();
+        let root = RootMeta::of(&dst).unwrap();
+        let mut report = Report::default();
+        let r = extract(
+            &archive(entries)[..],
+            &d,
+            &Policy::default(),
+            root,
+            &mut report,
+        );
         (t, r)
     }
 
@@ -1333,6 +2323,24 @@ mod tests {
         }
         assert!(!Exclude::new(&[]).unwrap().excludes(Path::new("x")));
         assert!(Exclude::new(&["a/[".into()]).is_err());
+    }
+
+    #[test]
+    fn archive_paths_are_made_safe() {
+        for (raw, want) in [("./", ""), ("a//b/./c/", "a/b/c"), ("./x", "x"), (".", "")] {
+            assert_eq!(safe_rel(Path::new(raw)), Ok(PathBuf::from(want)), "{raw}");
+        }
+        for raw in ["/etc", "a/../b", "..", "a/.."] {
+            assert!(safe_rel(Path::new(raw)).is_err(), "{raw}");
+        }
+    }
+
+    #[test]
+    fn hex_xattr_values_decode() {
+        assert_eq!(unhex(b"610a62"), Some(b"a\nb".to_vec()));
+        assert_eq!(unhex(b"FF00"), Some(vec![0xff, 0]));
+        assert_eq!(unhex(b"abc"), None);
+        assert_eq!(unhex(b"zz"), None);
     }
 
     #[test]

@@ -6,15 +6,21 @@
 //! unmounted workspace can be found from its upper directory. A live mount
 //! is found through the daemon's registry entry (the pid file names the
 //! state directory), which is how `--state` elsewhere still resolves.
+//!
+//! The state directory is opened once as a checked `SafeDir` (not a
+//! symlink, owned by the caller or root, not writable by others) and every
+//! file in it (`workspace.json`, `control.sock`, `journal.db`,
+//! `snapshots/`) is reached through that descriptor, never by its name
+//! again: see `layer::safedir`.
 
-use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
 use crate::daemon::{mounts, pidfile};
+use crate::layer::safedir::{Role, SafeDir};
 
 /// Name of the description file in a state directory.
 pub const WORKSPACE_FILE: &str = "workspace.json";
@@ -34,6 +40,9 @@ pub struct Workspace {
     pub scratch: Vec<String>,
     /// The `--policy` file it was mounted with.
     pub policy: Option<PathBuf>,
+    /// The state directory, checked and open (`state` is its path, for
+    /// messages).
+    pub dir: Arc<SafeDir>,
 }
 
 /// The default state directory: a hidden sibling of the upper, like the
@@ -47,13 +56,16 @@ pub fn default_state_dir(upper: &Path) -> PathBuf {
     parent.join(format!(".{name}.layerfs-state"))
 }
 
-/// Creates the state directory (mode 0700) if it is missing.
-pub fn create_state_dir(dir: &Path) -> io::Result<()> {
-    match fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
-    }
+/// Creates the state directory (mode 0700) if it is missing, and opens it
+/// checked (`SafeDir`): an existing one that is a symlink, belongs to
+/// another user or is writable by others is refused.
+pub fn create_state_dir(dir: &Path) -> Result<SafeDir, String> {
+    SafeDir::create(dir, Role::State, 0o700).map(|(d, _)| d)
+}
+
+/// Opens an existing state directory, checked; `Ok(None)` when missing.
+pub fn open_state_dir(dir: &Path) -> Result<Option<SafeDir>, String> {
+    SafeDir::open(dir, Role::State)
 }
 
 /// What `workspace.json` holds.
@@ -84,26 +96,20 @@ impl Description<'_> {
 /// Writes `workspace.json` atomically: a temporary file, fsynced, renamed
 /// over the old one, and the directory fsynced. A reader sees the old or
 /// the new description, never a partial one.
-pub fn write_description(state: &Path, d: &Description<'_>) -> io::Result<()> {
-    let tmp = state.join(format!(".{WORKSPACE_FILE}.tmp"));
-    let dst = state.join(WORKSPACE_FILE);
+pub fn write_description(state: &SafeDir, d: &Description<'_>) -> io::Result<()> {
+    let tmp = format!(".{WORKSPACE_FILE}.tmp");
     let mut text = serde_json::to_string_pretty(&d.to_json()).map_err(io::Error::other)?;
     text.push('\n');
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
+    let mut f = state.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
     drop(f);
-    fs::rename(&tmp, &dst)?;
-    fs::File::open(state)?.sync_all()
+    state.rename(&tmp, WORKSPACE_FILE, 0)?;
+    state.sync()
 }
 
-fn parse_description(state: &Path, text: &str) -> Result<Workspace, String> {
-    let file = state.join(WORKSPACE_FILE);
+fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, String> {
+    let file = state.shown(WORKSPACE_FILE);
     let bad = |what: &str| {
         format!(
             "{}: {what}; remount the workspace to rewrite it",
@@ -141,21 +147,26 @@ fn parse_description(state: &Path, text: &str) -> Result<Workspace, String> {
         upper: path("upper")?,
         lowers,
         work: path("work")?,
-        state: state.to_path_buf(),
+        state: state.path().to_path_buf(),
         mountpoint: v
             .get("mountpoint")
             .and_then(Value::as_str)
             .map(PathBuf::from),
         scratch,
         policy: v.get("policy").and_then(Value::as_str).map(PathBuf::from),
+        dir: state,
     })
 }
 
 /// Reads the description in a state directory; `None` when it has none.
-fn read_description(state: &Path) -> Result<Option<Workspace>, String> {
-    let file = state.join(WORKSPACE_FILE);
-    match fs::read_to_string(&file) {
-        Ok(text) => parse_description(state, &text).map(Some),
+fn read_description(state: Arc<SafeDir>) -> Result<Option<Workspace>, String> {
+    let file = state.shown(WORKSPACE_FILE);
+    let mut text = String::new();
+    match state
+        .open_file(WORKSPACE_FILE, libc::O_RDONLY, 0)
+        .and_then(|mut f| f.read_to_string(&mut text))
+    {
+        Ok(_) => parse_description(state, &text).map(Some),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Err(format!(
             "{}: permission denied: the workspace belongs to another user; run as that user \
@@ -175,10 +186,53 @@ pub fn state_of_mount(mountpoint: &Path) -> Option<PathBuf> {
 
 /// Whether a daemon answers (or would answer, for its owner) on the
 /// control socket of `state`.
-fn socket_live(state: &Path) -> bool {
-    match std::os::unix::net::UnixStream::connect(state.join(SOCKET_FILE)) {
+fn socket_live(state: &SafeDir) -> bool {
+    match std::os::unix::net::UnixStream::connect(state.fd_path(SOCKET_FILE)) {
         Ok(_) => true,
         Err(e) => e.kind() == io::ErrorKind::PermissionDenied,
+    }
+}
+
+/// Opens an existing state dir to read what it says (`Ok(None)` when
+/// missing). Root may read another user's (`SafeDir::open_trusting`): a
+/// user's workspace, or their daemon's control socket; `Workspace::resolve`
+/// then makes sure the workspace it describes is that user's
+/// (`check_owner`).
+pub fn open_state_to_read(state: &Path) -> Result<Option<SafeDir>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let extra = if nix::unistd::geteuid().is_root() {
+        std::fs::symlink_metadata(state).ok().map(|m| m.uid())
+    } else {
+        None
+    };
+    SafeDir::open_trusting(state, Role::State, extra)
+}
+
+/// Opens the state dir `state` of a workspace, which must exist.
+fn existing_state(state: &Path, what: impl FnOnce() -> String) -> Result<Arc<SafeDir>, String> {
+    match open_state_to_read(state)? {
+        Some(d) => Ok(Arc::new(d)),
+        None => Err(what()),
+    }
+}
+
+/// A state dir of another user (which only root accepts) must describe a
+/// workspace whose upper that user owns: its `workspace.json` cannot point
+/// root at anyone else's files.
+fn check_owner(ws: &Workspace) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = ws.dir.owner();
+    if crate::layer::safedir::trusted_owner(owner) {
+        return Ok(());
+    }
+    match std::fs::symlink_metadata(&ws.upper) {
+        Ok(m) if m.uid() == owner => Ok(()),
+        _ => Err(format!(
+            "state dir {} belongs to uid {owner}, but the upper it names ({}) does not: \
+             refused; run the command as uid {owner}",
+            ws.state.display(),
+            ws.upper.display()
+        )),
     }
 }
 
@@ -188,7 +242,7 @@ impl Workspace {
     /// directory itself is accepted too. Errors say what to do.
     pub fn resolve(arg: &Path) -> Result<Workspace, String> {
         let abs = std::path::absolute(arg).map_err(|e| format!("{}: {e}", arg.display()))?;
-        let canon = fs::canonicalize(&abs).unwrap_or(abs.clone());
+        let canon = std::fs::canonicalize(&abs).unwrap_or(abs.clone());
         if let Some(m) = mounts::find(&canon).or_else(|| mounts::find(&abs)) {
             if !m.is_layerfs() {
                 return Err(format!(
@@ -206,13 +260,21 @@ impl Workspace {
                     m.mount_point.display()
                 )
             })?;
-            let mut ws = read_description(&state)?.ok_or_else(|| {
+            let dir = existing_state(&state, || {
+                format!(
+                    "{}: its state dir {} is gone; remount the workspace",
+                    m.mount_point.display(),
+                    state.display()
+                )
+            })?;
+            let mut ws = read_description(dir)?.ok_or_else(|| {
                 format!(
                     "{}: no {WORKSPACE_FILE} in state dir {}; remount the workspace",
                     m.mount_point.display(),
                     state.display()
                 )
             })?;
+            check_owner(&ws)?;
             ws.mountpoint = Some(m.mount_point);
             return Ok(ws);
         }
@@ -223,31 +285,46 @@ impl Workspace {
                 arg.display()
             ));
         }
-        // The state directory itself, or an upper with its default one.
-        let (state, ws) = match read_description(&canon)? {
-            Some(ws) => (canon.clone(), ws),
-            None => {
-                let state = default_state_dir(&canon);
-                match read_description(&state)? {
-                    Some(ws) => (state, ws),
-                    None => {
-                        return Err(format!(
-                            "{} is not a layerfs mountpoint, and {} has no {WORKSPACE_FILE}: give \
-                             a live mountpoint, or the upper directory of a workspace mounted at \
-                             least once (with --state DIR, give that DIR)",
-                            canon.display(),
-                            state.display()
-                        ))
-                    }
-                }
-            }
+        // The state directory itself (it holds a workspace.json), or an
+        // upper with its default one.
+        // (A directory this user may not search is taken as a state dir
+        // too: reading it then says whose it is.)
+        let is_state_dir = match std::fs::symlink_metadata(canon.join(WORKSPACE_FILE)) {
+            Ok(_) => true,
+            Err(e) => e.kind() == io::ErrorKind::PermissionDenied,
         };
-        let mut ws = ws;
+        let (state, from_upper) = if is_state_dir {
+            (canon.clone(), false)
+        } else {
+            (default_state_dir(&canon), true)
+        };
+        let missing = || {
+            format!(
+                "{} is not a layerfs mountpoint, and {} has no {WORKSPACE_FILE}: give a live \
+                 mountpoint, or the upper directory of a workspace mounted at least once \
+                 (with --state DIR, give that DIR)",
+                canon.display(),
+                state.display()
+            )
+        };
+        let dir = existing_state(&state, missing)?;
+        let mut ws = read_description(dir)?.ok_or_else(missing)?;
+        if from_upper && ws.upper != canon {
+            return Err(format!(
+                "state dir {} describes the workspace of upper {}, not {}: it was copied or \
+                 moved; remount the workspace (layerfs mount … --upper {}) to rewrite it",
+                state.display(),
+                ws.upper.display(),
+                canon.display(),
+                canon.display()
+            ));
+        }
         ws.state = state;
+        check_owner(&ws)?;
         ws.mountpoint = ws.mountpoint.take().filter(|mp| {
             mounts::find(mp).is_some_and(|m| m.is_layerfs())
                 && state_of_mount(mp).is_none_or(|s| s == ws.state)
-                && socket_live(&ws.state)
+                && socket_live(&ws.dir)
         });
         Ok(ws)
     }
@@ -255,12 +332,23 @@ impl Workspace {
     /// A client on the live daemon's control socket, if it is mounted.
     pub fn client(&self) -> Option<Result<crate::state::control::Client, String>> {
         self.mountpoint.as_ref()?;
-        Some(crate::state::control::Client::connect(&self.state))
+        Some(crate::state::control::Client::connect_dir(&self.dir))
     }
 
-    /// Path of the journal database.
+    /// Path of the journal database, through the state dir's descriptor
+    /// (valid while this `Workspace` lives).
     pub fn journal_path(&self) -> PathBuf {
-        self.state.join(JOURNAL_FILE)
+        self.dir.fd_path(JOURNAL_FILE)
+    }
+
+    /// The work dir, opened checked (it must exist).
+    pub fn work_dir(&self) -> Result<SafeDir, String> {
+        SafeDir::open(&self.work, Role::Work)?.ok_or_else(|| {
+            format!(
+                "work dir {} does not exist; mount the workspace once to create it",
+                self.work.display()
+            )
+        })
     }
 }
 
@@ -279,6 +367,7 @@ mod tests {
     #[test]
     fn description_round_trip() {
         let dir = tempfile::tempdir().unwrap();
+        let state = Arc::new(create_state_dir(&dir.path().join("s")).unwrap());
         let lowers = vec![PathBuf::from("/l0"), PathBuf::from("/l1")];
         let scratch = vec!["tmp/**".to_string()];
         let d = Description {
@@ -289,13 +378,13 @@ mod tests {
             policy: None,
             scratch: &scratch,
         };
-        write_description(dir.path(), &d).unwrap();
-        let ws = read_description(dir.path()).unwrap().unwrap();
+        write_description(&state, &d).unwrap();
+        let ws = read_description(state.clone()).unwrap().unwrap();
         assert_eq!(ws.upper, PathBuf::from("/u"));
         assert_eq!(ws.lowers, lowers);
         assert_eq!(ws.mountpoint, Some(PathBuf::from("/m")));
         assert_eq!(ws.scratch, scratch);
-        let text = fs::read_to_string(dir.path().join(WORKSPACE_FILE)).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("s").join(WORKSPACE_FILE)).unwrap();
         let v: Value = serde_json::from_str(&text).unwrap();
         assert!(v["policy"].is_null());
     }

@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod archive;
 mod basic;
 mod cluster;
 mod container;
@@ -33,4 +34,5 @@ mod state;
 mod stress;
 mod systemd;
 mod tools;
+mod trust;
 mod uring;

@@ -404,10 +404,10 @@ fn snapshot_kill9_during_save_leaves_nothing_partial() {
 }
 
 /// A small tmpfs mounted on a path, unmounted on drop.
-struct Tmpfs(PathBuf);
+pub(crate) struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    fn mount(path: &Path, size: &str) -> Tmpfs {
+    pub(crate) fn mount(path: &Path, size: &str) -> Tmpfs {
         fs::create_dir_all(path).unwrap();
         let st = Command::new("mount")
             .args([
@@ -503,6 +503,29 @@ fn snapshot_roundtrip_as_another_user() {
             .mode()
             & 0o777,
         0o444
+    );
+}
+
+#[test]
+fn snapshot_keeps_xattr_values_holding_a_newline() {
+    // A POSIX ACL naming uid 10 holds the byte 0x0a, as does any value
+    // with a newline: the archive must still restore, with the values.
+    let ws = Workspace::new();
+    register(&ws);
+    sh(
+        &ws.upper,
+        "echo x > f && setfacl -m u:10:r f && setfattr -n user.nl -v \"$(printf 'a\\nb')\" f \
+         && mkdir d && setfacl -d -m u:10:rx d",
+    );
+    let before = walk(&ws.upper);
+    let upper = ws.upper.to_str().unwrap();
+    ok(&snap(&["save", upper, "nl"]));
+    sh(&ws.upper, "rm -rf f d");
+    ok(&snap(&["restore", upper, "nl"]));
+    assert_eq!(walk(&ws.upper), before);
+    assert_eq!(
+        xattr::get(ws.upper.join("f"), "user.nl").unwrap(),
+        Some(b"a\nb".to_vec())
     );
 }
 
