@@ -3,6 +3,7 @@
 //! never following a symlink (`sys`); every change of the upper goes through
 //! `ops`, so each mutation of the upper is one logged wrapper.
 
+pub mod fds;
 pub mod netfs;
 pub mod ops;
 pub mod reach;
