@@ -470,6 +470,10 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
             None => json!({"enabled": false}),
         },
         "transport": transport(&daemon.fs),
+        // The daemon's fds and each caller's share of them for open files
+        // (`layer::fds`, `overlay::share`).
+        "descriptors": crate::layer::fds::report(),
+        "open_files": ov.files.shares.report(),
     })
 }
 

@@ -541,14 +541,20 @@ impl Shared {
     ) {
         let kind = NewKind::File { mode, flags };
         let path = self.child(parent, name);
-        let created = self.ov().create_object(c, parent.0, name, kind);
+        // The creator's share of the daemon's fds first: over it, nothing
+        // is created (EMFILE, as open(2) checks for a free fd first).
+        let created = self
+            .ov()
+            .files
+            .charge(c.uid)
+            .and_then(|charge| Ok((self.ov().create_object(c, parent.0, name, kind)?, charge)));
         self.done(c, EvOp::Create, path, None, &created);
-        let (entry, fd) = match created {
-            Ok((e, Some(fd))) => (e, fd),
-            Ok((_, None)) => return reply.error(Errno::EIO),
+        let (entry, fd, charge) = match created {
+            Ok(((e, Some(fd)), charge)) => (e, fd, charge),
+            Ok(((_, None), _)) => return reply.error(Errno::EIO),
             Err(e) => return reply.error(errno(e)),
         };
-        match self.ov().adopt(entry.id, fd, flags) {
+        match self.ov().adopt(entry.id, fd, flags, charge) {
             Ok(o) => {
                 let (fh, writable) = (o.fh, o.writable);
                 let ttl = self.ttl(entry.lower);

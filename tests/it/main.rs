@@ -25,6 +25,7 @@ mod quoting;
 mod robust;
 mod run;
 mod sandbox_audit;
+mod sharing;
 mod snapshot;
 mod state;
 mod stress;
