@@ -89,14 +89,14 @@ impl Handles {
     }
 
     /// The objects that handles open for writing (passthrough or not)
-    /// refer to, each once.
-    pub fn writers(&self) -> Vec<Arc<Inode>> {
-        let mut out: Vec<Arc<Inode>> = Vec::new();
+    /// refer to, with the uid holding each, each pair once.
+    pub fn writers(&self) -> Vec<(Arc<Inode>, u32)> {
+        let mut out: Vec<(Arc<Inode>, u32)> = Vec::new();
         for shard in &self.shards {
             for h in shard.lock().values() {
                 let Handle::File(f) = h.as_ref();
-                if f.writable && !out.iter().any(|i| i.id == f.inode.id) {
-                    out.push(f.inode.clone());
+                if f.writable && !out.iter().any(|(i, u)| i.id == f.inode.id && *u == f.uid) {
+                    out.push((f.inode.clone(), f.uid));
                 }
             }
         }

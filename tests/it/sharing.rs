@@ -1,10 +1,12 @@
 //! A mount other users share (`--allow-other`): what one of them (user
 //! `tests`, uid 1001, the attacker here) can do to the owner (root, who
-//! runs the daemon). It must not exhaust the daemon's descriptors.
+//! runs the daemon). It must not exhaust the daemon's descriptors, nor
+//! hold up the owner's snapshots with an open file.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 use std::time::Duration;
 
@@ -313,5 +315,201 @@ fn files_another_user_holds_cannot_pin_the_daemons_fds_once_removed() {
     assert_eq!(std::io::read_to_string(&mut f).unwrap(), "mine\n");
     drop((f, kept));
     holder.finish();
+    assert!(m.unmount());
+}
+
+/// Record size of the writer below: whole pages, each numbered.
+const RECORD: usize = 4096;
+
+fn record(seq: usize) -> Vec<u8> {
+    let mut r = format!("{seq:08} ").into_bytes();
+    r.resize(RECORD - 1, b'a' + (seq % 26) as u8);
+    r.push(b'\n');
+    r
+}
+
+/// Opens `argv[1]` for writing and leaves it idle; writes numbered 4 KiB
+/// records to `argv[2]` in a loop, one write(2) each, from a thread.
+/// Prints `ready` once both are open and records are flowing; at the next
+/// line stops and prints how many records it wrote.
+const WRITERS: &str = r#"
+import os, sys, threading
+idle = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+log = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+stop = threading.Event(); count = [0]; started = threading.Event()
+def record(seq):
+    r = b"%08d " % seq
+    return r + bytes([ord("a") + seq % 26]) * (4096 - 1 - len(r)) + b"\n"
+def loop():
+    while not stop.is_set():
+        assert os.write(log, record(count[0])) == 4096
+        count[0] += 1
+        if count[0] == 50:
+            started.set()
+threading.Thread(target=loop, daemon=True).start()
+started.wait()
+print("ready", flush=True)
+sys.stdin.readline()
+stop.set()
+while threading.active_count() > 1:
+    threading.enumerate()[-1].join()
+print(count[0], flush=True)
+sys.stdin.readline()
+"#;
+
+/// Checks that `data` is whole records 0, 1, 2, …; returns how many.
+fn whole_records(data: &[u8]) -> usize {
+    assert_eq!(
+        data.len() % RECORD,
+        0,
+        "{} bytes: a torn record",
+        data.len()
+    );
+    for (seq, r) in data.chunks(RECORD).enumerate() {
+        assert!(r == record(seq).as_slice(), "record {seq} is not whole");
+    }
+    data.len() / RECORD
+}
+
+fn snapshot(args: &[&str]) -> Output {
+    Command::new(bin())
+        .arg("snapshot")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// The content of `name` in the snapshot archive `tar`.
+fn archived(tar: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut ar = tar::Archive::new(fs::File::open(tar).unwrap());
+    for e in ar.entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.path().unwrap().to_string_lossy() == name {
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            return Some(data);
+        }
+    }
+    None
+}
+
+fn snapshots_dir(ws: &Workspace) -> PathBuf {
+    ws.dir.path().join(".upper.layerfs-state/snapshots")
+}
+
+/// A directory every user may create files in, made through the mount.
+fn public_dir(m: &Mount) {
+    fs::create_dir(m.p("pub")).unwrap();
+    fs::set_permissions(m.p("pub"), fs::Permissions::from_mode(0o1777)).unwrap();
+}
+
+#[test]
+fn another_users_open_files_do_not_hold_up_the_owners_snapshot() {
+    let ws = shared_workspace();
+    fs::write(ws.lower().join("own.txt"), "mine\n").unwrap();
+    let m = ws.mount_with(&["--allow-other"]);
+    public_dir(&m);
+    let idle = m.p("pub/idle.bin");
+    let log = m.p("pub/log.bin");
+    let args = [idle, log].map(|p| p.to_string_lossy().into_owned());
+    let mut writers = Tenant::start(WRITERS, &args);
+    assert_eq!(writers.line(), "ready");
+
+    // Saved twice while the other user holds one file open for writing
+    // and writes the other: no wait for them, no --force.
+    let mnt = m.path().to_str().unwrap();
+    for id in ["s1", "s2"] {
+        let out = snapshot(&["save", mnt, id]);
+        assert!(out.status.success(), "save {id}: {}", text(&out));
+    }
+    let written: usize = writers.step().parse().unwrap();
+    writers.finish();
+    // Each snapshot holds whole records only (a pause between two writes,
+    // never inside one), more in the later one, and writing went on
+    // after the pauses.
+    let mut seen = Vec::new();
+    for id in ["s1", "s2"] {
+        let tar = snapshots_dir(&ws).join(format!("{id}.tar"));
+        let data = archived(&tar, "pub/log.bin").expect("pub/log.bin archived");
+        seen.push(whole_records(&data));
+        assert_eq!(archived(&tar, "pub/idle.bin"), Some(Vec::new()));
+    }
+    assert!(
+        seen[0] >= 50 && seen[0] <= seen[1] && seen[1] <= written,
+        "{seen:?} {written}"
+    );
+    assert_eq!(
+        whole_records(&fs::read(m.p("pub/log.bin")).unwrap()),
+        written
+    );
+    assert!(m.unmount());
+}
+
+#[test]
+fn another_users_open_files_do_not_hold_up_the_owners_live_restore() {
+    let ws = shared_workspace();
+    let m = ws.mount_with(&["--allow-other"]);
+    fs::write(m.p("own.txt"), "one\n").unwrap();
+    let mnt = m.path().to_str().unwrap();
+    let out = snapshot(&["save", mnt, "s"]);
+    assert!(out.status.success(), "{}", text(&out));
+    fs::write(m.p("own.txt"), "two\n").unwrap();
+    public_dir(&m);
+    let idle = m.p("pub/idle.bin");
+    let log = m.p("pub/log.bin");
+    let args = [idle, log].map(|p| p.to_string_lossy().into_owned());
+    let mut writers = Tenant::start(WRITERS, &args);
+    assert_eq!(writers.line(), "ready");
+    let out = snapshot(&["restore", mnt, "s"]);
+    assert!(out.status.success(), "restore: {}", text(&out));
+    assert_eq!(fs::read_to_string(m.p("own.txt")).unwrap(), "one\n");
+    // The other user's files did not exist in the snapshot: what it
+    // writes on goes to the discarded tree, as into a file deleted while
+    // open.
+    assert!(!m.p("pub").exists());
+    writers.step();
+    writers.finish();
+    assert!(m.unmount());
+}
+
+/// Opens `argv[1]` for writing with O_TRUNC; prints `ok` or the errno.
+const TRUNCATE: &str = r#"
+import os, sys, errno
+try:
+    os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC))
+    print("ok", flush=True)
+except OSError as e:
+    print(errno.errorcode[e.errno], flush=True)
+"#;
+
+#[test]
+fn another_user_cannot_write_a_file_the_owner_holds_through_passthrough() {
+    let ws = shared_workspace();
+    let m = ws.mount_with(&["--allow-other"]);
+    public_dir(&m);
+    fs::write(m.p("pub/shared.txt"), "owner's\n").unwrap();
+    fs::set_permissions(m.p("pub/shared.txt"), fs::Permissions::from_mode(0o666)).unwrap();
+    let path = m.p("pub/shared.txt").to_string_lossy().into_owned();
+    // The owner reads it, through passthrough when the daemon runs as
+    // root: another user's open for writing would have to be passthrough
+    // too, whose writes no pause can stop. It is refused (ETXTBSY, "file
+    // busy"), and the file is not truncated.
+    let reading = fs::File::open(m.p("pub/shared.txt")).unwrap();
+    let mut t = Tenant::start(TRUNCATE, std::slice::from_ref(&path));
+    let got = t.line();
+    t.finish();
+    if std::env::var_os("LAYERFS_NO_PASSTHROUGH").is_none() {
+        assert_eq!(got, "ETXTBSY");
+        assert_eq!(std::io::read_to_string(&reading).unwrap(), "owner's\n");
+    } else {
+        assert_eq!(got, "ok");
+    }
+    drop(reading);
+    // Closed: the other user writes it, through the daemon.
+    let mut t = Tenant::start(TRUNCATE, std::slice::from_ref(&path));
+    assert_eq!(t.line(), "ok");
+    t.finish();
+    assert_eq!(fs::read_to_string(m.p("pub/shared.txt")).unwrap(), "");
     assert!(m.unmount());
 }
