@@ -513,3 +513,69 @@ fn another_user_cannot_write_a_file_the_owner_holds_through_passthrough() {
     assert_eq!(fs::read_to_string(m.p("pub/shared.txt")).unwrap(), "");
     assert!(m.unmount());
 }
+
+/// Maps `argv[1]` (64 KiB, created) shared and writable; prints `ready`.
+/// At the next line fills its first page with `X` through the mapping,
+/// then msync(MS_SYNC)s it and prints `synced`; exits at the next line.
+const MAPPER: &str = r#"
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+os.ftruncate(fd, 65536)
+m = mmap.mmap(fd, 65536, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+assert m[0:1] == b"\0"
+print("ready", flush=True)
+sys.stdin.readline()
+m[0:4096] = b"X" * 4096
+m.flush()
+print("synced", flush=True)
+sys.stdin.readline()
+"#;
+
+#[test]
+fn another_users_shared_writable_mapping_waits_for_a_pause_to_end() {
+    use std::os::unix::net::UnixStream;
+    let ws = shared_workspace();
+    let m = ws.mount_with(&["--allow-other"]);
+    public_dir(&m);
+    let args = [m.p("pub/mapped.bin").to_string_lossy().into_owned()];
+    let mut mapper = Tenant::start(MAPPER, &args);
+    assert_eq!(mapper.line(), "ready");
+    let upper = ws.upper.join("pub/mapped.bin");
+    let first_page = || fs::read(&upper).unwrap()[..4096].to_vec();
+    assert_eq!(first_page(), vec![0u8; 4096]);
+
+    // Writes paused, as a snapshot pauses them: the mapping's dirty page
+    // reaches the file only as a WRITE request, which waits at the gate.
+    let control = ws.dir.path().join(".upper.layerfs-state/control.sock");
+    let sock = UnixStream::connect(control).unwrap();
+    let mut answers = BufReader::new(sock.try_clone().unwrap());
+    let mut ask = |req: &str| {
+        writeln!(&sock, "{req}").unwrap();
+        let mut l = String::new();
+        answers.read_line(&mut l).unwrap();
+        serde_json::from_str::<Value>(&l).unwrap()
+    };
+    let paused = ask(r#"{"cmd": "pause", "wait_ms": 100}"#);
+    assert_eq!(paused["busy"], serde_json::json!([]), "{paused}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let got = mapper.step();
+        tx.send(got).unwrap();
+        mapper
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "msync of another user's mapping went through while paused"
+    );
+    assert_eq!(
+        first_page(),
+        vec![0u8; 4096],
+        "the file changed while paused"
+    );
+    assert_eq!(ask(r#"{"cmd": "resume"}"#)["resumed"], Value::Bool(true));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), "synced");
+    assert_eq!(first_page(), vec![b'X'; 4096]);
+    let mapper = waiter.join().unwrap();
+    mapper.finish();
+    assert!(m.unmount());
+}
