@@ -42,9 +42,9 @@ pub enum SnapshotCmd {
         id: Option<OsString>,
     },
     /// Replace the upper by snapshot ID, atomically. On a live mount the
-    /// mount shows the restored state at once; refused while files are
-    /// open for writing in it (files open for reading keep their old
-    /// contents).
+    /// mount shows the restored state at once; refused while the mount
+    /// owner's files are open for writing in it (files open for reading
+    /// keep their old contents).
     Restore {
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
