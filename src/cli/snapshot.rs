@@ -47,9 +47,9 @@ pub enum SnapshotCmd {
         id: Option<OsString>,
     },
     /// Replace the upper by snapshot ID, atomically. On a live mount the
-    /// mount shows the restored state at once; refused while files are
-    /// open for writing in it (files open for reading keep their old
-    /// contents).
+    /// mount shows the restored state at once; refused while the mount
+    /// owner's files are open for writing in it (files open for reading
+    /// keep their old contents).
     ///
     /// The archive is checked against the workspace's policy (its policy
     /// file, else the defaults) as the mount checks what it creates: device
@@ -150,10 +150,25 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
                 ));
             }
             if let Some(busy) = r["busy"].as_array().filter(|b| !b.is_empty()) {
-                let paths: Vec<&str> = busy.iter().filter_map(|p| p.as_str()).collect();
+                // Each with the uid holding it (`holders`), where the
+                // daemon says.
+                let named: Vec<String> = match r["holders"].as_array() {
+                    Some(h) if !h.is_empty() => h
+                        .iter()
+                        .map(|h| {
+                            format!("{} (uid {})", h["path"].as_str().unwrap_or("?"), h["uid"])
+                        })
+                        .collect(),
+                    _ => busy
+                        .iter()
+                        .filter_map(|p| p.as_str())
+                        .map(String::from)
+                        .collect(),
+                };
                 return Err(format!(
-                    "files are still open for writing and cannot be paused: {}; close them and retry",
-                    paths.join(", ")
+                    "files are open for writing through passthrough, whose writes cannot be \
+                     paused: {}; close them and retry",
+                    named.join(", ")
                 ));
             }
             Some(c)

@@ -195,6 +195,52 @@ fn lower_line(l: &Value) -> String {
     s
 }
 
+/// The daemon's fds: how many are open of its limit, and the cache's and
+/// the pinned files' parts (`layer::fds`).
+fn descriptors_line(d: &Value) -> String {
+    let part = |k: &str| {
+        let p = &d[k];
+        format!("{}/{}", field(p, "open"), field(p, "limit"))
+    };
+    format!(
+        "{} open of {} (object cache {}, removed files pinned {}, for open files {})",
+        field(d, "open"),
+        field(d, "limit"),
+        part("cache"),
+        part("pinned"),
+        field(d, "handle_pool")
+    )
+}
+
+/// Open files per uid, with each one's share and refusals
+/// (`overlay::share`): "12: uid 0 4, uid 1001 8/80 (3 refused)".
+fn open_files_line(f: &Value) -> String {
+    let mut s = field(f, "open");
+    let per_user = field(f, "per_user_limit");
+    let users: Vec<String> = f["by_uid"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|u| {
+                    let mut one = format!("uid {} {}", field(u, "uid"), field(u, "open"));
+                    if u["owner"] != Value::Bool(true) {
+                        one.push_str(&format!("/{per_user}"));
+                    }
+                    if u["refused"].as_u64().unwrap_or(0) > 0 {
+                        one.push_str(&format!(" ({} refused)", field(u, "refused")));
+                    }
+                    one
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !users.is_empty() {
+        s.push_str(": ");
+        s.push_str(&users.join(", "));
+    }
+    s
+}
+
 /// The text form of one status object.
 fn render(v: &Value) -> String {
     let mut out = String::new();
@@ -332,6 +378,12 @@ fn render(v: &Value) -> String {
             }
         };
         line("transport", s);
+    }
+    if let Some(d) = v.get("descriptors").filter(|d| !d.is_null()) {
+        line("fds", descriptors_line(d));
+    }
+    if let Some(f) = v.get("open_files").filter(|f| !f.is_null()) {
+        line("open files", open_files_line(f));
     }
     if let Some(j) = v.get("journal").filter(|j| !j.is_null()) {
         let mut s = if j.get("enabled").and_then(Value::as_bool) == Some(false) {

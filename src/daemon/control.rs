@@ -29,8 +29,9 @@ use crate::overlay::gate::PauseGuard;
 use crate::state::journal::Journal;
 use crate::state::workspace::SOCKET_FILE;
 
-/// How long `pause` waits for passthrough write opens to close, unless
-/// the request says otherwise (`"wait_ms"`).
+/// How long `pause` waits for passthrough write opens to close (the mount
+/// owner's only, see `fuse::io_mode`), unless the request says otherwise
+/// (`"wait_ms"`).
 const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 /// How long an invalidation may take before the answer says it is still
 /// pending (it may wait on a request parked by a pause).
@@ -378,7 +379,7 @@ pub fn dispatch<'a>(daemon: &'a Daemon, conn: &mut Conn<'a>, req: &Value) -> Res
         "status" => Ok(status(daemon, conn)),
         "pause" => {
             if conn.pause.is_some() {
-                return Ok(json!({"paused": true, "busy": []}));
+                return Ok(json!({"paused": true, "busy": [], "holders": []}));
             }
             let wait = req
                 .get("wait_ms")
@@ -391,7 +392,13 @@ pub fn dispatch<'a>(daemon: &'a Daemon, conn: &mut Conn<'a>, req: &Value) -> Res
                 busy = busy.len(),
                 "writes paused through the control socket"
             );
-            Ok(json!({"paused": true, "busy": busy}))
+            // `busy`: the paths; `holders`: each with the uid holding it.
+            let paths: Vec<&String> = busy.iter().map(|(p, _)| p).collect();
+            let holders: Vec<Value> = busy
+                .iter()
+                .map(|(p, uid)| json!({"path": p, "uid": uid}))
+                .collect();
+            Ok(json!({"paused": true, "busy": paths, "holders": holders}))
         }
         "resume" => {
             let was = conn.pause.take().is_some();
@@ -484,6 +491,10 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
             None => json!({"enabled": false}),
         },
         "transport": transport(&daemon.fs),
+        // The daemon's fds and each caller's share of them for open files
+        // (`layer::fds`, `overlay::share`).
+        "descriptors": crate::layer::fds::report(),
+        "open_files": ov.files.shares.report(),
     })
 }
 

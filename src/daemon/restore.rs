@@ -5,10 +5,13 @@
 //! dir (the long part; the mount serves reads and writes meanwhile) and
 //! names it in `{"cmd":"restore","staging":NAME}`. The daemon then, with
 //! writes paused:
-//! 1. waits (a bounded time) for every file open for writing through the
-//!    mount to be closed, and refuses, naming them, if some stay open:
-//!    what they would write after the restore would land in the discarded
-//!    tree;
+//! 1. waits (a bounded time) for the mount owner's files open for writing
+//!    through the mount to be closed, and refuses, naming them and the uid
+//!    holding each, if some stay open: what they would write after the
+//!    restore would land in the discarded tree. Another user's files open
+//!    for writing do not hold the restore up (the owner's restore must not
+//!    be another user's to block): like files deleted while open, they
+//!    write on into the old tree, which is discarded;
 //! 2. checks the upper's path still names the upper it serves;
 //! 3. exchanges the staging dir with the upper in one
 //!    `renameat2(RENAME_EXCHANGE)` and syncs both parents: the upper is
@@ -93,17 +96,22 @@ pub fn serve(daemon: &Daemon, req: &Value) -> Result<Value, String> {
     if !busy.is_empty() {
         return Err(open_for_writing(&busy));
     }
-    // Opens for writing wait at the gate now; wait for those already
-    // open to close.
+    // Opens for writing wait at the gate now; wait for the owner's
+    // already open to close (see the module comment).
     let deadline = Instant::now() + DRAIN;
     loop {
-        let writers = ov.files.writers();
+        let writers: Vec<(String, u32)> = ov
+            .files
+            .writers()
+            .into_iter()
+            .filter(|(_, uid)| ov.files.shares.is_owner(*uid))
+            .map(|(i, uid)| (ov.path_of(&i), uid))
+            .collect();
         if writers.is_empty() {
             break;
         }
         if Instant::now() >= deadline {
-            let paths: Vec<String> = writers.iter().map(|i| ov.path_of(i)).collect();
-            return Err(open_for_writing(&paths));
+            return Err(open_for_writing(&writers));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -195,10 +203,13 @@ pub fn serve(daemon: &Daemon, req: &Value) -> Result<Value, String> {
     }))
 }
 
-fn open_for_writing(paths: &[String]) -> String {
+fn open_for_writing(paths: &[(String, u32)]) -> String {
     let shown: Vec<String> = paths
         .iter()
-        .map(|p| if p.is_empty() { ".".into() } else { p.clone() })
+        .map(|(p, uid)| {
+            let p = if p.is_empty() { "." } else { p };
+            format!("{p} (uid {uid})")
+        })
         .collect();
     format!(
         "files are open for writing in the mount: {}; close them (or stop the programs \

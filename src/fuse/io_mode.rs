@@ -8,10 +8,24 @@
 //! inode at a time, so a later open for writing (which copies up) could
 //! not switch to the upper copy.
 //!
+//! Writes through passthrough cannot be paused (`overlay::gate`): a pause
+//! (a snapshot, a live restore) can only wait for such opens to close. So
+//! only the mount owner (`overlay::share`: the daemon's user, root, the
+//! upper's owner) opens files for writing through passthrough; another
+//! user's open for writing is served by the daemon, whose write gate
+//! pauses each WRITE request (also the write-back of a shared writable
+//! mapping, which the kernel sends as WRITE requests), so no other user's
+//! open file can hold up the owner's snapshot. What the owner's own
+//! passthrough writers block is named with their uid.
+//!
 //! Kernel rule relied on here: cached (daemon-served) opens and
 //! passthrough opens of one inode may not coexist. While an inode has
 //! cached opens, new opens of it are cached too; passthrough opens of one
-//! inode share one backing id.
+//! inode share one backing id. Another user's open for writing books its
+//! cached open before the file is opened (`book_daemon_write`), so no
+//! passthrough open of that inode starts meanwhile; while passthrough
+//! opens of it exist (the owner has the file open) it is refused with
+//! `ETXTBSY` ("file busy"), before anything is changed.
 //!
 //! An open served through an io_uring queue (`super::uring`) is answered
 //! by a fuser session on a socket, which cannot open backing ids (an ioctl
@@ -43,9 +57,10 @@ struct State {
     /// Handles served by the daemon, by node id (count).
     cached: HashMap<u64, u32>,
     cached_handles: HashMap<u64, u64>,
-    /// Passthrough handles open for writing → node id. Their writes never
-    /// reach the daemon, so a pause waits for them to close.
-    pt_writers: HashMap<u64, u64>,
+    /// Passthrough handles open for writing → node id and the uid that
+    /// opened it. Their writes never reach the daemon, so a pause waits
+    /// for them to close.
+    pt_writers: HashMap<u64, (u64, u32)>,
 }
 
 pub struct IoModes {
@@ -104,22 +119,62 @@ impl IoModes {
         self.enabled.store(on, Ordering::Release);
     }
 
-    /// Decides the mode of a new open of node `id` and books it.
+    /// Before an open for writing by a caller who is not the mount owner:
+    /// books a daemon-served open of node `id` (true), so that no
+    /// passthrough open of it starts before this one is decided; `ETXTBSY`
+    /// while passthrough opens of it exist (the kernel would refuse a
+    /// daemon-served open next to them). False when passthrough is off:
+    /// every open is daemon-served then. A booking is taken up by the
+    /// open's reply (`booked`) or given back with `cancel_booking`.
+    pub fn book_daemon_write(&self, id: u64) -> Result<bool, i32> {
+        if !self.enabled.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let mut st = self.state.lock();
+        if st.backing.get(&id).and_then(Weak::upgrade).is_some() {
+            return Err(libc::ETXTBSY);
+        }
+        *st.cached.entry(id).or_insert(0) += 1;
+        Ok(true)
+    }
+
+    /// Gives back a booking whose open failed.
+    pub fn cancel_booking(&self, id: u64) {
+        let mut st = self.state.lock();
+        if let Some(n) = st.cached.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                st.cached.remove(&id);
+            }
+        }
+    }
+
+    /// Decides the mode of a new open of node `id` and books it; `booked`:
+    /// its daemon-served open was booked already (`book_daemon_write`).
     fn decide(
         &self,
         ov: &Overlay,
         id: u64,
         o: &Opened,
         via: Via,
+        booked: bool,
         open_backing: impl FnOnce(&std::os::fd::OwnedFd) -> std::io::Result<BackingId>,
     ) -> Mode {
         let mut st = self.state.lock();
+        if booked {
+            st.cached_handles.insert(o.fh, id);
+            drop(st);
+            return Mode::Cached(self.cache_flags(ov, id, o));
+        }
         let cached_now = st.cached.get(&id).copied().unwrap_or(0);
         let regular = ov
             .inode(id)
             .map(|i| i.kind == libc::S_IFREG)
             .unwrap_or(false);
-        if self.enabled.load(Ordering::Acquire) && o.upper && regular && cached_now == 0 {
+        // Writes through passthrough cannot be paused: the owner's only.
+        let may_pass = !o.writable || ov.files.shares.is_owner(o.uid);
+        if self.enabled.load(Ordering::Acquire) && o.upper && regular && cached_now == 0 && may_pass
+        {
             let existing = st.backing.get(&id).and_then(Weak::upgrade);
             let backing = match existing {
                 Some(b) => Some(b),
@@ -138,7 +193,7 @@ impl IoModes {
             if let Some(b) = backing {
                 st.held.insert(o.fh, b.clone());
                 if o.writable {
-                    st.pt_writers.insert(o.fh, id);
+                    st.pt_writers.insert(o.fh, (id, o.uid));
                 }
                 return Mode::Passthrough(b);
             }
@@ -198,17 +253,20 @@ impl IoModes {
     }
 
     /// Replies to an open; `before_reply` learns whether it is passthrough
-    /// before the kernel can use the handle.
+    /// before the kernel can use the handle. `booked`: see `decide`.
+    // The open reply's fields, plus how the request came and its booking.
+    #[allow(clippy::too_many_arguments)]
     pub fn reply_open(
         &self,
         ov: &Overlay,
         id: u64,
         o: Opened,
         via: Via,
+        booked: bool,
         reply: ReplyOpen,
         before_reply: impl FnOnce(bool),
     ) {
-        let mode = self.decide(ov, id, &o, via, |fd| reply.open_backing(fd));
+        let mode = self.decide(ov, id, &o, via, booked, |fd| reply.open_backing(fd));
         before_reply(matches!(mode, Mode::Passthrough(_)));
         match mode {
             Mode::Passthrough(b) => match &*b {
@@ -242,7 +300,7 @@ impl IoModes {
         before_reply: impl FnOnce(bool),
     ) {
         let attr = super::convert::attr(&e.st);
-        let mode = self.decide(ov, e.id, &o, via, |fd| reply.open_backing(fd));
+        let mode = self.decide(ov, e.id, &o, via, false, |fd| reply.open_backing(fd));
         before_reply(matches!(mode, Mode::Passthrough(_)));
         match mode {
             Mode::Passthrough(b) => match &*b {
@@ -274,9 +332,10 @@ impl IoModes {
         }
     }
 
-    /// Node ids of passthrough handles open for writing.
-    pub fn passthrough_writers(&self) -> Vec<u64> {
-        let mut ids: Vec<u64> = self.state.lock().pt_writers.values().copied().collect();
+    /// Node ids of passthrough handles open for writing, with the uid
+    /// holding each.
+    pub fn passthrough_writers(&self) -> Vec<(u64, u32)> {
+        let mut ids: Vec<(u64, u32)> = self.state.lock().pt_writers.values().copied().collect();
         ids.sort_unstable();
         ids.dedup();
         ids

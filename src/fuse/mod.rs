@@ -123,10 +123,12 @@ impl FsHandle {
 
     /// Pauses every mutating request (see `overlay::gate`) and waits, up to
     /// `wait`, for passthrough handles open for writing to close: their
-    /// writes bypass the daemon, so only their closing ends them. Returns
-    /// the guard (writes resume when it is dropped) and the paths still
-    /// open for writing when the wait ended (empty when drained).
-    pub fn pause_writes(&self, wait: Duration) -> (PauseGuard<'_>, Vec<String>) {
+    /// writes bypass the daemon, so only their closing ends them (only the
+    /// mount owner opens such handles, see `io_mode`). Returns the guard
+    /// (writes resume when it is dropped) and the paths still open for
+    /// writing when the wait ended, with the uid holding each (empty when
+    /// drained).
+    pub fn pause_writes(&self, wait: Duration) -> (PauseGuard<'_>, Vec<(String, u32)>) {
         let guard = self.inner.ov.pause_writes();
         let deadline = std::time::Instant::now() + wait;
         loop {
@@ -138,8 +140,7 @@ impl FsHandle {
                 let ov = &self.inner.ov;
                 let busy = ids
                     .into_iter()
-                    .filter_map(|id| ov.inodes.get(id))
-                    .map(|i| ov.path_of(&i))
+                    .filter_map(|(id, uid)| ov.inodes.get(id).map(|i| (ov.path_of(&i), uid)))
                     .collect();
                 return (guard, busy);
             }
@@ -541,14 +542,20 @@ impl Shared {
     ) {
         let kind = NewKind::File { mode, flags };
         let path = self.child(parent, name);
-        let created = self.ov().create_object(c, parent.0, name, kind);
+        // The creator's share of the daemon's fds first: over it, nothing
+        // is created (EMFILE, as open(2) checks for a free fd first).
+        let created = self
+            .ov()
+            .files
+            .charge(c.uid)
+            .and_then(|charge| Ok((self.ov().create_object(c, parent.0, name, kind)?, charge)));
         self.done(c, EvOp::Create, path, None, &created);
-        let (entry, fd) = match created {
-            Ok((e, Some(fd))) => (e, fd),
-            Ok((_, None)) => return reply.error(Errno::EIO),
+        let (entry, fd, charge) = match created {
+            Ok(((e, Some(fd)), charge)) => (e, fd, charge),
+            Ok(((_, None), _)) => return reply.error(Errno::EIO),
             Err(e) => return reply.error(errno(e)),
         };
-        match self.ov().adopt(entry.id, fd, flags) {
+        match self.ov().adopt(entry.id, fd, flags, charge) {
             Ok(o) => {
                 let (fh, writable) = (o.fh, o.writable);
                 let ttl = self.ttl(entry.lower);
@@ -906,7 +913,18 @@ impl fuser::Filesystem for LayerFs {
         let open = move |s: &Shared| {
             let writing = wants_write(flags.0);
             let path = if writing { s.path(ino.0) } else { None };
-            let r = s.ov().open(&c, ino.0, flags.0);
+            // Another user's open for writing is served by the daemon,
+            // where its writes can be paused (see `io_mode`).
+            let booking = if writing && !s.ov().files.shares.is_owner(c.uid) {
+                s.io.book_daemon_write(ino.0).map_err(crate::overlay::Errno)
+            } else {
+                Ok(false)
+            };
+            let booked = *booking.as_ref().unwrap_or(&false);
+            let r = booking.and_then(|_| s.ov().open(&c, ino.0, flags.0));
+            if booked && r.is_err() {
+                s.io.cancel_booking(ino.0);
+            }
             if writing {
                 // The open itself is a change only when it truncates; a
                 // refused open for writing is recorded as a refused write.
@@ -923,7 +941,7 @@ impl fuser::Filesystem for LayerFs {
             match r {
                 Ok(o) => {
                     let (fh, writable) = (o.fh, o.writable);
-                    s.io.reply_open(s.ov(), ino.0, o, queue.as_deref(), reply, |pt| {
+                    s.io.reply_open(s.ov(), ino.0, o, queue.as_deref(), booked, reply, |pt| {
                         if writable {
                             s.rec.opened(s.ov(), fh, &c, pt)
                         }

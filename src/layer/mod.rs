@@ -5,6 +5,7 @@
 //! directories beside the layers (state, work, snapshots, a run's
 //! mountpoint) are checked once and then reached the same way (`safedir`).
 
+pub mod fds;
 pub mod netfs;
 pub mod ops;
 pub mod reach;

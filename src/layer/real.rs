@@ -8,7 +8,8 @@
 //! hold far more objects than that. Files without a handle (filesystems
 //! that refuse them, FUSE lowers whose handles stop working once the
 //! kernel forgets the object — see `netfs` — or a daemon without
-//! `CAP_DAC_READ_SEARCH`) keep their fd pinned.
+//! `CAP_DAC_READ_SEARCH`) keep their fd pinned. How many fds the cache
+//! and the pins may hold is set by the daemon's fd budget (`fds`).
 
 use std::collections::VecDeque;
 use std::io;
@@ -18,7 +19,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 
-use super::sys;
+use super::{fds, sys};
 
 /// A readable fd of a layer root, shared by every `RealFd` of that layer
 /// (for `open_by_handle_at`), and whether the layer's file handles can be
@@ -49,33 +50,19 @@ impl std::fmt::Debug for RealFd {
 struct FdCache {
     ring: Mutex<VecDeque<Weak<RealFd>>>,
     open: AtomicUsize,
-    limit: usize,
 }
 
 fn cache() -> &'static FdCache {
     static CACHE: OnceLock<FdCache> = OnceLock::new();
-    CACHE.get_or_init(|| {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit writes into the struct we own.
-        let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-            lim.rlim_cur as usize
-        } else {
-            1024
-        };
-        // Leave room for open files, directory fds and the FUSE channels.
-        let limit = std::env::var("LAYERFS_FD_CACHE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or((soft / 2).max(64));
-        FdCache {
-            ring: Mutex::new(VecDeque::new()),
-            open: AtomicUsize::new(0),
-            limit,
-        }
+    CACHE.get_or_init(|| FdCache {
+        ring: Mutex::new(VecDeque::new()),
+        open: AtomicUsize::new(0),
     })
+}
+
+/// How many fds the cache holds now (for `status`).
+pub fn cached() -> usize {
+    cache().open.load(Ordering::Relaxed)
 }
 
 impl FdCache {
@@ -83,8 +70,10 @@ impl FdCache {
         let mut ring = self.ring.lock();
         ring.push_back(Arc::downgrade(r));
         let open = self.open.fetch_add(1, Ordering::AcqRel) + 1;
-        if open > self.limit {
-            let target = self.limit * 9 / 10;
+        // Half the fd limit (see `fds`), read again as the limit changes.
+        let limit = fds::cache_limit();
+        if open > limit {
+            let target = limit * 9 / 10;
             while self.open.load(Ordering::Acquire) > target {
                 let Some(w) = ring.pop_front() else { break };
                 if let Some(victim) = w.upgrade() {
@@ -102,7 +91,7 @@ impl FdCache {
             }
         }
         // Entries of dropped or already evicted fds pile up: compact.
-        if ring.len() > 2 * self.limit.max(1024) {
+        if ring.len() > 2 * limit.max(1024) {
             ring.retain(|w| {
                 w.upgrade()
                     .is_some_and(|r| r.slot.lock().is_some() && !r.pinned.load(Ordering::Acquire))
@@ -128,6 +117,8 @@ impl RealFd {
         });
         if evictable {
             cache().admit(&r);
+        } else {
+            fds::UNEVICTABLE.fetch_add(1, Ordering::AcqRel);
         }
         r
     }
@@ -193,14 +184,36 @@ impl RealFd {
     /// object: like a local filesystem, the removed file then stays
     /// readable through the descriptors that hold it (its handle could no
     /// longer be opened), and its inode number is not recycled meanwhile.
-    pub fn pin(&self, fd: Arc<OwnedFd>) {
+    ///
+    /// Pinned fds are bounded (`fds::pin_limit`): a caller could otherwise
+    /// hold any number of objects (an `O_PATH` descriptor each, no open
+    /// file needed) and wait for them to be removed. Beyond the bound the
+    /// fd is not pinned (false): it stays in the cache, evictable. While an
+    /// open file handle holds the removed file (each keeps an fd of its
+    /// own, `overlay::file`) the file is still reopened by its handle
+    /// (ext4 reopens a removed file that is still open: checked); once
+    /// none does, the object answers `ESTALE`.
+    pub fn pin(&self, fd: Arc<OwnedFd>) -> bool {
         let mut slot = self.slot.lock();
-        if self.pinned.swap(true, Ordering::AcqRel) {
-            return;
+        if self.pinned.load(Ordering::Acquire) {
+            return true;
         }
-        if slot.replace(fd).is_some() && self.handle.is_some() {
-            cache().open.fetch_sub(1, Ordering::AcqRel);
+        if self.handle.is_some() {
+            if fds::PINNED.fetch_add(1, Ordering::AcqRel) >= fds::pin_limit() {
+                fds::PINNED.fetch_sub(1, Ordering::AcqRel);
+                tracing::debug!(
+                    "removed file not pinned: {} fds pinned already",
+                    fds::pin_limit()
+                );
+                return false;
+            }
+            if slot.is_some() {
+                cache().open.fetch_sub(1, Ordering::AcqRel);
+            }
         }
+        *slot = Some(fd);
+        self.pinned.store(true, Ordering::Release);
+        true
     }
 
     /// Closes the cached fd now (unless pinned): for a directory just
@@ -227,7 +240,11 @@ impl RealFd {
 
 impl Drop for RealFd {
     fn drop(&mut self) {
-        if self.handle.is_some() && self.slot.get_mut().is_some() && !*self.pinned.get_mut() {
+        if self.handle.is_none() {
+            fds::UNEVICTABLE.fetch_sub(1, Ordering::AcqRel);
+        } else if *self.pinned.get_mut() {
+            fds::PINNED.fetch_sub(1, Ordering::AcqRel);
+        } else if self.slot.get_mut().is_some() {
             cache().open.fetch_sub(1, Ordering::AcqRel);
         }
     }

@@ -5,6 +5,16 @@
 //! `O_TRUNC`) copies up first. A handle opened on a lower file switches to
 //! the upper copy once one exists, so readers see writes made through
 //! other handles after a copy-up.
+//!
+//! Each handle keeps an fd of its own, opened with the caller's flags,
+//! for as long as it is open — not one reopened from the object's
+//! `RealFd` on use: a reopened fd is not the same open file. It would fail
+//! with `ESTALE` once the file was removed or replaced behind the mount
+//! (in a lower, by a restore), where the open file keeps reading what it
+//! opened, and an `fsync` through it would miss a write-back error that
+//! another fd of the file had already reported. Handles are bounded
+//! instead: each takes a share of the daemon's fds for its caller's uid
+//! first (`share`), and one over its share is refused with `EMFILE`.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -17,6 +27,7 @@ use super::copy_up::Data;
 use super::guard::Op;
 use super::inode::Inode;
 use super::readdir::DirEntry;
+use super::share::{Charge, Shares};
 use super::{err, Ctx, Errno, Overlay, Result};
 use crate::layer::sys;
 
@@ -26,8 +37,12 @@ pub struct FileHandle {
     fd: RwLock<Arc<OwnedFd>>,
     on_upper: std::sync::atomic::AtomicBool,
     pub writable: bool,
+    /// Who opened it.
+    pub uid: u32,
     /// Bytes written through the daemon since the journal last took them.
     written: AtomicU64,
+    /// The opener's share of the daemon's fds, given back with `fd`.
+    _charge: Charge,
 }
 
 pub enum Handle {
@@ -40,18 +55,19 @@ const SHARDS: usize = 32;
 pub struct Handles {
     next: AtomicU64,
     shards: Vec<Mutex<HashMap<u64, Arc<Handle>>>>,
-}
-
-impl Default for Handles {
-    fn default() -> Self {
-        Handles {
-            next: AtomicU64::new(1),
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-        }
-    }
+    /// Each caller's share of the daemon's fds for open files.
+    pub shares: Arc<Shares>,
 }
 
 impl Handles {
+    pub fn new(shares: Arc<Shares>) -> Handles {
+        Handles {
+            next: AtomicU64::new(1),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shares,
+        }
+    }
+
     fn insert(&self, h: Handle) -> u64 {
         let fh = self.next.fetch_add(1, Ordering::Relaxed);
         self.shards[fh as usize % SHARDS]
@@ -73,18 +89,24 @@ impl Handles {
     }
 
     /// The objects that handles open for writing (passthrough or not)
-    /// refer to, each once.
-    pub fn writers(&self) -> Vec<Arc<Inode>> {
-        let mut out: Vec<Arc<Inode>> = Vec::new();
+    /// refer to, with the uid holding each, each pair once.
+    pub fn writers(&self) -> Vec<(Arc<Inode>, u32)> {
+        let mut out: Vec<(Arc<Inode>, u32)> = Vec::new();
         for shard in &self.shards {
             for h in shard.lock().values() {
                 let Handle::File(f) = h.as_ref();
-                if f.writable && !out.iter().any(|i| i.id == f.inode.id) {
-                    out.push(f.inode.clone());
+                if f.writable && !out.iter().any(|(i, u)| i.id == f.inode.id && *u == f.uid) {
+                    out.push((f.inode.clone(), f.uid));
                 }
             }
         }
         out
+    }
+
+    /// Takes one fd of `uid`'s share for a handle about to be opened
+    /// (`EMFILE` beyond it; see `share`).
+    pub fn charge(&self, uid: u32) -> Result<Charge> {
+        self.shares.charge(uid)
     }
 
     /// Bytes written through handle `fh` since the last call (the journal
@@ -120,6 +142,8 @@ pub struct Opened {
     pub fd: Arc<OwnedFd>,
     /// Opened for writing (or truncating).
     pub writable: bool,
+    /// The caller's uid.
+    pub uid: u32,
 }
 
 /// Whether an open with these flags changes the file (copies it up).
@@ -144,6 +168,9 @@ impl Overlay {
         if inode.is_dir() && wants_write(flags) {
             return err(libc::EISDIR);
         }
+        // Before anything changes (a copy-up, a truncation): a caller over
+        // its share gets EMFILE and nothing else happens.
+        let charge = self.files.charge(ctx.uid)?;
         let (fd, upper) = if wants_write(flags) {
             self.guard_inode(ctx, Op::Write, &inode)?;
             let trunc = flags & libc::O_TRUNC != 0;
@@ -166,38 +193,41 @@ impl Overlay {
             };
             (fd, upper)
         };
+        self.insert_handle(inode, fd, upper, flags, charge)
+    }
+
+    /// Registers a file just created (`create`) as an open handle; the
+    /// creator's share was taken before the file was (`Handles::charge`).
+    pub fn adopt(&self, id: u64, fd: OwnedFd, flags: i32, charge: Charge) -> Result<Opened> {
+        let inode = self.inode(id)?;
+        self.insert_handle(inode, fd, true, flags, charge)
+    }
+
+    fn insert_handle(
+        &self,
+        inode: Arc<Inode>,
+        fd: OwnedFd,
+        upper: bool,
+        flags: i32,
+        charge: Charge,
+    ) -> Result<Opened> {
         let fd = Arc::new(fd);
+        let uid = charge.uid();
         let fh = self.files.insert(Handle::File(FileHandle {
             inode,
             fd: RwLock::new(fd.clone()),
             on_upper: upper.into(),
             writable: wants_write(flags),
+            uid,
             written: AtomicU64::new(0),
+            _charge: charge,
         }));
         Ok(Opened {
             fh,
             upper,
             fd,
             writable: wants_write(flags),
-        })
-    }
-
-    /// Registers a file just created (`create`) as an open handle.
-    pub fn adopt(&self, id: u64, fd: OwnedFd, flags: i32) -> Result<Opened> {
-        let inode = self.inode(id)?;
-        let fd = Arc::new(fd);
-        let fh = self.files.insert(Handle::File(FileHandle {
-            inode,
-            fd: RwLock::new(fd.clone()),
-            on_upper: true.into(),
-            writable: wants_write(flags),
-            written: AtomicU64::new(0),
-        }));
-        Ok(Opened {
-            fh,
-            upper: true,
-            fd,
-            writable: wants_write(flags),
+            uid,
         })
     }
 

@@ -17,6 +17,7 @@ pub mod origin;
 pub mod quota;
 pub mod readdir;
 pub mod refresh;
+pub mod share;
 pub mod watch;
 pub mod xattr;
 
@@ -92,6 +93,18 @@ fn raise_fd_limit() {
         // SAFETY: as above.
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &soft) };
     }
+}
+
+/// The uids that count as the mount owner for the shares of the daemon's
+/// fds (`share`) and for passthrough writes (`fuse::io_mode`): the
+/// daemon's user and the user owning the upper directory (root is added
+/// by `Shares`). Read once, at mount.
+fn share_owners(upper_root: &impl std::os::fd::AsFd) -> Vec<u32> {
+    let mut owners = vec![nix::unistd::geteuid().as_raw()];
+    if let Ok(st) = sys::fstat(upper_root) {
+        owners.push(st.st_uid);
+    }
+    owners
 }
 
 /// Who asks: the caller's credentials and pid from the request.
@@ -197,6 +210,7 @@ impl Overlay {
             .map_err(|e| format!("cannot clean work dir {}: {e}", cfg.work.display()))?;
         let policy = Arc::new(cfg.policy.clone());
         let quota = quota::Usage::new(policy.quota());
+        let owners = share_owners(&upper.layer.root);
         let ov = Overlay {
             upper,
             lowers,
@@ -205,7 +219,7 @@ impl Overlay {
             policy: RwLock::new(policy),
             quota,
             read_only: cfg.read_only,
-            files: Default::default(),
+            files: file::Handles::new(share::Shares::new(owners)),
             privileged,
             watch: watch::LowerWatch::new(cfg.max_watches.unwrap_or_else(watch::default_cap)),
             reach,

@@ -29,6 +29,7 @@ mod robust;
 mod run;
 mod sandbox_audit;
 mod shared;
+mod sharing;
 mod snapshot;
 mod state;
 mod stress;

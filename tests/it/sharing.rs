@@ -1,0 +1,581 @@
+//! A mount other users share (`--allow-other`): what one of them (user
+//! `tests`, uid 1001, the attacker here) can do to the owner (root, who
+//! runs the daemon). It must not exhaust the daemon's descriptors, nor
+//! hold up the owner's snapshots with an open file.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::{bin, eventually, Mount, Workspace};
+
+/// The other user.
+const TENANT: u32 = 1001;
+
+/// A python process run as `TENANT`, driven line by line: it prints a
+/// line when it has done a step and waits for a line on stdin before the
+/// next. Killed (by its pid) and reaped when dropped.
+struct Tenant {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Tenant {
+    fn start(script: &str, args: &[String]) -> Tenant {
+        let mut child = Command::new("setpriv")
+            .args([
+                format!("--reuid={TENANT}"),
+                format!("--regid={TENANT}"),
+                "--clear-groups".into(),
+                "--".into(),
+                "/usr/bin/python3".into(),
+                "-c".into(),
+                script.into(),
+            ])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run python3 as the other user");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Tenant {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// The next line the tenant prints.
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        assert!(!l.is_empty(), "the other user's process ended early");
+        l.trim_end().to_string()
+    }
+
+    /// Lets the tenant go on to its next step and returns what it prints.
+    fn step(&mut self) -> String {
+        let w = self.stdin.as_mut().expect("tenant still running");
+        w.write_all(b"go\n").unwrap();
+        w.flush().unwrap();
+        self.line()
+    }
+
+    /// Ends the tenant (it exits at its last `go`, or on end of input).
+    fn finish(mut self) {
+        self.stdin.take();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Tenant {
+    fn drop(&mut self) {
+        self.stdin.take();
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// A workspace the other user can reach (test workspaces are 0700).
+fn shared_workspace() -> Workspace {
+    let ws = Workspace::new();
+    fs::set_permissions(ws.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    ws
+}
+
+fn status(m: &Mount) -> Value {
+    let out = Command::new(bin())
+        .args(["status", "--json"])
+        .arg(m.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The daemon's open fds, from /proc.
+fn daemon_fds(m: &Mount) -> usize {
+    fs::read_dir(format!("/proc/{}/fd", m.pid()))
+        .unwrap()
+        .count()
+}
+
+/// Lowers the daemon's fd limit to `n` and waits until it works with it
+/// (it reads its limit again at most once a second).
+fn limit_daemon_fds(m: &Mount, n: usize) {
+    let out = Command::new("prlimit")
+        .arg(format!("--pid={}", m.pid()))
+        .arg(format!("--nofile={n}:{n}"))
+        .output()
+        .expect("run prlimit");
+    assert!(out.status.success(), "prlimit: {}", text(&out));
+    assert!(
+        eventually(Duration::from_secs(10), || status(m)["descriptors"]
+            ["limit"]
+            == n),
+        "{}",
+        status(m)["descriptors"]
+    );
+}
+
+/// The other uid's line in `status`'s open files, if it holds or was
+/// refused any.
+fn tenant_files(m: &Mount) -> Value {
+    let st = status(m);
+    st["open_files"]["by_uid"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["uid"] == TENANT)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// What the owner must still be able to do: read a file, list a
+/// directory, create a file, and hold 100 files open at once.
+fn owner_works(m: &Mount, new: &str) {
+    assert_eq!(fs::read_to_string(m.p("own.txt")).unwrap(), "mine\n");
+    assert!(fs::read_dir(m.path()).unwrap().count() > 20);
+    fs::write(m.p(new), "created\n").unwrap_or_else(|e| panic!("owner's create: {e}"));
+    let held: Vec<fs::File> = (0..100)
+        .map(|i| fs::File::open(m.p(&format!("f{}", i % 20))).unwrap())
+        .collect();
+    drop(held);
+}
+
+/// Opens `argv[2:]` round robin `argv[1]` times and holds what it got;
+/// prints how many, and each errno refused with its count. At the next
+/// line tries 10 more opens and prints the same, then exits at the next.
+const HOLDER: &str = r#"
+import os, sys, errno
+n = int(sys.argv[1]); paths = sys.argv[2:]
+fds = []
+def opens(k):
+    refused = {}
+    for i in range(k):
+        try:
+            fds.append(os.open(paths[i % len(paths)], os.O_RDONLY))
+        except OSError as e:
+            name = errno.errorcode[e.errno]
+            refused[name] = refused.get(name, 0) + 1
+    return " ".join(f"{k}={v}" for k, v in sorted(refused.items()))
+r = opens(n)
+print(len(fds), r, flush=True)
+sys.stdin.readline()
+before = len(fds)
+r = opens(10)
+print(len(fds) - before, r, flush=True)
+sys.stdin.readline()
+"#;
+
+#[test]
+fn another_user_holding_files_open_cannot_exhaust_the_daemons_fds() {
+    let ws = shared_workspace();
+    for i in 0..20 {
+        fs::write(ws.lower().join(format!("f{i}")), format!("{i}\n")).unwrap();
+    }
+    fs::write(ws.lower().join("own.txt"), "mine\n").unwrap();
+    let m = ws.mount_with(&["--allow-other", "--no-journal"]);
+    // Far fewer than the opens below: the daemon cannot keep an fd for
+    // each, as it could not once the holders outnumber its limit.
+    limit_daemon_fds(&m, 1024);
+    owner_works(&m, "new0");
+    let baseline = daemon_fds(&m);
+
+    let paths: Vec<String> = (0..20)
+        .map(|i| m.p(&format!("f{i}")).to_string_lossy().into_owned())
+        .collect();
+    let mut args = vec!["1500".to_string()];
+    args.extend(paths);
+    let mut holder = Tenant::start(HOLDER, &args);
+    let got = holder.line();
+    let (held, refused) = got.split_once(' ').unwrap_or((&got, ""));
+    let held: usize = held.parse().unwrap();
+    // While it holds them, the owner works as before.
+    owner_works(&m, "new1");
+    // The other user got its share and no more: the rest EMFILE, the
+    // open(2) error for "too many open files", and nothing else.
+    let mine = tenant_files(&m);
+    assert_eq!(mine["open"], Value::from(held), "{mine}");
+    assert!(held > 0 && held < 1500, "{got}");
+    assert_eq!(refused, format!("EMFILE={}", 1500 - held), "{got}");
+    let share = status(&m)["open_files"]["per_user_limit"].as_u64().unwrap() as usize;
+    assert_eq!(held, share, "{got}");
+    // `status` shows it to the administrator.
+    let out = Command::new(bin())
+        .arg("status")
+        .arg(m.path())
+        .output()
+        .unwrap();
+    let shown = text(&out);
+    assert!(
+        shown.contains(&format!(
+            "uid {TENANT} {held}/{share} ({} refused)",
+            1500 - held
+        )),
+        "{shown}"
+    );
+
+    // The other user's further opens are refused, its own only.
+    assert_eq!(holder.step(), "0 EMFILE=10");
+    owner_works(&m, "new2");
+
+    // Once the holder exits, every fd it made the daemon open is closed
+    // (the kernel releases its files after the process is gone). The
+    // files the owner created keep one cached fd each.
+    holder.finish();
+    assert!(
+        eventually(Duration::from_secs(10), || daemon_fds(&m) <= baseline + 2),
+        "daemon fds {} after the holder exited, {baseline} before",
+        daemon_fds(&m)
+    );
+    assert_eq!(tenant_files(&m)["open"], Value::from(0));
+    // The refusals are counted for the administrator.
+    assert_eq!(
+        tenant_files(&m)["refused"],
+        Value::from(1500 - held + 10),
+        "{}",
+        tenant_files(&m)
+    );
+    assert!(m.unmount());
+}
+
+/// Opens each of `argv[1:]` with O_PATH (no open file in the mount, only
+/// the object held) and holds them; prints how many it got, then exits at
+/// the next line.
+const PATH_HOLDER: &str = r#"
+import os, sys
+fds = []
+for p in sys.argv[1:]:
+    try:
+        fds.append(os.open(p, os.O_PATH))
+    except OSError:
+        pass
+print(len(fds), flush=True)
+sys.stdin.readline()
+"#;
+
+#[test]
+fn files_another_user_holds_cannot_pin_the_daemons_fds_once_removed() {
+    let ws = shared_workspace();
+    for i in 0..20 {
+        fs::write(ws.lower().join(format!("f{i}")), format!("{i}\n")).unwrap();
+    }
+    fs::write(ws.lower().join("own.txt"), "mine\n").unwrap();
+    // The owner's build tree, in the upper.
+    fs::create_dir(ws.upper.join("build")).unwrap();
+    let n = 1200;
+    for i in 0..n {
+        fs::write(ws.upper.join(format!("build/o{i}")), "obj\n").unwrap();
+    }
+    let m = ws.mount_with(&["--allow-other", "--no-journal"]);
+    limit_daemon_fds(&m, 1024);
+    // The other user holds every object of the tree (it needs only to
+    // look them up), and waits for the owner to remove them: a removed
+    // file the kernel holds used to keep an fd open in the daemon.
+    let args: Vec<String> = (0..n)
+        .map(|i| m.p(&format!("build/o{i}")).to_string_lossy().into_owned())
+        .collect();
+    let mut holder = Tenant::start(PATH_HOLDER, &args);
+    assert_eq!(holder.line(), n.to_string());
+    owner_works(&m, "new0");
+    for i in 0..n {
+        fs::remove_file(m.p(&format!("build/o{i}"))).unwrap();
+    }
+    owner_works(&m, "new1");
+    let d = status(&m)["descriptors"].clone();
+    assert!(
+        d["pinned"]["open"].as_u64() <= d["pinned"]["limit"].as_u64(),
+        "{d}"
+    );
+    // A file the owner removes while holding it open stays readable.
+    let mut f = fs::File::open(m.p("own.txt")).unwrap();
+    fs::write(m.p("tmp.txt"), "kept while open\n").unwrap();
+    let kept = fs::File::open(m.p("tmp.txt")).unwrap();
+    fs::remove_file(m.p("tmp.txt")).unwrap();
+    owner_works(&m, "new2");
+    assert_eq!(std::io::read_to_string(&kept).unwrap(), "kept while open\n");
+    assert_eq!(std::io::read_to_string(&mut f).unwrap(), "mine\n");
+    drop((f, kept));
+    holder.finish();
+    assert!(m.unmount());
+}
+
+/// Record size of the writer below: whole pages, each numbered.
+const RECORD: usize = 4096;
+
+fn record(seq: usize) -> Vec<u8> {
+    let mut r = format!("{seq:08} ").into_bytes();
+    r.resize(RECORD - 1, b'a' + (seq % 26) as u8);
+    r.push(b'\n');
+    r
+}
+
+/// Opens `argv[1]` for writing and leaves it idle; writes numbered 4 KiB
+/// records to `argv[2]` in a loop, one write(2) each, from a thread.
+/// Prints `ready` once both are open and records are flowing; at the next
+/// line stops and prints how many records it wrote.
+const WRITERS: &str = r#"
+import os, sys, threading
+idle = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+log = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+stop = threading.Event(); count = [0]; started = threading.Event()
+def record(seq):
+    r = b"%08d " % seq
+    return r + bytes([ord("a") + seq % 26]) * (4096 - 1 - len(r)) + b"\n"
+def loop():
+    while not stop.is_set():
+        assert os.write(log, record(count[0])) == 4096
+        count[0] += 1
+        if count[0] == 50:
+            started.set()
+threading.Thread(target=loop, daemon=True).start()
+started.wait()
+print("ready", flush=True)
+sys.stdin.readline()
+stop.set()
+while threading.active_count() > 1:
+    threading.enumerate()[-1].join()
+print(count[0], flush=True)
+sys.stdin.readline()
+"#;
+
+/// Checks that `data` is whole records 0, 1, 2, …; returns how many.
+fn whole_records(data: &[u8]) -> usize {
+    assert_eq!(
+        data.len() % RECORD,
+        0,
+        "{} bytes: a torn record",
+        data.len()
+    );
+    for (seq, r) in data.chunks(RECORD).enumerate() {
+        assert!(r == record(seq).as_slice(), "record {seq} is not whole");
+    }
+    data.len() / RECORD
+}
+
+fn snapshot(args: &[&str]) -> Output {
+    Command::new(bin())
+        .arg("snapshot")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// The content of `name` in the snapshot archive `tar`.
+fn archived(tar: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut ar = tar::Archive::new(fs::File::open(tar).unwrap());
+    for e in ar.entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.path().unwrap().to_string_lossy() == name {
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            return Some(data);
+        }
+    }
+    None
+}
+
+fn snapshots_dir(ws: &Workspace) -> PathBuf {
+    ws.dir.path().join(".upper.layerfs-state/snapshots")
+}
+
+/// A directory every user may create files in, made through the mount.
+fn public_dir(m: &Mount) {
+    fs::create_dir(m.p("pub")).unwrap();
+    fs::set_permissions(m.p("pub"), fs::Permissions::from_mode(0o1777)).unwrap();
+}
+
+#[test]
+fn another_users_open_files_do_not_hold_up_the_owners_snapshot() {
+    let ws = shared_workspace();
+    fs::write(ws.lower().join("own.txt"), "mine\n").unwrap();
+    let m = ws.mount_with(&["--allow-other"]);
+    public_dir(&m);
+    let idle = m.p("pub/idle.bin");
+    let log = m.p("pub/log.bin");
+    let args = [idle, log].map(|p| p.to_string_lossy().into_owned());
+    let mut writers = Tenant::start(WRITERS, &args);
+    assert_eq!(writers.line(), "ready");
+
+    // Saved twice while the other user holds one file open for writing
+    // and writes the other: no wait for them, no --force.
+    let mnt = m.path().to_str().unwrap();
+    for id in ["s1", "s2"] {
+        let out = snapshot(&["save", mnt, id]);
+        assert!(out.status.success(), "save {id}: {}", text(&out));
+    }
+    let written: usize = writers.step().parse().unwrap();
+    writers.finish();
+    // Each snapshot holds whole records only (a pause between two writes,
+    // never inside one), more in the later one, and writing went on
+    // after the pauses.
+    let mut seen = Vec::new();
+    for id in ["s1", "s2"] {
+        let tar = snapshots_dir(&ws).join(format!("{id}.tar"));
+        let data = archived(&tar, "pub/log.bin").expect("pub/log.bin archived");
+        seen.push(whole_records(&data));
+        assert_eq!(archived(&tar, "pub/idle.bin"), Some(Vec::new()));
+    }
+    assert!(
+        seen[0] >= 50 && seen[0] <= seen[1] && seen[1] <= written,
+        "{seen:?} {written}"
+    );
+    assert_eq!(
+        whole_records(&fs::read(m.p("pub/log.bin")).unwrap()),
+        written
+    );
+    assert!(m.unmount());
+}
+
+#[test]
+fn another_users_open_files_do_not_hold_up_the_owners_live_restore() {
+    let ws = shared_workspace();
+    let m = ws.mount_with(&["--allow-other"]);
+    fs::write(m.p("own.txt"), "one\n").unwrap();
+    let mnt = m.path().to_str().unwrap();
+    let out = snapshot(&["save", mnt, "s"]);
+    assert!(out.status.success(), "{}", text(&out));
+    fs::write(m.p("own.txt"), "two\n").unwrap();
+    public_dir(&m);
+    let idle = m.p("pub/idle.bin");
+    let log = m.p("pub/log.bin");
+    let args = [idle, log].map(|p| p.to_string_lossy().into_owned());
+    let mut writers = Tenant::start(WRITERS, &args);
+    assert_eq!(writers.line(), "ready");
+    let out = snapshot(&["restore", mnt, "s"]);
+    assert!(out.status.success(), "restore: {}", text(&out));
+    assert_eq!(fs::read_to_string(m.p("own.txt")).unwrap(), "one\n");
+    // The other user's files did not exist in the snapshot: what it
+    // writes on goes to the discarded tree, as into a file deleted while
+    // open.
+    assert!(!m.p("pub").exists());
+    writers.step();
+    writers.finish();
+    assert!(m.unmount());
+}
+
+/// Opens `argv[1]` for writing with O_TRUNC; prints `ok` or the errno.
+const TRUNCATE: &str = r#"
+import os, sys, errno
+try:
+    os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC))
+    print("ok", flush=True)
+except OSError as e:
+    print(errno.errorcode[e.errno], flush=True)
+"#;
+
+#[test]
+fn another_user_cannot_write_a_file_the_owner_holds_through_passthrough() {
+    let ws = shared_workspace();
+    let m = ws.mount_with(&["--allow-other"]);
+    public_dir(&m);
+    fs::write(m.p("pub/shared.txt"), "owner's\n").unwrap();
+    fs::set_permissions(m.p("pub/shared.txt"), fs::Permissions::from_mode(0o666)).unwrap();
+    let path = m.p("pub/shared.txt").to_string_lossy().into_owned();
+    // The owner reads it, through passthrough when the daemon runs as
+    // root: another user's open for writing would have to be passthrough
+    // too, whose writes no pause can stop. It is refused (ETXTBSY, "file
+    // busy"), and the file is not truncated.
+    let reading = fs::File::open(m.p("pub/shared.txt")).unwrap();
+    let mut t = Tenant::start(TRUNCATE, std::slice::from_ref(&path));
+    let got = t.line();
+    t.finish();
+    if std::env::var_os("LAYERFS_NO_PASSTHROUGH").is_none() {
+        assert_eq!(got, "ETXTBSY");
+        assert_eq!(std::io::read_to_string(&reading).unwrap(), "owner's\n");
+    } else {
+        assert_eq!(got, "ok");
+    }
+    drop(reading);
+    // Closed: the other user writes it, through the daemon.
+    let mut t = Tenant::start(TRUNCATE, std::slice::from_ref(&path));
+    assert_eq!(t.line(), "ok");
+    t.finish();
+    assert_eq!(fs::read_to_string(m.p("pub/shared.txt")).unwrap(), "");
+    assert!(m.unmount());
+}
+
+/// Maps `argv[1]` (64 KiB, created) shared and writable; prints `ready`.
+/// At the next line fills its first page with `X` through the mapping,
+/// then msync(MS_SYNC)s it and prints `synced`; exits at the next line.
+const MAPPER: &str = r#"
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+os.ftruncate(fd, 65536)
+m = mmap.mmap(fd, 65536, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+assert m[0:1] == b"\0"
+print("ready", flush=True)
+sys.stdin.readline()
+m[0:4096] = b"X" * 4096
+m.flush()
+print("synced", flush=True)
+sys.stdin.readline()
+"#;
+
+#[test]
+fn another_users_shared_writable_mapping_waits_for_a_pause_to_end() {
+    use std::os::unix::net::UnixStream;
+    let ws = shared_workspace();
+    let m = ws.mount_with(&["--allow-other"]);
+    public_dir(&m);
+    let args = [m.p("pub/mapped.bin").to_string_lossy().into_owned()];
+    let mut mapper = Tenant::start(MAPPER, &args);
+    assert_eq!(mapper.line(), "ready");
+    let upper = ws.upper.join("pub/mapped.bin");
+    let first_page = || fs::read(&upper).unwrap()[..4096].to_vec();
+    assert_eq!(first_page(), vec![0u8; 4096]);
+
+    // Writes paused, as a snapshot pauses them: the mapping's dirty page
+    // reaches the file only as a WRITE request, which waits at the gate.
+    let control = ws.dir.path().join(".upper.layerfs-state/control.sock");
+    let sock = UnixStream::connect(control).unwrap();
+    let mut answers = BufReader::new(sock.try_clone().unwrap());
+    let mut ask = |req: &str| {
+        writeln!(&sock, "{req}").unwrap();
+        let mut l = String::new();
+        answers.read_line(&mut l).unwrap();
+        serde_json::from_str::<Value>(&l).unwrap()
+    };
+    let paused = ask(r#"{"cmd": "pause", "wait_ms": 100}"#);
+    assert_eq!(paused["busy"], serde_json::json!([]), "{paused}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let got = mapper.step();
+        tx.send(got).unwrap();
+        mapper
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "msync of another user's mapping went through while paused"
+    );
+    assert_eq!(
+        first_page(),
+        vec![0u8; 4096],
+        "the file changed while paused"
+    );
+    assert_eq!(ask(r#"{"cmd": "resume"}"#)["resumed"], Value::Bool(true));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), "synced");
+    assert_eq!(first_page(), vec![b'X'; 4096]);
+    let mapper = waiter.join().unwrap();
+    mapper.finish();
+    assert!(m.unmount());
+}
