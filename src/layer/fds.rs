@@ -52,6 +52,8 @@ pub fn limit() -> usize {
 /// Fds kept open for good by objects on layers without usable file
 /// handles (maintained by `real`).
 pub(crate) static UNEVICTABLE: AtomicUsize = AtomicUsize::new(0);
+/// Fds the `RealFd` cache holds now (maintained by `real`).
+pub(crate) static CACHED: AtomicUsize = AtomicUsize::new(0);
 /// Fds pinned for removed files the kernel still holds (by `real`).
 pub(crate) static PINNED: AtomicUsize = AtomicUsize::new(0);
 
@@ -100,7 +102,7 @@ pub fn report() -> serde_json::Value {
     serde_json::json!({
         "limit": limit(),
         "open": open_now(),
-        "cache": {"open": super::real::cached(), "limit": cache_limit()},
+        "cache": {"open": CACHED.load(Ordering::Relaxed), "limit": cache_limit()},
         "pinned": {"open": PINNED.load(Ordering::Relaxed), "limit": pin_limit()},
         "unevictable": UNEVICTABLE.load(Ordering::Relaxed),
         "reserve": reserve(),

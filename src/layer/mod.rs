@@ -10,6 +10,7 @@ pub mod netfs;
 pub mod ops;
 pub mod reach;
 pub mod real;
+pub mod root;
 pub mod safedir;
 pub mod sys;
 pub mod walk;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 pub struct Layer {
     pub root: OwnedFd,
     /// A second fd of the root, shared by every `RealFd` of this layer.
-    pub mount: Arc<real::Mount>,
+    pub mount: Arc<root::Mount>,
     pub dev: u64,
     pub path: PathBuf,
     /// What its filesystem offers (network or FUSE, handles, xattrs).
@@ -78,7 +79,7 @@ impl Layer {
         let caps = netfs::Caps::probe(&root, &dir, path, what).map_err(|e| (e, None))?;
         Ok(Layer {
             root,
-            mount: Arc::new(real::Mount {
+            mount: Arc::new(root::Mount {
                 fd: dir,
                 handles: caps.handles,
                 remote: caps.remote,

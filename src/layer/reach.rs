@@ -45,7 +45,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::real::Mount;
+use super::root::Mount;
 use super::sys;
 
 /// How long requests holding every lower slot may go without finishing

@@ -14,23 +14,13 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 
+use super::root::Mount;
 use super::{fds, sys};
-
-/// A readable fd of a layer root, shared by every `RealFd` of that layer
-/// (for `open_by_handle_at`), and whether the layer's file handles can be
-/// trusted to reopen objects the kernel forgot (`netfs::Caps::handles`).
-#[derive(Debug)]
-pub struct Mount {
-    pub fd: OwnedFd,
-    pub handles: bool,
-    /// A network lower (`netfs::Caps::remote`): see `RealFd::get`.
-    pub remote: bool,
-}
 
 pub struct RealFd {
     handle: Option<Box<[u8]>>,
@@ -47,34 +37,29 @@ impl std::fmt::Debug for RealFd {
     }
 }
 
+/// The ring of admitted `RealFd`s, oldest first; how many fds it holds
+/// is `fds::CACHED`, the budget's count.
 struct FdCache {
     ring: Mutex<VecDeque<Weak<RealFd>>>,
-    open: AtomicUsize,
 }
 
 fn cache() -> &'static FdCache {
     static CACHE: OnceLock<FdCache> = OnceLock::new();
     CACHE.get_or_init(|| FdCache {
         ring: Mutex::new(VecDeque::new()),
-        open: AtomicUsize::new(0),
     })
-}
-
-/// How many fds the cache holds now (for `status`).
-pub fn cached() -> usize {
-    cache().open.load(Ordering::Relaxed)
 }
 
 impl FdCache {
     fn admit(&self, r: &Arc<RealFd>) {
         let mut ring = self.ring.lock();
         ring.push_back(Arc::downgrade(r));
-        let open = self.open.fetch_add(1, Ordering::AcqRel) + 1;
+        let open = fds::CACHED.fetch_add(1, Ordering::AcqRel) + 1;
         // Half the fd limit (see `fds`), read again as the limit changes.
         let limit = fds::cache_limit();
         if open > limit {
             let target = limit * 9 / 10;
-            while self.open.load(Ordering::Acquire) > target {
+            while fds::CACHED.load(Ordering::Acquire) > target {
                 let Some(w) = ring.pop_front() else { break };
                 if let Some(victim) = w.upgrade() {
                     if Arc::ptr_eq(&victim, r) {
@@ -85,7 +70,7 @@ impl FdCache {
                     // the slot lock, which `pin` holds while pinning).
                     let mut slot = victim.slot.lock();
                     if !victim.pinned.load(Ordering::Acquire) && slot.take().is_some() {
-                        self.open.fetch_sub(1, Ordering::AcqRel);
+                        fds::CACHED.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
             }
@@ -208,7 +193,7 @@ impl RealFd {
                 return false;
             }
             if slot.is_some() {
-                cache().open.fetch_sub(1, Ordering::AcqRel);
+                fds::CACHED.fetch_sub(1, Ordering::AcqRel);
             }
         }
         *slot = Some(fd);
@@ -228,7 +213,7 @@ impl RealFd {
         }
         let mut slot = self.slot.lock();
         if slot.take().is_some() && self.handle.is_some() {
-            cache().open.fetch_sub(1, Ordering::AcqRel);
+            fds::CACHED.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -245,7 +230,7 @@ impl Drop for RealFd {
         } else if *self.pinned.get_mut() {
             fds::PINNED.fetch_sub(1, Ordering::AcqRel);
         } else if self.slot.get_mut().is_some() {
-            cache().open.fetch_sub(1, Ordering::AcqRel);
+            fds::CACHED.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
