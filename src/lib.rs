@@ -4,6 +4,15 @@
 //! Dependencies point down only: `cli` → `daemon` → `fuse` (adapter) →
 //! `overlay` (the union core, no FUSE types) → `layer` (fd-relative access
 //! to one layer root) and `policy` (a pure decision function).
+//!
+//! `unsafe` lives in the system-call modules only, each call wrapped in a
+//! safe function with its `// SAFETY:` reason: `sys` (the process:
+//! forking, exec set-up, locks, inotify), `layer::sys` (reaching the
+//! layers), `sandbox::sys` (building the sandbox), `fuse::sys` (backing
+//! ids) and `fuse::uring` (the ring's entries point into the queue's own
+//! buffers). Everything else denies `unsafe_code`.
+
+#![deny(unsafe_code)]
 
 pub mod cli;
 pub mod config;
@@ -17,3 +26,5 @@ pub mod quote;
 pub mod run;
 pub mod sandbox;
 pub mod state;
+#[allow(unsafe_code)]
+pub mod sys;

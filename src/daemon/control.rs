@@ -13,7 +13,6 @@
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -111,12 +110,11 @@ fn bind_inner(dir: Arc<SafeDir>) -> Result<ControlSocket, (bool, String)> {
         }
     }
     // Created 0600 from the start: no moment where others may connect.
-    // SAFETY: umask only changes this process's file creation mask; the
-    // previous mask is restored right after the bind.
-    let old = unsafe { libc::umask(0o177) };
+    // The previous mask is restored right after the bind.
+    use nix::sys::stat::{umask, Mode};
+    let old = umask(Mode::from_bits_truncate(0o177));
     let bound = UnixListener::bind(&path);
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
+    umask(old);
     let listener = bound.map_err(|e| {
         (
             false,
@@ -253,26 +251,8 @@ pub fn accept_ready(listener: &UnixListener, daemon: &Arc<Daemon>) {
 
 /// The peer's uid and pid (SO_PEERCRED).
 fn peer(s: &UnixStream) -> io::Result<(u32, i32)> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which we own.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((cred.uid, cred.pid))
+    let cred = nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials)?;
+    Ok((cred.uid(), cred.pid()))
 }
 
 /// Whether the process `pid` is gone or dying (its main thread exited).

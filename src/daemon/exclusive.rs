@@ -18,7 +18,6 @@
 //! the work dir is cleared.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -84,12 +83,9 @@ fn lock_file(f: File, dir: &Path, busy: impl Fn(&Holder) -> String) -> Result<Fi
     // refuse a live one at once.
     let mut last = None;
     for _ in 0..100 {
-        // SAFETY: flock on a descriptor this process owns.
-        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if r == 0 {
+        let Err(e) = crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB) else {
             return Ok(f);
-        }
-        let e = std::io::Error::last_os_error();
+        };
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
             return Err(format!("cannot lock {}: {e}", dir.display()));
         }

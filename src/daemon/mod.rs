@@ -83,8 +83,7 @@ fn open_log(cfg: &Config) -> Result<Option<File>, String> {
 }
 
 fn redirect_fd(from: i32, to: i32) {
-    // SAFETY: dup2 on descriptors this process owns.
-    unsafe { libc::dup2(from, to) };
+    let _ = nix::unistd::dup2(from, to);
 }
 
 /// Forks; the child detaches and serves, the parent waits on a pipe for
@@ -97,9 +96,8 @@ fn background(cfg: Config, log: Option<File>) -> i32 {
             return 1;
         }
     };
-    // SAFETY: the process is still single-threaded here (nothing has
-    // spawned a thread before `start`), so the child may run arbitrary code.
-    match unsafe { nix::unistd::fork() } {
+    // Nothing has spawned a thread before `start` (checked by the fork).
+    match crate::sys::fork_single_threaded() {
         Err(e) => {
             eprintln!("layerfs: fork: {e}");
             1

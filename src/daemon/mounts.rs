@@ -4,11 +4,10 @@
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -226,16 +225,8 @@ fn mount_with_fusermount(cfg: &Config) -> Result<OwnedFd, String> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: only async-signal-safe fcntl between fork and exec; it keeps
-    // the helper's end of the socket open across exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::fcntl(their_fd, libc::F_SETFD, 0) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // The helper's end of the socket stays open across its exec.
+    crate::sys::ExecSetup::new().keep(their_fd).apply(&mut cmd);
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => {
             format!("{FUSERMOUNT} not found: install fuse3 (apt-get install fuse3) or run as root")
@@ -243,7 +234,7 @@ fn mount_with_fusermount(cfg: &Config) -> Result<OwnedFd, String> {
         _ => format!("cannot run {FUSERMOUNT}: {e}"),
     })?;
     drop(theirs);
-    let received = recv_fd(&ours);
+    let received = crate::sys::receive_fd(ours.as_fd());
     let mut stderr = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut stderr);
@@ -263,53 +254,6 @@ fn mount_with_fusermount(cfg: &Config) -> Result<OwnedFd, String> {
             stderr.trim()
         )),
     }
-}
-
-/// Receives one descriptor sent with SCM_RIGHTS; `None` on EOF.
-fn recv_fd(sock: &UnixStream) -> io::Result<Option<OwnedFd>> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: byte.len(),
-    };
-    // u64 storage keeps the control buffer aligned for cmsghdr.
-    let mut control = [0u64; 8];
-    // SAFETY: msghdr is plain data; every pointer set below outlives recvmsg.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
-    loop {
-        // SAFETY: msg points at live buffers of the stated sizes.
-        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Ok(None);
-        }
-        break;
-    }
-    // SAFETY: walking the control messages recvmsg filled in, within msg_controllen.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            let c = &*cmsg;
-            if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
-                let fd: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
-                if fd >= 0 {
-                    return Ok(Some(OwnedFd::from_raw_fd(fd)));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    Ok(None)
 }
 
 #[cfg(test)]

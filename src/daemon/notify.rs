@@ -42,13 +42,7 @@ impl SdNotify {
 
     /// RELOADING=1 with the timestamp systemd asks for since v253.
     pub fn reloading(&self) {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime only writes the timespec we pass.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        let usec = ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000;
+        let usec = crate::sys::monotonic_usec();
         self.send(&format!("RELOADING=1\nMONOTONIC_USEC={usec}"));
     }
 }

@@ -58,11 +58,8 @@ fn run(
         for f in fds.iter_mut() {
             f.revents = 0;
         }
-        // SAFETY: fds is a valid array of fds.len() pollfd structs that
-        // outlives the call; the fds stay open (owned by sfd and control).
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
+        // The fds stay open meanwhile (owned by sfd, control and watch).
+        if let Err(e) = crate::sys::poll_forever(&mut fds) {
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }

@@ -35,7 +35,7 @@
 //! share either kind.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -43,6 +43,7 @@ use std::time::Duration;
 use fuser::{BackingId, FileHandle, FopenFlags, Generation, ReplyCreate, ReplyOpen};
 use parking_lot::Mutex;
 
+use super::sys::ConnectionBacking;
 use super::uring::QueueSide;
 use crate::layer::sys;
 use crate::overlay::file::Opened;
@@ -80,21 +81,7 @@ pub enum Backing {
     Session(BackingId),
     /// Opened on the connection's fd for a request served through an
     /// io_uring queue.
-    Connection { id: u32, dev: Arc<OwnedFd> },
-}
-
-nix::ioctl_write_ptr!(fuse_dev_ioc_backing_close, 229, 2, u32);
-
-impl Drop for Backing {
-    fn drop(&mut self) {
-        if let Backing::Connection { id, dev } = self {
-            // SAFETY: FUSE_DEV_IOC_BACKING_CLOSE reads one u32 from the
-            // pointer, which points at `id`, alive for the call.
-            if let Err(e) = unsafe { fuse_dev_ioc_backing_close(dev.as_raw_fd(), &*id) } {
-                tracing::debug!("closing backing id {id}: {e}");
-            }
-        }
-    }
+    Connection(ConnectionBacking),
 }
 
 /// How a request reached the daemon: `None` through `/dev/fuse`, or
@@ -217,10 +204,7 @@ impl IoModes {
     ) -> std::io::Result<Backing> {
         match via {
             None => by_session(fd).map(Backing::Session),
-            Some(q) => BackingId::create_raw(&*q.dev, fd).map(|id| Backing::Connection {
-                id,
-                dev: q.dev.clone(),
-            }),
+            Some(q) => ConnectionBacking::open(&q.dev, fd).map(Backing::Connection),
         }
     }
 
@@ -273,14 +257,8 @@ impl IoModes {
                 Backing::Session(b) => {
                     reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), b)
                 }
-                Backing::Connection { id, .. } => {
-                    // SAFETY: the id is open on this connection and stays
-                    // open while `b` is held; the wrapper is given up
-                    // (`into_raw`, which closes nothing) right after the
-                    // reply, so only `Backing` ever closes the id.
-                    let w = unsafe { reply.wrap_backing(*id) };
-                    reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), &w);
-                    w.into_raw();
+                Backing::Connection(c) => {
+                    c.reply_opened(reply, FileHandle(o.fh), FopenFlags::empty())
                 }
             },
             Mode::Cached(flags) => reply.opened(FileHandle(o.fh), flags),
@@ -312,18 +290,8 @@ impl IoModes {
                     FopenFlags::empty(),
                     b,
                 ),
-                Backing::Connection { id, .. } => {
-                    // SAFETY: as in `reply_open`.
-                    let w = unsafe { reply.wrap_backing(*id) };
-                    reply.created_passthrough(
-                        &ttl,
-                        &attr,
-                        Generation(0),
-                        FileHandle(o.fh),
-                        FopenFlags::empty(),
-                        &w,
-                    );
-                    w.into_raw();
+                Backing::Connection(c) => {
+                    c.reply_created(reply, &ttl, &attr, FileHandle(o.fh), FopenFlags::empty())
                 }
             },
             Mode::Cached(flags) => {

@@ -7,6 +7,9 @@ mod convert;
 mod invalidate;
 mod io_mode;
 mod record;
+#[allow(unsafe_code)]
+mod sys;
+#[allow(unsafe_code)]
 pub mod uring;
 mod watcher;
 
@@ -285,8 +288,7 @@ impl LayerFs {
     pub fn new(cfg: &Config) -> Result<LayerFs, String> {
         crate::failpoint::init();
         let ov = Overlay::new(cfg)?;
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = nix::unistd::geteuid().is_root();
         Ok(LayerFs {
             inner: Arc::new(Shared {
                 ov,
@@ -379,8 +381,7 @@ impl FsHandle {
                 queue: None,
             }),
             anyone: acl == fuser::SessionACL::All,
-            // SAFETY: getuid has no preconditions.
-            owner: unsafe { libc::getuid() },
+            owner: nix::unistd::getuid().as_raw(),
         })
     }
 }
@@ -1338,10 +1339,8 @@ impl fuser::Filesystem for LayerFs {
 fn release_listing(entries: Arc<Vec<crate::overlay::readdir::DirEntry>>) {
     let big = entries.len() >= 10_000;
     drop(entries);
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if big {
-        // SAFETY: malloc_trim only returns free memory to the system.
-        unsafe { libc::malloc_trim(0) };
+        crate::sys::trim_heap();
     }
 }
 

@@ -12,6 +12,7 @@ pub mod reach;
 pub mod real;
 pub mod root;
 pub mod safedir;
+#[allow(unsafe_code)]
 pub mod sys;
 pub mod walk;
 

@@ -284,8 +284,7 @@ mod tests {
     use std::ffi::OsString;
 
     fn st(ino: u64, mode: u32, nlink: u64) -> sys::Stat {
-        // SAFETY: libc::stat is plain data; all-zero is a valid value.
-        let mut s: sys::Stat = unsafe { std::mem::zeroed() };
+        let mut s: sys::Stat = sys::zeroed_stat();
         s.st_ino = ino;
         s.st_mode = mode;
         s.st_nlink = nlink as _;

@@ -11,6 +11,12 @@ use std::path::Path;
 
 pub type Stat = libc::stat;
 
+/// An all-zero `Stat`, to fill in field by field.
+pub fn zeroed_stat() -> Stat {
+    // SAFETY: libc::stat is plain data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
 fn cstr(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }

@@ -327,8 +327,7 @@ fn open_child(dir: &impl AsFd, name: &OsStr, grant_owner: bool) -> io::Result<Ow
 /// (`chmod 0555` or `0000` left by a command): as `rm -rf` does not, an
 /// unprivileged owner could otherwise not remove what it made.
 fn grant_access(fd: &OwnedFd, st: &Stat) -> io::Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     if st.st_uid != me || st.st_mode & 0o700 == 0o700 {
         return Err(io::Error::from_raw_os_error(libc::EACCES));
     }

@@ -109,6 +109,5 @@ impl Overlay {
 
 /// An all-zero stat (for negative entries).
 pub fn zero_stat() -> Stat {
-    // SAFETY: libc::stat is plain old data; all-zero is a valid value.
-    unsafe { std::mem::zeroed() }
+    sys::zeroed_stat()
 }

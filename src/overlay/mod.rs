@@ -72,26 +72,14 @@ fn raise_fd_limit() {
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(1 << 20);
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we own.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((cur, max)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return;
-    }
-    let want = libc::rlimit {
-        rlim_cur: nr_open.max(lim.rlim_cur),
-        rlim_max: nr_open.max(lim.rlim_max),
     };
-    // SAFETY: setrlimit reads the struct we own; failure leaves the limit as it was.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } != 0 {
-        let soft = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: as above.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &soft) };
+    // Failure leaves the limit as it was: then at least the soft limit
+    // goes up to the hard one.
+    if setrlimit(Resource::RLIMIT_NOFILE, nr_open.max(cur), nr_open.max(max)).is_err() {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, max, max);
     }
 }
 
@@ -202,8 +190,7 @@ impl Overlay {
             .map(|(i, l)| (i, l.path.clone(), l.caps.fstype.clone(), l.mount.clone()))
             .collect();
         let reach = crate::layer::reach::Reach::new(remote, cfg.threads);
-        // SAFETY: geteuid has no preconditions.
-        let privileged = unsafe { libc::geteuid() } == 0;
+        let privileged = nix::unistd::geteuid().is_root();
         let upper = Upper::new(upper_layer, work, privileged);
         upper
             .clean_work()

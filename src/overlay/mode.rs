@@ -31,13 +31,11 @@ fn clear_thread_umask() -> bool {
         if done.get() {
             return true;
         }
-        // SAFETY: unshare(CLONE_FS) only detaches this thread's cwd, root
-        // and umask from the other threads'; the daemon works fd-relative.
-        if unsafe { libc::unshare(libc::CLONE_FS) } != 0 {
+        // The daemon works fd-relative: a private cwd and root change
+        // nothing, and the umask now affects this thread only.
+        if crate::sys::private_thread_umask_zero().is_err() {
             return false;
         }
-        // SAFETY: umask has no preconditions; it now affects this thread only.
-        unsafe { libc::umask(0) };
         done.set(true);
         true
     })

@@ -203,8 +203,7 @@ mod tests {
 
     #[test]
     fn round_trip_with_odd_path() {
-        // SAFETY: a zeroed stat is a valid value of a plain C struct.
-        let mut st: Stat = unsafe { std::mem::zeroed() };
+        let mut st: Stat = crate::layer::sys::zeroed_stat();
         st.st_ino = 42;
         st.st_size = 7;
         st.st_mtime = 1_700_000_000;

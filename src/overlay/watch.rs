@@ -26,10 +26,10 @@
 //! (`Overlay::forget` → `unwatch`).
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -143,19 +143,17 @@ impl LowerWatch {
         if std::env::var_os("LAYERFS_NO_LOWER_WATCH").is_some() {
             return None;
         }
-        // SAFETY: inotify_init1 takes only flags; a non-negative result is
-        // a new fd that nothing else owns.
-        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
-        if fd < 0 {
-            tracing::warn!(
-                "inotify unavailable ({}): lower changes show after --lower-timeout",
-                io::Error::last_os_error()
-            );
-            return None;
-        }
+        let fd = match crate::sys::inotify_init() {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::warn!(
+                    "inotify unavailable ({e}): lower changes show after --lower-timeout"
+                );
+                return None;
+            }
+        };
         Some(LowerWatch {
-            // SAFETY: fd was just returned by inotify_init1 and is owned here only.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd,
             cap,
             state: Mutex::new(State::default()),
             live: AtomicBool::new(false),
@@ -208,15 +206,14 @@ impl LowerWatch {
                 continue;
             };
             let path = sys::proc_path(fd.as_ref());
-            // SAFETY: path is a valid NUL-terminated string; the call only
-            // reads it.
-            let wd = unsafe { libc::inotify_add_watch(self.fd.as_raw_fd(), path.as_ptr(), MASK) };
-            if wd < 0 {
-                let e = io::Error::last_os_error();
-                tracing::debug!(dir, "inotify_add_watch: {e}");
-                all = false;
-                continue;
-            }
+            let wd = match crate::sys::inotify_add_watch(self.fd.as_fd(), &path, MASK) {
+                Ok(wd) => wd,
+                Err(e) => {
+                    tracing::debug!(dir, "inotify_add_watch: {e}");
+                    all = false;
+                    continue;
+                }
+            };
             st.by_wd
                 .entry(wd)
                 .or_insert_with(|| Watched {
@@ -266,8 +263,7 @@ impl LowerWatch {
                 w.merged.remove(&dir);
                 if w.merged.is_empty() {
                     st.by_wd.remove(&wd);
-                    // SAFETY: plain integers; a stale wd only yields EINVAL.
-                    unsafe { libc::inotify_rm_watch(fd.as_raw_fd(), wd) };
+                    crate::sys::inotify_rm_watch(fd.as_fd(), wd);
                 }
             }
         }
@@ -275,35 +271,10 @@ impl LowerWatch {
 
     /// Blocks until the kernel reports changes, and returns them.
     pub fn next_changes(&self) -> io::Result<Vec<Change>> {
-        let mut buf = vec![0u8; 64 * 1024];
-        let n = loop {
-            // SAFETY: buf is writable for its whole length.
-            let n = unsafe {
-                libc::read(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr() as *mut libc::c_void,
-                    buf.len(),
-                )
-            };
-            if n >= 0 {
-                break n as usize;
-            }
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EINTR) {
-                return Err(e);
-            }
-        };
+        let events = crate::sys::inotify_read(self.fd.as_fd())?;
         let mut out = Vec::new();
-        let head = std::mem::size_of::<libc::inotify_event>();
-        let mut off = 0;
         let mut st = self.state.lock();
-        while off + head <= n {
-            // SAFETY: the kernel wrote a whole inotify_event header at off
-            // (checked against n); read_unaligned copes with the byte buffer.
-            let ev: libc::inotify_event =
-                unsafe { std::ptr::read_unaligned(buf[off..].as_ptr() as *const _) };
-            let name_bytes = &buf[off + head..(off + head + ev.len as usize).min(n)];
-            off += head + ev.len as usize;
+        for ev in events {
             if ev.mask & libc::IN_Q_OVERFLOW != 0 {
                 out.push(Change::Overflow);
                 continue;
@@ -326,17 +297,13 @@ impl LowerWatch {
                 continue;
             };
             let dirs: Vec<u64> = w.merged.iter().copied().collect();
-            let end = name_bytes
-                .iter()
-                .position(|b| *b == 0)
-                .unwrap_or(name_bytes.len());
-            if end == 0 {
+            if ev.name.is_empty() {
                 let gone = ev.mask & (libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0;
                 out.push(Change::Dir { dirs, gone });
             } else {
                 out.push(Change::Entry {
                     dirs,
-                    name: OsStr::from_bytes(&name_bytes[..end]).to_os_string(),
+                    name: OsString::from_vec(ev.name),
                     lower: w.dir.get().ok(),
                 });
             }

@@ -10,7 +10,6 @@ use std::fs::{self, File};
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixDatagram;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ use super::outcome::{End, Failure};
 use super::rundir::RunDir;
 use super::signals::StopSignals;
 use crate::daemon::mounts;
-use crate::sandbox::{self, SELF_EXE};
+use crate::sandbox::SELF_EXE;
 
 /// How long the daemon may take to mount.
 const READY_LIMIT: Duration = Duration::from_secs(60);
@@ -70,10 +69,9 @@ pub fn start(plan: &Plan<'_>, rundir: &RunDir, stop: &StopSignals) -> Result<Own
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
-    // SAFETY: prctl is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| sandbox::die_with_parent(Signal::SIGTERM));
-    }
+    crate::sys::ExecSetup::new()
+        .die_with_parent(Signal::SIGTERM)
+        .apply(&mut cmd);
     let child = cmd
         .spawn()
         .map_err(|e| fail(format!("cannot start the layerfs daemon: {e}")))?;

@@ -22,7 +22,6 @@ use std::fs::File;
 use std::io::{PipeReader, PipeWriter};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,7 +36,7 @@ use super::relay::{Relay, Stream};
 use super::signals::{StopRequest, StopSignals};
 use super::terminal::{self, CallerTerminal};
 use crate::sandbox::report::{forward_request, Report};
-use crate::sandbox::{self, SELF_EXE, SUBCOMMAND};
+use crate::sandbox::{SELF_EXE, SUBCOMMAND};
 
 /// How long the command has to exit after a stop request before the
 /// sandbox is killed (a second request kills at once).
@@ -152,17 +151,11 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
         .stdin(stdin)
         .stdout(out_w)
         .stderr(err_w);
-    // SAFETY: fcntl and prctl are async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            sandbox::keep_across_exec(rep_fd)?;
-            sandbox::keep_across_exec(ctl_fd)?;
-            if let Some(fd) = term_fd {
-                sandbox::keep_across_exec(fd)?;
-            }
-            sandbox::die_with_parent(Signal::SIGKILL)
-        });
+    let mut setup = crate::sys::ExecSetup::new().keep(rep_fd).keep(ctl_fd);
+    if let Some(fd) = term_fd {
+        setup = setup.keep(fd);
     }
+    setup.die_with_parent(Signal::SIGKILL).apply(&mut cmd);
     let spawned = cmd.spawn();
     // Our copies of the child's ends: the pipes reach EOF only once every
     // process of the sandbox has closed its copies.

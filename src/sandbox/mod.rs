@@ -24,6 +24,7 @@ mod masks;
 mod net;
 pub mod report;
 mod rootfs;
+#[allow(unsafe_code)]
 mod sys;
 pub mod terminal;
 pub mod userns;
@@ -92,17 +93,6 @@ pub struct Spec {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
-}
-
-/// Has the kernel send `sig` to the calling process when its parent
-/// (thread) dies; async-signal-safe, for `pre_exec`.
-pub fn die_with_parent(sig: Signal) -> std::io::Result<()> {
-    sys::set_parent_death_signal(sig)
-}
-
-/// Keeps an inherited descriptor open across exec; for `pre_exec`.
-pub fn keep_across_exec(fd: std::os::fd::RawFd) -> std::io::Result<()> {
-    sys::keep_across_exec(fd)
 }
 
 /// Whether this kernel lets the sandbox refuse the host's abstract Unix

@@ -1,9 +1,10 @@
 //! Every `unsafe` call the sandbox makes, each wrapped in a safe function:
 //! the new mount API (`open_tree`, `move_mount`, `mount_setattr`, which
-//! `nix` does not wrap), `openat2`, `fork`, `prctl`, signal dispositions,
-//! the loopback interface's flags, capabilities (`capset`), Landlock,
-//! the session keyring, terminal window sizes and receiving a descriptor
-//! over a Unix socket.
+//! `nix` does not wrap), `openat2`, signal dispositions, the loopback
+//! interface's flags, capabilities (`capset`), Landlock, the session
+//! keyring and terminal window sizes. Forking, descriptors passed across
+//! exec or a socket, and the parent-death signal are process calls that
+//! others need too: their home is `crate::sys`, re-exported here.
 
 use std::ffi::CString;
 use std::io;
@@ -12,7 +13,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use nix::sys::signal::{SigHandler, Signal};
-use nix::unistd::ForkResult;
+
+pub use crate::sys::{
+    adopt_fd, close_on_exec, exit_child, fork_single_threaded, receive_fd, set_parent_death_signal,
+};
 
 fn cstr(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| {
@@ -120,56 +124,6 @@ pub fn open_dir_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> 
         0,
         RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
     )
-}
-
-/// `fork` in one of the sandbox's own processes.
-///
-/// Invariant relied on: every sandbox process (`layerfs __sandbox` and its
-/// children) is single-threaded — it is a fresh exec that starts no thread
-/// — so the child may run any code, not only async-signal-safe calls.
-pub fn fork_single_threaded() -> io::Result<ForkResult> {
-    // SAFETY: see the invariant above.
-    unsafe { nix::unistd::fork() }.map_err(io::Error::from)
-}
-
-/// Ends a forked child at once, without running the parent's exit
-/// handlers or flushing its copied stdio buffers.
-pub fn exit_child(code: i32) -> ! {
-    // SAFETY: _exit is always safe to call; it does not return.
-    unsafe { libc::_exit(code) }
-}
-
-/// `prctl(PR_SET_PDEATHSIG)`: the kernel sends `sig` to this process when
-/// the thread that forked it exits. Async-signal-safe (used in `pre_exec`).
-pub fn set_parent_death_signal(sig: Signal) -> io::Result<()> {
-    // SAFETY: prctl with integer arguments only.
-    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) };
-    check(r as libc::c_long)
-}
-
-/// Clears `FD_CLOEXEC` so `fd` survives an exec. Async-signal-safe.
-pub fn keep_across_exec(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor number; a bad one fails with EBADF.
-    check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } as libc::c_long)
-}
-
-/// Sets `FD_CLOEXEC` on `fd`.
-pub fn close_on_exec(fd: RawFd) -> io::Result<()> {
-    // SAFETY: as in keep_across_exec.
-    check(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } as libc::c_long)
-}
-
-/// Takes ownership of an inherited descriptor number.
-///
-/// The caller names a descriptor its parent passed it on purpose and that
-/// nothing else in this process owns.
-pub fn adopt_fd(fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: F_GETFD only checks that the descriptor is open.
-    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: open (checked above), and owned by nobody else per the contract.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Whether `sig` is ignored (`SIG_IGN`) in this process.
@@ -392,34 +346,4 @@ pub fn set_window_size(tty: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<
     };
     // SAFETY: TIOCSWINSZ reads the winsize it is given.
     check(unsafe { libc::ioctl(tty.as_raw_fd(), libc::TIOCSWINSZ, &ws) } as libc::c_long)
-}
-
-/// Receives one descriptor sent with `SCM_RIGHTS` on `sock`; `None` at
-/// end of stream or for a message that carries none.
-pub fn receive_fd(sock: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut byte = [0u8; 1];
-    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(io::Error::from)?;
-    let mut got = None;
-    for c in msg.cmsgs().map_err(io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            for fd in fds {
-                // SAFETY: the kernel installed this descriptor in our table
-                // for this message; nothing else refers to it.
-                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                if got.is_none() {
-                    got = Some(owned);
-                }
-            }
-        }
-    }
-    Ok(got)
 }

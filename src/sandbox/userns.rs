@@ -150,11 +150,9 @@ pub fn probe() -> Result<(), String> {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    use std::os::unix::process::CommandExt;
-    // SAFETY: unshare is a plain system call, async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| nix::sched::unshare(CloneFlags::CLONE_NEWUSER).map_err(Into::into));
-    }
+    crate::sys::ExecSetup::new()
+        .unshare(CloneFlags::CLONE_NEWUSER)
+        .apply(&mut cmd);
     match cmd.status() {
         Ok(_) => Ok(()),
         Err(e) => Err(unshare_error(

@@ -723,8 +723,7 @@ impl Walk<'_> {
         // type from the listing is enough: no stat per entry.
         let st = match mode_of_dtype(e.dtype) {
             Some(mode) if base_empty => {
-                // SAFETY: a zeroed stat is a valid value of a plain C struct.
-                let mut st: Stat = unsafe { std::mem::zeroed() };
+                let mut st: Stat = crate::layer::sys::zeroed_stat();
                 st.st_mode = mode;
                 st
             }

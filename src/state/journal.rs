@@ -316,19 +316,8 @@ impl Idle {
 /// own CPU is about 5% of the daemon's); the queue bound covers a longer
 /// backlog.
 fn yield_to_requests() {
-    // SAFETY: gettid, getpriority and setpriority take no pointers; on
-    // Linux PRIO_PROCESS with a thread id reads and changes that thread's
-    // nice value only (getpriority returns the nice value itself).
-    let r = unsafe {
-        let tid = libc::gettid() as libc::id_t;
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-        libc::setpriority(libc::PRIO_PROCESS, tid, (now + 10).min(19))
-    };
-    if r != 0 {
-        tracing::debug!(
-            "journal writer keeps its priority: {}",
-            std::io::Error::last_os_error()
-        );
+    if let Err(e) = crate::sys::lower_thread_priority(10) {
+        tracing::debug!("journal writer keeps its priority: {e}");
     }
 }
 

@@ -206,11 +206,7 @@ fn ctx(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> String {
 }
 
 fn flock(f: &File, op: libc::c_int) -> io::Result<()> {
-    // SAFETY: flock on an fd we own; no memory is passed.
-    if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    crate::sys::flock(f, op)
 }
 
 /// Removes leftovers of killed saves: `.ID.tar.tmp` files no running save
@@ -335,16 +331,8 @@ impl Write for EarlyWriteback<'_> {
         let n = (&mut &*self.f).write(buf)?;
         self.written += n as u64;
         if self.written - self.started >= Self::STEP {
-            // SAFETY: sync_file_range on an fd we own, over bytes we wrote;
-            // a failure only loses the head start (fsync follows anyway).
-            unsafe {
-                libc::sync_file_range(
-                    self.f.as_raw_fd(),
-                    self.started as libc::off64_t,
-                    (self.written - self.started) as libc::off64_t,
-                    libc::SYNC_FILE_RANGE_WRITE,
-                )
-            };
+            // A failure only loses the head start (fsync follows anyway).
+            let _ = crate::sys::start_writeback(self.f, self.started, self.written - self.started);
             self.started = self.written;
         }
         Ok(n)
@@ -1224,8 +1212,7 @@ impl Kind {
 }
 
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 /// Whether the xattr `name` = `value` may be restored on an object of
@@ -2074,12 +2061,8 @@ pub fn stage(
         let sfd = staging
             .open_self()
             .map_err(ctx(format!("cannot open {}", staging.path().display())))?;
-        // SAFETY: syncfs on an fd we own.
-        if unsafe { libc::syncfs(sfd.as_raw_fd()) } != 0 {
-            return Err(ctx(format!("cannot sync {}", staging.path().display()))(
-                io::Error::last_os_error(),
-            ));
-        }
+        crate::sys::syncfs(&sfd)
+            .map_err(ctx(format!("cannot sync {}", staging.path().display())))?;
         Ok(())
     })();
     if let Err(e) = extracted {
