@@ -15,7 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use crate::daemon::mounts;
+use crate::host::mounts;
 use crate::layer::safedir::{Role, SafeDir};
 use crate::policy::Policy;
 
@@ -66,6 +66,21 @@ pub struct Config {
 
 /// Default for `--lower-timeout`.
 pub const DEFAULT_LOWER_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl Config {
+    /// What the overlay core needs of this config.
+    pub fn overlay_options(&self) -> crate::overlay::Options {
+        crate::overlay::Options {
+            lowers: self.lowers.clone(),
+            upper: self.upper.clone(),
+            work: self.work.clone(),
+            policy: self.policy.clone(),
+            read_only: self.read_only,
+            threads: self.threads,
+            max_watches: self.max_watches,
+        }
+    }
+}
 
 /// Why a mount configuration was refused. `Usage` means the command line
 /// itself is wrong (exit 2); `Invalid` means the system state is (exit 1).

@@ -19,6 +19,7 @@ pub mod config;
 pub mod daemon;
 pub mod failpoint;
 pub mod fuse;
+pub mod host;
 pub mod layer;
 pub mod overlay;
 pub mod policy;

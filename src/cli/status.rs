@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::daemon::mounts;
-use crate::state::control::Client;
+use crate::host::mounts;
 use crate::state::workspace::{self, Workspace};
 
 const STATUS_HELP: &str = "\
@@ -76,7 +75,7 @@ const STATUS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Asks the daemon of a live workspace for its status.
 fn ask(state: &Path) -> Result<Value, String> {
-    let mut c = Client::connect(state)?.answer_within(STATUS_WITHIN);
+    let mut c = crate::state::workspace::connect(state)?.answer_within(STATUS_WITHIN);
     let mut v = c.request(&json!({"cmd": "status"}))?;
     if let Some(o) = v.as_object_mut() {
         o.remove("ok");

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use crate::config;
-use crate::daemon::{mounts, pidfile};
+use crate::host::{mounts, pidfile};
 
 const UMOUNT_HELP: &str = "\
 Examples:

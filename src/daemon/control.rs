@@ -25,8 +25,8 @@ use crate::config::Config;
 use crate::fuse::FsHandle;
 use crate::layer::safedir::SafeDir;
 use crate::overlay::gate::PauseGuard;
+use crate::state::control::SOCKET_FILE;
 use crate::state::journal::Journal;
-use crate::state::workspace::SOCKET_FILE;
 
 /// How long `pause` waits for passthrough write opens to close (the mount
 /// owner's only, see `fuse::io_mode`), unless the request says otherwise

@@ -177,7 +177,7 @@ fn holder_of(dev: u64, ino: u64) -> Option<Holder> {
     Some(Holder {
         pid,
         cmdline: cmd,
-        mountpoint: super::pidfile::mount_of_pid(pid).map(|(m, _)| m),
+        mountpoint: crate::host::pidfile::mount_of_pid(pid).map(|(m, _)| m),
         exiting: exiting(pid),
     })
 }

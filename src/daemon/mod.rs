@@ -12,7 +12,6 @@ pub mod exclusive;
 pub mod logging;
 pub mod mounts;
 pub mod notify;
-pub mod pidfile;
 mod reset;
 pub mod restore;
 mod service;
@@ -26,8 +25,8 @@ use nix::unistd::ForkResult;
 
 use crate::config::Config;
 use crate::fuse::{session_config, Contained, LayerFs};
+use crate::host::pidfile::PidFile;
 use notify::SdNotify;
-use pidfile::PidFile;
 
 /// Mounts and serves `cfg`; returns the process exit code. In background
 /// mode the calling process returns as soon as the mount is live (or
@@ -295,7 +294,7 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
         match fd.try_clone() {
             Ok(d) => Some(d),
             Err(e) => {
-                let _ = mounts::detach(&cfg.mountpoint);
+                let _ = crate::host::mounts::detach(&cfg.mountpoint);
                 return Err(format!("duplicating the FUSE fd: {e}"));
             }
         }
@@ -305,7 +304,7 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     let session = match fuser::Session::from_fd(Contained(fs), fd, acl, session_cfg) {
         Ok(s) => s,
         Err(e) => {
-            let _ = mounts::detach(&cfg.mountpoint);
+            let _ = crate::host::mounts::detach(&cfg.mountpoint);
             return Err(format!(
                 "FUSE handshake on {} failed: {e}",
                 cfg.mountpoint.display()
@@ -335,7 +334,7 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
         }
     });
     if let Err(e) = service::spawn(ctx, served, handle.lower_watch()) {
-        let _ = mounts::detach(&cfg.mountpoint);
+        let _ = crate::host::mounts::detach(&cfg.mountpoint);
         return Err(format!("starting the service thread: {e}"));
     }
 
@@ -377,8 +376,8 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
         }
         Err(e) => {
             // The session died under a live mount: do not leave it behind.
-            if mounts::find(&cfg.mountpoint).is_some_and(|m| m.is_layerfs()) {
-                let _ = mounts::detach(&cfg.mountpoint);
+            if crate::host::mounts::find(&cfg.mountpoint).is_some_and(|m| m.is_layerfs()) {
+                let _ = crate::host::mounts::detach(&cfg.mountpoint);
             }
             Err(format!("serving {} failed: {e}", cfg.mountpoint.display()))
         }

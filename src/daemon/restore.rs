@@ -41,8 +41,7 @@ use super::control::{invalidate_bounded, Daemon};
 use crate::layer::sys;
 use crate::overlay::inode::{Inode, Real};
 
-/// Name prefix of the staging directories a restore extracts into.
-pub const STAGING_PREFIX: &str = ".layerfs-restore.";
+use crate::state::snapshot::STAGING_PREFIX;
 /// How long the restore waits for write opens to close.
 const DRAIN: Duration = Duration::from_secs(5);
 

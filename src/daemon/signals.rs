@@ -8,9 +8,9 @@ use std::path::PathBuf;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
-use super::mounts;
 use super::notify::SdNotify;
 use crate::fuse::FsHandle;
+use crate::host::mounts;
 use crate::policy::Policy;
 
 /// The signals the daemon handles itself.

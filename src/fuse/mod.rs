@@ -287,7 +287,7 @@ impl LayerFs {
     /// the layer and the problem.
     pub fn new(cfg: &Config) -> Result<LayerFs, String> {
         crate::failpoint::init();
-        let ov = Overlay::new(cfg)?;
+        let ov = Overlay::new(&cfg.overlay_options())?;
         let root = nix::unistd::geteuid().is_root();
         Ok(LayerFs {
             inner: Arc::new(Shared {

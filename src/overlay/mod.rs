@@ -26,11 +26,11 @@ mod tests;
 
 use std::ffi::OsStr;
 use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::config::Config;
 use crate::layer::ops::Upper;
 use crate::layer::safedir::Role;
 use crate::layer::{sys, Layer};
@@ -152,10 +152,27 @@ pub struct Overlay {
     pub moves: guard::MoveLock,
 }
 
+/// What an overlay is built from: the layers, checked beforehand (see
+/// `config::validate`), and how to serve them.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Lower dirs, topmost first.
+    pub lowers: Vec<PathBuf>,
+    pub upper: PathBuf,
+    /// The work dir, beside the upper on the same filesystem.
+    pub work: PathBuf,
+    pub policy: Policy,
+    pub read_only: bool,
+    /// Request threads (bounds the probes of network lowers).
+    pub threads: usize,
+    /// The cap on inotify watches of lower dirs (`None`: the default).
+    pub max_watches: Option<usize>,
+}
+
 impl Overlay {
-    /// Opens the layers named by the config (the message names the layer
-    /// and the problem) and sets up the root object.
-    pub fn new(cfg: &Config) -> std::result::Result<Overlay, String> {
+    /// Opens the layers named by the options (the message names the
+    /// layer and the problem) and sets up the root object.
+    pub fn new(cfg: &Options) -> std::result::Result<Overlay, String> {
         raise_fd_limit();
         let upper_layer = Layer::open(&cfg.upper, "upper dir")?;
         // Checked as `layerfs mount` checked it (not a symlink, ours, not

@@ -4,11 +4,9 @@ use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::time::Duration;
 
 use super::dir::NewKind;
 use super::*;
-use crate::config::Config;
 
 struct Env {
     _dir: tempfile::TempDir,
@@ -26,26 +24,14 @@ fn env(populate: impl FnOnce(&Path, &Path)) -> Env {
         fs::create_dir(d).unwrap();
     }
     populate(&lower, &upper);
-    let cfg = Config {
+    let cfg = Options {
         lowers: vec![lower.clone()],
         upper: upper.clone(),
         work,
-        state: dir.path().join("state"),
-        journal: None,
-        mountpoint: dir.path().join("mnt"),
-        foreground: true,
-        allow_other: false,
-        read_only: false,
-        no_exec: false,
-        policy_file: None,
         policy: crate::policy::Policy::default(),
+        read_only: false,
         threads: 1,
-        io_uring: false,
-        lower_timeout: Duration::from_secs(1),
         max_watches: None,
-        log_file: None,
-        created_work: false,
-        scratch: Vec::new(),
     };
     let ov = Overlay::new(&cfg).unwrap();
     Env {

@@ -21,7 +21,7 @@ use nix::unistd::Pid;
 use super::outcome::{End, Failure};
 use super::rundir::RunDir;
 use super::signals::StopSignals;
-use crate::daemon::mounts;
+use crate::host::mounts;
 use crate::sandbox::SELF_EXE;
 
 /// How long the daemon may take to mount.

@@ -10,7 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::daemon::{exclusive, mounts};
+use crate::daemon::exclusive;
+use crate::host::mounts;
 use crate::state::workspace::Workspace;
 
 use super::outcome::Failure;

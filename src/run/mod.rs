@@ -222,7 +222,7 @@ pub fn default_mountpoint(upper: &Path) -> Result<PathBuf, String> {
 /// daemon, which detaches it.
 fn persistent_mountpoint(mp: &Path) -> Result<(), String> {
     use crate::layer::safedir::{Role, SafeDir};
-    if let Some(m) = crate::daemon::mounts::find(mp) {
+    if let Some(m) = crate::host::mounts::find(mp) {
         let mine = m.is_layerfs() && m.owner_uid() == Some(geteuid().as_raw());
         if !mine {
             return Err(format!(

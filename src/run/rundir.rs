@@ -130,7 +130,7 @@ fn sweep_stale(tmp: &Path) {
     let Ok(entries) = fs::read_dir(tmp) else {
         return;
     };
-    let mounted: Vec<PathBuf> = crate::daemon::mounts::list()
+    let mounted: Vec<PathBuf> = crate::host::mounts::list()
         .map(|l| l.into_iter().map(|m| m.mount_point).collect())
         .unwrap_or_default();
     for e in entries.flatten() {

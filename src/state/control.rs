@@ -15,12 +15,14 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::workspace::SOCKET_FILE;
 use crate::layer::safedir::SafeDir;
 
 /// How long a request may take before the client gives up (a pause waits
 /// for write opens to drain first).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The control socket's name in the state dir.
+pub const SOCKET_FILE: &str = "control.sock";
 
 pub struct Client {
     path: PathBuf,
@@ -58,19 +60,6 @@ fn connect_error(path: &Path, e: &io::Error) -> String {
 }
 
 impl Client {
-    /// Connects to the daemon serving the workspace whose state directory
-    /// is `state_dir` (opened checked, see `layer::safedir`; root may talk
-    /// to a user's daemon, `workspace::open_state_to_read`).
-    pub fn connect(state_dir: &Path) -> Result<Client, String> {
-        match super::workspace::open_state_to_read(state_dir)? {
-            Some(dir) => Self::connect_dir(&dir),
-            None => Err(format!(
-                "no state dir {}: the workspace is not mounted (or was never mounted)",
-                state_dir.display()
-            )),
-        }
-    }
-
     /// Connects through the checked state dir `dir`: the socket is reached
     /// through its descriptor, not by the directory's name.
     pub fn connect_dir(dir: &SafeDir) -> Result<Client, String> {

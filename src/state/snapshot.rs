@@ -101,6 +101,9 @@ const WINDOW: usize = 64;
 const MAX_LISTED: usize = 1000;
 /// The name of `snapshots/` in the state dir.
 const SNAPSHOTS: &str = "snapshots";
+/// Name prefix of the staging directories a restore extracts into (the
+/// daemon's live restore checks the names it is given against it).
+pub const STAGING_PREFIX: &str = ".layerfs-restore.";
 
 /// The `snapshots/` directory of a state dir (for messages).
 pub fn dir(state: &Path) -> PathBuf {
@@ -2019,7 +2022,7 @@ pub fn stage(
     check_room(&parent_fd, &scan, policy, &shown, &parent)?;
     let name = OsString::from(format!(
         "{}{}.{}",
-        crate::daemon::restore::STAGING_PREFIX,
+        STAGING_PREFIX,
         std::process::id(),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -19,13 +19,12 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::daemon::{mounts, pidfile};
+use super::control::SOCKET_FILE;
+use crate::host::{mounts, pidfile};
 use crate::layer::safedir::{Role, SafeDir};
 
 /// Name of the description file in a state directory.
 pub const WORKSPACE_FILE: &str = "workspace.json";
-/// Name of the control socket in a state directory.
-pub const SOCKET_FILE: &str = "control.sock";
 /// Name of the journal database in a state directory.
 pub const JOURNAL_FILE: &str = "journal.db";
 
@@ -206,6 +205,19 @@ pub fn open_state_to_read(state: &Path) -> Result<Option<SafeDir>, String> {
         None
     };
     SafeDir::open_trusting(state, Role::State, extra)
+}
+
+/// Connects to the daemon serving the workspace whose state directory is
+/// `state_dir` (opened checked; root may talk to a user's daemon, see
+/// `open_state_to_read`).
+pub fn connect(state_dir: &Path) -> Result<super::control::Client, String> {
+    match open_state_to_read(state_dir)? {
+        Some(dir) => super::control::Client::connect_dir(&dir),
+        None => Err(format!(
+            "no state dir {}: the workspace is not mounted (or was never mounted)",
+            state_dir.display()
+        )),
+    }
 }
 
 /// Opens the state dir `state` of a workspace, which must exist.

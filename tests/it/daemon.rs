@@ -13,7 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use layerfs::daemon::pidfile;
+use layerfs::host::pidfile;
 
 use crate::harness::eventually;
 use crate::harness::{bin, is_mounted, policy_file, Workspace};

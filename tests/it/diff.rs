@@ -506,7 +506,7 @@ fn diff_and_reset_of_an_unprivileged_workspace() {
     let out = as_nobody(&bin(), &mount_args(&ws, &[]));
     let _guard = BgMount {
         mnt: ws.mnt.clone(),
-        pid: layerfs::daemon::pidfile::find_daemon(&ws.mnt, Some(NOBODY)),
+        pid: layerfs::host::pidfile::find_daemon(&ws.mnt, Some(NOBODY)),
     };
     assert!(out.status.success(), "unprivileged mount: {}", text(&out));
     let run = |args: &[&str]| {

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use layerfs::daemon::pidfile;
+use layerfs::host::pidfile;
 
 use crate::daemon::{text, DevFuseOpen, DEV_FUSE};
 use crate::harness::{bin, eventually, Workspace};

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use layerfs::daemon::pidfile;
+use layerfs::host::pidfile;
 
 use crate::daemon::{
     as_nobody, chown_tree, mount_args, text, BgMount, DevFuseOpen, DEV_FUSE, NOBODY,

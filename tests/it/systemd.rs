@@ -581,7 +581,7 @@ fn the_units_confinement_still_serves_the_workspace_with_only_allowed_syscalls()
     );
     let out = sh(&script);
     assert!(out.status.success(), "{}\n{}", text(&out), layers.log(inst));
-    let pid = layerfs::daemon::pidfile::find_daemon(&m, None).expect("daemon pid");
+    let pid = layerfs::host::pidfile::find_daemon(&m, None).expect("daemon pid");
     // SAFETY: SIGHUP (policy reload) to the daemon this test started.
     unsafe { libc::kill(pid as i32, libc::SIGHUP) };
     std::thread::sleep(Duration::from_millis(200));

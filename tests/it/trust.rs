@@ -178,7 +178,7 @@ impl Shared {
         );
         let guard = BgMount {
             mnt: self.ws.mnt.clone(),
-            pid: layerfs::daemon::pidfile::find_daemon(&self.ws.mnt, Some(self.caller.uid)),
+            pid: layerfs::host::pidfile::find_daemon(&self.ws.mnt, Some(self.caller.uid)),
         };
         (out, guard)
     }
