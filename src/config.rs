@@ -828,7 +828,8 @@ fn resolve_state(
         {
             if is_within(dir, place) {
                 return Err(invalid(format!(
-                    "state dir {} is inside {what} {}: keep workspace state outside the layers,                      the work dir and the mountpoint (give another --state DIR)",
+                    "state dir {} is inside {what} {}: keep workspace state outside the layers, \
+                     the work dir and the mountpoint (give another --state DIR)",
                     dir.display(),
                     place.display()
                 )));
@@ -904,6 +905,30 @@ mod proptests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_dir_inside_the_upper_is_refused_in_one_readable_sentence() {
+        let dir = tempfile::tempdir().unwrap();
+        let upper = dir.path().join("upper");
+        let inside = upper.join("state");
+        let e = resolve_state(
+            Some(&inside),
+            &upper,
+            &[],
+            &dir.path().join("w"),
+            &dir.path().join("m"),
+        )
+        .unwrap_err();
+        let ConfigError::Invalid(m) = e else {
+            panic!("not a refusal of the system state: {e:?}")
+        };
+        assert!(
+            m.contains("is inside the upper") && m.contains("--state DIR"),
+            "{m}"
+        );
+        assert!(!m.contains("  "), "runs of blanks in {m:?}");
+        assert!(!inside.exists(), "nothing created for a refused state dir");
+    }
 
     #[test]
     fn durations() {
