@@ -26,10 +26,11 @@ sandbox's processes, the kernel's settings in /proc/sys and /sys are
 read-only and its sensitive files masked, and the workspace's own upper,
 work and state directories are hidden. As root, the command keeps root's
 file permissions but not the capabilities to mount or to administer the
-host. The workspace appears at its mountpoint's path (for --upper DIR
-without a live mount, .DIR-NAME.layerfs-mnt beside DIR; a live mount of
-the same upper is used as it is and left mounted). TMPDIR is /tmp and
-LAYERFS_WORKSPACE names the workspace. When the command exits, every
+host. The workspace appears at /workspace (--at PATH to choose), whatever
+its mountpoint on the host is (for --upper DIR without a live mount,
+.DIR-NAME.layerfs-mnt beside DIR; a live mount of the same upper is used
+as it is and left mounted); that host path is hidden. TMPDIR is /tmp and
+LAYERFS_WORKSPACE names the workspace's path in the sandbox. When the command exits, every
 process it left behind is killed.
 
 The command runs in a session of its own and never gets the caller's
@@ -79,6 +80,12 @@ pub struct RunCmd {
     /// refused if it leads outside the workspace [default: the root].
     #[arg(long, value_name = "SUBDIR")]
     cwd: Option<PathBuf>,
+
+    /// Where the command sees the workspace: an absolute path in the
+    /// sandbox, made there if the host has no such directory (not under
+    /// /proc, /sys or /dev).
+    #[arg(long, value_name = "PATH", default_value = "/workspace")]
+    at: PathBuf,
 
     /// Relay only the first BYTES of output (stdout and stderr together,
     /// e.g. 64K, 1M); the rest is counted and dropped, and a note on
@@ -155,6 +162,7 @@ impl RunCmd {
             keep: self.keep,
             policy: self.policy,
             cwd: self.cwd.unwrap_or_default(),
+            at: self.at,
             max_output: self.max_output,
             timeout: self.timeout,
             network: !self.no_network,

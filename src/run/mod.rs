@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use nix::unistd::geteuid;
 
-use crate::sandbox::{cwd, userns};
+use crate::sandbox::{cwd, places, userns};
 use daemon::{OwnMount, Plan};
 use live::LiveMount;
 use outcome::{End, Failure, Outcome};
@@ -41,6 +41,8 @@ pub struct Options {
     pub keep: bool,
     pub policy: Option<PathBuf>,
     pub cwd: PathBuf,
+    /// Where the command sees the workspace (`--at`).
+    pub at: PathBuf,
     pub max_output: Option<u64>,
     pub timeout: Option<Duration>,
     pub network: bool,
@@ -87,6 +89,10 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
         Ok(c) => c,
         Err(m) => return fail(Failure::Usage(m)),
     };
+    let at = match places::check(&opts.at, "--at") {
+        Ok(a) => a,
+        Err(m) => return fail(Failure::Usage(m)),
+    };
     if !geteuid().is_root() {
         if let Err(m) = userns::probe() {
             return fail(Failure::Runtime(m));
@@ -106,6 +112,7 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
             let hide = ws.private_dirs(&rundir);
             let launch = supervise::Launch {
                 workspace: &ws.mountpoint,
+                at: &at,
                 stage: rundir.stage(),
                 cwd: &cwd,
                 network: opts.network,

@@ -45,8 +45,10 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// What to run, where.
 pub struct Launch<'a> {
-    /// The workspace mountpoint; the command sees it at this path.
+    /// The workspace mountpoint on the host.
     pub workspace: &'a Path,
+    /// Where the command sees the workspace (checked).
+    pub at: &'a Path,
     pub stage: PathBuf,
     /// Relative to the workspace root, checked by its spelling already.
     pub cwd: &'a Path,
@@ -109,6 +111,8 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     cmd.arg(SUBCOMMAND)
         .arg("--workspace")
         .arg(l.workspace)
+        .arg("--at")
+        .arg(l.at)
         .arg("--stage")
         .arg(&l.stage)
         .arg("--report-fd")
@@ -148,7 +152,7 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     cmd.arg("--")
         .args(l.command)
         .env("TMPDIR", "/tmp")
-        .env("LAYERFS_WORKSPACE", l.workspace)
+        .env("LAYERFS_WORKSPACE", l.at)
         .stdin(stdin)
         .stdout(out_w)
         .stderr(err_w);

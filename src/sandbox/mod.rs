@@ -22,6 +22,7 @@ mod devices;
 mod init;
 mod masks;
 mod net;
+pub mod places;
 pub mod report;
 mod rootfs;
 mod sys;
@@ -50,9 +51,12 @@ pub const STOP_SIGNALS: [Signal; 4] = [
 /// What `layerfs run` hands `layerfs __sandbox` (internal; not for users).
 #[derive(clap::Args, Debug)]
 pub struct Spec {
-    /// The workspace mountpoint (absolute); the command sees it at this path.
+    /// The workspace mountpoint on the host (absolute).
     #[arg(long, value_name = "DIR")]
     pub workspace: PathBuf,
+    /// Where the command sees the workspace (checked by `places::check`).
+    #[arg(long, value_name = "DIR")]
+    pub at: PathBuf,
     /// An empty host directory to build the sandbox's root on.
     #[arg(long, value_name = "DIR")]
     pub stage: PathBuf,

@@ -5,8 +5,11 @@
 //!   it read-only, `nosuid` and `nodev` (`mount_setattr(AT_RECURSIVE)`,
 //!   one call for every submount, where `MS_REMOUNT|MS_RDONLY` would need a
 //!   remount per submount and miss hidden ones);
-//! - the workspace: its own clone, attached at the same absolute path it
-//!   has outside, writable — the only writable place of the host;
+//! - the workspace: its own clone, attached at `--at` (`/workspace` by
+//!   default; made where the host has no such directory, see `places`),
+//!   writable — the only writable place of the host. Its host mountpoint
+//!   is hidden like the private directories below, so the command never
+//!   sees the host's name for it;
 //! - `/tmp`, `/dev/shm` and `/run` (and `/var/run` where it is a directory
 //!   of its own): directories of one private tmpfs of `--tmp-size`, so
 //!   together they hold at most that much, gone with the sandbox. `/run`
@@ -31,13 +34,16 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
+use super::places::{Kind, Places};
 use super::sys::{self, At};
 use super::{devices, masks};
 
 /// What the tree is built from.
 pub struct Layout<'a> {
-    /// The workspace mountpoint (absolute), shown at the same path inside.
+    /// The workspace mountpoint on the host (absolute).
     pub workspace: &'a Path,
+    /// Where the command sees the workspace (checked by `places::check`).
+    pub at: &'a Path,
     /// An empty directory of the host to build the new root on.
     pub stage: &'a Path,
     /// Mount a sysfs of the sandbox's own network namespace.
@@ -156,25 +162,21 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
     }
     masks::protect_sys(&sys_dir)?;
 
-    let hidden = masks::hide(l.stage, l.hide)?;
+    let mut hide = l.hide.to_vec();
+    hide.push(l.workspace.to_path_buf());
+    let hidden = masks::hide(l.stage, &hide)?;
 
     // Last, so nothing mounted above (a /tmp holding it) covers it; inside
-    // a hidden directory (an ephemeral run's) its mountpoint is made in the
-    // hiding tmpfs before that is sealed.
-    let target = inside(l.stage, l.workspace);
-    fs::create_dir_all(&target).map_err(|e| {
-        format!(
-            "cannot place the workspace at {} inside the sandbox: {e}",
-            l.workspace.display()
-        )
-    })?;
-    sys::attach(ws.as_fd(), &target).map_err(|e| {
-        new_api_error(
-            &format!("attaching the workspace at {}", l.workspace.display()),
-            e,
-        )
-    })?;
+    // a hidden directory its place is made in the hiding tmpfs before that
+    // is sealed.
+    let mut places = Places::default();
+    let target = places
+        .ensure(l.stage, l.at, Kind::Dir)
+        .map_err(|e| format!("cannot place the workspace at {}: {e}", l.at.display()))?;
+    sys::attach(ws.as_fd(), &target)
+        .map_err(|e| new_api_error(&format!("attaching the workspace at {}", l.at.display()), e))?;
     hidden.seal()?;
+    places.seal()?;
 
     pivot(l.stage)
 }
