@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::config;
+use crate::run::binds::BindArg;
 use crate::run::Options;
 
 const RUN_HELP: &str = "\
@@ -112,6 +113,40 @@ pub struct RunCmd {
     #[arg(long, value_name = "SIZE", value_parser = parse_tmp_size)]
     tmp_size: Option<u64>,
 
+    /// Bind a host path into the sandbox read-only, at SANDBOX or at the
+    /// same path (repeatable). Refused for the workspace's own directories.
+    #[arg(long = "ro-bind", value_name = "HOST[:SANDBOX]")]
+    ro_binds: Vec<OsString>,
+
+    /// Bind a host path into the sandbox writable (repeatable), e.g. a
+    /// package cache; only where you may write, never a lower or the
+    /// workspace's own directories, nor /proc, /sys or /dev.
+    #[arg(long = "bind", value_name = "HOST[:SANDBOX]")]
+    binds: Vec<OsString>,
+
+    /// The command's HOME: `private` (a fresh empty directory per run, at
+    /// /home/sandbox), `host` (yours, read-only like the rest of the host)
+    /// or a DIR of yours kept between runs (bound writable at
+    /// /home/sandbox).
+    #[arg(long, value_name = "private|host|DIR", default_value = "private",
+          value_parser = crate::run::binds::Home::parse)]
+    home: crate::run::binds::Home,
+
+    /// Set NAME to VALUE in the command's environment (repeatable; last
+    /// wins; overrides what layerfs run sets).
+    #[arg(long = "env", value_name = "NAME=VALUE",
+          value_parser = parse_env)]
+    env: Vec<(OsString, OsString)>,
+
+    /// Start the command's environment empty but for --env-keep names,
+    /// --env values, TMPDIR, LAYERFS_WORKSPACE, HOME and a default PATH.
+    #[arg(long)]
+    env_clear: bool,
+
+    /// With --env-clear: keep NAME from your environment (repeatable).
+    #[arg(long = "env-keep", value_name = "NAME", requires = "env_clear")]
+    env_keep: Vec<OsString>,
+
     /// At the end, print one JSON object on stdout: exit_code, signal,
     /// truncated, output_bytes, duration_ms, upper, mountpoint, timed_out
     /// (and error when layerfs run failed).
@@ -137,6 +172,10 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
         return Err(format!("invalid duration `{s}`: must be more than zero"));
     }
     Ok(d)
+}
+
+fn parse_env(s: &str) -> Result<(OsString, OsString), String> {
+    crate::run::env::parse_assignment(std::ffi::OsStr::new(s))
 }
 
 /// The smallest `--tmp-size`.
@@ -168,9 +207,29 @@ impl RunCmd {
             network: !self.no_network,
             json: self.json,
             tmp_size: self.tmp_size,
+            binds: bind_args(&self.ro_binds, false)
+                .chain(bind_args(&self.binds, true))
+                .collect(),
+            home: self.home,
+            env: crate::run::env::EnvPlan {
+                clear: self.env_clear,
+                keep: self.env_keep,
+                set: self.env,
+            },
             command: self.command,
         })
     }
+}
+
+fn bind_args(v: &[OsString], writable: bool) -> impl Iterator<Item = BindArg> + '_ {
+    v.iter().map(move |a| {
+        let (host, sandbox) = crate::run::binds::parse(a);
+        BindArg {
+            host,
+            sandbox,
+            writable,
+        }
+    })
 }
 
 #[cfg(test)]

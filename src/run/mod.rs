@@ -7,7 +7,9 @@
 //! namespaces probed (unprivileged), workspace acquired, command
 //! supervised, workspace released, temporary files removed, summary.
 
+pub mod binds;
 mod daemon;
+pub mod env;
 mod live;
 pub mod outcome;
 mod relay;
@@ -49,6 +51,10 @@ pub struct Options {
     pub json: bool,
     /// `--tmp-size`; `None`: `default_tmp_size()`.
     pub tmp_size: Option<u64>,
+    /// `--bind` and `--ro-bind`, in the order given.
+    pub binds: Vec<binds::BindArg>,
+    pub home: binds::Home,
+    pub env: env::EnvPlan,
     pub command: Vec<OsString>,
 }
 
@@ -110,18 +116,36 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
         },
         Ok(mut ws) => {
             let hide = ws.private_dirs(&rundir);
-            let launch = supervise::Launch {
-                workspace: &ws.mountpoint,
+            let mut private = hide.clone();
+            private.push(ws.mountpoint.clone());
+            let fence = binds::Fence {
+                private: &private,
+                lowers: &opts.lowers,
                 at: &at,
-                stage: rundir.stage(),
-                cwd: &cwd,
-                network: opts.network,
-                command: &opts.command,
-                timeout: opts.timeout,
-                tmp_size: opts.tmp_size.unwrap_or_else(default_tmp_size),
-                hide: &hide,
             };
-            let ran = supervise::run(&launch, &mut relay, stop);
+            let ran = match checked_binds(opts, &fence) {
+                Err(m) => supervise::Ran {
+                    end: End::Failed(Failure::Usage(m)),
+                    duration: Duration::ZERO,
+                },
+                Ok(binds) => {
+                    let launch = supervise::Launch {
+                        workspace: &ws.mountpoint,
+                        at: &at,
+                        stage: rundir.stage(),
+                        cwd: &cwd,
+                        network: opts.network,
+                        command: &opts.command,
+                        timeout: opts.timeout,
+                        tmp_size: opts.tmp_size.unwrap_or_else(default_tmp_size),
+                        hide: &hide,
+                        binds: &binds,
+                        home: &opts.home,
+                        env: &opts.env,
+                    };
+                    supervise::run(&launch, &mut relay, stop)
+                }
+            };
             for w in ws.release() {
                 say!("layerfs run: warning: {w}");
             }
@@ -152,6 +176,27 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
         say!("layerfs run: warning: {w}");
     }
     (outcome, relay.stdout_at_line_start())
+}
+
+/// `--home DIR`, `--bind` and `--ro-bind`, each checked as the caller.
+fn checked_binds(
+    opts: &Options,
+    fence: &binds::Fence<'_>,
+) -> Result<Vec<crate::sandbox::binds::Bind>, String> {
+    let mut out = Vec::new();
+    if let binds::Home::Dir(d) = &opts.home {
+        let home = binds::BindArg {
+            host: d.clone(),
+            sandbox: Some(PathBuf::from(crate::sandbox::binds::HOME)),
+            writable: true,
+        };
+        out.push(binds::check(&home, fence, "--home")?);
+    }
+    for b in &opts.binds {
+        let what = if b.writable { "--bind" } else { "--ro-bind" };
+        out.push(binds::check(b, fence, what)?);
+    }
+    Ok(out)
 }
 
 /// Messages on stderr and the `--json` object on stdout.

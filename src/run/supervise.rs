@@ -17,7 +17,7 @@
 //! their stdout and stderr are pipes, and inherited terminals above 2 are
 //! closed on exec.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{PipeReader, PipeWriter};
 use std::io::{Read, Write};
@@ -32,10 +32,13 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 
+use super::binds::Home;
+use super::env::EnvPlan;
 use super::outcome::{End, Failure};
 use super::relay::{Relay, Stream};
 use super::signals::{StopRequest, StopSignals};
 use super::terminal::{self, CallerTerminal};
+use crate::sandbox::binds::Bind;
 use crate::sandbox::report::{forward_request, Report};
 use crate::sandbox::{self, SELF_EXE, SUBCOMMAND};
 
@@ -59,6 +62,10 @@ pub struct Launch<'a> {
     pub tmp_size: u64,
     /// Host directories the command must not see.
     pub hide: &'a [PathBuf],
+    /// Checked host paths to bind in.
+    pub binds: &'a [Bind],
+    pub home: &'a Home,
+    pub env: &'a EnvPlan,
 }
 
 /// How the command ended and how long it ran.
@@ -129,6 +136,12 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     for d in l.hide {
         cmd.arg("--hide").arg(d);
     }
+    for b in l.binds {
+        cmd.arg("--bind").args(b.to_args());
+    }
+    if *l.home == Home::Private {
+        cmd.arg("--private-home");
+    }
     let term_fd = sockets.as_ref().map(|(_, theirs)| theirs.as_raw_fd());
     if let (Some(c), Some(fd)) = (&caller, term_fd) {
         let (rows, cols) = c.size();
@@ -151,11 +164,17 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     };
     cmd.arg("--")
         .args(l.command)
-        .env("TMPDIR", "/tmp")
-        .env("LAYERFS_WORKSPACE", l.at)
         .stdin(stdin)
         .stdout(out_w)
         .stderr(err_w);
+    let mut fixed = vec![
+        ("TMPDIR", OsStr::new("/tmp")),
+        ("LAYERFS_WORKSPACE", l.at.as_os_str()),
+    ];
+    if let Some(home) = l.home.env() {
+        fixed.push(("HOME", OsStr::new(home)));
+    }
+    l.env.apply(&mut cmd, &fixed);
     // SAFETY: fcntl and prctl are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {

@@ -31,6 +31,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{geteuid, ForkResult, Pid};
 
+use super::binds::Bind;
 use super::report::{parse_forward, Report, Reporter};
 use super::rootfs::{self, Layout};
 use super::userns::{self, IdMap};
@@ -142,6 +143,11 @@ fn prepare(spec: &Spec) -> Result<(), String> {
     if spec.no_network {
         net::loopback_up()?;
     }
+    let binds = spec
+        .binds
+        .chunks(3)
+        .map(Bind::from_args)
+        .collect::<Result<Vec<_>, _>>()?;
     rootfs::build(&Layout {
         workspace: &spec.workspace,
         at: &spec.at,
@@ -149,6 +155,8 @@ fn prepare(spec: &Spec) -> Result<(), String> {
         fresh_sysfs: spec.no_network,
         tmp_size: spec.tmp_size,
         hide: &spec.hide,
+        binds: &binds,
+        private_home: spec.private_home,
     })?;
     if geteuid().is_root() {
         userns::enter(CloneFlags::CLONE_NEWNS, &IdMap::identity())?;

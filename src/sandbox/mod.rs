@@ -16,6 +16,7 @@
 //! own uid mapped to itself); as root the command also runs in a user
 //! namespace of its own, so it cannot undo the read-only mounts and masks.
 
+pub mod binds;
 mod confine;
 pub mod cwd;
 mod devices;
@@ -70,6 +71,13 @@ pub struct Spec {
     /// Size in bytes of the private tmpfs behind /tmp, /dev/shm and /run.
     #[arg(long, value_name = "BYTES")]
     pub tmp_size: u64,
+    /// A checked host path to bind (repeatable): `rw|ro:DEV:INO HOST
+    /// SANDBOX` (see `binds::Bind`).
+    #[arg(long = "bind", num_args = 3, value_names = ["ID", "HOST", "SANDBOX"])]
+    pub binds: Vec<OsString>,
+    /// Give the command a private home directory at `binds::HOME`.
+    #[arg(long)]
+    pub private_home: bool,
     /// A host directory the command must not see (repeatable).
     #[arg(long = "hide", value_name = "DIR")]
     pub hide: Vec<PathBuf>,

@@ -27,6 +27,7 @@ mod powerloss;
 mod quoting;
 mod robust;
 mod run;
+mod run_binds;
 mod run_places;
 mod sandbox_audit;
 mod shared;
