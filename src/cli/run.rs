@@ -94,6 +94,14 @@ pub struct RunCmd {
     #[arg(long, value_name = "BYTES", value_parser = config::parse_size)]
     max_output: Option<u64>,
 
+    /// What happens to a command that keeps writing past --max-output:
+    /// `stop` (kill it once its output passes 64 times the cap, at least
+    /// 1 MiB, or 10 s after passing the cap; exit 137) or `discard` (keep
+    /// it running, dropping the rest).
+    #[arg(long, value_name = "stop|discard", default_value = "stop",
+          value_parser = ["stop", "discard"], requires = "max_output")]
+    overflow: String,
+
     /// Kill the command and everything it started after this long
     /// (e.g. 30s, 5m, 1h), and exit 124.
     #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
@@ -112,6 +120,20 @@ pub struct RunCmd {
     /// machine's memory, MemTotal in /proc/meminfo].
     #[arg(long, value_name = "SIZE", value_parser = parse_tmp_size)]
     tmp_size: Option<u64>,
+
+    /// Memory the command and everything it starts may use together
+    /// (e.g. 512M, 2G); beyond it the kernel's OOM killer ends a process,
+    /// reported as such. Needs a cgroup (root, or cgroup v2 delegation).
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
+    memory: Option<u64>,
+
+    /// Most processes (and threads) the command may have at once.
+    #[arg(long, value_name = "N", value_parser = crate::run::cgroup::parse_pids)]
+    pids: Option<u64>,
+
+    /// CPU time per 100 ms period, in CPUs (e.g. 0.5, 2).
+    #[arg(long, value_name = "N", value_parser = crate::run::cgroup::parse_cpus)]
+    cpus: Option<f64>,
 
     /// Bind a host path into the sandbox read-only, at SANDBOX or at the
     /// same path (repeatable). Refused for the workspace's own directories.
@@ -148,8 +170,10 @@ pub struct RunCmd {
     env_keep: Vec<OsString>,
 
     /// At the end, print one JSON object on stdout: exit_code, signal,
-    /// truncated, output_bytes, duration_ms, upper, mountpoint, timed_out
-    /// (and error when layerfs run failed).
+    /// truncated, output_bytes, duration_ms, upper, mountpoint, timed_out,
+    /// output_stopped, resources (with --memory/--pids/--cpus: peak
+    /// memory, CPU time, limits hit, OOM kills; else null), and error when
+    /// layerfs run failed.
     #[arg(long)]
     json: bool,
 
@@ -203,6 +227,7 @@ impl RunCmd {
             cwd: self.cwd.unwrap_or_default(),
             at: self.at,
             max_output: self.max_output,
+            overflow_discard: self.overflow == "discard",
             timeout: self.timeout,
             network: !self.no_network,
             json: self.json,
@@ -211,6 +236,11 @@ impl RunCmd {
                 .chain(bind_args(&self.binds, true))
                 .collect(),
             home: self.home,
+            limits: crate::run::cgroup::Limits {
+                memory: self.memory,
+                pids: self.pids,
+                cpus: self.cpus,
+            },
             env: crate::run::env::EnvPlan {
                 clear: self.env_clear,
                 keep: self.env_keep,

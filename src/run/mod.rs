@@ -8,6 +8,7 @@
 //! supervised, workspace released, temporary files removed, summary.
 
 pub mod binds;
+pub mod cgroup;
 mod daemon;
 pub mod env;
 mod live;
@@ -46,6 +47,8 @@ pub struct Options {
     /// Where the command sees the workspace (`--at`).
     pub at: PathBuf,
     pub max_output: Option<u64>,
+    /// `--overflow discard`: keep a command running past `--max-output`.
+    pub overflow_discard: bool,
     pub timeout: Option<Duration>,
     pub network: bool,
     pub json: bool,
@@ -55,6 +58,8 @@ pub struct Options {
     pub binds: Vec<binds::BindArg>,
     pub home: binds::Home,
     pub env: env::EnvPlan,
+    /// `--memory`, `--pids`, `--cpus`.
+    pub limits: cgroup::Limits,
     pub command: Vec<OsString>,
 }
 
@@ -115,37 +120,7 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
             ..Outcome::failed(Failure::Runtime(String::new()))
         },
         Ok(mut ws) => {
-            let hide = ws.private_dirs(&rundir);
-            let mut private = hide.clone();
-            private.push(ws.mountpoint.clone());
-            let fence = binds::Fence {
-                private: &private,
-                lowers: &opts.lowers,
-                at: &at,
-            };
-            let ran = match checked_binds(opts, &fence) {
-                Err(m) => supervise::Ran {
-                    end: End::Failed(Failure::Usage(m)),
-                    duration: Duration::ZERO,
-                },
-                Ok(binds) => {
-                    let launch = supervise::Launch {
-                        workspace: &ws.mountpoint,
-                        at: &at,
-                        stage: rundir.stage(),
-                        cwd: &cwd,
-                        network: opts.network,
-                        command: &opts.command,
-                        timeout: opts.timeout,
-                        tmp_size: opts.tmp_size.unwrap_or_else(default_tmp_size),
-                        hide: &hide,
-                        binds: &binds,
-                        home: &opts.home,
-                        env: &opts.env,
-                    };
-                    supervise::run(&launch, &mut relay, stop)
-                }
-            };
+            let (ran, resources) = launch(opts, &ws, &rundir, (&at, &cwd), &mut relay, stop);
             for w in ws.release() {
                 say!("layerfs run: warning: {w}");
             }
@@ -156,6 +131,7 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
                 duration: ran.duration,
                 upper: Some(ws.upper.clone()),
                 mountpoint: Some(ws.mountpoint.clone()),
+                resources,
             }
         }
     };
@@ -176,6 +152,62 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
         say!("layerfs run: warning: {w}");
     }
     (outcome, relay.stdout_at_line_start())
+}
+
+/// Checks the binds, makes the cgroup and runs the command in the sandbox;
+/// with what it used when limits were asked for. `places`: the workspace's
+/// place in the sandbox and the checked `--cwd`.
+fn launch(
+    opts: &Options,
+    ws: &Workspace,
+    rundir: &RunDir,
+    places: (&Path, &Path),
+    relay: &mut Relay,
+    stop: &StopSignals,
+) -> (supervise::Ran, Option<(cgroup::Usage, Duration)>) {
+    let (at, cwd) = places;
+    let failed = |f: Failure| supervise::Ran {
+        end: End::Failed(f),
+        duration: Duration::ZERO,
+    };
+    let hide = ws.private_dirs(rundir);
+    let mut private = hide.clone();
+    private.push(ws.mountpoint.clone());
+    let fence = binds::Fence {
+        private: &private,
+        lowers: &opts.lowers,
+        at,
+    };
+    let binds = match checked_binds(opts, &fence) {
+        Ok(b) => b,
+        Err(m) => return (failed(Failure::Usage(m)), None),
+    };
+    let cg = if opts.limits.any() {
+        match cgroup::Cgroup::create(opts.limits) {
+            Ok(c) => Some(c),
+            Err(m) => return (failed(Failure::Runtime(m)), None),
+        }
+    } else {
+        None
+    };
+    let launch = supervise::Launch {
+        workspace: &ws.mountpoint,
+        at,
+        stage: rundir.stage(),
+        cwd,
+        network: opts.network,
+        command: &opts.command,
+        timeout: opts.timeout,
+        tmp_size: opts.tmp_size.unwrap_or_else(default_tmp_size),
+        hide: &hide,
+        binds: &binds,
+        home: &opts.home,
+        env: &opts.env,
+        stop_on_overflow: !opts.overflow_discard,
+        cgroup: cg.as_ref(),
+    };
+    let ran = supervise::run(&launch, relay, stop);
+    (ran, cg.map(|c| (c.usage(), c.setup)))
 }
 
 /// `--home DIR`, `--bind` and `--ro-bind`, each checked as the caller.
@@ -211,7 +243,32 @@ fn summarize(opts: &Options, o: &Outcome, stdout_at_line_start: bool) {
             "layerfs run: stopped by {}; killed the command and every process it started",
             signal_name(*sig)
         ),
+        End::OutputStopped => say!(
+            "layerfs run: output ran past --max-output {} and went on: stopped the command \
+             and every process it started after {} bytes (at {} bytes or {} s past the cap; \
+             --overflow discard keeps it running)",
+            opts.max_output.unwrap_or(0),
+            o.output_bytes,
+            relay::stop_bound(opts.max_output.unwrap_or(0)),
+            relay::STOP_AFTER.as_secs()
+        ),
         End::Exited(_) | End::Signaled(_) => {}
+    }
+    if let Some((u, _)) = &o.resources {
+        if u.oom_kills > 0 {
+            say!(
+                "layerfs run: the out-of-memory killer killed {} process(es) of the command: \
+                 it needed more than --memory {}",
+                u.oom_kills,
+                opts.limits.memory.unwrap_or(0)
+            );
+        }
+        if u.limits_hit.contains(&"pids") {
+            say!(
+                "layerfs run: the command reached --pids {}: creating more processes failed",
+                opts.limits.pids.unwrap_or(0)
+            );
+        }
     }
     if o.truncated() {
         say!(

@@ -33,9 +33,10 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 
 use super::binds::Home;
+use super::cgroup::{self, Cgroup};
 use super::env::EnvPlan;
 use super::outcome::{End, Failure};
-use super::relay::{Relay, Stream};
+use super::relay::{stop_bound, Relay, Stream, STOP_AFTER};
 use super::signals::{StopRequest, StopSignals};
 use super::terminal::{self, CallerTerminal};
 use crate::sandbox::binds::Bind;
@@ -66,6 +67,11 @@ pub struct Launch<'a> {
     pub binds: &'a [Bind],
     pub home: &'a Home,
     pub env: &'a EnvPlan,
+    /// Stop the command once its output runs past `--max-output` (see
+    /// `relay::stop_bound`); false with `--overflow discard`.
+    pub stop_on_overflow: bool,
+    /// The run's cgroup, which the sandbox joins before it starts anything.
+    pub cgroup: Option<&'a Cgroup>,
 }
 
 /// How the command ended and how long it ran.
@@ -175,9 +181,15 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
         fixed.push(("HOME", OsStr::new(home)));
     }
     l.env.apply(&mut cmd, &fixed);
-    // SAFETY: fcntl and prctl are async-signal-safe.
+    let cgroups = match l.cgroup.map(Cgroup::join_handles).transpose() {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => return failed(format!("the run's cgroup: {e}")),
+    };
+    // SAFETY: write, fcntl and prctl are async-signal-safe; `join` only
+    // writes to descriptors the closure owns.
     unsafe {
         cmd.pre_exec(move || {
+            cgroup::join(&cgroups)?;
             sandbox::keep_across_exec(rep_fd)?;
             sandbox::keep_across_exec(ctl_fd)?;
             if let Some(fd) = term_fd {
@@ -200,7 +212,9 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     let tty = caller
         .zip(ours)
         .map(|(caller, socket)| TtyRelay::new(caller, socket));
-    Watch::new(child, ctl_w, l.timeout).watch([&out_r, &err_r, &rep_r], relay, stop, tty)
+    let mut watch = Watch::new(child, ctl_w, l.timeout);
+    watch.stop_on_overflow = l.stop_on_overflow;
+    watch.watch([&out_r, &err_r, &rep_r], relay, stop, tty)
 }
 
 /// Where a poll event came from.
@@ -412,6 +426,11 @@ struct Watch {
     stop: Option<StopRequest>,
     killed: bool,
     timed_out: bool,
+    stop_on_overflow: bool,
+    /// When the output first passed the cap.
+    over_since: Option<Instant>,
+    /// Killed for its output.
+    output_stopped: bool,
     started: Option<Instant>,
     ended: Option<Instant>,
     status: Option<End>,
@@ -430,6 +449,9 @@ impl Watch {
             stop: None,
             killed: false,
             timed_out: false,
+            stop_on_overflow: false,
+            over_since: None,
+            output_stopped: false,
             started: None,
             ended: None,
             status: None,
@@ -505,6 +527,7 @@ impl Watch {
             while let Some(req) = stop.take() {
                 self.on_stop(req);
             }
+            self.check_output(relay);
             self.check_clocks();
         }
         // Every process of the sandbox is gone: what its terminal still
@@ -522,7 +545,8 @@ impl Watch {
         if self.killed {
             return PollTimeout::NONE;
         }
-        let next = [self.deadline, self.grace_until]
+        let output_deadline = self.over_since.map(|t| t + STOP_AFTER);
+        let next = [self.deadline, self.grace_until, output_deadline]
             .into_iter()
             .flatten()
             .min();
@@ -557,7 +581,7 @@ impl Watch {
     }
 
     fn ended_with(&mut self, end: End) {
-        if self.status.is_none() && !self.timed_out {
+        if self.status.is_none() && !self.timed_out && !self.output_stopped {
             self.status = Some(end);
             self.ended = Some(Instant::now());
         }
@@ -576,6 +600,22 @@ impl Watch {
             .control
             .write_all(forward_request(req.signal).as_bytes());
         self.grace_until = Some(Instant::now() + STOP_GRACE);
+    }
+
+    /// Stops a command whose output ran past the cap, once it passed the
+    /// bound or `STOP_AFTER` (with `stop_on_overflow`).
+    fn check_output(&mut self, relay: &Relay) {
+        if !self.stop_on_overflow || self.killed || self.status.is_some() || !relay.over() {
+            return;
+        }
+        let now = Instant::now();
+        let since = *self.over_since.get_or_insert(now);
+        let cap = relay.limit().unwrap_or(0);
+        if relay.total() >= stop_bound(cap) || now >= since + STOP_AFTER {
+            self.output_stopped = true;
+            self.ended = Some(now);
+            self.kill_sandbox();
+        }
     }
 
     fn check_clocks(&mut self) {
@@ -613,6 +653,8 @@ impl Watch {
         };
         let end = if self.timed_out {
             End::TimedOut
+        } else if self.output_stopped {
+            End::OutputStopped
         } else if let Some(f) = self.failure {
             End::Failed(f)
         } else if let Some(s) = self.status {

@@ -28,6 +28,7 @@ mod quoting;
 mod robust;
 mod run;
 mod run_binds;
+mod run_limits;
 mod run_places;
 mod sandbox_audit;
 mod shared;
