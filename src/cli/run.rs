@@ -135,6 +135,14 @@ pub struct RunCmd {
     #[arg(long, value_name = "N", value_parser = crate::run::cgroup::parse_cpus)]
     cpus: Option<f64>,
 
+    /// Let symlinks in the workspace point under PREFIX too (repeatable),
+    /// besides the policy's allow-host list (by default /usr, /bin, /lib,
+    /// /lib64, /opt): e.g. a pyenv, conda or ~/.local interpreter that
+    /// `python3 -m venv` links to. Not for a live mount (its policy is its
+    /// own).
+    #[arg(long = "allow-host", value_name = "PREFIX")]
+    allow_host: Vec<PathBuf>,
+
     /// Bind a host path into the sandbox read-only, at SANDBOX or at the
     /// same path (repeatable). Refused for the workspace's own directories.
     #[arg(long = "ro-bind", value_name = "HOST[:SANDBOX]")]
@@ -236,6 +244,7 @@ impl RunCmd {
                 .chain(bind_args(&self.binds, true))
                 .collect(),
             home: self.home,
+            allow_host: self.allow_host,
             limits: crate::run::cgroup::Limits {
                 memory: self.memory,
                 pids: self.pids,

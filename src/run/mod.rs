@@ -11,6 +11,7 @@ pub mod binds;
 pub mod cgroup;
 mod daemon;
 pub mod env;
+mod hosts;
 mod live;
 pub mod outcome;
 mod relay;
@@ -60,6 +61,8 @@ pub struct Options {
     pub env: env::EnvPlan,
     /// `--memory`, `--pids`, `--cpus`.
     pub limits: cgroup::Limits,
+    /// `--allow-host`: more prefixes absolute symlink targets may lie in.
+    pub allow_host: Vec<PathBuf>,
     pub command: Vec<OsString>,
 }
 
@@ -392,6 +395,10 @@ impl Workspace {
                 if let Some(live) =
                     live::find(&upper, &lowers, policy.as_deref()).map_err(End::Failed)?
                 {
+                    if !opts.allow_host.is_empty() {
+                        let m = hosts::refused_for_live(&live.mountpoint, &opts.allow_host);
+                        return Err(End::Failed(Failure::Usage(m)));
+                    }
                     return Ok(Workspace::live(upper, live));
                 }
                 let mp = default_mountpoint(&upper).map_err(runtime)?;
@@ -406,10 +413,21 @@ impl Workspace {
                 runtime(format!("creating mountpoint {}: {e}", mountpoint.display()))
             })?;
         }
+        let mount_policy = if opts.allow_host.is_empty() {
+            policy.clone()
+        } else {
+            Some(
+                hosts::extended_policy(policy.as_deref(), &opts.allow_host, rundir.path())
+                    .map_err(|m| {
+                        remove_empty_dir(made.as_deref());
+                        End::Failed(Failure::Usage(m))
+                    })?,
+            )
+        };
         let plan = Plan {
             lowers: &lowers,
             upper: &upper,
-            policy: policy.as_deref(),
+            policy: mount_policy.as_deref(),
             mountpoint: &mountpoint,
         };
         match daemon::start(&plan, rundir, stop) {

@@ -228,3 +228,100 @@ fn binds_are_refused_where_the_caller_may_not_write_or_the_workspace_lives() {
         fs::remove_dir(&roots).unwrap();
     }
 }
+
+#[test]
+fn allow_host_lets_links_reach_an_interpreter_outside_the_default_prefixes() {
+    for caller in [Caller::Root, Caller::Tests] {
+        let ws = workspace_for(caller);
+        let tools = ws.dir.path().join("tools");
+        fs::create_dir(&tools).unwrap();
+        let tool = tools.join("python9");
+        let script = format!("ln -s {} py 2>&1 && readlink py", tool.display());
+        let out = sh_as(caller, &ws, false, &[], &script);
+        assert_ne!(out.status.code(), Some(0), "{caller:?}: {}", text(&out));
+        let flags = ["--allow-host", s(&tools)];
+        let out = sh_as(caller, &ws, false, &flags, &script);
+        assert_eq!(out.status.code(), Some(0), "{caller:?}: {}", text(&out));
+        assert_eq!(stdout(&out).trim_end(), s(&tool), "{caller:?}");
+    }
+    // python3 -m venv links to root's pyenv interpreter instead of
+    // copying it.
+    let ws = workspace_for(Caller::Root);
+    let py = String::from_utf8(
+        Command::new("python3")
+            .args(["-c", "import sys; print(sys.base_prefix)"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let script = "python3 -m venv v 2>&1 && test -L v/bin/python3 && echo linked";
+    let out = sh_as(
+        Caller::Root,
+        &ws,
+        true,
+        &["--allow-host", py.trim()],
+        script,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stdout(&out).ends_with("linked\n"), "{}", text(&out));
+}
+
+#[test]
+fn allow_host_is_refused_for_a_live_mount() {
+    let ws = workspace_for(Caller::Root);
+    let m = ws.mount();
+    let flags = ["--allow-host", "/srv/tools"];
+    let out = sh_as(Caller::Root, &ws, false, &flags, "true");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("cannot change the policy of the live mount"),
+        "{}",
+        text(&out)
+    );
+    assert!(m.unmount());
+}
+
+/// README, "Running as another user over a shared lower": git refuses a
+/// root-owned repository to the user `tests`, and `safe.directory` through
+/// `GIT_CONFIG_*` lets it in without a writable home.
+#[test]
+fn another_user_trusts_a_root_owned_repository_through_git_config_env() {
+    let ws = workspace_for(Caller::Tests);
+    let lower = ws.dir.path().join("root-lower");
+    fs::create_dir(&lower).unwrap();
+    let git = |args: &[&str]| {
+        let o = Command::new("git")
+            .args(["-c", "user.email=a@b", "-c", "user.name=a"])
+            .args(args)
+            .current_dir(&lower)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "git {args:?}: {o:?}");
+    };
+    git(&["init", "-q"]);
+    git(&["commit", "-q", "--allow-empty", "-m", "x"]);
+    let base = ["--lower", s(&lower), "--upper", s(&ws.upper)];
+    let mut args = base.to_vec();
+    args.extend(["--", "git", "status", "--short", "--branch"]);
+    let out = run_as(Caller::Tests, &args);
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stderr(&out).contains("dubious ownership"), "{}", text(&out));
+    let mut args = base.to_vec();
+    args.extend([
+        "--env",
+        "GIT_CONFIG_COUNT=1",
+        "--env",
+        "GIT_CONFIG_KEY_0=safe.directory",
+        "--env",
+        "GIT_CONFIG_VALUE_0=/workspace",
+        "--",
+        "git",
+        "status",
+        "--short",
+        "--branch",
+    ]);
+    let out = run_as(Caller::Tests, &args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stdout(&out).starts_with("## "), "{}", text(&out));
+}
