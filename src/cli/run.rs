@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::config;
+use crate::run::binds::BindArg;
 use crate::run::Options;
 
 const RUN_HELP: &str = "\
@@ -26,10 +27,11 @@ sandbox's processes, the kernel's settings in /proc/sys and /sys are
 read-only and its sensitive files masked, and the workspace's own upper,
 work and state directories are hidden. As root, the command keeps root's
 file permissions but not the capabilities to mount or to administer the
-host. The workspace appears at its mountpoint's path (for --upper DIR
-without a live mount, .DIR-NAME.layerfs-mnt beside DIR; a live mount of
-the same upper is used as it is and left mounted). TMPDIR is /tmp and
-LAYERFS_WORKSPACE names the workspace. When the command exits, every
+host. The workspace appears at /workspace (--at PATH to choose), whatever
+its mountpoint on the host is (for --upper DIR without a live mount,
+.DIR-NAME.layerfs-mnt beside DIR; a live mount of the same upper is used
+as it is and left mounted); that host path is hidden. TMPDIR is /tmp and
+LAYERFS_WORKSPACE names the workspace's path in the sandbox. When the command exits, every
 process it left behind is killed.
 
 The command runs in a session of its own and never gets the caller's
@@ -80,11 +82,25 @@ pub struct RunCmd {
     #[arg(long, value_name = "SUBDIR")]
     cwd: Option<PathBuf>,
 
+    /// Where the command sees the workspace: an absolute path in the
+    /// sandbox, made there if the host has no such directory (not under
+    /// /proc, /sys or /dev).
+    #[arg(long, value_name = "PATH", default_value = "/workspace")]
+    at: PathBuf,
+
     /// Relay only the first BYTES of output (stdout and stderr together,
     /// e.g. 64K, 1M); the rest is counted and dropped, and a note on
     /// stderr says so.
     #[arg(long, value_name = "BYTES", value_parser = config::parse_size)]
     max_output: Option<u64>,
+
+    /// What happens to a command that keeps writing past --max-output:
+    /// `stop` (kill it once its output passes 64 times the cap, at least
+    /// 1 MiB, or 10 s after passing the cap; exit 137) or `discard` (keep
+    /// it running, dropping the rest).
+    #[arg(long, value_name = "stop|discard", default_value = "stop",
+          value_parser = ["stop", "discard"], requires = "max_output")]
+    overflow: String,
 
     /// Kill the command and everything it started after this long
     /// (e.g. 30s, 5m, 1h), and exit 124.
@@ -105,9 +121,67 @@ pub struct RunCmd {
     #[arg(long, value_name = "SIZE", value_parser = parse_tmp_size)]
     tmp_size: Option<u64>,
 
+    /// Memory the command and everything it starts may use together
+    /// (e.g. 512M, 2G); beyond it the kernel's OOM killer ends a process,
+    /// reported as such. Needs a cgroup (root, or cgroup v2 delegation).
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
+    memory: Option<u64>,
+
+    /// Most processes (and threads) the command may have at once.
+    #[arg(long, value_name = "N", value_parser = crate::run::cgroup::parse_pids)]
+    pids: Option<u64>,
+
+    /// CPU time per 100 ms period, in CPUs (e.g. 0.5, 2).
+    #[arg(long, value_name = "N", value_parser = crate::run::cgroup::parse_cpus)]
+    cpus: Option<f64>,
+
+    /// Let symlinks in the workspace point under PREFIX too (repeatable),
+    /// besides the policy's allow-host list (by default /usr, /bin, /lib,
+    /// /lib64, /opt): e.g. a pyenv, conda or ~/.local interpreter that
+    /// `python3 -m venv` links to. Not for a live mount (its policy is its
+    /// own).
+    #[arg(long = "allow-host", value_name = "PREFIX")]
+    allow_host: Vec<PathBuf>,
+
+    /// Bind a host path into the sandbox read-only, at SANDBOX or at the
+    /// same path (repeatable). Refused for the workspace's own directories.
+    #[arg(long = "ro-bind", value_name = "HOST[:SANDBOX]")]
+    ro_binds: Vec<OsString>,
+
+    /// Bind a host path into the sandbox writable (repeatable), e.g. a
+    /// package cache; only where you may write, never a lower or the
+    /// workspace's own directories, nor /proc, /sys or /dev.
+    #[arg(long = "bind", value_name = "HOST[:SANDBOX]")]
+    binds: Vec<OsString>,
+
+    /// The command's HOME: `private` (a fresh empty directory per run, at
+    /// /home/sandbox), `host` (yours, read-only like the rest of the host)
+    /// or a DIR of yours kept between runs (bound writable at
+    /// /home/sandbox).
+    #[arg(long, value_name = "private|host|DIR", default_value = "private",
+          value_parser = crate::run::binds::Home::parse)]
+    home: crate::run::binds::Home,
+
+    /// Set NAME to VALUE in the command's environment (repeatable; last
+    /// wins; overrides what layerfs run sets).
+    #[arg(long = "env", value_name = "NAME=VALUE",
+          value_parser = parse_env)]
+    env: Vec<(OsString, OsString)>,
+
+    /// Start the command's environment empty but for --env-keep names,
+    /// --env values, TMPDIR, LAYERFS_WORKSPACE, HOME and a default PATH.
+    #[arg(long)]
+    env_clear: bool,
+
+    /// With --env-clear: keep NAME from your environment (repeatable).
+    #[arg(long = "env-keep", value_name = "NAME", requires = "env_clear")]
+    env_keep: Vec<OsString>,
+
     /// At the end, print one JSON object on stdout: exit_code, signal,
-    /// truncated, output_bytes, duration_ms, upper, mountpoint, timed_out
-    /// (and error when layerfs run failed).
+    /// truncated, output_bytes, duration_ms, upper, mountpoint, timed_out,
+    /// output_stopped, resources (with --memory/--pids/--cpus: peak
+    /// memory, CPU time, limits hit, OOM kills; else null), and error when
+    /// layerfs run failed.
     #[arg(long)]
     json: bool,
 
@@ -130,6 +204,10 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
         return Err(format!("invalid duration `{s}`: must be more than zero"));
     }
     Ok(d)
+}
+
+fn parse_env(s: &str) -> Result<(OsString, OsString), String> {
+    crate::run::env::parse_assignment(std::ffi::OsStr::new(s))
 }
 
 /// The smallest `--tmp-size`.
@@ -155,14 +233,42 @@ impl RunCmd {
             keep: self.keep,
             policy: self.policy,
             cwd: self.cwd.unwrap_or_default(),
+            at: self.at,
             max_output: self.max_output,
+            overflow_discard: self.overflow == "discard",
             timeout: self.timeout,
             network: !self.no_network,
             json: self.json,
             tmp_size: self.tmp_size,
+            binds: bind_args(&self.ro_binds, false)
+                .chain(bind_args(&self.binds, true))
+                .collect(),
+            home: self.home,
+            allow_host: self.allow_host,
+            limits: crate::run::cgroup::Limits {
+                memory: self.memory,
+                pids: self.pids,
+                cpus: self.cpus,
+            },
+            env: crate::run::env::EnvPlan {
+                clear: self.env_clear,
+                keep: self.env_keep,
+                set: self.env,
+            },
             command: self.command,
         })
     }
+}
+
+fn bind_args(v: &[OsString], writable: bool) -> impl Iterator<Item = BindArg> + '_ {
+    v.iter().map(move |a| {
+        let (host, sandbox) = crate::run::binds::parse(a);
+        BindArg {
+            host,
+            sandbox,
+            writable,
+        }
+    })
 }
 
 #[cfg(test)]

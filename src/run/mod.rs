@@ -7,7 +7,11 @@
 //! namespaces probed (unprivileged), workspace acquired, command
 //! supervised, workspace released, temporary files removed, summary.
 
+pub mod binds;
+pub mod cgroup;
 mod daemon;
+pub mod env;
+mod hosts;
 mod live;
 pub mod outcome;
 mod relay;
@@ -24,7 +28,7 @@ use std::time::Duration;
 
 use nix::unistd::geteuid;
 
-use crate::sandbox::{cwd, userns};
+use crate::sandbox::{cwd, places, userns};
 use daemon::{OwnMount, Plan};
 use live::LiveMount;
 use outcome::{End, Failure, Outcome};
@@ -41,12 +45,24 @@ pub struct Options {
     pub keep: bool,
     pub policy: Option<PathBuf>,
     pub cwd: PathBuf,
+    /// Where the command sees the workspace (`--at`).
+    pub at: PathBuf,
     pub max_output: Option<u64>,
+    /// `--overflow discard`: keep a command running past `--max-output`.
+    pub overflow_discard: bool,
     pub timeout: Option<Duration>,
     pub network: bool,
     pub json: bool,
     /// `--tmp-size`; `None`: `default_tmp_size()`.
     pub tmp_size: Option<u64>,
+    /// `--bind` and `--ro-bind`, in the order given.
+    pub binds: Vec<binds::BindArg>,
+    pub home: binds::Home,
+    pub env: env::EnvPlan,
+    /// `--memory`, `--pids`, `--cpus`.
+    pub limits: cgroup::Limits,
+    /// `--allow-host`: more prefixes absolute symlink targets may lie in.
+    pub allow_host: Vec<PathBuf>,
     pub command: Vec<OsString>,
 }
 
@@ -87,6 +103,10 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
         Ok(c) => c,
         Err(m) => return fail(Failure::Usage(m)),
     };
+    let at = match places::check(&opts.at, "--at") {
+        Ok(a) => a,
+        Err(m) => return fail(Failure::Usage(m)),
+    };
     if !geteuid().is_root() {
         if let Err(m) = userns::probe() {
             return fail(Failure::Runtime(m));
@@ -103,18 +123,7 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
             ..Outcome::failed(Failure::Runtime(String::new()))
         },
         Ok(mut ws) => {
-            let hide = ws.private_dirs(&rundir);
-            let launch = supervise::Launch {
-                workspace: &ws.mountpoint,
-                stage: rundir.stage(),
-                cwd: &cwd,
-                network: opts.network,
-                command: &opts.command,
-                timeout: opts.timeout,
-                tmp_size: opts.tmp_size.unwrap_or_else(default_tmp_size),
-                hide: &hide,
-            };
-            let ran = supervise::run(&launch, &mut relay, stop);
+            let (ran, resources) = launch(opts, &ws, &rundir, (&at, &cwd), &mut relay, stop);
             for w in ws.release() {
                 say!("layerfs run: warning: {w}");
             }
@@ -125,6 +134,7 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
                 duration: ran.duration,
                 upper: Some(ws.upper.clone()),
                 mountpoint: Some(ws.mountpoint.clone()),
+                resources,
             }
         }
     };
@@ -147,6 +157,83 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
     (outcome, relay.stdout_at_line_start())
 }
 
+/// Checks the binds, makes the cgroup and runs the command in the sandbox;
+/// with what it used when limits were asked for. `places`: the workspace's
+/// place in the sandbox and the checked `--cwd`.
+fn launch(
+    opts: &Options,
+    ws: &Workspace,
+    rundir: &RunDir,
+    places: (&Path, &Path),
+    relay: &mut Relay,
+    stop: &StopSignals,
+) -> (supervise::Ran, Option<(cgroup::Usage, Duration)>) {
+    let (at, cwd) = places;
+    let failed = |f: Failure| supervise::Ran {
+        end: End::Failed(f),
+        duration: Duration::ZERO,
+    };
+    let hide = ws.private_dirs(rundir);
+    let mut private = hide.clone();
+    private.push(ws.mountpoint.clone());
+    let fence = binds::Fence {
+        private: &private,
+        lowers: &opts.lowers,
+        at,
+    };
+    let binds = match checked_binds(opts, &fence) {
+        Ok(b) => b,
+        Err(m) => return (failed(Failure::Usage(m)), None),
+    };
+    let cg = if opts.limits.any() {
+        match cgroup::Cgroup::create(opts.limits) {
+            Ok(c) => Some(c),
+            Err(m) => return (failed(Failure::Runtime(m)), None),
+        }
+    } else {
+        None
+    };
+    let launch = supervise::Launch {
+        workspace: &ws.mountpoint,
+        at,
+        stage: rundir.stage(),
+        cwd,
+        network: opts.network,
+        command: &opts.command,
+        timeout: opts.timeout,
+        tmp_size: opts.tmp_size.unwrap_or_else(default_tmp_size),
+        hide: &hide,
+        binds: &binds,
+        home: &opts.home,
+        env: &opts.env,
+        stop_on_overflow: !opts.overflow_discard,
+        cgroup: cg.as_ref(),
+    };
+    let ran = supervise::run(&launch, relay, stop);
+    (ran, cg.map(|c| (c.usage(), c.setup)))
+}
+
+/// `--home DIR`, `--bind` and `--ro-bind`, each checked as the caller.
+fn checked_binds(
+    opts: &Options,
+    fence: &binds::Fence<'_>,
+) -> Result<Vec<crate::sandbox::binds::Bind>, String> {
+    let mut out = Vec::new();
+    if let binds::Home::Dir(d) = &opts.home {
+        let home = binds::BindArg {
+            host: d.clone(),
+            sandbox: Some(PathBuf::from(crate::sandbox::binds::HOME)),
+            writable: true,
+        };
+        out.push(binds::check(&home, fence, "--home")?);
+    }
+    for b in &opts.binds {
+        let what = if b.writable { "--bind" } else { "--ro-bind" };
+        out.push(binds::check(b, fence, what)?);
+    }
+    Ok(out)
+}
+
 /// Messages on stderr and the `--json` object on stdout.
 fn summarize(opts: &Options, o: &Outcome, stdout_at_line_start: bool) {
     match &o.end {
@@ -159,7 +246,32 @@ fn summarize(opts: &Options, o: &Outcome, stdout_at_line_start: bool) {
             "layerfs run: stopped by {}; killed the command and every process it started",
             signal_name(*sig)
         ),
+        End::OutputStopped => say!(
+            "layerfs run: output ran past --max-output {} and went on: stopped the command \
+             and every process it started after {} bytes (at {} bytes or {} s past the cap; \
+             --overflow discard keeps it running)",
+            opts.max_output.unwrap_or(0),
+            o.output_bytes,
+            relay::stop_bound(opts.max_output.unwrap_or(0)),
+            relay::STOP_AFTER.as_secs()
+        ),
         End::Exited(_) | End::Signaled(_) => {}
+    }
+    if let Some((u, _)) = &o.resources {
+        if u.oom_kills > 0 {
+            say!(
+                "layerfs run: the out-of-memory killer killed {} process(es) of the command: \
+                 it needed more than --memory {}",
+                u.oom_kills,
+                opts.limits.memory.unwrap_or(0)
+            );
+        }
+        if u.limits_hit.contains(&"pids") {
+            say!(
+                "layerfs run: the command reached --pids {}: creating more processes failed",
+                opts.limits.pids.unwrap_or(0)
+            );
+        }
     }
     if o.truncated() {
         say!(
@@ -283,6 +395,10 @@ impl Workspace {
                 if let Some(live) =
                     live::find(&upper, &lowers, policy.as_deref()).map_err(End::Failed)?
                 {
+                    if !opts.allow_host.is_empty() {
+                        let m = hosts::refused_for_live(&live.mountpoint, &opts.allow_host);
+                        return Err(End::Failed(Failure::Usage(m)));
+                    }
                     return Ok(Workspace::live(upper, live));
                 }
                 let mp = default_mountpoint(&upper).map_err(runtime)?;
@@ -297,10 +413,21 @@ impl Workspace {
                 runtime(format!("creating mountpoint {}: {e}", mountpoint.display()))
             })?;
         }
+        let mount_policy = if opts.allow_host.is_empty() {
+            policy.clone()
+        } else {
+            Some(
+                hosts::extended_policy(policy.as_deref(), &opts.allow_host, rundir.path())
+                    .map_err(|m| {
+                        remove_empty_dir(made.as_deref());
+                        End::Failed(Failure::Usage(m))
+                    })?,
+            )
+        };
         let plan = Plan {
             lowers: &lowers,
             upper: &upper,
-            policy: policy.as_deref(),
+            policy: mount_policy.as_deref(),
             mountpoint: &mountpoint,
         };
         match daemon::start(&plan, rundir, stop) {

@@ -2,7 +2,8 @@
 //!
 //! Exit codes follow timeout(1) and env(1), so the command's own codes
 //! (1, 2, …) keep their meaning for the caller: the command's code, 128+N
-//! for a signal N, 124 for `--timeout`, 125 when `layerfs run` itself
+//! for a signal N (137, as for SIGKILL, when its output ran past
+//! `--max-output` and it was stopped), 124 for `--timeout`, 125 when `layerfs run` itself
 //! failed, 126 / 127 when the command could not be executed / was not
 //! found, and 2 for a usage error found before anything ran.
 
@@ -11,8 +12,12 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::cgroup::Usage;
+
 /// Exit code when `--timeout` killed the command.
 pub const TIMEOUT_EXIT: i32 = 124;
+/// Exit code when the command was stopped for its output: 128 + SIGKILL.
+pub const OUTPUT_STOPPED_EXIT: i32 = 128 + libc::SIGKILL;
 /// Exit code when `layerfs run` itself failed.
 pub const FAILURE_EXIT: i32 = 125;
 /// Exit code of a usage error.
@@ -52,6 +57,9 @@ pub enum End {
     Signaled(i32),
     /// `--timeout` passed and the sandbox was killed.
     TimedOut,
+    /// Its output ran past `--max-output` and went on (`relay::stop_bound`):
+    /// the sandbox was killed.
+    OutputStopped,
     /// `layerfs run` was asked to stop (signal N) and had to kill the
     /// sandbox before the command ended.
     Stopped(i32),
@@ -70,6 +78,9 @@ pub struct Outcome {
     pub duration: Duration,
     pub upper: Option<PathBuf>,
     pub mountpoint: Option<PathBuf>,
+    /// With a limit asked for: what the run used, and how long making its
+    /// cgroup took.
+    pub resources: Option<(Usage, Duration)>,
 }
 
 impl Outcome {
@@ -81,6 +92,7 @@ impl Outcome {
             duration: Duration::ZERO,
             upper: None,
             mountpoint: None,
+            resources: None,
         }
     }
 
@@ -93,6 +105,7 @@ impl Outcome {
             End::Exited(c) => *c,
             End::Signaled(s) | End::Stopped(s) => 128 + s,
             End::TimedOut => TIMEOUT_EXIT,
+            End::OutputStopped => OUTPUT_STOPPED_EXIT,
             End::Failed(f) => f.exit_code(),
         }
     }
@@ -113,6 +126,8 @@ impl Outcome {
             "upper": path(&self.upper),
             "mountpoint": path(&self.mountpoint),
             "timed_out": self.end == End::TimedOut,
+            "output_stopped": self.end == End::OutputStopped,
+            "resources": self.resources.as_ref().map(|(u, setup)| u.to_json(*setup)),
         });
         if let End::Failed(f) = &self.end {
             v["error"] = Value::String(f.message().to_string());
@@ -133,6 +148,7 @@ mod tests {
             duration: Duration::from_millis(1500),
             upper: Some(PathBuf::from("/u")),
             mountpoint: None,
+            resources: None,
         }
     }
 
@@ -142,6 +158,11 @@ mod tests {
         assert_eq!(outcome(End::Signaled(9)).exit_code(), 137);
         assert_eq!(outcome(End::Stopped(15)).exit_code(), 143);
         assert_eq!(outcome(End::TimedOut).exit_code(), 124);
+        assert_eq!(outcome(End::OutputStopped).exit_code(), 137);
+        assert_eq!(
+            outcome(End::OutputStopped).to_json()["output_stopped"],
+            true
+        );
         assert_eq!(
             outcome(End::Failed(Failure::Runtime("x".into()))).exit_code(),
             125

@@ -5,6 +5,22 @@
 use std::io::Write;
 use std::os::fd::AsFd;
 
+/// Once output passes `--max-output` CAP, a command still writing is
+/// stopped when the total passes `max(64 × CAP, 1 MiB)` or 10 s after it
+/// passed CAP, whichever comes first (unless `--overflow discard`): enough
+/// slack that a command printing a little past the cap and exiting keeps
+/// its own exit code, and a bound on what a runaway (`yes`) costs.
+pub const STOP_FACTOR: u64 = 64;
+/// The smallest total at which a command is stopped for its output.
+pub const STOP_MIN: u64 = 1 << 20;
+/// How long a command may go on writing after passing the cap.
+pub const STOP_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The total output at which a command over `cap` is stopped.
+pub fn stop_bound(cap: u64) -> u64 {
+    cap.saturating_mul(STOP_FACTOR).max(STOP_MIN)
+}
+
 /// Which of the command's streams a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
@@ -80,8 +96,18 @@ impl Relay {
         }
     }
 
+    /// Whether more than the cap arrived.
+    pub fn over(&self) -> bool {
+        self.limit.is_some_and(|l| self.total > l)
+    }
+
     pub fn total(&self) -> u64 {
         self.total
+    }
+
+    /// The cap, if any.
+    pub fn limit(&self) -> Option<u64> {
+        self.limit
     }
 
     pub fn kept(&self) -> u64 {
@@ -120,6 +146,18 @@ mod tests {
         assert_eq!(r.admit(4), 2);
         assert_eq!(r.admit(7), 0);
         assert_eq!((r.kept(), r.total()), (10, 19));
+    }
+
+    #[test]
+    fn the_stop_bound_is_64_times_the_cap_and_at_least_a_mebibyte() {
+        assert_eq!(stop_bound(1000), 1 << 20);
+        assert_eq!(stop_bound(1 << 20), 64 << 20);
+        assert_eq!(stop_bound(u64::MAX), u64::MAX);
+        let mut r = Relay::new(Some(3));
+        r.admit(3);
+        assert!(!r.over());
+        r.admit(1);
+        assert!(r.over());
     }
 
     #[test]

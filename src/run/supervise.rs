@@ -17,7 +17,7 @@
 //! their stdout and stderr are pipes, and inherited terminals above 2 are
 //! closed on exec.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{PipeReader, PipeWriter};
 use std::io::{Read, Write};
@@ -31,10 +31,14 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 
+use super::binds::Home;
+use super::cgroup::Cgroup;
+use super::env::EnvPlan;
 use super::outcome::{End, Failure};
-use super::relay::{Relay, Stream};
+use super::relay::{stop_bound, Relay, Stream, STOP_AFTER};
 use super::signals::{StopRequest, StopSignals};
 use super::terminal::{self, CallerTerminal};
+use crate::sandbox::binds::Bind;
 use crate::sandbox::report::{forward_request, Report};
 use crate::sandbox::{SELF_EXE, SUBCOMMAND};
 
@@ -44,8 +48,10 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// What to run, where.
 pub struct Launch<'a> {
-    /// The workspace mountpoint; the command sees it at this path.
+    /// The workspace mountpoint on the host.
     pub workspace: &'a Path,
+    /// Where the command sees the workspace (checked).
+    pub at: &'a Path,
     pub stage: PathBuf,
     /// Relative to the workspace root, checked by its spelling already.
     pub cwd: &'a Path,
@@ -56,6 +62,15 @@ pub struct Launch<'a> {
     pub tmp_size: u64,
     /// Host directories the command must not see.
     pub hide: &'a [PathBuf],
+    /// Checked host paths to bind in.
+    pub binds: &'a [Bind],
+    pub home: &'a Home,
+    pub env: &'a EnvPlan,
+    /// Stop the command once its output runs past `--max-output` (see
+    /// `relay::stop_bound`); false with `--overflow discard`.
+    pub stop_on_overflow: bool,
+    /// The run's cgroup, which the sandbox joins before it starts anything.
+    pub cgroup: Option<&'a Cgroup>,
 }
 
 /// How the command ended and how long it ran.
@@ -108,6 +123,8 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     cmd.arg(SUBCOMMAND)
         .arg("--workspace")
         .arg(l.workspace)
+        .arg("--at")
+        .arg(l.at)
         .arg("--stage")
         .arg(&l.stage)
         .arg("--report-fd")
@@ -123,6 +140,12 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     cmd.arg("--tmp-size").arg(l.tmp_size.to_string());
     for d in l.hide {
         cmd.arg("--hide").arg(d);
+    }
+    for b in l.binds {
+        cmd.arg("--bind").args(b.to_args());
+    }
+    if *l.home == Home::Private {
+        cmd.arg("--private-home");
     }
     let term_fd = sockets.as_ref().map(|(_, theirs)| theirs.as_raw_fd());
     if let (Some(c), Some(fd)) = (&caller, term_fd) {
@@ -146,12 +169,25 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     };
     cmd.arg("--")
         .args(l.command)
-        .env("TMPDIR", "/tmp")
-        .env("LAYERFS_WORKSPACE", l.workspace)
         .stdin(stdin)
         .stdout(out_w)
         .stderr(err_w);
-    let mut setup = crate::sys::ExecSetup::new().keep(rep_fd).keep(ctl_fd);
+    let mut fixed = vec![
+        ("TMPDIR", OsStr::new("/tmp")),
+        ("LAYERFS_WORKSPACE", l.at.as_os_str()),
+    ];
+    if let Some(home) = l.home.env() {
+        fixed.push(("HOME", OsStr::new(home)));
+    }
+    l.env.apply(&mut cmd, &fixed);
+    let cgroups = match l.cgroup.map(Cgroup::join_handles).transpose() {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => return failed(format!("the run's cgroup: {e}")),
+    };
+    let mut setup = crate::sys::ExecSetup::new()
+        .join_cgroups(cgroups)
+        .keep(rep_fd)
+        .keep(ctl_fd);
     if let Some(fd) = term_fd {
         setup = setup.keep(fd);
     }
@@ -170,7 +206,9 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     let tty = caller
         .zip(ours)
         .map(|(caller, socket)| TtyRelay::new(caller, socket));
-    Watch::new(child, ctl_w, l.timeout).watch([&out_r, &err_r, &rep_r], relay, stop, tty)
+    let mut watch = Watch::new(child, ctl_w, l.timeout);
+    watch.stop_on_overflow = l.stop_on_overflow;
+    watch.watch([&out_r, &err_r, &rep_r], relay, stop, tty)
 }
 
 /// Where a poll event came from.
@@ -382,6 +420,11 @@ struct Watch {
     stop: Option<StopRequest>,
     killed: bool,
     timed_out: bool,
+    stop_on_overflow: bool,
+    /// When the output first passed the cap.
+    over_since: Option<Instant>,
+    /// Killed for its output.
+    output_stopped: bool,
     started: Option<Instant>,
     ended: Option<Instant>,
     status: Option<End>,
@@ -400,6 +443,9 @@ impl Watch {
             stop: None,
             killed: false,
             timed_out: false,
+            stop_on_overflow: false,
+            over_since: None,
+            output_stopped: false,
             started: None,
             ended: None,
             status: None,
@@ -475,6 +521,7 @@ impl Watch {
             while let Some(req) = stop.take() {
                 self.on_stop(req);
             }
+            self.check_output(relay);
             self.check_clocks();
         }
         // Every process of the sandbox is gone: what its terminal still
@@ -492,7 +539,8 @@ impl Watch {
         if self.killed {
             return PollTimeout::NONE;
         }
-        let next = [self.deadline, self.grace_until]
+        let output_deadline = self.over_since.map(|t| t + STOP_AFTER);
+        let next = [self.deadline, self.grace_until, output_deadline]
             .into_iter()
             .flatten()
             .min();
@@ -527,7 +575,7 @@ impl Watch {
     }
 
     fn ended_with(&mut self, end: End) {
-        if self.status.is_none() && !self.timed_out {
+        if self.status.is_none() && !self.timed_out && !self.output_stopped {
             self.status = Some(end);
             self.ended = Some(Instant::now());
         }
@@ -546,6 +594,22 @@ impl Watch {
             .control
             .write_all(forward_request(req.signal).as_bytes());
         self.grace_until = Some(Instant::now() + STOP_GRACE);
+    }
+
+    /// Stops a command whose output ran past the cap, once it passed the
+    /// bound or `STOP_AFTER` (with `stop_on_overflow`).
+    fn check_output(&mut self, relay: &Relay) {
+        if !self.stop_on_overflow || self.killed || self.status.is_some() || !relay.over() {
+            return;
+        }
+        let now = Instant::now();
+        let since = *self.over_since.get_or_insert(now);
+        let cap = relay.limit().unwrap_or(0);
+        if relay.total() >= stop_bound(cap) || now >= since + STOP_AFTER {
+            self.output_stopped = true;
+            self.ended = Some(now);
+            self.kill_sandbox();
+        }
     }
 
     fn check_clocks(&mut self) {
@@ -583,6 +647,8 @@ impl Watch {
         };
         let end = if self.timed_out {
             End::TimedOut
+        } else if self.output_stopped {
+            End::OutputStopped
         } else if let Some(f) = self.failure {
             End::Failed(f)
         } else if let Some(s) = self.status {

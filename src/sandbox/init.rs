@@ -31,6 +31,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{geteuid, ForkResult, Pid};
 
+use super::binds::Bind;
 use super::report::{parse_forward, Report, Reporter};
 use super::rootfs::{self, Layout};
 use super::userns::{self, IdMap};
@@ -142,12 +143,20 @@ fn prepare(spec: &Spec) -> Result<(), String> {
     if spec.no_network {
         net::loopback_up()?;
     }
+    let binds = spec
+        .binds
+        .chunks(3)
+        .map(Bind::from_args)
+        .collect::<Result<Vec<_>, _>>()?;
     rootfs::build(&Layout {
         workspace: &spec.workspace,
+        at: &spec.at,
         stage: &spec.stage,
         fresh_sysfs: spec.no_network,
         tmp_size: spec.tmp_size,
         hide: &spec.hide,
+        binds: &binds,
+        private_home: spec.private_home,
     })?;
     if geteuid().is_root() {
         userns::enter(CloneFlags::CLONE_NEWNS, &IdMap::identity())?;
@@ -173,10 +182,7 @@ fn init(
         report.send(&Report::Failed(msg));
         return 1;
     }
-    if let Err(msg) = cwd::enter(
-        &spec.workspace,
-        spec.cwd.as_deref().unwrap_or(Path::new("")),
-    ) {
+    if let Err(msg) = cwd::enter(&spec.at, spec.cwd.as_deref().unwrap_or(Path::new(""))) {
         report.send(&Report::Usage(msg));
         return 1;
     }
@@ -292,8 +298,8 @@ fn exec_command(spec: &Spec, report: &Reporter, ignored: &[Signal], pty: Option<
         nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     let program = &spec.command[0];
     let pwd = match spec.cwd.as_deref() {
-        Some(c) if !c.as_os_str().is_empty() => spec.workspace.join(c),
-        _ => spec.workspace.clone(),
+        Some(c) if !c.as_os_str().is_empty() => spec.at.join(c),
+        _ => spec.at.clone(),
     };
     let err = Command::new(program)
         .args(&spec.command[1..])

@@ -16,12 +16,14 @@
 //! own uid mapped to itself); as root the command also runs in a user
 //! namespace of its own, so it cannot undo the read-only mounts and masks.
 
+pub mod binds;
 mod confine;
 pub mod cwd;
 mod devices;
 mod init;
 mod masks;
 mod net;
+pub mod places;
 pub mod report;
 mod rootfs;
 #[allow(unsafe_code)]
@@ -51,9 +53,12 @@ pub const STOP_SIGNALS: [Signal; 4] = [
 /// What `layerfs run` hands `layerfs __sandbox` (internal; not for users).
 #[derive(clap::Args, Debug)]
 pub struct Spec {
-    /// The workspace mountpoint (absolute); the command sees it at this path.
+    /// The workspace mountpoint on the host (absolute).
     #[arg(long, value_name = "DIR")]
     pub workspace: PathBuf,
+    /// Where the command sees the workspace (checked by `places::check`).
+    #[arg(long, value_name = "DIR")]
+    pub at: PathBuf,
     /// An empty host directory to build the sandbox's root on.
     #[arg(long, value_name = "DIR")]
     pub stage: PathBuf,
@@ -67,6 +72,13 @@ pub struct Spec {
     /// Size in bytes of the private tmpfs behind /tmp, /dev/shm and /run.
     #[arg(long, value_name = "BYTES")]
     pub tmp_size: u64,
+    /// A checked host path to bind (repeatable): `rw|ro:DEV:INO HOST
+    /// SANDBOX` (see `binds::Bind`).
+    #[arg(long = "bind", num_args = 3, value_names = ["ID", "HOST", "SANDBOX"])]
+    pub binds: Vec<OsString>,
+    /// Give the command a private home directory at `binds::HOME`.
+    #[arg(long)]
+    pub private_home: bool,
     /// A host directory the command must not see (repeatable).
     #[arg(long = "hide", value_name = "DIR")]
     pub hide: Vec<PathBuf>,

@@ -5,8 +5,11 @@
 //!   it read-only, `nosuid` and `nodev` (`mount_setattr(AT_RECURSIVE)`,
 //!   one call for every submount, where `MS_REMOUNT|MS_RDONLY` would need a
 //!   remount per submount and miss hidden ones);
-//! - the workspace: its own clone, attached at the same absolute path it
-//!   has outside, writable — the only writable place of the host;
+//! - the workspace: its own clone, attached at `--at` (`/workspace` by
+//!   default; made where the host has no such directory, see `places`),
+//!   writable — the only writable place of the host. Its host mountpoint
+//!   is hidden like the private directories below, so the command never
+//!   sees the host's name for it;
 //! - `/tmp`, `/dev/shm` and `/run` (and `/var/run` where it is a directory
 //!   of its own): directories of one private tmpfs of `--tmp-size`, so
 //!   together they hold at most that much, gone with the sandbox. `/run`
@@ -17,6 +20,7 @@
 //!   namespace; with `--no-network`, `/sys`: a new sysfs of its network
 //!   namespace (so `/sys/class/net` shows loopback only); the kernel's
 //!   global files in both masked or read-only (see `masks`);
+//! - `--bind`/`--ro-bind` host paths and the private home (`binds`);
 //! - the workspace's upper, work and state directories and the run's
 //!   temporary directory: hidden behind empty read-only tmpfs mounts.
 //!
@@ -31,13 +35,17 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
+use super::binds::{self, Bind};
+use super::places::{Kind, Places};
 use super::sys::{self, At};
 use super::{devices, masks};
 
 /// What the tree is built from.
 pub struct Layout<'a> {
-    /// The workspace mountpoint (absolute), shown at the same path inside.
+    /// The workspace mountpoint on the host (absolute).
     pub workspace: &'a Path,
+    /// Where the command sees the workspace (checked by `places::check`).
+    pub at: &'a Path,
     /// An empty directory of the host to build the new root on.
     pub stage: &'a Path,
     /// Mount a sysfs of the sandbox's own network namespace.
@@ -46,6 +54,11 @@ pub struct Layout<'a> {
     pub tmp_size: u64,
     /// Host directories the command must not see.
     pub hide: &'a [PathBuf],
+    /// Checked host paths to bind in.
+    pub binds: &'a [Bind],
+    /// Mount a private home directory (of the private tmpfs) at
+    /// `binds::HOME`.
+    pub private_home: bool,
 }
 
 /// `path` (absolute) under the new root at `stage`.
@@ -98,7 +111,7 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
     let resolv = fs::canonicalize("/etc/resolv.conf")
         .ok()
         .filter(|p| under_run(p));
-    let scratch = Scratch::create(l.stage, l.tmp_size, var_run_is_dir)?;
+    let mut scratch = Scratch::create(l.stage, l.tmp_size, var_run_is_dir, l.private_home)?;
 
     sys::attach(root.as_fd(), l.stage).map_err(|e| {
         new_api_error(
@@ -156,25 +169,25 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
     }
     masks::protect_sys(&sys_dir)?;
 
-    let hidden = masks::hide(l.stage, l.hide)?;
+    let mut hide = l.hide.to_vec();
+    hide.push(l.workspace.to_path_buf());
+    let hidden = masks::hide(l.stage, &hide)?;
 
     // Last, so nothing mounted above (a /tmp holding it) covers it; inside
-    // a hidden directory (an ephemeral run's) its mountpoint is made in the
-    // hiding tmpfs before that is sealed.
-    let target = inside(l.stage, l.workspace);
-    fs::create_dir_all(&target).map_err(|e| {
-        format!(
-            "cannot place the workspace at {} inside the sandbox: {e}",
-            l.workspace.display()
-        )
-    })?;
-    sys::attach(ws.as_fd(), &target).map_err(|e| {
-        new_api_error(
-            &format!("attaching the workspace at {}", l.workspace.display()),
-            e,
-        )
-    })?;
+    // a hidden directory its place is made in the hiding tmpfs before that
+    // is sealed.
+    let mut places = Places::default();
+    if let Some(home) = scratch.home.take() {
+        binds::attach_private_home(l.stage, &mut places, home)?;
+    }
+    binds::attach(l.stage, &mut places, l.binds)?;
+    let target = places
+        .ensure(l.stage, l.at, Kind::Dir)
+        .map_err(|e| format!("cannot place the workspace at {}: {e}", l.at.display()))?;
+    sys::attach(ws.as_fd(), &target)
+        .map_err(|e| new_api_error(&format!("attaching the workspace at {}", l.at.display()), e))?;
     hidden.seal()?;
+    places.seal()?;
 
     pivot(l.stage)
 }
@@ -193,12 +206,14 @@ struct Scratch {
     shm: OwnedFd,
     run: OwnedFd,
     var_run: Option<OwnedFd>,
+    /// The private home directory, when asked for.
+    home: Option<OwnedFd>,
 }
 
 impl Scratch {
     /// Mounts the tmpfs on `stage` (still empty), makes its directories,
     /// clones them and detaches the tmpfs again.
-    fn create(stage: &Path, size: u64, var_run: bool) -> Result<Scratch, String> {
+    fn create(stage: &Path, size: u64, var_run: bool, home: bool) -> Result<Scratch, String> {
         // Inodes cost kernel memory that `size` does not count: one per
         // 8 KiB of the budget, and never fewer than a small tree needs.
         let inodes = (size / 8192).max(16_384);
@@ -232,6 +247,11 @@ impl Scratch {
                 shm: dir("shm", 0o1777)?,
                 run,
                 var_run,
+                home: if home {
+                    Some(dir("home", 0o700)?)
+                } else {
+                    None
+                },
             })
         })();
         umount2(stage, MntFlags::MNT_DETACH)

@@ -382,8 +382,11 @@ fn cwd_must_stay_inside_the_workspace() {
         "pwd",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(
-        stdout(&out).trim_end().ends_with("/mnt/src/deep"),
+    // The workspace is at /workspace in the sandbox now, not at its host
+    // mountpoint's path (issue 19): --cwd is relative to that.
+    assert_eq!(
+        stdout(&out).trim_end(),
+        "/workspace/src/deep",
         "{}",
         text(&out)
     );
@@ -457,10 +460,13 @@ fn only_the_workspace_is_writable(caller: Caller) {
         ws.upper.join("direct.txt"),
         ws.dir.path().join("beside.txt"),
         PathBuf::from("/dev/layerfs-probe"),
+        // The host mountpoint's path is hidden: the workspace is reached
+        // at /workspace only.
+        mnt.join("via-host-path.txt"),
     ];
     let inside = [
-        mnt.join("new.txt"),
-        mnt.join("shared.txt"),
+        PathBuf::from("/workspace/new.txt"),
+        PathBuf::from("/workspace/shared.txt"),
         PathBuf::from(format!("/tmp/private-{tag}")),
         PathBuf::from(format!("/dev/shm/private-{tag}")),
     ];
@@ -656,7 +662,13 @@ fn a_live_mount_of_the_upper_is_used_and_left_mounted() {
     let out = sh_as(Caller::Root, &ws, false, &["--json"], script);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(json_of(&out)["mountpoint"], s(&ws.mnt));
-    assert!(stdout(&out).starts_with(&format!("{}\nshared\n", ws.mnt.display())));
+    // The live mount, too, is seen at /workspace (issue 19), not at its
+    // host path.
+    assert!(
+        stdout(&out).starts_with("/workspace\nshared\n"),
+        "{}",
+        text(&out)
+    );
     assert!(is_mounted(&ws.mnt), "the live mount was left alone");
     assert_eq!(fs::read_to_string(m.p("run.txt")).unwrap(), "from-run\n");
     assert!(!run_mountpoint(&ws.upper).exists());

@@ -1,0 +1,402 @@
+//! Resource limits of one `layerfs run` (`--memory`, `--pids`, `--cpus`):
+//! a cgroup made for the run, which the sandbox's first process joins
+//! before it starts anything, read for `--json`'s `resources` when the
+//! sandbox is gone, and removed.
+//!
+//! cgroup v2 where `/sys/fs/cgroup/cgroup.controllers` exists: a child of
+//! the caller's own cgroup (root's, or a delegated subtree such as a
+//! systemd user session's), with the controllers enabled in its parent.
+//! Otherwise cgroup v1: a child of the caller's cgroup in each controller
+//! hierarchy needed (`memory` and `cpuacct` always, for the report; `pids`
+//! and `cpu` for their limits). Where no cgroup can be made (v1 as a user,
+//! v2 without delegation) a run that asked for a limit is refused, never
+//! run unlimited.
+//!
+//! Joining: `layerfs run` opens each group's `cgroup.procs` and the
+//! sandbox's child writes `0` to it between fork and exec (`join`, one
+//! `write` per descriptor, async-signal-safe), so no process of the
+//! sandbox ever runs outside the group.
+
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const ROOT: &str = "/sys/fs/cgroup";
+
+/// The limits asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limits {
+    /// Bytes of memory (swap included where the kernel counts it).
+    pub memory: Option<u64>,
+    pub pids: Option<u64>,
+    /// CPUs' worth of time per period (e.g. 0.5, 2).
+    pub cpus: Option<f64>,
+}
+
+impl Limits {
+    pub fn any(&self) -> bool {
+        self.memory.is_some() || self.pids.is_some() || self.cpus.is_some()
+    }
+
+    /// The options asked for, for messages.
+    fn named(&self) -> String {
+        let mut v = Vec::new();
+        if let Some(m) = self.memory {
+            v.push(format!("--memory {m}"));
+        }
+        if let Some(p) = self.pids {
+            v.push(format!("--pids {p}"));
+        }
+        if let Some(c) = self.cpus {
+            v.push(format!("--cpus {c}"));
+        }
+        v.join(", ")
+    }
+}
+
+/// The scheduler period `--cpus` quotas are given in: 100 ms.
+const CPU_PERIOD_US: u64 = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    V1,
+    V2,
+}
+
+/// One made group: per v1 controller, or the one v2 group.
+struct Group {
+    /// The v1 controller (`""` for v2).
+    controller: &'static str,
+    dir: PathBuf,
+}
+
+/// The run's cgroup.
+pub struct Cgroup {
+    version: Version,
+    groups: Vec<Group>,
+    /// Each group's `cgroup.procs`, open for writing.
+    procs: Vec<File>,
+    limits: Limits,
+    /// How long making it took.
+    pub setup: Duration,
+}
+
+/// What the run used, for `--json`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    pub memory_peak: Option<u64>,
+    pub cpu_time: Option<Duration>,
+    /// Which limits the command ran into: `memory`, `pids`, `cpu`.
+    pub limits_hit: Vec<&'static str>,
+    pub oom_kills: u64,
+}
+
+impl Usage {
+    pub fn to_json(&self, setup: Duration) -> Value {
+        json!({
+            "memory_peak_bytes": self.memory_peak,
+            "cpu_time_ms": self.cpu_time.map(|d| d.as_millis() as u64),
+            "limits_hit": self.limits_hit,
+            "oom_killed": self.oom_kills > 0,
+            "oom_kills": self.oom_kills,
+            "setup_us": setup.as_micros() as u64,
+        })
+    }
+}
+
+/// The caller's cgroup path in hierarchy `key` (`""` for v2, else a v1
+/// controller name) from `/proc/self/cgroup`.
+fn own_path(key: &str) -> Option<PathBuf> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let hit = if key.is_empty() {
+            ctrls.is_empty()
+        } else {
+            ctrls.split(',').any(|c| c == key)
+        };
+        hit.then(|| PathBuf::from(path.trim_start_matches('/')))
+    })
+}
+
+fn write(dir: &Path, file: &str, value: &str) -> Result<(), String> {
+    fs::write(dir.join(file), value)
+        .map_err(|e| format!("writing {value} to {}: {e}", dir.join(file).display()))
+}
+
+fn read(dir: &Path, file: &str) -> Option<String> {
+    fs::read_to_string(dir.join(file)).ok()
+}
+
+fn read_u64(dir: &Path, file: &str) -> Option<u64> {
+    read(dir, file)?.trim().parse().ok()
+}
+
+/// The value of `key` in a flat keyed file (`memory.events`, `cpu.stat`).
+fn keyed(dir: &Path, file: &str, key: &str) -> Option<u64> {
+    read(dir, file)?.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+impl Cgroup {
+    /// Makes the run's cgroup with `limits` (at least one asked for).
+    pub fn create(limits: Limits) -> Result<Cgroup, String> {
+        let started = Instant::now();
+        let version = if Path::new(ROOT).join("cgroup.controllers").exists() {
+            Version::V2
+        } else {
+            Version::V1
+        };
+        let name = format!("layerfs-run.{}", std::process::id());
+        let mut cg = Cgroup {
+            version,
+            groups: Vec::new(),
+            procs: Vec::new(),
+            limits,
+            setup: Duration::ZERO,
+        };
+        let refuse = |why: String| {
+            format!(
+                "cannot make a cgroup for {}: {why}; layerfs run does not run without the \
+                 limits asked for (cgroup v1 needs root; cgroup v2 a delegated subtree, e.g. \
+                 a systemd user session: systemd-run --user --scope layerfs run ...)",
+                limits.named()
+            )
+        };
+        match version {
+            Version::V2 => cg.make_v2(&name).map_err(refuse)?,
+            Version::V1 => cg.make_v1(&name).map_err(refuse)?,
+        }
+        for g in &cg.groups {
+            let f = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(g.dir.join("cgroup.procs"))
+                .map_err(|e| refuse(format!("{}: {e}", g.dir.display())))?;
+            cg.procs.push(f);
+        }
+        cg.setup = started.elapsed();
+        Ok(cg)
+    }
+
+    fn make_group(
+        &mut self,
+        controller: &'static str,
+        parent: PathBuf,
+        name: &str,
+    ) -> Result<PathBuf, String> {
+        let dir = parent.join(name);
+        fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        self.groups.push(Group {
+            controller,
+            dir: dir.clone(),
+        });
+        Ok(dir)
+    }
+
+    fn make_v1(&mut self, name: &str) -> Result<(), String> {
+        let l = self.limits;
+        let mut wanted = vec!["memory", "cpuacct"];
+        if l.pids.is_some() {
+            wanted.push("pids");
+        }
+        if l.cpus.is_some() {
+            wanted.push("cpu");
+        }
+        for ctrl in wanted {
+            let hier = Path::new(ROOT).join(ctrl);
+            let own = own_path(ctrl)
+                .ok_or_else(|| format!("no cgroup v1 {ctrl} hierarchy in /proc/self/cgroup"))?;
+            let dir = self.make_group(ctrl, hier.join(own), name)?;
+            match ctrl {
+                "memory" => {
+                    if let Some(m) = l.memory {
+                        write(&dir, "memory.limit_in_bytes", &m.to_string())?;
+                        // With swap accounting, swap counts too: the limit
+                        // ends in an OOM kill rather than in swapping.
+                        if dir.join("memory.memsw.limit_in_bytes").exists() {
+                            write(&dir, "memory.memsw.limit_in_bytes", &m.to_string())?;
+                        }
+                    }
+                }
+                "pids" => write(&dir, "pids.max", &l.pids.unwrap_or(0).to_string())?,
+                "cpu" => {
+                    let quota = (l.cpus.unwrap_or(1.0) * CPU_PERIOD_US as f64).round() as u64;
+                    write(&dir, "cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+                    write(&dir, "cpu.cfs_quota_us", &quota.max(1000).to_string())?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn make_v2(&mut self, name: &str) -> Result<(), String> {
+        let l = self.limits;
+        let own = own_path("").ok_or("no cgroup v2 entry in /proc/self/cgroup")?;
+        let parent = Path::new(ROOT).join(own);
+        let mut enable = vec!["+memory", "+cpu"];
+        if l.pids.is_some() {
+            enable.push("+pids");
+        }
+        // The parent holds the caller itself: controllers are enabled for
+        // its children only where the kernel allows it (the root, or a
+        // delegated group); a refusal surfaces when a limit is written.
+        for c in &enable {
+            let _ = fs::write(parent.join("cgroup.subtree_control"), c);
+        }
+        let dir = self.make_group("", parent, name)?;
+        if let Some(m) = l.memory {
+            write(&dir, "memory.max", &m.to_string())?;
+            if dir.join("memory.swap.max").exists() {
+                write(&dir, "memory.swap.max", "0")?;
+            }
+        }
+        if let Some(p) = l.pids {
+            write(&dir, "pids.max", &p.to_string())?;
+        }
+        if let Some(c) = l.cpus {
+            let quota = (c * CPU_PERIOD_US as f64).round() as u64;
+            write(
+                &dir,
+                "cpu.max",
+                &format!("{} {CPU_PERIOD_US}", quota.max(1000)),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Copies of each group's `cgroup.procs` (close-on-exec), for the
+    /// sandbox's first process to join (`sys::ExecSetup::join_cgroups`).
+    pub fn join_handles(&self) -> std::io::Result<Vec<File>> {
+        self.procs.iter().map(File::try_clone).collect()
+    }
+
+    fn dir(&self, controller: &str) -> Option<&Path> {
+        self.groups
+            .iter()
+            .find(|g| g.controller == controller || self.version == Version::V2)
+            .map(|g| g.dir.as_path())
+    }
+
+    /// What the run used; read once the sandbox is gone.
+    pub fn usage(&self) -> Usage {
+        let mut u = Usage::default();
+        let l = self.limits;
+        match self.version {
+            Version::V1 => {
+                if let Some(d) = self.dir("memory") {
+                    u.memory_peak = read_u64(d, "memory.max_usage_in_bytes");
+                    u.oom_kills = keyed(d, "memory.oom_control", "oom_kill").unwrap_or(0);
+                    if l.memory.is_some() && read_u64(d, "memory.failcnt").unwrap_or(0) > 0 {
+                        u.limits_hit.push("memory");
+                    }
+                }
+                if let Some(d) = self.dir("cpuacct") {
+                    u.cpu_time = read_u64(d, "cpuacct.usage").map(Duration::from_nanos);
+                }
+                if let Some(d) = self.dir("pids") {
+                    if keyed(d, "pids.events", "max").unwrap_or(0) > 0 {
+                        u.limits_hit.push("pids");
+                    }
+                }
+                if let Some(d) = self.dir("cpu") {
+                    if keyed(d, "cpu.stat", "nr_throttled").unwrap_or(0) > 0 {
+                        u.limits_hit.push("cpu");
+                    }
+                }
+            }
+            Version::V2 => {
+                if let Some(d) = self.dir("") {
+                    u.memory_peak = read_u64(d, "memory.peak");
+                    u.oom_kills = keyed(d, "memory.events", "oom_kill").unwrap_or(0);
+                    u.cpu_time = keyed(d, "cpu.stat", "usage_usec").map(Duration::from_micros);
+                    if l.memory.is_some() && keyed(d, "memory.events", "max").unwrap_or(0) > 0 {
+                        u.limits_hit.push("memory");
+                    }
+                    if l.pids.is_some() && keyed(d, "pids.events", "max").unwrap_or(0) > 0 {
+                        u.limits_hit.push("pids");
+                    }
+                    if l.cpus.is_some() && keyed(d, "cpu.stat", "nr_throttled").unwrap_or(0) > 0 {
+                        u.limits_hit.push("cpu");
+                    }
+                }
+            }
+        }
+        if u.oom_kills > 0 && !u.limits_hit.contains(&"memory") {
+            u.limits_hit.insert(0, "memory");
+        }
+        u
+    }
+}
+
+impl Drop for Cgroup {
+    /// Removes the groups (empty once the sandbox is gone; a process still
+    /// leaving is waited for briefly).
+    fn drop(&mut self) {
+        self.procs.clear();
+        for g in self.groups.iter().rev() {
+            for _ in 0..50 {
+                match fs::remove_dir(&g.dir) {
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+}
+
+/// Parses `--cpus`: a positive number of CPUs (e.g. 0.5, 2).
+pub fn parse_cpus(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(c) if c.is_finite() && c >= 0.01 => Ok(c),
+        _ => Err(format!(
+            "invalid --cpus `{s}`: a number of CPUs, at least 0.01 (e.g. 0.5, 2)"
+        )),
+    }
+}
+
+/// Parses `--pids`: at least 1.
+pub fn parse_pids(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "invalid --pids `{s}`: a number of processes, at least 1"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpus_and_pids_parse_positive() {
+        assert_eq!(parse_cpus("0.5").unwrap(), 0.5);
+        assert_eq!(parse_cpus("2").unwrap(), 2.0);
+        for bad in ["0", "-1", "x", "inf"] {
+            assert!(parse_cpus(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_pids("20").unwrap(), 20);
+        assert!(parse_pids("0").is_err());
+    }
+
+    #[test]
+    fn an_oom_kill_counts_as_hitting_the_memory_limit() {
+        let u = Usage {
+            oom_kills: 1,
+            ..Usage::default()
+        };
+        let v = u.to_json(Duration::from_micros(1500));
+        assert_eq!(v["oom_killed"], true);
+        assert_eq!(v["setup_us"], 1500);
+    }
+}
