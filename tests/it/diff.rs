@@ -625,9 +625,12 @@ fn diff_finds_shared_files_moved_by_rename_and_link() {
 }
 
 /// A shared file replaced by an atomic save (`sed -i` writes a new file
-/// and renames it over the name) and then moved carries no origin record;
-/// the journal's rows tell it was moved, so diff lists one rename. Without
-/// the journal the same upper reads as an added and a deleted file.
+/// and renames it over the name) and then moved: the journal's rows tell
+/// it was moved, so diff lists one rename. Without the journal the saved
+/// file's origin record, inherited from the name it replaced, tells the
+/// same (before atomic saves inherited the record, this read as an added
+/// and a deleted file; the journal stays the answer for an upper without
+/// xattrs).
 #[test]
 fn diff_takes_renames_of_saved_files_from_the_journal() {
     for journal in [true, false] {
@@ -644,11 +647,7 @@ fn diff_takes_renames_of_saved_files_from_the_journal() {
             "sed -i s/main/start/ src/main.rs && mv src/main.rs src/app.rs
              echo new > fresh.txt && mv fresh.txt fresh2.txt",
         );
-        let expected: &[&str] = if journal {
-            &["A fresh2.txt", "R src/main.rs -> src/app.rs"]
-        } else {
-            &["A fresh2.txt", "A src/app.rs", "D src/main.rs"]
-        };
+        let expected: &[&str] = &["A fresh2.txt", "R src/main.rs -> src/app.rs"];
         let mut got = Vec::new();
         crate::harness::eventually(std::time::Duration::from_secs(5), || {
             got = lines(&ok(&["diff", s(m.path())]));
@@ -662,4 +661,53 @@ fn diff_takes_renames_of_saved_files_from_the_journal() {
             "journal {journal}"
         );
     }
+}
+
+/// Atomic saves (a temp file renamed over the name, as `sed -i` and most
+/// editors do) keep the base they replace: drift of the shared original is
+/// still a conflict, whether the replaced file was still the shared one or
+/// already a copy-up.
+#[test]
+fn diff_marks_drift_after_an_atomic_save_as_conflict() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "sed -i '1i x' a.txt
+         echo more >> b.txt && cp b.txt .b.tmp && echo again >> .b.tmp && mv .b.tmp b.txt
+         cp src/lib.rs src/.lib.rs.swp && echo edit >> src/.lib.rs.swp && mv src/.lib.rs.swp src/lib.rs
+         sed -i s/line2/LINE2/ src/main.rs",
+    );
+    let before = json_lines(&ok(&["diff", "--json", s(m.path())]));
+    assert!(before.iter().all(|o| o["conflict"] == false), "{before:?}");
+    // An administrator updates three of the shared originals.
+    for f in ["a.txt", "b.txt", "src/lib.rs"] {
+        let p = ws.lower().join(f);
+        let mut text = fs::read(&p).unwrap();
+        text.extend_from_slice(b"admin\n");
+        write(&p, &text);
+    }
+    let after = json_lines(&ok(&["diff", "--json", s(m.path())]));
+    let get = |p: &str| {
+        after
+            .iter()
+            .find(|o| o["path"] == p)
+            .unwrap_or_else(|| panic!("{p} missing: {after:?}"))
+            .clone()
+    };
+    for f in ["a.txt", "b.txt", "src/lib.rs"] {
+        assert_eq!(get(f)["conflict"], true, "{f}: {after:?}");
+        assert_eq!(get(f)["change"], "modified", "{f}");
+    }
+    assert_eq!(get("src/main.rs")["conflict"], false);
+    let text = ok(&["diff", s(m.path())]);
+    for f in ["a.txt", "b.txt", "src/lib.rs"] {
+        assert!(text.contains(&format!("M {f} (conflict)\n")), "{text}");
+    }
+    assert!(text.contains("M src/main.rs\n"), "{text}");
+    // The same answer from the upper once unmounted.
+    drop(m);
+    let text = ok(&["diff", s(&ws.upper)]);
+    assert!(text.contains("M a.txt (conflict)\n"), "{text}");
 }
