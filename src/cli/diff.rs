@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::state::diff::{self, Filter, Layers};
 use crate::state::moves::Moves;
-use crate::state::{reset, scratch, workspace::Workspace};
+use crate::state::{patch, reset, scratch, workspace::Workspace};
 
 const DIFF_HELP: &str = "\
 Output: one line per changed path, `A` added, `M` modified (content or type),
@@ -60,17 +60,22 @@ impl DiffCmd {
         };
         let layers = Layers::open(&ws.upper, &ws.lowers)?;
         let changes = diff::diff(&layers, &filter)?;
+        let patches = if self.patch {
+            patch::patches(&layers, &changes)
+        } else {
+            Vec::new()
+        };
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
-        for c in &changes {
+        for (i, c) in changes.iter().enumerate() {
             let r = if self.json && self.patch {
                 let mut v = c.json();
-                v["patch"] = serde_json::Value::String(diff::patch(&layers, c));
+                v["patch"] = serde_json::Value::String(patches[i].clone());
                 writeln!(out, "{v}")
             } else if self.json {
                 writeln!(out, "{}", c.json_line())
             } else if self.patch {
-                write!(out, "{}", diff::patch(&layers, c))
+                write!(out, "{}", patches[i])
             } else {
                 c.write_text(&mut out)
             };

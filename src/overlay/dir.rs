@@ -673,6 +673,12 @@ impl Overlay {
         {
             sys::unlinkat(new_upper.as_ref(), newname, false)?;
         }
+        // An atomic save keeps the base it replaces (drift stays visible).
+        if let Some(d) = &dst {
+            if !src.is_dir() && !d.is_dir() {
+                self.inherit_origin(src_upper.as_ref(), d);
+            }
+        }
         let replaced_fd = dst.as_ref().and_then(|d| d.upper_fd().ok().flatten());
         let replaced_st = replaced_fd
             .as_ref()

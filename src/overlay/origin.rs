@@ -152,29 +152,80 @@ impl Overlay {
     /// carry `user.*` xattrs). An upper without xattr support loses only
     /// drift detection, never the copy-up: failures are logged, not returned.
     pub(super) fn record_origin(&self, inode: &Inode, tmp: &OsStr, st: &Stat) -> Result<()> {
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Ok(());
-        }
-        let Some(layer) = inode.real.read().lowers.first().map(|(i, _)| *i) else {
+        let Some(origin) = lower_origin(inode, st) else {
             return Ok(());
         };
-        let Some(dir_path) = inode
-            .parent()
-            .and_then(|p| p.real.read().lower_path.clone())
-        else {
-            return Ok(());
-        };
-        let mut path = dir_path.to_os_string();
-        path.push("/");
-        path.push(&inode.loc.read().name);
-        let record = Origin::new(layer, path, st).encode();
-        let stored = sys::open_path(&self.upper.work, tmp)
-            .and_then(|fd| sys::setxattr(&fd, &self.upper.xattr(ORIGIN_XATTR), &record, 0));
+        let stored = sys::open_path(&self.upper.work, tmp).and_then(|fd| {
+            sys::setxattr(&fd, &self.upper.xattr(ORIGIN_XATTR), &origin.encode(), 0)
+        });
         if let Err(e) = stored {
             tracing::debug!(path = %self.path_of(inode), "origin record not stored: {e}");
         }
         Ok(())
     }
+
+    /// Before the upper regular file `file` replaces `replaced` by rename
+    /// (an atomic save: `sed -i`, editors' temp file plus rename): a file
+    /// without an origin record of its own inherits the base it replaces,
+    /// that is the replaced upper copy's record, or, when the replaced file
+    /// is still the shared one, a record of that shared file now. So diff
+    /// still sees drift of the shared original, however the edit was made.
+    /// A file with its own record (a moved copy-up) keeps it. Best effort
+    /// like `record_origin`: failures are logged, not returned.
+    ///
+    /// Relies on: `replaced` is still in place (called before the rename),
+    /// so its upper copy and lower file are the ones the name showed.
+    pub(super) fn inherit_origin(&self, file: &std::os::fd::OwnedFd, replaced: &Inode) {
+        let name = self.upper.xattr(ORIGIN_XATTR);
+        if sys::getxattr(file, &name).is_ok() {
+            return;
+        }
+        match sys::fstat(file) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG => {}
+            _ => return,
+        }
+        let record = match replaced.upper_fd() {
+            Ok(Some(up)) => match sys::getxattr(up.as_ref(), &name) {
+                Ok(v) if Origin::is_valid(&v) => v,
+                _ => return,
+            },
+            Ok(None) => {
+                let lower = replaced.real.read().lowers.first().map(|(_, l)| l.clone());
+                let Some(st) = lower
+                    .and_then(|l| l.get().ok())
+                    .and_then(|fd| sys::fstat(fd.as_ref()).ok())
+                else {
+                    return;
+                };
+                match lower_origin(replaced, &st) {
+                    Some(o) => o.encode(),
+                    None => return,
+                }
+            }
+            Err(_) => return,
+        };
+        if let Err(e) = sys::setxattr(file, &name, &record, 0) {
+            tracing::debug!(path = %self.path_of(replaced), "origin record not inherited: {e}");
+        }
+    }
+}
+
+/// The origin record of the lower regular file behind `inode` (whose
+/// attributes are `st`): its layer and its path from its parent's lower
+/// path. `None` for other kinds (directories have their redirect, symlinks
+/// cannot carry `user.*` xattrs) and for objects without a lower.
+fn lower_origin(inode: &Inode, st: &Stat) -> Option<Origin> {
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let layer = inode.real.read().lowers.first().map(|(i, _)| *i)?;
+    let dir_path = inode
+        .parent()
+        .and_then(|p| p.real.read().lower_path.clone())?;
+    let mut path = dir_path.to_os_string();
+    path.push("/");
+    path.push(&inode.loc.read().name);
+    Some(Origin::new(layer, path, st))
 }
 
 impl Overlay {

@@ -38,7 +38,7 @@ use crate::layer::ops::is_whiteout;
 use crate::layer::sys::{self, Stat};
 use crate::layer::walk::{self, is_dir, Step, Walker};
 use crate::overlay::origin::Origin;
-use crate::quote::{quote, quote_os};
+use crate::quote::quote_os;
 use crate::state::scratch::Scratch;
 
 /// The kind of a change, as `diff` prints it.
@@ -93,6 +93,16 @@ pub struct Change {
 impl Change {
     pub fn path_str(&self) -> String {
         self.path.to_string_lossy().into_owned()
+    }
+
+    /// The shared version: its layer and its path there (relative).
+    pub fn old(&self) -> Option<(usize, &OsStr)> {
+        self.old.as_ref().map(|(l, p)| (*l, p.as_os_str()))
+    }
+
+    /// Whether the upper holds the new version at `path`.
+    pub fn is_new(&self) -> bool {
+        self.new
     }
 
     pub fn from_str(&self) -> Option<String> {
@@ -350,7 +360,7 @@ pub(crate) fn base_lookup(
 }
 
 /// The names the shared version of a directory shows.
-fn base_names(base: &Base) -> io::Result<Vec<OsString>> {
+pub(crate) fn base_names(base: &Base) -> io::Result<Vec<OsString>> {
     let mut seen: HashMap<OsString, bool> = HashMap::new();
     for (_, d) in base {
         for e in sys::read_dir(d)? {
@@ -414,17 +424,17 @@ fn rel_of(lower_path: &OsStr) -> OsString {
 }
 
 /// The stat of the file at `rel` in a layer, not following symlinks.
-fn stat_in(root: &OwnedFd, rel: &OsStr) -> io::Result<Stat> {
+pub(crate) fn stat_in(root: &OwnedFd, rel: &OsStr) -> io::Result<Stat> {
     walk::stat_rel(root, rel)
 }
 
-fn open_read(root: &OwnedFd, rel: &OsStr) -> io::Result<OwnedFd> {
+pub(crate) fn open_read(root: &OwnedFd, rel: &OsStr) -> io::Result<OwnedFd> {
     let fd = walk::open_rel(root, rel, libc::O_PATH)?;
     sys::reopen(&fd, libc::O_RDONLY | libc::O_NOATIME).or_else(|_| sys::reopen(&fd, libc::O_RDONLY))
 }
 
 /// Whether two regular files (same size) have the same bytes.
-fn same_bytes(a: &OwnedFd, b: &OwnedFd) -> io::Result<bool> {
+pub(crate) fn same_bytes(a: &OwnedFd, b: &OwnedFd) -> io::Result<bool> {
     let mut ba = vec![0u8; 256 * 1024];
     let mut bb = vec![0u8; 256 * 1024];
     let mut off = 0u64;
@@ -441,7 +451,7 @@ fn same_bytes(a: &OwnedFd, b: &OwnedFd) -> io::Result<bool> {
     }
 }
 
-fn read_full(fd: &OwnedFd, buf: &mut [u8], off: u64) -> io::Result<usize> {
+pub(crate) fn read_full(fd: &OwnedFd, buf: &mut [u8], off: u64) -> io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         let n = sys::pread(fd, &mut buf[got..], off + got as u64)?;
@@ -840,6 +850,10 @@ impl Walk<'_> {
             return self.enter(w, f);
         }
         let base_path = parent_path.as_ref().map(|p| join_lower(p, name));
+        let old = match (&base, &base_path) {
+            (Some(b), Some(p)) => Some((b.layer, rel_of(p))),
+            _ => None,
+        };
         let (kind, sub_base, hides) = match base {
             Some(b) if is_dir(&b.st) => {
                 let same = self.same_meta(fd, st, &b.dirs[0].1, &b.st, false);
@@ -856,7 +870,7 @@ impl Walk<'_> {
                 from: None,
                 ftype: "dir",
                 conflict: false,
-                old: None,
+                old,
                 new: true,
             });
         }
@@ -1063,169 +1077,4 @@ pub(crate) fn join_lower(dir: &OsStr, name: &OsStr) -> OsString {
     p.push("/");
     p.push(name);
     p
-}
-
-// ------------------------------------------------------------------ patches
-
-/// Above this size a file's patch is not computed (named as too large).
-const PATCH_MAX: u64 = 16 << 20;
-
-enum Content {
-    Absent,
-    Text(String),
-    Binary,
-    TooLarge,
-}
-
-fn content(root: &OwnedFd, rel: &OsStr) -> Content {
-    let Ok(pfd) = walk::open_rel(root, rel, libc::O_PATH) else {
-        return Content::Absent;
-    };
-    let Ok(st) = sys::fstat(&pfd) else {
-        return Content::Absent;
-    };
-    let bytes = match st.st_mode & libc::S_IFMT {
-        libc::S_IFLNK => match sys::readlink_fd(&pfd) {
-            Ok(t) => t.as_bytes().to_vec(),
-            Err(_) => return Content::Absent,
-        },
-        libc::S_IFREG => {
-            if st.st_size as u64 > PATCH_MAX {
-                return Content::TooLarge;
-            }
-            let Ok(fd) = open_read(root, rel) else {
-                return Content::Absent;
-            };
-            let mut buf = vec![0u8; st.st_size as usize];
-            match read_full(&fd, &mut buf, 0) {
-                Ok(n) => buf.truncate(n),
-                Err(_) => return Content::Absent,
-            }
-            buf
-        }
-        _ => return Content::Absent,
-    };
-    if bytes.contains(&0) {
-        return Content::Binary;
-    }
-    match String::from_utf8(bytes) {
-        Ok(s) => Content::Text(s),
-        Err(_) => Content::Binary,
-    }
-}
-
-/// The mode git would record for the file at `rel`: 100644 or 100755 for
-/// regular files, 120000 for symlinks; `None` for anything else.
-fn git_mode(root: &OwnedFd, rel: &OsStr) -> Option<u32> {
-    let st = stat_in(root, rel).ok()?;
-    match st.st_mode & libc::S_IFMT {
-        libc::S_IFREG if st.st_mode & 0o100 != 0 => Some(0o100755),
-        libc::S_IFREG => Some(0o100644),
-        libc::S_IFLNK => Some(0o120000),
-        _ => None,
-    }
-}
-
-/// A git-style patch for one change ("" for changes without content, such
-/// as directories and metadata-only changes other than an executable bit).
-pub fn patch(layers: &Layers, c: &Change) -> String {
-    // Names in git's quoting, which `git apply` reads back to the bytes.
-    let prefixed = |prefix: &str, name: &OsStr| {
-        let mut b = prefix.as_bytes().to_vec();
-        b.extend_from_slice(name.as_bytes());
-        quote(&b).into_owned()
-    };
-    let from_name = c.from.as_deref().unwrap_or(&c.path);
-    let (path, from) = (quote_os(&c.path), quote_os(from_name));
-    let (a_path, b_path) = (prefixed("a/", from_name), prefixed("b/", &c.path));
-    let old = match &c.old {
-        Some((layer, rel)) => content(&layers.lowers[*layer], rel),
-        None => Content::Absent,
-    };
-    let new = if c.new {
-        content(&layers.upper, &c.path)
-    } else {
-        Content::Absent
-    };
-    let old_mode = c
-        .old
-        .as_ref()
-        .and_then(|(layer, rel)| git_mode(&layers.lowers[*layer], rel));
-    let new_mode = if c.new {
-        git_mode(&layers.upper, &c.path)
-    } else {
-        None
-    };
-    let mode_changed = matches!((old_mode, new_mode), (Some(a), Some(b)) if a != b);
-    let mut out = String::new();
-    let header = |out: &mut String| {
-        if out.is_empty() {
-            out.push_str(&format!("diff --git {a_path} {b_path}\n"));
-            match (c.kind, old_mode, new_mode) {
-                (Kind::Added, _, Some(m)) => out.push_str(&format!("new file mode {m:o}\n")),
-                (Kind::Deleted, Some(m), _) => out.push_str(&format!("deleted file mode {m:o}\n")),
-                (_, Some(a), Some(b)) if a != b => {
-                    out.push_str(&format!("old mode {a:o}\nnew mode {b:o}\n"))
-                }
-                _ => {}
-            }
-            if c.kind == Kind::Renamed {
-                out.push_str(&format!("rename from {from}\nrename to {path}\n"));
-            }
-        }
-    };
-    if c.ftype == "dir" {
-        if c.kind == Kind::Renamed {
-            header(&mut out);
-        }
-        return out;
-    }
-    let (a_name, b_name) = (
-        if matches!(old, Content::Absent) {
-            "/dev/null".to_string()
-        } else {
-            a_path.clone()
-        },
-        if matches!(new, Content::Absent) {
-            "/dev/null".to_string()
-        } else {
-            b_path.clone()
-        },
-    );
-    match (&old, &new) {
-        (Content::Binary, _) | (_, Content::Binary) => {
-            header(&mut out);
-            out.push_str(&format!("Binary files {a_name} and {b_name} differ\n"));
-        }
-        (Content::TooLarge, _) | (_, Content::TooLarge) => {
-            header(&mut out);
-            out.push_str(&format!(
-                "Files {a_name} and {b_name} differ (larger than {} MiB, no patch)\n",
-                PATCH_MAX >> 20
-            ));
-        }
-        _ => {
-            let text = |c: &Content| match c {
-                Content::Text(s) => s.clone(),
-                _ => String::new(),
-            };
-            let (o, n) = (text(&old), text(&new));
-            if o == n && c.kind != Kind::Added && c.kind != Kind::Deleted {
-                if c.kind == Kind::Renamed || mode_changed {
-                    header(&mut out);
-                }
-                return out;
-            }
-            header(&mut out);
-            let diff = similar::TextDiff::from_lines(&o, &n);
-            let body = diff
-                .unified_diff()
-                .context_radius(3)
-                .header(&a_name, &b_name)
-                .missing_newline_hint(true)
-                .to_string();
-            out.push_str(&body);
-        }
-    }
-    out
 }

@@ -1,6 +1,6 @@
 //! Workspace state beside the upper: the state directory (checked and
 //! reached through its descriptor, `layer::safedir`) and its `workspace.json`,
-//! the control protocol's client, the change journal, diff, reset,
+//! the control protocol's client, the change journal, diff and its patch output, reset,
 //! snapshots and scratch paths. The daemon's side of the control socket
 //! lives in `daemon::control`.
 
@@ -8,6 +8,7 @@ pub mod control;
 pub mod diff;
 pub mod journal;
 pub mod moves;
+pub mod patch;
 pub mod reset;
 pub mod scratch;
 pub mod snapshot;

@@ -625,9 +625,12 @@ fn diff_finds_shared_files_moved_by_rename_and_link() {
 }
 
 /// A shared file replaced by an atomic save (`sed -i` writes a new file
-/// and renames it over the name) and then moved carries no origin record;
-/// the journal's rows tell it was moved, so diff lists one rename. Without
-/// the journal the same upper reads as an added and a deleted file.
+/// and renames it over the name) and then moved: the journal's rows tell
+/// it was moved, so diff lists one rename. Without the journal the saved
+/// file's origin record, inherited from the name it replaced, tells the
+/// same (before atomic saves inherited the record, this read as an added
+/// and a deleted file; the journal stays the answer for an upper without
+/// xattrs).
 #[test]
 fn diff_takes_renames_of_saved_files_from_the_journal() {
     for journal in [true, false] {
@@ -644,11 +647,7 @@ fn diff_takes_renames_of_saved_files_from_the_journal() {
             "sed -i s/main/start/ src/main.rs && mv src/main.rs src/app.rs
              echo new > fresh.txt && mv fresh.txt fresh2.txt",
         );
-        let expected: &[&str] = if journal {
-            &["A fresh2.txt", "R src/main.rs -> src/app.rs"]
-        } else {
-            &["A fresh2.txt", "A src/app.rs", "D src/main.rs"]
-        };
+        let expected: &[&str] = &["A fresh2.txt", "R src/main.rs -> src/app.rs"];
         let mut got = Vec::new();
         crate::harness::eventually(std::time::Duration::from_secs(5), || {
             got = lines(&ok(&["diff", s(m.path())]));
@@ -662,4 +661,154 @@ fn diff_takes_renames_of_saved_files_from_the_journal() {
             "journal {journal}"
         );
     }
+}
+
+/// Atomic saves (a temp file renamed over the name, as `sed -i` and most
+/// editors do) keep the base they replace: drift of the shared original is
+/// still a conflict, whether the replaced file was still the shared one or
+/// already a copy-up.
+#[test]
+fn diff_marks_drift_after_an_atomic_save_as_conflict() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "sed -i '1i x' a.txt
+         echo more >> b.txt && cp b.txt .b.tmp && echo again >> .b.tmp && mv .b.tmp b.txt
+         cp src/lib.rs src/.lib.rs.swp && echo edit >> src/.lib.rs.swp && mv src/.lib.rs.swp src/lib.rs
+         sed -i s/line2/LINE2/ src/main.rs",
+    );
+    let before = json_lines(&ok(&["diff", "--json", s(m.path())]));
+    assert!(before.iter().all(|o| o["conflict"] == false), "{before:?}");
+    // An administrator updates three of the shared originals.
+    for f in ["a.txt", "b.txt", "src/lib.rs"] {
+        let p = ws.lower().join(f);
+        let mut text = fs::read(&p).unwrap();
+        text.extend_from_slice(b"admin\n");
+        write(&p, &text);
+    }
+    let after = json_lines(&ok(&["diff", "--json", s(m.path())]));
+    let get = |p: &str| {
+        after
+            .iter()
+            .find(|o| o["path"] == p)
+            .unwrap_or_else(|| panic!("{p} missing: {after:?}"))
+            .clone()
+    };
+    for f in ["a.txt", "b.txt", "src/lib.rs"] {
+        assert_eq!(get(f)["conflict"], true, "{f}: {after:?}");
+        assert_eq!(get(f)["change"], "modified", "{f}");
+    }
+    assert_eq!(get("src/main.rs")["conflict"], false);
+    let text = ok(&["diff", s(m.path())]);
+    for f in ["a.txt", "b.txt", "src/lib.rs"] {
+        assert!(text.contains(&format!("M {f} (conflict)\n")), "{text}");
+    }
+    assert!(text.contains("M src/main.rs\n"), "{text}");
+    // The same answer from the upper once unmounted.
+    drop(m);
+    let text = ok(&["diff", s(&ws.upper)]);
+    assert!(text.contains("M a.txt (conflict)\n"), "{text}");
+}
+
+/// Every file and symlink under `root` (git's view of a tree: directories
+/// only through what they hold): path -> (kind and owner-execute bit, bytes
+/// or link target).
+fn git_view(root: &Path) -> std::collections::BTreeMap<String, (String, Vec<u8>)> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_str().unwrap().to_string();
+            let md = fs::symlink_metadata(&p).unwrap();
+            if md.is_dir() {
+                stack.push(p);
+            } else if md.file_type().is_symlink() {
+                let t = fs::read_link(&p).unwrap();
+                out.insert(
+                    rel,
+                    ("link".into(), t.into_os_string().into_encoded_bytes()),
+                );
+            } else {
+                let exec = md.permissions().mode() & 0o100 != 0;
+                out.insert(rel, (format!("file exec={exec}"), fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// `diff --patch` tells renamed directories file by file, so `git apply` on
+/// a copy of the lower reproduces the mount's view exactly: renames,
+/// nested renames, renames plus edits, files moved out of renamed
+/// directories, mode changes, symlinks, type changes and deletions.
+#[test]
+fn diff_patch_of_renamed_directories_applies_with_git() {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    for (p, text) in [
+        ("docs/a.md", "a\n"),
+        ("docs/b.md", "b\n"),
+        ("docs/sub/c.md", "c\n"),
+        ("docs/sub/deep/d.md", "d1\nd2\nd3\n"),
+        ("docs/sub/deep/e.md", "e\n"),
+        ("pkg/inner/f.txt", "f\n"),
+        ("pkg/g.txt", "g\n"),
+        ("old/o.txt", "o\n"),
+        ("old/inner/p.txt", "p\n"),
+        ("tools/run.sh", "#!/bin/sh\n"),
+        ("tools/exec.sh", "#!/bin/sh\necho\n"),
+        ("keep.txt", "k\n"),
+        ("plain.txt", "plain\n"),
+        ("src/x.rs", "fn x() {}\n"),
+    ] {
+        write(&l.join(p), text.as_bytes());
+    }
+    fs::set_permissions(l.join("tools/exec.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("a.md", l.join("docs/link")).unwrap();
+    std::os::unix::fs::symlink("keep.txt", l.join("oldlink")).unwrap();
+    std::os::unix::fs::symlink("keep.txt", l.join("retarget")).unwrap();
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "mv docs manual
+         echo edit >> manual/a.md
+         mv manual/sub manual/sub2
+         sed -i s/d2/D2/ manual/sub2/deep/d.md
+         rm manual/b.md
+         echo new > manual/new.md
+         mv pkg pkg2 && mv pkg2/inner/f.txt top.txt
+         rm -rf old
+         chmod +x tools/run.sh && chmod -x tools/exec.sh
+         mv keep.txt kept.txt
+         ln -s kept.txt newlink && rm oldlink && ln -sfn plain.txt retarget
+         rm plain.txt && ln -s kept.txt plain.txt
+         mv src/x.rs x.rs",
+    );
+    let patch = ok(&["diff", "--patch", s(m.path())]);
+    assert!(
+        !patch.contains("rename from docs\n") && !patch.contains("rename to manual\n"),
+        "no directory renames: {patch}"
+    );
+    assert!(
+        patch.contains("rename from docs/sub/c.md\nrename to manual/sub2/c.md\n"),
+        "{patch}"
+    );
+    let tree = ws.dir.path().join("applied");
+    sh(ws.dir.path(), &format!("cp -a {} {}", s(l), s(&tree)));
+    fs::write(ws.dir.path().join("p.patch"), &patch).unwrap();
+    let out = crate::harness::bash(&tree, "git apply ../p.patch");
+    assert!(
+        out.status.success(),
+        "git apply: {}\n{patch}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(git_view(&tree), git_view(m.path()), "{patch}");
+    // --json --patch carries the same patches, one per change.
+    let json = json_lines(&ok(&["diff", "--json", "--patch", s(m.path())]));
+    let joined: String = json.iter().map(|o| o["patch"].as_str().unwrap()).collect();
+    assert_eq!(joined, patch);
 }
