@@ -12,14 +12,32 @@
 //! Operations: `lookup` (the FUSE adapter, before any core work) and
 //! `copy_up` (the core, with the object's copy-up lock held and its copy
 //! half built in the work dir).
+//!
+//! `LAYERFS_FAILPOINT=hold:copy_chunk:NAME` instead holds every copy of
+//! an object named `NAME` before each chunk of its data for as long as
+//! the file named by `LAYERFS_FAILPOINT_WHILE` exists, so a test can keep
+//! copies provably running (the temp file in the work dir, the caller
+//! waiting) and end them when it has seen what it wanted, with no clock
+//! involved. The held copy still answers its halt checks
+//! (`overlay::copy_up::Halt`) while it waits.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::OnceLock;
 
 pub const ENV: &str = "LAYERFS_FAILPOINT";
+/// The file whose existence keeps a `hold:` failpoint holding.
+pub const WHILE: &str = "LAYERFS_FAILPOINT_WHILE";
+
+#[derive(PartialEq)]
+enum Action {
+    Panic,
+    /// Wait while this file exists.
+    Hold(std::path::PathBuf),
+}
 
 struct Failpoint {
+    action: Action,
     op: String,
     name: OsString,
 }
@@ -32,15 +50,33 @@ pub fn init() {
     ARMED.get_or_init(|| {
         let raw = std::env::var_os(ENV)?;
         let mut parts = raw.as_bytes().splitn(3, |&b| b == b':');
-        match (parts.next(), parts.next(), parts.next()) {
-            (Some(b"panic"), Some(op), Some(name)) if !name.is_empty() => {
+        let action = match parts.next() {
+            Some(b"panic") => Action::Panic,
+            Some(b"hold") => match std::env::var_os(WHILE) {
+                Some(p) => Action::Hold(p.into()),
+                None => {
+                    tracing::warn!("{ENV}={raw:?} ignored: hold needs {WHILE}");
+                    return None;
+                }
+            },
+            _ => {
+                tracing::warn!("{ENV}={raw:?} ignored: expected panic:OP:NAME or hold:OP:NAME");
+                return None;
+            }
+        };
+        match (parts.next(), parts.next()) {
+            (Some(op), Some(name)) if !name.is_empty() => {
                 let op = String::from_utf8_lossy(op).into_owned();
                 let name = OsStr::from_bytes(name).to_os_string();
-                tracing::warn!("{ENV}: failpoint armed: {op} of {name:?} will panic");
-                Some(Failpoint { op, name })
+                let what = match &action {
+                    Action::Panic => "panic".to_string(),
+                    Action::Hold(p) => format!("wait while {} exists", p.display()),
+                };
+                tracing::warn!("{ENV}: failpoint armed: {op} of {name:?} will {what}");
+                Some(Failpoint { action, op, name })
             }
             _ => {
-                tracing::warn!("{ENV}={raw:?} ignored: expected panic:OP:NAME");
+                tracing::warn!("{ENV}={raw:?} ignored: expected panic:OP:NAME or hold:OP:NAME");
                 None
             }
         }
@@ -50,8 +86,29 @@ pub fn init() {
 /// Panics if the failpoint for `op` on `name` is armed.
 pub fn hit(op: &str, name: &OsStr) {
     if let Some(Some(fp)) = ARMED.get() {
-        if fp.op == op && fp.name == name {
+        if fp.action == Action::Panic && fp.op == op && fp.name == name {
             panic!("failpoint {op}:{name:?} hit ({ENV})");
         }
     }
+}
+
+/// Waits while a `hold` failpoint for `op` on `name` is armed and its file
+/// exists, or until `stop` returns true; returns whether `stop` ended it.
+pub fn hold(op: &str, name: &OsStr, stop: impl Fn() -> bool) -> bool {
+    let Some(Some(fp)) = ARMED.get() else {
+        return false;
+    };
+    let Action::Hold(path) = &fp.action else {
+        return false;
+    };
+    if fp.op != op || fp.name != name {
+        return false;
+    }
+    while path.exists() {
+        if stop() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
 }

@@ -6,6 +6,7 @@ mod contain;
 mod convert;
 mod invalidate;
 mod io_mode;
+mod long;
 mod record;
 #[allow(unsafe_code)]
 mod sys;
@@ -28,9 +29,10 @@ use fuser::{
 
 use crate::config::Config;
 use crate::overlay::attr::SetAttr;
+use crate::overlay::copy_up::{Halt, NoHalt};
 use crate::overlay::dir::NewKind;
 use crate::overlay::events::{EvOp, Sink};
-use crate::overlay::file::wants_write;
+use crate::overlay::file::{wants_write, Opened, LONG_COPY};
 use crate::overlay::gate::PauseGuard;
 use crate::overlay::{Ctx, Entry, Overlay};
 use crate::policy::Policy;
@@ -55,6 +57,8 @@ struct Shared {
     negotiated: OnceLock<Negotiated>,
     /// The io_uring queues' counters, once they serve.
     uring: OnceLock<Arc<uring::Stats>>,
+    /// Where long copies run, off the request threads (`long`).
+    long: long::Pool,
 }
 
 /// The outcome of the INIT handshake the daemon needs afterwards.
@@ -300,6 +304,7 @@ impl LayerFs {
                 want_uring: cfg.io_uring,
                 negotiated: OnceLock::new(),
                 uring: OnceLock::new(),
+                long: long::Pool::new(cfg.threads),
             }),
             queue: None,
         })
@@ -517,6 +522,93 @@ impl Shared {
                     .map(|i| self.ov().volatile(&i))
                     .unwrap_or(true);
                 reply.attr(&self.ttl(lower), &convert::attr(&st))
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// An open's work (the caller's share of daemon-served writers booked
+    /// first for another user's open for writing; see `io_mode`): the
+    /// result, and whether a booking was taken.
+    fn open_file(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        flags: OpenFlags,
+        halt: &dyn Halt,
+    ) -> (crate::overlay::Result<Opened>, bool) {
+        let booking = if !self.ov().files.shares.is_owner(c.uid) {
+            self.io
+                .book_daemon_write(ino.0)
+                .map_err(crate::overlay::Errno)
+        } else {
+            Ok(false)
+        };
+        let booked = *booking.as_ref().unwrap_or(&false);
+        let r = booking.and_then(|_| self.ov().open_halting(c, ino.0, flags.0, halt));
+        if booked && r.is_err() {
+            self.io.cancel_booking(ino.0);
+        }
+        (r, booked)
+    }
+
+    /// An open that copies up a large file, on the copy pool: inside the
+    /// write gate like any open for writing, its copy watched (`long::Watch`).
+    /// A copy stopped for a pause waits for the pause to end and starts
+    /// again; one stopped because its caller was killed answers `EINTR`.
+    fn open_copying(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        flags: OpenFlags,
+        queue: Option<Arc<uring::QueueSide>>,
+        reply: ReplyOpen,
+    ) {
+        loop {
+            // Invariant: the pass is dropped before the next `enter`.
+            let _pass = self.ov.gate.enter();
+            let watch = long::Watch::new(c.pid, &self.ov.gate);
+            let r = self.open_file(c, ino, flags, &watch);
+            if r.0.is_err() && watch.stopped() == Some(long::Stopped::PauseWanted) {
+                continue;
+            }
+            return self.opened(c, ino, flags, r, queue, reply);
+        }
+    }
+
+    /// Records an open's outcome in the journal and replies to it.
+    fn opened(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        flags: OpenFlags,
+        (r, booked): (crate::overlay::Result<Opened>, bool),
+        queue: Option<Arc<uring::QueueSide>>,
+        reply: ReplyOpen,
+    ) {
+        if wants_write(flags.0) {
+            // The open itself is a change only when it truncates; a
+            // refused open for writing is recorded as a refused write.
+            let trunc = flags.0 & libc::O_TRUNC != 0;
+            let row = match (&r, trunc) {
+                (Ok(_), true) => Some((EvOp::Truncate, Some(0))),
+                (Ok(_), false) => None,
+                (Err(_), true) => Some((EvOp::Truncate, None)),
+                (Err(_), false) => Some((EvOp::Write, None)),
+            };
+            let errno = r.as_ref().err().map_or(0, |e| e.0);
+            self.rec
+                .done(c, row.as_slice(), self.path(ino.0), None, errno);
+        }
+        match r {
+            Ok(o) => {
+                let (fh, writable) = (o.fh, o.writable);
+                self.io
+                    .reply_open(self.ov(), ino.0, o, queue.as_deref(), booked, reply, |pt| {
+                        if writable {
+                            self.rec.opened(self.ov(), fh, c, pt)
+                        }
+                    })
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -911,53 +1003,22 @@ impl fuser::Filesystem for LayerFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let c = ctx(req, 0);
         let queue = self.queue.clone();
-        let open = move |s: &Shared| {
-            let writing = wants_write(flags.0);
-            let path = if writing { s.path(ino.0) } else { None };
-            // Another user's open for writing is served by the daemon,
-            // where its writes can be paused (see `io_mode`).
-            let booking = if writing && !s.ov().files.shares.is_owner(c.uid) {
-                s.io.book_daemon_write(ino.0).map_err(crate::overlay::Errno)
-            } else {
-                Ok(false)
-            };
-            let booked = *booking.as_ref().unwrap_or(&false);
-            let r = booking.and_then(|_| s.ov().open(&c, ino.0, flags.0));
-            if booked && r.is_err() {
-                s.io.cancel_booking(ino.0);
-            }
-            if writing {
-                // The open itself is a change only when it truncates; a
-                // refused open for writing is recorded as a refused write.
-                let trunc = flags.0 & libc::O_TRUNC != 0;
-                let row = match (&r, trunc) {
-                    (Ok(_), true) => Some((EvOp::Truncate, Some(0))),
-                    (Ok(_), false) => None,
-                    (Err(_), true) => Some((EvOp::Truncate, None)),
-                    (Err(_), false) => Some((EvOp::Write, None)),
-                };
-                let errno = r.as_ref().err().map_or(0, |e| e.0);
-                s.rec.done(&c, row.as_slice(), path, None, errno);
-            }
-            match r {
-                Ok(o) => {
-                    let (fh, writable) = (o.fh, o.writable);
-                    s.io.reply_open(s.ov(), ino.0, o, queue.as_deref(), booked, reply, |pt| {
-                        if writable {
-                            s.rec.opened(s.ov(), fh, &c, pt)
-                        }
-                    })
-                }
-                Err(e) => reply.error(errno(e)),
-            }
-        };
         // An open for writing copies up and lets passthrough writes
         // through: it waits while writes are paused. Reads never do.
-        if wants_write(flags.0) {
-            self.gated(open)
-        } else {
-            open(&self.inner)
+        if !wants_write(flags.0) {
+            let r = self.ov().open(&c, ino.0, flags.0);
+            return self.inner.opened(&c, ino, flags, (r, false), queue, reply);
         }
+        if self.ov().open_copies_long(ino.0, flags.0) {
+            let inner = self.inner.clone();
+            return self.inner.long.submit(c.uid, move || {
+                inner.open_copying(&c, ino, flags, queue, reply)
+            });
+        }
+        self.gated(move |s| {
+            let r = s.open_file(&c, ino, flags, &NoHalt);
+            s.opened(&c, ino, flags, r, queue, reply)
+        })
     }
 
     fn read(
@@ -1307,7 +1368,7 @@ impl fuser::Filesystem for LayerFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -1318,14 +1379,23 @@ impl fuser::Filesystem for LayerFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        self.gated(move |s| {
-            match s
-                .ov()
-                .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
-            {
-                Ok(n) => reply.written(n),
-                Err(e) => reply.error(errno(e)),
-            }
+        let copy = move |s: &Shared| match s
+            .ov()
+            .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
+        {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        };
+        // Each call copies `COPY_RANGE_MAX` at most; one that may copy
+        // that much runs on the copy pool, small ones right here.
+        if len < LONG_COPY {
+            return self.gated(copy);
+        }
+        let inner = self.inner.clone();
+        self.inner.long.submit(req.uid(), move || {
+            // On the pool thread: it may wait out a pause here.
+            let _pass = inner.ov.gate.enter();
+            copy(&inner)
         })
     }
 }

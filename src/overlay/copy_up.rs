@@ -7,6 +7,12 @@
 //! leaves no upper copy or a complete one; the work dir is cleared at the
 //! next mount. One copy-up per inode at a time (`Inode::copy_up`); others
 //! wait and find the upper in place.
+//!
+//! Data is copied in chunks of `CHUNK` bytes. Between two chunks a long
+//! copy asks its `Halt` whether to go on: the adapter's copy pool
+//! (`fuse::long`) stops a copy whose caller was killed, or that a pause of
+//! writes is waiting for. A halted copy ends like a failed one: its temp
+//! file is removed from the work dir and nothing appears in the upper.
 
 use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -17,6 +23,39 @@ use super::{err, Errno, Overlay, Result};
 use crate::layer::ops::Upper;
 use crate::layer::real::RealFd;
 use crate::layer::sys::{self, Stat};
+
+/// The most a copy moves between two `Halt` checks: at disk speed a few
+/// tens of milliseconds, so a halt is noticed that quickly.
+pub const CHUNK: u64 = 16 << 20;
+
+/// Asked between chunks of a copy whether to abandon it.
+pub trait Halt: Sync {
+    /// True to stop the copy now; it then fails with `EINTR`.
+    fn halt(&self) -> bool;
+}
+
+/// A copy that always runs to its end (copies on request threads: small
+/// files, or copy-ups other operations need at once).
+pub struct NoHalt;
+
+impl Halt for NoHalt {
+    fn halt(&self) -> bool {
+        false
+    }
+}
+
+/// The copy of the object named `name`: its caller's `Halt`, behind the
+/// test hook that can hold a copy between chunks (`failpoint::hold`).
+struct Checked<'a> {
+    inner: &'a dyn Halt,
+    name: &'a OsStr,
+}
+
+impl Halt for Checked<'_> {
+    fn halt(&self) -> bool {
+        crate::failpoint::hold("copy_chunk", self.name, || self.inner.halt()) || self.inner.halt()
+    }
+}
 
 /// How much of a regular file to copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +86,17 @@ impl Overlay {
     }
 
     pub fn copy_up_with(&self, inode: &Arc<Inode>, data: Data) -> Result<Arc<OwnedFd>> {
+        self.copy_up_halting(inode, data, &NoHalt)
+    }
+
+    /// `copy_up_with`, abandoning the data copy with `EINTR` (temp file
+    /// removed, upper unchanged) as soon as `halt` says so.
+    pub fn copy_up_halting(
+        &self,
+        inode: &Arc<Inode>,
+        data: Data,
+        halt: &dyn Halt,
+    ) -> Result<Arc<OwnedFd>> {
         if let Some(u) = inode.upper_fd()? {
             return Ok(u);
         }
@@ -71,8 +121,12 @@ impl Overlay {
         self.quota.charge_copy_up(&st)?;
         let pst = sys::fstat(parent_upper.as_ref()).ok();
         let tmp = self.upper.tmp_name();
+        let halt = Checked {
+            inner: halt,
+            name: &name,
+        };
         let built = self
-            .build_copy(&lower_fd, &st, &tmp, data, inode.is_dir())
+            .build_copy(&lower_fd, &st, &tmp, data, inode.is_dir(), &halt)
             .and_then(|_| self.record_origin(inode, &tmp, &st));
         crate::failpoint::hit("copy_up", &name);
         // The copy is this object before its name appears in the upper: a
@@ -106,7 +160,11 @@ impl Overlay {
             Err(e) => {
                 let _ = crate::layer::walk::remove_tree(&self.upper.work, &tmp);
                 self.quota.refund_copy_up(&st);
-                tracing::warn!(path = %self.path_of(inode), "copy-up failed: {e}");
+                if e.0 == libc::EINTR {
+                    tracing::info!(path = %self.path_of(inode), "copy-up abandoned");
+                } else {
+                    tracing::warn!(path = %self.path_of(inode), "copy-up failed: {e}");
+                }
                 return Err(e);
             }
         };
@@ -160,6 +218,7 @@ impl Overlay {
         tmp: &OsStr,
         data: Data,
         is_dir: bool,
+        halt: &dyn Halt,
     ) -> Result<()> {
         let work = &self.upper.work;
         let fmt = st.st_mode & libc::S_IFMT;
@@ -175,7 +234,7 @@ impl Overlay {
                 if data == Data::All && st.st_size > 0 {
                     let src = sys::reopen(lower, libc::O_RDONLY | libc::O_NOATIME)
                         .or_else(|_| sys::reopen(lower, libc::O_RDONLY))?;
-                    copy_data(&src, &dst, st.st_size as u64)?;
+                    copy_data(&src, &dst, st.st_size as u64, halt)?;
                 }
                 // Owner before xattrs: a chown drops security.capability.
                 self.own(&dst, Some(st.st_uid), Some(st.st_gid))?;
@@ -217,7 +276,7 @@ impl Overlay {
 /// A 5 GiB sparse file with one written block copies as that one block,
 /// not 5 GiB of zeros. Where the source cannot report holes, it is copied
 /// whole.
-fn copy_data(src: &OwnedFd, dst: &OwnedFd, len: u64) -> Result<()> {
+fn copy_data(src: &OwnedFd, dst: &OwnedFd, len: u64, halt: &dyn Halt) -> Result<()> {
     sys::ftruncate(dst, len)?;
     let mut off = 0u64;
     while off < len {
@@ -226,7 +285,7 @@ fn copy_data(src: &OwnedFd, dst: &OwnedFd, len: u64) -> Result<()> {
             // No data after `off`: the rest is a hole, already in place.
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(()),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
-                return copy_range(src, dst, off, len);
+                return copy_range(src, dst, off, len, halt);
             }
             Err(e) => return Err(e.into()),
         };
@@ -237,19 +296,23 @@ fn copy_data(src: &OwnedFd, dst: &OwnedFd, len: u64) -> Result<()> {
             Ok(h) => (h as u64).min(len),
             Err(_) => len,
         };
-        copy_range(src, dst, data, hole)?;
+        copy_range(src, dst, data, hole, halt)?;
         off = hole;
     }
     Ok(())
 }
 
 /// Copies bytes `from..to` of `src` to the same offsets of `dst`,
-/// in-kernel where the filesystems allow it.
-fn copy_range(src: &OwnedFd, dst: &OwnedFd, from: u64, to: u64) -> Result<()> {
+/// in-kernel where the filesystems allow it, `CHUNK` bytes at a time,
+/// asking `halt` before each chunk.
+fn copy_range(src: &OwnedFd, dst: &OwnedFd, from: u64, to: u64, halt: &dyn Halt) -> Result<()> {
     let mut soff = from as i64;
     let mut doff = from as i64;
     while (soff as u64) < to {
-        let want = (to - soff as u64).min(1 << 30) as usize;
+        if halt.halt() {
+            return err(libc::EINTR);
+        }
+        let want = (to - soff as u64).min(CHUNK) as usize;
         match sys::copy_file_range(src, &mut soff, dst, &mut doff, want) {
             // The source shrank under us: what is left stays a hole.
             Ok(0) => break,
@@ -264,7 +327,14 @@ fn copy_range(src: &OwnedFd, dst: &OwnedFd, from: u64, to: u64) -> Result<()> {
                 ) =>
             {
                 let mut buf = vec![0u8; 1 << 20];
+                let mut since_check = 0u64;
                 while (soff as u64) < to {
+                    if since_check >= CHUNK {
+                        if halt.halt() {
+                            return err(libc::EINTR);
+                        }
+                        since_check = 0;
+                    }
                     let want = ((to - soff as u64) as usize).min(buf.len());
                     let n = sys::pread(src, &mut buf[..want], soff as u64)?;
                     if n == 0 {
@@ -276,6 +346,7 @@ fn copy_range(src: &OwnedFd, dst: &OwnedFd, from: u64, to: u64) -> Result<()> {
                     }
                     soff += n as i64;
                     doff += n as i64;
+                    since_check += n as u64;
                 }
                 return Ok(());
             }

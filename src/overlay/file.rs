@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::copy_up::Data;
+use super::copy_up::{Data, Halt, NoHalt};
 use super::guard::Op;
 use super::inode::Inode;
 use super::readdir::DirEntry;
@@ -162,8 +162,44 @@ fn real_flags(flags: i32) -> i32 {
     flags & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_SYNC | libc::O_DSYNC | libc::O_NONBLOCK)
 }
 
+/// From this size on, a copy-up is long work: the adapter runs an open
+/// that needs one on its copy pool rather than on a request thread
+/// (`fuse::long`). Below it a copy takes a few milliseconds at most.
+pub const LONG_COPY: u64 = 8 << 20;
+
+/// The most one `copy_file_range` through the mount copies: a short count
+/// is legal and callers loop, so one call holds a thread (and the kernel's
+/// lock on the destination file) only as long as this takes.
+pub const COPY_RANGE_MAX: u64 = super::copy_up::CHUNK;
+
 impl Overlay {
+    /// Whether opening `id` with `flags` would copy up at least
+    /// `LONG_COPY` bytes of data: a regular file with no upper copy yet,
+    /// opened for writing without `O_TRUNC`. One `fstat` of the lower.
+    pub fn open_copies_long(&self, id: u64, flags: i32) -> bool {
+        if !wants_write(flags) || flags & libc::O_TRUNC != 0 {
+            return false;
+        }
+        let Ok(inode) = self.inode(id) else {
+            return false;
+        };
+        if inode.kind != libc::S_IFREG || inode.upper().is_some() {
+            return false;
+        }
+        let lower = inode.real.read().lowers.first().map(|(_, fd)| fd.clone());
+        let Some(Ok(fd)) = lower.map(|l| l.get()) else {
+            return false;
+        };
+        sys::fstat(fd.as_ref()).is_ok_and(|st| st.st_size as u64 >= LONG_COPY)
+    }
+
     pub fn open(&self, ctx: &Ctx, id: u64, flags: i32) -> Result<Opened> {
+        self.open_halting(ctx, id, flags, &NoHalt)
+    }
+
+    /// `open`, with the copy-up it may need abandoned (`EINTR`, nothing
+    /// left behind) as soon as `halt` says so.
+    pub fn open_halting(&self, ctx: &Ctx, id: u64, flags: i32, halt: &dyn Halt) -> Result<Opened> {
         let inode = self.inode(id)?;
         if inode.is_dir() && wants_write(flags) {
             return err(libc::EISDIR);
@@ -174,7 +210,8 @@ impl Overlay {
         let (fd, upper) = if wants_write(flags) {
             self.guard_inode(ctx, Op::Write, &inode)?;
             let trunc = flags & libc::O_TRUNC != 0;
-            let upper = self.copy_up_with(&inode, if trunc { Data::Empty } else { Data::All })?;
+            let data = if trunc { Data::Empty } else { Data::All };
+            let upper = self.copy_up_halting(&inode, data, halt)?;
             if trunc {
                 if let Ok(st) = sys::fstat(upper.as_ref()) {
                     let _ = self.quota.charge_resize(st.st_size as u64, 0);
@@ -344,7 +381,7 @@ impl Overlay {
     ) -> Result<u32> {
         let (_a, src) = self.file(fh_in)?;
         let (out, dst) = self.file(fh_out)?;
-        let len = len.min(1 << 30) as usize;
+        let len = len.min(COPY_RANGE_MAX) as usize;
         if self.quota.bytes_limited() {
             let size = sys::fstat(dst.as_ref())?.st_size as u64;
             if off_out + len as u64 > size {

@@ -579,3 +579,239 @@ fn another_users_shared_writable_mapping_waits_for_a_pause_to_end() {
     mapper.finish();
     assert!(m.unmount());
 }
+
+/// Keeps the copies of objects named `big` held before each chunk (the
+/// `hold:copy_chunk` failpoint) while its file exists; removed when
+/// dropped, so a failing test never leaves a copy held.
+struct Hold(PathBuf);
+
+impl Hold {
+    fn new(ws: &Workspace) -> Hold {
+        let p = ws.dir.path().join("hold");
+        fs::write(&p, "").unwrap();
+        Hold(p)
+    }
+
+    /// The daemon's environment arming the failpoint.
+    fn env(&self) -> [(&'static str, &str); 2] {
+        [
+            ("LAYERFS_FAILPOINT", "hold:copy_chunk:big"),
+            ("LAYERFS_FAILPOINT_WHILE", self.0.to_str().unwrap()),
+        ]
+    }
+
+    fn release(&self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// A lower file named `big` of 12 MiB of data (a long copy: over
+/// `LONG_COPY`), writable by anyone, under `dir` in the lower.
+fn big_lower(ws: &Workspace, dir: &str) -> Vec<u8> {
+    let data: Vec<u8> = (0..12u32 << 20).map(|i| (i % 251) as u8).collect();
+    let d = ws.lower().join(dir);
+    fs::create_dir_all(&d).unwrap();
+    fs::write(d.join("big"), &data).unwrap();
+    fs::set_permissions(d.join("big"), fs::Permissions::from_mode(0o666)).unwrap();
+    data
+}
+
+/// Copy-ups under way: the temp files in the work dir.
+fn copying(ws: &Workspace) -> usize {
+    fs::read_dir(&ws.work)
+        .map(|d| d.count())
+        .unwrap_or_default()
+}
+
+/// Runs `f` on a thread of its own and returns what it returned, or
+/// `None` if it has not returned after a minute. A bound for a hang (a
+/// request no thread serves), not a timing: whatever this waits for takes
+/// milliseconds when it works.
+fn unless_hung<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(60)).ok()
+}
+
+/// Opens each of `argv[1:]` for writing, each on a thread of its own;
+/// prints `started` once all are under way, then `opened` (or the errno)
+/// for each open as it returns; exits at the next line.
+const OPENERS: &str = r#"
+import os, sys, threading, errno
+def opener(p):
+    try:
+        os.open(p, os.O_WRONLY)
+        print("opened", flush=True)
+    except OSError as e:
+        print(errno.errorcode[e.errno], flush=True)
+for p in sys.argv[1:]:
+    threading.Thread(target=opener, args=(p,), daemon=True).start()
+print("started", flush=True)
+sys.stdin.readline()
+"#;
+
+#[test]
+fn another_users_long_copy_ups_do_not_hold_the_request_threads() {
+    let ws = shared_workspace();
+    let data = big_lower(&ws, "d0");
+    for d in ["d1", "d2", "d3"] {
+        big_lower(&ws, d);
+    }
+    fs::create_dir(ws.lower().join("elsewhere")).unwrap();
+    fs::write(ws.lower().join("elsewhere/small"), "small\n").unwrap();
+    let hold = Hold::new(&ws);
+    // As many copies as request threads (4 by default).
+    let m = ws.mount_env(&["--allow-other", "--no-journal"], &hold.env());
+    let paths: Vec<String> = (0..4)
+        .map(|i| m.p(&format!("d{i}/big")).to_string_lossy().into_owned())
+        .collect();
+    let mut openers = Tenant::start(OPENERS, &paths);
+    assert_eq!(openers.line(), "started");
+    // The other user's copies run (held: they cannot end while the hold
+    // file exists), as many at once as its share of the copy threads.
+    assert!(
+        eventually(Duration::from_secs(60), || copying(&ws) >= 3),
+        "copies did not start"
+    );
+    // The owner is served meanwhile: a lookup, a read, a new file.
+    let small = m.p("elsewhere/small");
+    let new = m.p("elsewhere/new");
+    let owner = unless_hung(move || {
+        let meta = fs::metadata(&small).map(|m| m.len());
+        let read = fs::read_to_string(&small);
+        let made = fs::write(&new, "new\n");
+        (meta.ok(), read.ok(), made.is_ok())
+    });
+    let held = copying(&ws);
+    hold.release();
+    assert_eq!(
+        owner,
+        Some((Some(6), Some("small\n".into()), true)),
+        "the owner was not served while another user's copies ran"
+    );
+    assert!(held >= 3, "the copies ended before the owner was served");
+    // Then the copies complete, whole, and nothing is left in the work dir.
+    for _ in 0..4 {
+        assert_eq!(openers.line(), "opened");
+    }
+    openers.finish();
+    for i in 0..4 {
+        let up = fs::read(ws.upper.join(format!("d{i}/big"))).unwrap();
+        assert!(up == data, "d{i}/big copied up incomplete");
+    }
+    assert_eq!(copying(&ws), 0);
+    assert!(m.unmount());
+}
+
+#[test]
+fn a_killed_opener_stops_its_copy_and_leaves_nothing_behind() {
+    let ws = shared_workspace();
+    let data = big_lower(&ws, "d");
+    let hold = Hold::new(&ws);
+    let m = ws.mount_env(&["--allow-other", "--no-journal"], &hold.env());
+    let path = m.p("d/big").to_string_lossy().into_owned();
+    let mut opener = Tenant::start(OPENERS, &[path]);
+    assert_eq!(opener.line(), "started");
+    assert!(eventually(Duration::from_secs(60), || copying(&ws) == 1));
+    opener.child.kill().unwrap();
+    // The copy stops although the hold file is still there (the copy could
+    // not have ended by itself), and leaves nothing in the work dir or the
+    // upper.
+    let stopped = eventually(Duration::from_secs(60), || copying(&ws) == 0);
+    let leftover = ws.upper.join("d/big").exists();
+    hold.release();
+    assert!(stopped, "the killed opener's copy went on");
+    assert!(!leftover, "a half-done copy became visible");
+    let _ = opener.child.wait();
+    // The file reads as before, from the lower; a later open copies it.
+    assert!(fs::read(m.p("d/big")).unwrap() == data);
+    assert!(!ws.upper.join("d/big").exists());
+    fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("d/big"))
+        .unwrap();
+    assert!(fs::read(ws.upper.join("d/big")).unwrap() == data);
+    assert!(m.unmount());
+}
+
+/// Creates `argv[1]/src` (40 MiB) and copies it to `argv[1]/dst` with
+/// `copy_file_range`, asking for 1 GiB at each call; prints what the first
+/// call copied and the total.
+const COPY_RANGE: &str = r#"
+import os, sys
+d = sys.argv[1]; n = 40 << 20
+data = bytes(i % 251 for i in range(1 << 20)) * 40
+with open(d + "/src", "wb") as f:
+    f.write(data)
+a = os.open(d + "/src", os.O_RDONLY)
+b = os.open(d + "/dst", os.O_WRONLY | os.O_CREAT, 0o644)
+first = os.copy_file_range(a, b, 1 << 30)
+total = first
+while True:
+    k = os.copy_file_range(a, b, 1 << 30)
+    if k == 0:
+        break
+    total += k
+print(first, total, flush=True)
+"#;
+
+#[test]
+fn copy_file_range_through_the_mount_copies_a_bounded_amount_per_call() {
+    let ws = shared_workspace();
+    let m = ws.mount_with(&["--allow-other", "--no-journal"]);
+    public_dir(&m);
+    let mut t = Tenant::start(COPY_RANGE, &[m.p("pub").to_string_lossy().into_owned()]);
+    let got = t.line();
+    t.finish();
+    let (first, total) = got.split_once(' ').unwrap();
+    let (first, total): (u64, u64) = (first.parse().unwrap(), total.parse().unwrap());
+    // A short count (callers loop), of at most one chunk (16 MiB).
+    assert!(first > 0 && first <= 16 << 20, "{got}");
+    assert_eq!(total, 40 << 20);
+    assert!(fs::read(m.p("pub/dst")).unwrap() == fs::read(m.p("pub/src")).unwrap());
+    assert!(m.unmount());
+}
+
+#[test]
+fn long_copies_waiting_for_a_pause_neither_stall_the_mount_nor_get_lost() {
+    let ws = shared_workspace();
+    let data = big_lower(&ws, "d");
+    fs::write(ws.lower().join("own.txt"), "mine\n").unwrap();
+    let hold = Hold::new(&ws);
+    let m = ws.mount_env(&["--allow-other"], &hold.env());
+    let path = m.p("d/big").to_string_lossy().into_owned();
+    let mut opener = Tenant::start(OPENERS, &[path]);
+    assert_eq!(opener.line(), "started");
+    assert!(eventually(Duration::from_secs(60), || copying(&ws) == 1));
+    // The owner's snapshot pauses writes: it does not wait for the copy
+    // (which cannot end while the hold file exists).
+    let mnt = m.path().to_str().unwrap().to_string();
+    let saved = unless_hung(move || snapshot(&["save", &mnt, "s1"]));
+    let own = fs::read_to_string(m.p("own.txt")).ok();
+    let held = ws.dir.path().join("hold").exists();
+    assert!(
+        eventually(Duration::from_secs(60), || copying(&ws) == 1),
+        "the copy did not start again after the pause"
+    );
+    hold.release();
+    let saved = saved.expect("the snapshot waited for another user's copy");
+    assert!(saved.status.success(), "{}", text(&saved));
+    assert!(held);
+    assert_eq!(own.as_deref(), Some("mine\n"));
+    // The copy was not part of the snapshot, and not lost: the open
+    // completes once the hold ends, with the whole file.
+    let tar = snapshots_dir(&ws).join("s1.tar");
+    assert_eq!(archived(&tar, "d/big"), None);
+    assert_eq!(opener.line(), "opened");
+    opener.finish();
+    assert!(fs::read(ws.upper.join("d/big")).unwrap() == data);
+    assert!(m.unmount());
+}
