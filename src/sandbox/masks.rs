@@ -197,7 +197,7 @@ pub fn hide(stage: &Path, dirs: &[PathBuf]) -> Result<Hidden, String> {
         if done.iter().any(|h| d.starts_with(h)) {
             continue;
         }
-        let target = super::rootfs::inside(stage, &d);
+        let target = super::places::inside(stage, &d);
         if !fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
             continue;
         }

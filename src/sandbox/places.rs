@@ -24,7 +24,6 @@ use std::path::{Component, Path, PathBuf};
 
 use nix::mount::{mount, MsFlags};
 
-use super::rootfs::inside;
 use super::sys::{self, At};
 
 /// What a place holds.
@@ -245,6 +244,11 @@ impl Places {
         }
         Ok(())
     }
+}
+
+/// `path` (absolute) under the new root at `stage`.
+pub fn inside(stage: &Path, path: &Path) -> PathBuf {
+    stage.join(path.strip_prefix("/").unwrap_or(path))
 }
 
 #[cfg(test)]

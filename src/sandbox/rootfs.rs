@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use super::binds::{self, Bind};
-use super::places::{Kind, Places};
+use super::places::{inside, Kind, Places};
 use super::sys::{self, At};
 use super::{devices, masks};
 
@@ -59,11 +59,6 @@ pub struct Layout<'a> {
     /// Mount a private home directory (of the private tmpfs) at
     /// `binds::HOME`.
     pub private_home: bool,
-}
-
-/// `path` (absolute) under the new root at `stage`.
-pub fn inside(stage: &Path, path: &Path) -> PathBuf {
-    stage.join(path.strip_prefix("/").unwrap_or(path))
 }
 
 fn new_api_error(what: &str, e: std::io::Error) -> String {
