@@ -89,13 +89,10 @@ pub fn adopt_fd(fd: RawFd) -> io::Result<OwnedFd> {
 }
 
 /// What a spawned child does between fork and exec, limited to
-/// async-signal-safe calls: join cgroups, keep some inherited descriptors
-/// open across the exec, ask for a signal when its parent dies, leave
-/// namespaces.
-#[derive(Debug, Default)]
+/// async-signal-safe calls: keep some inherited descriptors open across
+/// the exec, ask for a signal when its parent dies, leave namespaces.
+#[derive(Debug, Default, Clone)]
 pub struct ExecSetup {
-    /// Open `cgroup.procs` files: the child writes "0" (itself) to each.
-    cgroups: Vec<std::fs::File>,
     keep: Vec<RawFd>,
     parent_death: Option<Signal>,
     unshare: Option<nix::sched::CloneFlags>,
@@ -104,13 +101,6 @@ pub struct ExecSetup {
 impl ExecSetup {
     pub fn new() -> ExecSetup {
         ExecSetup::default()
-    }
-
-    /// Moves the child into the cgroups whose `cgroup.procs` files these
-    /// are, before anything else (so all it starts is counted there).
-    pub fn join_cgroups(mut self, procs: Vec<std::fs::File>) -> ExecSetup {
-        self.cgroups = procs;
-        self
     }
 
     /// Keeps `fd` open across the exec (it must stay open in the parent
@@ -135,9 +125,6 @@ impl ExecSetup {
     /// Installs the set-up on `cmd`.
     pub fn apply(self, cmd: &mut Command) {
         let hook = move || -> io::Result<()> {
-            for f in &self.cgroups {
-                nix::unistd::write(f, b"0")?;
-            }
             for fd in &self.keep {
                 keep_across_exec(*fd)?;
             }
@@ -151,8 +138,8 @@ impl ExecSetup {
         };
         // SAFETY: the hook runs in the forked child before exec and only
         // reads its own captured, already-allocated data and makes
-        // async-signal-safe system calls (write, fcntl, prctl, unshare):
-        // no allocation, no lock.
+        // async-signal-safe system calls (fcntl, prctl, unshare): no
+        // allocation, no lock.
         unsafe {
             cmd.pre_exec(hook);
         }

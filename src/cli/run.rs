@@ -17,7 +17,13 @@ Examples:
 
   # the agent's persistent workspace, JSON summary, limits
   layerfs run --lower /srv/shared --upper ~/ws/upper --cwd src \\
-              --max-output 64K --timeout 5m --json -- cargo build
+              --max-output 64K --timeout 5m --memory 2G --pids 512 \\
+              --json -- cargo build
+
+  # offline, with staged inputs read-only and a kept package cache
+  layerfs run --lower /srv/shared --upper ~/ws/upper --no-network \\
+              --ro-bind /tmp/inputs:/inputs --home ~/agent-home \\
+              -- npm install --offline /inputs/pkg.tgz
 
 The command runs in private mount, pid and IPC namespaces where the
 workspace is the only writable place: the rest of the host is read-only,
@@ -31,8 +37,11 @@ host. The workspace appears at /workspace (--at PATH to choose), whatever
 its mountpoint on the host is (for --upper DIR without a live mount,
 .DIR-NAME.layerfs-mnt beside DIR; a live mount of the same upper is used
 as it is and left mounted); that host path is hidden. TMPDIR is /tmp and
-LAYERFS_WORKSPACE names the workspace's path in the sandbox. When the command exits, every
-process it left behind is killed.
+LAYERFS_WORKSPACE names the workspace's path in the sandbox; HOME is a
+private directory at /home/sandbox (--home). Host paths come in only
+through --ro-bind and --bind, checked as you. When the command exits,
+every process it left behind is killed; a command that keeps writing past
+--max-output is stopped (--overflow).
 
 The command runs in a session of its own and never gets the caller's
 terminal: when stdin, stdout or stderr is a terminal, it gets a
@@ -43,7 +52,8 @@ Ctrl-C or SIGTERM sent to layerfs run stop the command (after 5 s, or at
 a second one, it is killed) and still unmount. As a user other than root
 this needs unprivileged user namespaces (and fusermount3 to mount).
 
-Exit status: the command's own; 128+N if signal N ended it; 124 if
+Exit status: the command's own; 128+N if signal N ended it (137 when
+stopped for its output or killed by the OOM killer at --memory); 124 if
 --timeout killed it; 125 if layerfs run itself failed (mounting, sandbox);
 126 if the command could not be executed, 127 if it was not found; 2 for a
 usage error (a --cwd outside the workspace too).";

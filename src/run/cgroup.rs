@@ -12,12 +12,16 @@
 //! v2 without delegation) a run that asked for a limit is refused, never
 //! run unlimited.
 //!
-//! Joining: `layerfs run` opens each group's `cgroup.procs` and the
-//! sandbox's child writes `0` to it between fork and exec (`join`, one
-//! `write` per descriptor, async-signal-safe), so no process of the
-//! sandbox ever runs outside the group.
+//! Joining: moving a process between cgroups makes the kernel wait for an
+//! RCU grace period (about 10 ms here), so it is overlapped with building
+//! the sandbox's tree: once the sandbox reports its init's pid, `layerfs
+//! run` writes it to each group's `cgroup.procs` and then sends the init
+//! one byte on a pipe; the init forks the command only after that byte
+//! (and gives up at EOF), so every process of the command is born in the
+//! group. The monitor above the init stays outside: it only waits.
 
 use std::fs::{self, File, OpenOptions};
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -334,6 +338,15 @@ impl Cgroup {
         }
         u
     }
+}
+
+/// Moves process `pid` (the sandbox's init, in the caller's pid
+/// namespace) into each group of `procs` (`join_handles`).
+pub fn join_pid(procs: &[File], pid: i32) -> std::io::Result<()> {
+    for mut f in procs {
+        f.write_all(pid.to_string().as_bytes())?;
+    }
+    Ok(())
 }
 
 impl Drop for Cgroup {

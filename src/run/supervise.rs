@@ -32,7 +32,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 
 use super::binds::Home;
-use super::cgroup::Cgroup;
+use super::cgroup::{self, Cgroup};
 use super::env::EnvPlan;
 use super::outcome::{End, Failure};
 use super::relay::{stop_bound, Relay, Stream, STOP_AFTER};
@@ -167,6 +167,20 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     } else {
         Stdio::inherit()
     };
+    // With limits: the init joins the run's cgroup (moved by us once its
+    // pid is reported, while it builds the tree) before it forks the
+    // command, which it does only after a byte on this pipe.
+    let cgroup_pipe = match l.cgroup {
+        None => None,
+        Some(_) => match std::io::pipe() {
+            Ok(p) => Some(p),
+            Err(e) => return failed(format!("pipe: {e}")),
+        },
+    };
+    let go_fd = cgroup_pipe.as_ref().map(|(r, _)| r.as_raw_fd());
+    if let Some(fd) = go_fd {
+        cmd.arg("--cgroup-fd").arg(fd.to_string());
+    }
     cmd.arg("--")
         .args(l.command)
         .stdin(stdin)
@@ -180,14 +194,11 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
         fixed.push(("HOME", OsStr::new(home)));
     }
     l.env.apply(&mut cmd, &fixed);
-    let cgroups = match l.cgroup.map(Cgroup::join_handles).transpose() {
-        Ok(c) => c.unwrap_or_default(),
-        Err(e) => return failed(format!("the run's cgroup: {e}")),
-    };
-    let mut setup = crate::sys::ExecSetup::new()
-        .join_cgroups(cgroups)
-        .keep(rep_fd)
-        .keep(ctl_fd);
+    let mut setup = crate::sys::ExecSetup::new();
+    if let Some(fd) = go_fd {
+        setup = setup.keep(fd);
+    }
+    setup = setup.keep(rep_fd).keep(ctl_fd);
     if let Some(fd) = term_fd {
         setup = setup.keep(fd);
     }
@@ -198,6 +209,7 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     drop(cmd);
     drop(rep_w);
     drop(ctl_r);
+    let cgroup_go = cgroup_pipe.map(|(_, w)| w);
     let ours = sockets.map(|(ours, _theirs)| ours);
     let child = match spawned {
         Ok(c) => c,
@@ -208,6 +220,15 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
         .map(|(caller, socket)| TtyRelay::new(caller, socket));
     let mut watch = Watch::new(child, ctl_w, l.timeout);
     watch.stop_on_overflow = l.stop_on_overflow;
+    if let (Some(cg), Some(go)) = (l.cgroup, cgroup_go) {
+        match cg.join_handles() {
+            Ok(procs) => watch.cgroup = Some((procs, go)),
+            Err(e) => {
+                watch.kill_sandbox();
+                watch.failure = Some(Failure::Runtime(format!("the run's cgroup: {e}")));
+            }
+        }
+    }
     watch.watch([&out_r, &err_r, &rep_r], relay, stop, tty)
 }
 
@@ -425,6 +446,9 @@ struct Watch {
     over_since: Option<Instant>,
     /// Killed for its output.
     output_stopped: bool,
+    /// The run's cgroup (`cgroup.procs` of each group) and the pipe that
+    /// lets the init go on once it is in it.
+    cgroup: Option<(Vec<File>, PipeWriter)>,
     started: Option<Instant>,
     ended: Option<Instant>,
     status: Option<End>,
@@ -446,6 +470,7 @@ impl Watch {
             stop_on_overflow: false,
             over_since: None,
             output_stopped: false,
+            cgroup: None,
             started: None,
             ended: None,
             status: None,
@@ -559,7 +584,10 @@ impl Watch {
             let line: Vec<u8> = self.reports.drain(..=nl).collect();
             let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
             match Report::parse(&text) {
-                Some(Report::InitPid(p)) => self.init = Some(Pid::from_raw(p)),
+                Some(Report::InitPid(p)) => {
+                    self.init = Some(Pid::from_raw(p));
+                    self.join_cgroup(p);
+                }
                 Some(Report::Started) => self.started = Some(Instant::now()),
                 Some(Report::Failed(m)) => self.failure = Some(Failure::Runtime(m)),
                 Some(Report::Usage(m)) => self.failure = Some(Failure::Usage(m)),
@@ -570,6 +598,23 @@ impl Watch {
                 Some(Report::Exited(c)) => self.ended_with(End::Exited(c)),
                 Some(Report::Signaled(s)) => self.ended_with(End::Signaled(s)),
                 None => tracing::debug!("unknown sandbox report: {text}"),
+            }
+        }
+    }
+
+    /// Moves the init (pid `pid`) into the run's cgroup and lets it go on;
+    /// if that fails, the sandbox is killed before the command starts.
+    fn join_cgroup(&mut self, pid: i32) {
+        let Some((procs, mut go)) = self.cgroup.take() else {
+            return;
+        };
+        match cgroup::join_pid(&procs, pid).and_then(|()| go.write_all(b"1")) {
+            Ok(()) => {}
+            Err(e) => {
+                self.failure = Some(Failure::Runtime(format!(
+                    "moving the sandbox into the run's cgroup: {e}"
+                )));
+                self.kill_sandbox();
             }
         }
     }

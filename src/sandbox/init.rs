@@ -66,9 +66,20 @@ pub fn main(spec: Spec) -> i32 {
             return 125;
         }
     };
+    let cgroup_go = match spec.cgroup_fd.map(sys::adopt_fd).transpose() {
+        Ok(g) => g,
+        Err(e) => {
+            report.send(&Report::Failed(format!(
+                "cgroup fd {:?}: {e}",
+                spec.cgroup_fd
+            )));
+            return 125;
+        }
+    };
     for fd in [spec.report_fd, spec.control_fd]
         .into_iter()
         .chain(spec.terminal_fd)
+        .chain(spec.cgroup_fd)
     {
         if let Err(e) = sys::close_on_exec(fd) {
             report.send(&Report::Failed(format!("fd {fd}: {e}")));
@@ -86,7 +97,7 @@ pub fn main(spec: Spec) -> i32 {
     for s in STOP_SIGNALS {
         let _ = sys::set_disposition(s, true);
     }
-    match monitor(&spec, &report, control, terminal, &ignored) {
+    match monitor(&spec, &report, control, terminal, cgroup_go, &ignored) {
         Ok(()) => 0,
         Err(msg) => {
             report.send(&Report::Failed(msg));
@@ -101,6 +112,7 @@ fn monitor(
     report: &Reporter,
     control: OwnedFd,
     terminal: Option<OwnedFd>,
+    cgroup_go: Option<OwnedFd>,
     ignored: &[Signal],
 ) -> Result<(), String> {
     // A private IPC namespace: the host's System V shared memory, message
@@ -118,11 +130,12 @@ fn monitor(
     match sys::fork_single_threaded().map_err(|e| format!("fork: {e}"))? {
         ForkResult::Child => {
             let _ = sys::set_parent_death_signal(Signal::SIGKILL);
-            sys::exit_child(init(spec, report, control, terminal, ignored))
+            sys::exit_child(init(spec, report, control, terminal, cgroup_go, ignored))
         }
         ForkResult::Parent { child } => {
             drop(control);
             drop(terminal);
+            drop(cgroup_go);
             report.send(&Report::InitPid(child.as_raw()));
             loop {
                 match waitpid(child, None) {
@@ -170,6 +183,7 @@ fn init(
     report: &Reporter,
     control: OwnedFd,
     terminal: Option<OwnedFd>,
+    cgroup_go: Option<OwnedFd>,
     ignored: &[Signal],
 ) -> i32 {
     // Out of the caller's session, so the init has no controlling terminal
@@ -209,6 +223,20 @@ fn init(
             return 1;
         }
     };
+    // `layerfs run` moves this process into the run's cgroup while the
+    // tree is built; the command is forked only once it says so.
+    if let Some(go) = cgroup_go {
+        let mut byte = [0u8; 1];
+        match File::from(go).read(&mut byte) {
+            Ok(1) => {}
+            _ => {
+                report.send(&Report::Failed(
+                    "the run's cgroup was not joined; not starting the command".into(),
+                ));
+                return 1;
+            }
+        }
+    }
     report.send(&Report::Started);
     let child = match sys::fork_single_threaded() {
         Ok(ForkResult::Child) => exec_command(spec, report, ignored, pty.as_deref()),

@@ -99,6 +99,12 @@ pub struct Spec {
     /// Inherited descriptor for report lines (see `report`).
     #[arg(long, value_name = "FD")]
     pub report_fd: i32,
+    /// Inherited pipe on which `layerfs run` sends one byte once it has
+    /// moved the init into the run's cgroup; the init forks the command
+    /// only after it (so no process of the command runs outside the
+    /// group), and gives up at EOF.
+    #[arg(long, value_name = "FD")]
+    pub cgroup_fd: Option<i32>,
     /// Inherited descriptor on which `layerfs run` sends requests.
     #[arg(long, value_name = "FD")]
     pub control_fd: i32,

@@ -325,3 +325,48 @@ fn another_user_trusts_a_root_owned_repository_through_git_config_env() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(stdout(&out).starts_with("## "), "{}", text(&out));
 }
+
+#[test]
+fn pip_installs_offline_from_a_read_only_wheel_into_a_writable_bind() {
+    let ws = workspace_for(Caller::Root);
+    let inputs = ws.dir.path().join("inputs");
+    let cache = ws.dir.path().join("cache");
+    fs::create_dir(&inputs).unwrap();
+    fs::create_dir(&cache).unwrap();
+    // A pure-Python wheel, made by hand (no build backend, no network).
+    let make = format!(
+        "import zipfile\n\
+         w = zipfile.ZipFile('{}/hello-1.0-py3-none-any.whl', 'w')\n\
+         w.writestr('hello/__init__.py', 'GREETING = \"hi from hello\"\\n')\n\
+         w.writestr('hello-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: hello\\nVersion: 1.0\\n')\n\
+         w.writestr('hello-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nGenerator: t\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
+         w.writestr('hello-1.0.dist-info/RECORD', '')\n\
+         w.close()\n",
+        inputs.display()
+    );
+    let o = Command::new("python3")
+        .args(["-c", &make])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    // The interpreter itself, not a pyenv shim (which writes its shims
+    // directory, read-only in the sandbox).
+    let py = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let py = String::from_utf8(py.stdout).unwrap();
+    let py = py.trim();
+    let script = format!(
+        "{py} -m pip install -q --root-user-action=ignore --no-index --find-links /inputs \
+         --target /cache/site hello && PYTHONPATH=/cache/site {py} -c \
+         'import hello; print(hello.GREETING)'"
+    );
+    let ro = format!("{}:/inputs", inputs.display());
+    let rw = format!("{}:/cache", cache.display());
+    let flags = ["--no-network", "--ro-bind", &ro, "--bind", &rw];
+    let out = sh_as(Caller::Root, &ws, true, &flags, &script);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(stdout(&out), "hi from hello\n", "{}", text(&out));
+    assert!(cache.join("site/hello/__init__.py").exists());
+}
