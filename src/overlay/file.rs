@@ -167,6 +167,10 @@ fn real_flags(flags: i32) -> i32 {
 /// (`fuse::long`). Below it a copy takes a few milliseconds at most.
 pub const LONG_COPY: u64 = 8 << 20;
 
+/// From this many entries on, building a directory's listing takes tens
+/// of milliseconds or more (see `lists_long`).
+pub const LONG_LISTING: usize = 10_000;
+
 /// The most one `copy_file_range` through the mount copies: a short count
 /// is legal and callers loop, so one call holds a thread (and the kernel's
 /// lock on the destination file) only as long as this takes.
@@ -416,9 +420,44 @@ impl Overlay {
                 return Ok((inode, l));
             }
         }
-        let list = Arc::new(self.visible_entries(&inode)?);
+        let list = self.shared_listing(&inode)?;
         *inode.listing.lock() = Some(list.clone());
         Ok((inode, list))
+    }
+
+    /// A fresh listing of `dir`, built once for concurrent readers: a
+    /// reader arriving while another builds it (or reads the result)
+    /// waits and takes the same one, if no mutation ended and the policy
+    /// did not change since its build began (`WriteGate::epoch`) — then
+    /// it is exactly what this reader would have built. Otherwise it
+    /// builds its own. The result is dropped when its last reader is done,
+    /// so it never outlives the readers that overlapped it (a later reader
+    /// sees later changes from outside the mount, too).
+    fn shared_listing(&self, dir: &Inode) -> Result<Arc<Vec<DirEntry>>> {
+        use std::sync::atomic::Ordering::AcqRel;
+        let epoch = self.gate.epoch();
+        dir.listing_readers.fetch_add(1, AcqRel);
+        let mut slot = dir.shared_listing.lock();
+        let list = match &*slot {
+            Some((built, list)) if *built == epoch => Ok(list.clone()),
+            _ => self.visible_entries(dir).map(Arc::new).inspect(|list| {
+                dir.listing_len
+                    .store(list.len(), std::sync::atomic::Ordering::Relaxed);
+                *slot = Some((epoch, list.clone()));
+            }),
+        };
+        if dir.listing_readers.fetch_sub(1, AcqRel) == 1 {
+            *slot = None;
+        }
+        list
+    }
+
+    /// Whether a listing of `id` from its start is long work: its last
+    /// listing had `LONG_LISTING` entries or more (the adapter then
+    /// builds it on the copy pool, `fuse::long`).
+    pub fn lists_long(&self, id: u64) -> bool {
+        self.inode(id)
+            .is_ok_and(|d| d.listing_len.load(std::sync::atomic::Ordering::Relaxed) >= LONG_LISTING)
     }
 
     /// The kernel read a listing to its end: it keeps its own copy now.
