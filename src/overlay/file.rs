@@ -171,6 +171,10 @@ pub const LONG_COPY: u64 = 8 << 20;
 /// of milliseconds or more (see `lists_long`).
 pub const LONG_LISTING: usize = 10_000;
 
+/// A lower directory this large (about 10,000 short names on ext4) is
+/// taken for a long listing before it was ever listed.
+pub const LONG_DIR_BYTES: u64 = 256 << 10;
+
 /// The most one `copy_file_range` through the mount copies: a short count
 /// is legal and callers loop, so one call holds a thread (and the kernel's
 /// lock on the destination file) only as long as this takes.
@@ -453,11 +457,25 @@ impl Overlay {
     }
 
     /// Whether a listing of `id` from its start is long work: its last
-    /// listing had `LONG_LISTING` entries or more (the adapter then
-    /// builds it on the copy pool, `fuse::long`).
+    /// listing had `LONG_LISTING` entries or more, or, before its first,
+    /// its topmost lower directory is `LONG_DIR_BYTES` or more (one
+    /// `fstat`; a directory's size grows with its entries on ext4, xfs
+    /// and tmpfs alike). The adapter then builds it on the copy pool
+    /// (`fuse::long`).
     pub fn lists_long(&self, id: u64) -> bool {
-        self.inode(id)
-            .is_ok_and(|d| d.listing_len.load(std::sync::atomic::Ordering::Relaxed) >= LONG_LISTING)
+        let Ok(dir) = self.inode(id) else {
+            return false;
+        };
+        match dir.listing_len.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => {
+                let lower = dir.real.read().lowers.first().map(|(_, fd)| fd.clone());
+                let Some(Ok(fd)) = lower.map(|l| l.get()) else {
+                    return false;
+                };
+                sys::fstat(fd.as_ref()).is_ok_and(|st| st.st_size as u64 >= LONG_DIR_BYTES)
+            }
+            n => n >= LONG_LISTING,
+        }
     }
 
     /// The kernel read a listing to its end: it keeps its own copy now.
