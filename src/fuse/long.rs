@@ -7,7 +7,8 @@
 //! someone's gigabyte.
 //!
 //! Rules (each relied on by the code below):
-//! - Bounded: at most `threads` pool threads, started as work arrives.
+//! - Bounded: at most `threads` pool threads, started as work arrives,
+//!   each at a lower CPU and I/O priority than the request threads.
 //! - Fair: queued jobs are taken per uid, round robin, and one uid runs at
 //!   most `threads - 1` jobs at once (at least one): another user's copies
 //!   always find a thread, however many copies one user starts.
@@ -143,6 +144,10 @@ impl Drop for Pool {
 }
 
 fn serve(inner: Arc<Inner>) {
+    // Copies yield the CPU and the disk to the request threads.
+    if let Err(e) = crate::layer::sys::background_thread() {
+        tracing::debug!("copy thread keeps its priority: {e}");
+    }
     let mut st = inner.state.lock();
     loop {
         if let Some((uid, job)) = st.next(inner.per_uid) {

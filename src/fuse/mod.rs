@@ -614,6 +614,100 @@ impl Shared {
         }
     }
 
+    /// READDIR: from offset 0 a listing is built (or shared, see
+    /// `Overlay::dir_listing`), later offsets continue it.
+    fn readdir(&self, ino: INodeNo, offset: u64, mut reply: ReplyDirectory) {
+        let (dir, entries) = match self.ov().dir_listing(ino.0, offset) {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
+        };
+        // Offsets: `.` is 1, `..` is 2, entry i is i + 3.
+        let mut off = offset;
+        if off == 0 {
+            if reply.add(ino, 1, fuser::FileType::Directory, ".") {
+                return reply.ok();
+            }
+            off = 1;
+        }
+        if off == 1 {
+            let pid = dir.parent().map(|p| p.id).unwrap_or(ino.0);
+            if reply.add(INodeNo(pid), 2, fuser::FileType::Directory, "..") {
+                return reply.ok();
+            }
+            off = 2;
+        }
+        for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
+            if reply.add(INodeNo(e.id), i as u64 + 3, convert::kind(e.kind), &e.name) {
+                return reply.ok();
+            }
+        }
+        self.ov().dir_listing_done(&dir);
+        reply.ok();
+        release_listing(entries);
+    }
+
+    /// READDIRPLUS: as `readdir`, each entry with its attributes.
+    fn readdirplus(&self, c: &Ctx, ino: INodeNo, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let (dir, entries) = match self.ov().dir_listing(ino.0, offset) {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let zero = Duration::ZERO;
+        let mut off = offset;
+        // The kernel uses neither the attributes nor the node of `.` and
+        // `..` in a READDIRPLUS reply (it skips both when filling its
+        // caches): `..` gets the directory's own attributes, so listing a
+        // directory never touches its parent (whose lower may be a
+        // network filesystem that does not answer).
+        let here = if off < 2 {
+            self.ov()
+                .getattr(ino.0)
+                .ok()
+                .map(|(st, _)| convert::attr(&st))
+        } else {
+            None
+        };
+        if off == 0 {
+            if let Some(a) = &here {
+                if reply.add(ino, 1, ".", &zero, a, Generation(0)) {
+                    return reply.ok();
+                }
+            }
+            off = 1;
+        }
+        if off == 1 {
+            let pid = dir.parent().map(|p| p.id).unwrap_or(ino.0);
+            if let Some(a) = &here {
+                if reply.add(INodeNo(pid), 2, "..", &zero, a, Generation(0)) {
+                    return reply.ok();
+                }
+            }
+            off = 2;
+        }
+        for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
+            // Each entry sent counts one lookup, like a LOOKUP reply.
+            let Ok(ent) = self.ov().lookup(c, ino.0, &e.name) else {
+                continue;
+            };
+            let full = reply.add(
+                INodeNo(ent.id),
+                i as u64 + 3,
+                &e.name,
+                &self.ttl(ent.lower),
+                &convert::attr(&ent.st),
+                Generation(0),
+            );
+            if full {
+                // Not sent after all: give the lookup back.
+                self.ov().forget(ent.id, 1);
+                return reply.ok();
+            }
+        }
+        self.ov().dir_listing_done(&dir);
+        reply.ok();
+        release_listing(entries);
+    }
+
     fn write(&self, fh: u64, offset: u64, data: &[u8], reply: ReplyWrite) {
         match self.ov().write(fh, offset, data) {
             Ok(n) => reply.written(n),
@@ -1122,39 +1216,20 @@ impl fuser::Filesystem for LayerFs {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        let (dir, entries) = match self.ov().dir_listing(ino.0, offset) {
-            Ok(x) => x,
-            Err(e) => return reply.error(errno(e)),
-        };
-        // Offsets: `.` is 1, `..` is 2, entry i is i + 3.
-        let mut off = offset;
-        if off == 0 {
-            if reply.add(ino, 1, fuser::FileType::Directory, ".") {
-                return reply.ok();
-            }
-            off = 1;
+        if offset == 0 && self.ov().lists_long(ino.0) {
+            let inner = self.inner.clone();
+            return self
+                .inner
+                .long
+                .submit(req.uid(), move || inner.readdir(ino, offset, reply));
         }
-        if off == 1 {
-            let pid = dir.parent().map(|p| p.id).unwrap_or(ino.0);
-            if reply.add(INodeNo(pid), 2, fuser::FileType::Directory, "..") {
-                return reply.ok();
-            }
-            off = 2;
-        }
-        for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
-            if reply.add(INodeNo(e.id), i as u64 + 3, convert::kind(e.kind), &e.name) {
-                return reply.ok();
-            }
-        }
-        self.ov().dir_listing_done(&dir);
-        reply.ok();
-        release_listing(entries);
+        self.inner.readdir(ino, offset, reply)
     }
 
     fn readdirplus(
@@ -1163,67 +1238,17 @@ impl fuser::Filesystem for LayerFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        let (dir, entries) = match self.ov().dir_listing(ino.0, offset) {
-            Ok(x) => x,
-            Err(e) => return reply.error(errno(e)),
-        };
-        let zero = Duration::ZERO;
-        let mut off = offset;
-        // The kernel uses neither the attributes nor the node of `.` and
-        // `..` in a READDIRPLUS reply (it skips both when filling its
-        // caches): `..` gets the directory's own attributes, so listing a
-        // directory never touches its parent (whose lower may be a
-        // network filesystem that does not answer).
-        let here = if off < 2 {
-            self.ov()
-                .getattr(ino.0)
-                .ok()
-                .map(|(st, _)| convert::attr(&st))
-        } else {
-            None
-        };
-        if off == 0 {
-            if let Some(a) = &here {
-                if reply.add(ino, 1, ".", &zero, a, Generation(0)) {
-                    return reply.ok();
-                }
-            }
-            off = 1;
-        }
-        if off == 1 {
-            let pid = dir.parent().map(|p| p.id).unwrap_or(ino.0);
-            if let Some(a) = &here {
-                if reply.add(INodeNo(pid), 2, "..", &zero, a, Generation(0)) {
-                    return reply.ok();
-                }
-            }
-            off = 2;
-        }
         let c = ctx(req, 0);
-        for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
-            // Each entry sent counts one lookup, like a LOOKUP reply.
-            let Ok(ent) = self.ov().lookup(&c, ino.0, &e.name) else {
-                continue;
-            };
-            let full = reply.add(
-                INodeNo(ent.id),
-                i as u64 + 3,
-                &e.name,
-                &self.ttl(ent.lower),
-                &convert::attr(&ent.st),
-                Generation(0),
-            );
-            if full {
-                // Not sent after all: give the lookup back.
-                self.ov().forget(ent.id, 1);
-                return reply.ok();
-            }
+        if offset == 0 && self.ov().lists_long(ino.0) {
+            let inner = self.inner.clone();
+            return self
+                .inner
+                .long
+                .submit(c.uid, move || inner.readdirplus(&c, ino, offset, reply));
         }
-        self.ov().dir_listing_done(&dir);
-        reply.ok();
-        release_listing(entries);
+        self.inner.readdirplus(&c, ino, offset, reply)
     }
 
     fn fsyncdir(

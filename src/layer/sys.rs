@@ -774,3 +774,27 @@ pub fn sqlite_fd_vfs() -> bool {
         unsafe { rusqlite::ffi::sqlite3_vfs_register(vfs, 0) == rusqlite::ffi::SQLITE_OK }
     })
 }
+
+/// Makes the calling thread yield to the others: CPU nice 10 and the
+/// lowest best-effort I/O priority, for background work (the copy pool)
+/// that must not slow the threads answering requests. Best effort: a
+/// refusal leaves the thread as it was.
+pub fn background_thread() -> io::Result<()> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: setpriority on our own thread id; no memory is passed.
+    check(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10) })?;
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_BE: libc::c_long = 2;
+    let prio = (IOPRIO_CLASS_BE << 13) | 7;
+    // SAFETY: ioprio_set takes three integers; no memory is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            tid as libc::c_long,
+            prio,
+        )
+    };
+    check(r as libc::c_int).map(|_| ())
+}

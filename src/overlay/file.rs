@@ -167,6 +167,14 @@ fn real_flags(flags: i32) -> i32 {
 /// (`fuse::long`). Below it a copy takes a few milliseconds at most.
 pub const LONG_COPY: u64 = 8 << 20;
 
+/// From this many entries on, building a directory's listing takes tens
+/// of milliseconds or more (see `lists_long`).
+pub const LONG_LISTING: usize = 10_000;
+
+/// A lower directory this large (about 10,000 short names on ext4) is
+/// taken for a long listing before it was ever listed.
+pub const LONG_DIR_BYTES: u64 = 256 << 10;
+
 /// The most one `copy_file_range` through the mount copies: a short count
 /// is legal and callers loop, so one call holds a thread (and the kernel's
 /// lock on the destination file) only as long as this takes.
@@ -416,9 +424,58 @@ impl Overlay {
                 return Ok((inode, l));
             }
         }
-        let list = Arc::new(self.visible_entries(&inode)?);
+        let list = self.shared_listing(&inode)?;
         *inode.listing.lock() = Some(list.clone());
         Ok((inode, list))
+    }
+
+    /// A fresh listing of `dir`, built once for concurrent readers: a
+    /// reader arriving while another builds it (or reads the result)
+    /// waits and takes the same one, if no mutation ended and the policy
+    /// did not change since its build began (`WriteGate::epoch`) — then
+    /// it is exactly what this reader would have built. Otherwise it
+    /// builds its own. The result is dropped when its last reader is done,
+    /// so it never outlives the readers that overlapped it (a later reader
+    /// sees later changes from outside the mount, too).
+    fn shared_listing(&self, dir: &Inode) -> Result<Arc<Vec<DirEntry>>> {
+        use std::sync::atomic::Ordering::AcqRel;
+        let epoch = self.gate.epoch();
+        dir.listing_readers.fetch_add(1, AcqRel);
+        let mut slot = dir.shared_listing.lock();
+        let list = match &*slot {
+            Some((built, list)) if *built == epoch => Ok(list.clone()),
+            _ => self.visible_entries(dir).map(Arc::new).inspect(|list| {
+                dir.listing_len
+                    .store(list.len(), std::sync::atomic::Ordering::Relaxed);
+                *slot = Some((epoch, list.clone()));
+            }),
+        };
+        if dir.listing_readers.fetch_sub(1, AcqRel) == 1 {
+            *slot = None;
+        }
+        list
+    }
+
+    /// Whether a listing of `id` from its start is long work: its last
+    /// listing had `LONG_LISTING` entries or more, or, before its first,
+    /// its topmost lower directory is `LONG_DIR_BYTES` or more (one
+    /// `fstat`; a directory's size grows with its entries on ext4, xfs
+    /// and tmpfs alike). The adapter then builds it on the copy pool
+    /// (`fuse::long`).
+    pub fn lists_long(&self, id: u64) -> bool {
+        let Ok(dir) = self.inode(id) else {
+            return false;
+        };
+        match dir.listing_len.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => {
+                let lower = dir.real.read().lowers.first().map(|(_, fd)| fd.clone());
+                let Some(Ok(fd)) = lower.map(|l| l.get()) else {
+                    return false;
+                };
+                sys::fstat(fd.as_ref()).is_ok_and(|st| st.st_size as u64 >= LONG_DIR_BYTES)
+            }
+            n => n >= LONG_LISTING,
+        }
     }
 
     /// The kernel read a listing to its end: it keeps its own copy now.

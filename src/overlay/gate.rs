@@ -8,16 +8,32 @@
 //! never again while holding it (a nested shared take could wait behind a
 //! waiting pause that waits for the outer take: a deadlock).
 
+//!
+//! The gate also counts mutations: `epoch` grows when each one ends (and
+//! when the policy changes, `bump`). Whatever was computed from the
+//! tree at epoch E is what a request would compute anew as long as the
+//! epoch is still E (a shared directory listing relies on this).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 #[derive(Default)]
 pub struct WriteGate {
     lock: RwLock<()>,
+    epoch: AtomicU64,
 }
 
 /// Held by one mutating operation while it runs.
 pub struct Pass<'a> {
     _guard: RwLockReadGuard<'a, ()>,
+    epoch: &'a AtomicU64,
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 /// Held while writes are paused; dropping it lets them continue.
@@ -29,13 +45,17 @@ impl WriteGate {
     /// Enters without waiting: `None` while a pause is held or waiting for
     /// the mutations in flight (the caller then waits elsewhere).
     pub fn try_enter(&self) -> Option<Pass<'_>> {
-        self.lock.try_read().map(|g| Pass { _guard: g })
+        self.lock.try_read().map(|g| Pass {
+            _guard: g,
+            epoch: &self.epoch,
+        })
     }
 
     /// Enters, waiting as long as writes are paused.
     pub fn enter(&self) -> Pass<'_> {
         Pass {
             _guard: self.lock.read(),
+            epoch: &self.epoch,
         }
     }
 
@@ -45,6 +65,16 @@ impl WriteGate {
         PauseGuard {
             _guard: self.lock.write(),
         }
+    }
+
+    /// How many mutations have ended (see the module comment).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Counts a change that is not a mutating request (a policy swap).
+    pub fn bump(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Whether a pause is held (or being taken).

@@ -173,6 +173,14 @@ pub struct Inode {
     /// For a directory: the listing the kernel is reading (see
     /// `Overlay::dir_listing`).
     pub listing: Mutex<Option<Arc<Vec<super::readdir::DirEntry>>>>,
+    /// For a directory: the listing last built from offset 0, with the
+    /// write gate's epoch when its build began, shared with openers that
+    /// arrive while it is built or used (see `Overlay::dir_listing`).
+    pub shared_listing: Mutex<Option<(u64, Arc<Vec<super::readdir::DirEntry>>)>>,
+    /// Readers waiting for or using `shared_listing`.
+    pub listing_readers: std::sync::atomic::AtomicUsize,
+    /// Entries in the last listing built (`Overlay::lists_long`).
+    pub listing_len: std::sync::atomic::AtomicUsize,
     /// Open-mode bookkeeping for FUSE passthrough (see `file`).
     pub io: Mutex<IoState>,
     /// For a directory: every lower directory merged into it is watched
@@ -234,6 +242,9 @@ impl Inode {
             copy_up: Mutex::new(()),
             io: Mutex::new(IoState::default()),
             listing: Mutex::new(None),
+            shared_listing: Mutex::new(None),
+            listing_readers: Default::default(),
+            listing_len: Default::default(),
             watched: AtomicBool::new(false),
             watched_layers: Mutex::new(None),
         }

@@ -288,6 +288,8 @@ impl Overlay {
     pub fn set_policy(&self, p: Policy) {
         self.quota.set_limits(p.quota());
         *self.policy.write() = Arc::new(p);
+        // Listings built under the old rules are not shared any more.
+        self.gate.bump();
     }
 
     /// The inode for a node id the kernel holds; ESTALE if it was forgotten.

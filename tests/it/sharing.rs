@@ -815,3 +815,57 @@ fn long_copies_waiting_for_a_pause_neither_stall_the_mount_nor_get_lost() {
     assert!(fs::read(ws.upper.join("d/big")).unwrap() == data);
     assert!(m.unmount());
 }
+
+/// Lists `argv[1]` over and over on four threads; prints `listing` once
+/// each has listed it once, and exits at the next line.
+const LISTERS: &str = r#"
+import os, sys, threading
+done = threading.Barrier(5)
+def lister():
+    os.listdir(sys.argv[1])
+    done.wait()
+    while True:
+        os.listdir(sys.argv[1])
+for _ in range(4):
+    threading.Thread(target=lister, daemon=True).start()
+done.wait()
+print("listing", flush=True)
+sys.stdin.readline()
+"#;
+
+#[test]
+fn a_listing_shared_with_other_readers_still_shows_later_changes() {
+    let ws = shared_workspace();
+    let many = ws.lower().join("many");
+    fs::create_dir(&many).unwrap();
+    fs::set_permissions(&many, fs::Permissions::from_mode(0o777)).unwrap();
+    // Over LONG_LISTING entries: from the second listing on, listings of
+    // it are built on the copy pool and shared between concurrent readers.
+    for i in 0..12_000 {
+        fs::write(many.join(format!("e{i}")), "").unwrap();
+    }
+    let m = ws.mount_with(&["--allow-other", "--no-journal"]);
+    let dir = m.p("many");
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 12_000);
+    let mut listers = Tenant::start(LISTERS, &[dir.to_string_lossy().into_owned()]);
+    assert_eq!(listers.line(), "listing");
+    // Each change is in the next listing the owner takes, however the
+    // other user's listings overlap it.
+    for k in 0..20 {
+        let name = format!("new{k}");
+        fs::write(dir.join(&name), "").unwrap();
+        let names: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.contains(&name), "{name} missing from a later listing");
+        assert_eq!(names.len(), 12_001);
+        fs::remove_file(dir.join(&name)).unwrap();
+        let gone = fs::read_dir(&dir)
+            .unwrap()
+            .any(|e| e.unwrap().file_name().to_string_lossy() == name);
+        assert!(!gone, "{name} still listed after its removal");
+    }
+    listers.finish();
+    assert!(m.unmount());
+}
