@@ -14,7 +14,7 @@
 //! writes is waiting for. A halted copy ends like a failed one: its temp
 //! file is removed from the work dir and nothing appears in the upper.
 
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 
@@ -392,8 +392,4 @@ pub fn copy_xattrs(src: &impl AsRawFd, dst: &(impl AsRawFd + AsFd), fmt: u32) ->
 
 pub fn cstr(name: &[u8]) -> Result<CString> {
     CString::new(name).map_err(|_| Errno(libc::EINVAL))
-}
-
-pub fn _unused(_: &CStr) -> Result<()> {
-    err(0)
 }
