@@ -763,8 +763,11 @@ fn a_terminal_ctrl_c_reaches_the_command_once_and_unmounts() {
         ws.lower().display(),
         ws.upper.display()
     );
-    let mut child = Command::new("script")
-        .args(["-qfec", &inner, "/dev/null"])
+    // With SIGINT at its default even when the suite itself was started
+    // ignoring it (a `&` job): an ignored SIGINT is inherited, and
+    // `layerfs run` rightly keeps it ignored for the command.
+    let mut child = Command::new("env")
+        .args(["--default-signal=INT", "script", "-qfec", &inner, "/dev/null"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -778,9 +778,11 @@ impl OnTerminal {
         let cmd = run_cmd(caller, args);
         let program = cmd.get_program().to_owned();
         let argv: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
-        let mut wrapped = Command::new("setsid");
+        // SIGINT at its default even when the suite was started ignoring
+        // it (a `&` job), which `layerfs run` would rightly keep.
+        let mut wrapped = Command::new("env");
         wrapped
-            .arg("--ctty")
+            .args(["--default-signal=INT", "setsid", "--ctty"])
             .arg(program)
             .args(argv)
             .env("RUST_LOG", "warn")
