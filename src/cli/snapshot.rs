@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use clap::Subcommand;
 
 use crate::policy::Policy;
-use crate::state::snapshot::{self, Exclude, SaveOptions};
+use crate::state::scratch;
+use crate::state::snapshot::{self, SaveOptions};
 use crate::state::snapshot_id;
 use crate::state::workspace::Workspace;
 
@@ -130,7 +131,7 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
         None => snapshot_id::generate(|c| snapshot::exists(&ws.dir, c)),
     };
     let opts = SaveOptions {
-        exclude: Exclude::new(&ws.scratch)?,
+        exclude: scratch::of_workspace(&ws)?,
         force,
         progress: std::io::stderr().is_terminal(),
     };

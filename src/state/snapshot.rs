@@ -73,7 +73,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use super::scratch::Scratch;
 
 use super::snapshot_id;
 use crate::layer::ops::{self, PRIVATE_PREFIXES};
@@ -126,42 +126,10 @@ pub fn snapshots_dir(state: &SafeDir, create: bool) -> Result<Option<SafeDir>, S
     state.subdir(SNAPSHOTS, Role::Snapshots, create.then_some(0o700))
 }
 
-/// Paths left out of snapshots: gitignore-style globs relative to the
-/// workspace root (`*` stays within one component, `**` crosses them).
-#[derive(Clone, Default)]
-pub struct Exclude {
-    set: Option<GlobSet>,
-}
-
-impl Exclude {
-    pub fn new(globs: &[String]) -> Result<Exclude, String> {
-        if globs.is_empty() {
-            return Ok(Exclude { set: None });
-        }
-        let mut b = GlobSetBuilder::new();
-        for g in globs {
-            let glob = GlobBuilder::new(g.trim_start_matches('/'))
-                .literal_separator(true)
-                .backslash_escape(true)
-                .build()
-                .map_err(|e| format!("invalid scratch glob `{g}`: {e}"))?;
-            b.add(glob);
-        }
-        let set = b
-            .build()
-            .map_err(|e| format!("invalid scratch globs: {e}"))?;
-        Ok(Exclude { set: Some(set) })
-    }
-
-    /// Whether `rel` (relative to the upper root) is left out.
-    pub fn excludes(&self, rel: &Path) -> bool {
-        self.set.as_ref().is_some_and(|s| s.is_match(rel))
-    }
-}
-
 /// Options of a save.
 pub struct SaveOptions {
-    pub exclude: Exclude,
+    /// Paths left out: the workspace's scratch paths.
+    pub exclude: Scratch,
     /// Replace an existing snapshot of the same ID.
     pub force: bool,
     /// Show a progress bar on stderr (a terminal).
@@ -538,7 +506,7 @@ fn names_rev(fd: &OwnedFd, shown: &Path) -> Result<Vec<OsString>, String> {
 pub fn write_archive<W: Write>(
     upper: &Path,
     out: W,
-    exclude: &Exclude,
+    exclude: &Scratch,
 ) -> Result<(W, u64), String> {
     let mut w = ArchiveWriter {
         b: tar::Builder::new(out),
@@ -572,7 +540,7 @@ pub fn write_archive<W: Write>(
             continue;
         };
         let rel = child_rel(&chain.path, &name);
-        if exclude.excludes(&rel) {
+        if exclude.matches_os(rel.as_os_str()) {
             continue;
         }
         let full = w.full(&rel);
@@ -2310,19 +2278,6 @@ mod tests {
         ]);
         assert_eq!(r, Ok(4));
         assert_eq!(fs::read(t.path().join("dst/y")).unwrap(), b"x");
-    }
-
-    #[test]
-    fn exclude_globs() {
-        let e = Exclude::new(&["tmp/**".into(), "**/*.log".into(), "/cache".into()]).unwrap();
-        for p in ["tmp/a", "tmp/a/b", "x.log", "a/b/c.log", "cache"] {
-            assert!(e.excludes(Path::new(p)), "{p}");
-        }
-        for p in ["tmp", "a/tmp/x", "log", "cache2", "a/cache"] {
-            assert!(!e.excludes(Path::new(p)), "{p}");
-        }
-        assert!(!Exclude::new(&[]).unwrap().excludes(Path::new("x")));
-        assert!(Exclude::new(&["a/[".into()]).is_err());
     }
 
     #[test]
