@@ -151,3 +151,19 @@ pub(crate) fn fail(cmd: &str, e: impl std::fmt::Display) -> i32 {
     print_error(cmd, e);
     1
 }
+
+/// Leaves the trace of an undo operation that succeeded (`reset`, `gc`,
+/// `snapshot save`/`restore`) in the workspace's journal, so `log`
+/// explains every change of the upper; a journal that cannot be written
+/// is a warning, never a failure of the operation already done.
+pub(crate) fn journal_undo(
+    cmd: &str,
+    ws: &crate::state::workspace::Workspace,
+    op: crate::overlay::events::EvOp,
+    what: &str,
+    entries: u64,
+) {
+    if let Err(e) = crate::state::journal::record_undo(&ws.journal_path(), op, what, entries) {
+        print_error(cmd, format!("warning: not recorded in the journal: {e}"));
+    }
+}

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 
+use crate::overlay::events::EvOp;
 use crate::policy::Policy;
 use crate::state::scratch;
 use crate::state::snapshot::{self, SaveOptions};
@@ -180,6 +181,8 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
         // Dropping the connection also resumes; asking says so explicitly.
         let _ = c.request(&serde_json::json!({"cmd": "resume"}));
     }
+    let entries = info.entries.unwrap_or(0);
+    super::journal_undo("snapshot save", &ws, EvOp::SnapshotSave, &info.id, entries);
     println!(
         "saved snapshot {} ({}, {} entries) to {}",
         info.id,
@@ -199,6 +202,14 @@ fn restore(ws_arg: &Path, id: &OsStr, json: bool) -> Result<(), String> {
         None => snapshot::restore(&ws.upper, Some(&ws.work), &ws.dir, id, &policy, progress)?,
         Some(client) => live_restore(&ws, client?, id, &policy, progress)?,
     };
+    let entries = info.entries.unwrap_or(0);
+    super::journal_undo(
+        "snapshot restore",
+        &ws,
+        EvOp::SnapshotRestore,
+        &info.id,
+        entries,
+    );
     if json {
         let mut v = report.to_json();
         v["restored"] = serde_json::json!(info.id);

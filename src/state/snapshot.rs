@@ -1991,10 +1991,11 @@ pub fn stage(
             dir(state.path()).display()
         )
     })?;
-    let info = info_in(&snaps, id)?;
+    let mut info = info_in(&snaps, id)?;
     let shown = snaps.shown(file_name(id));
     let f = open_snapshot(&snaps, id)?;
     let scan = prescan(&f).map_err(|e| format!("snapshot {}: {e}", shown.display()))?;
+    info.entries = Some(scan.entries);
     let root = RootMeta::of(upper)?;
     let (parent, parent_fd, in_work) = staging_parent(upper, work)?;
     check_room(&parent_fd, &scan, policy, &shown, &parent)?;

@@ -812,3 +812,57 @@ fn diff_patch_of_renamed_directories_applies_with_git() {
     let joined: String = json.iter().map(|o| o["patch"].as_str().unwrap()).collect();
     assert_eq!(joined, patch);
 }
+
+/// Undo operations leave a trace: reset, gc, snapshot save and restore
+/// are journal rows naming what, how many entries and who; `log --op`
+/// takes only the ops the journal writes.
+#[test]
+fn undo_operations_are_journal_rows() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount_with(&["--scratch", "build/**"]);
+    let mnt = s(m.path());
+    sh(
+        m.path(),
+        "echo more >> a.txt && mkdir -p build && echo o > build/o && echo n > new.txt",
+    );
+    ok(&["snapshot", "save", mnt, "before"]);
+    ok(&["reset", mnt, "a.txt"]);
+    ok(&["gc", mnt]);
+    ok(&["snapshot", "restore", mnt, "before"]);
+    drop(m);
+    // Unmounted too.
+    ok(&["reset", s(&ws.upper), "new.txt"]);
+    let rows: Vec<serde_json::Value> = json_lines(&ok(&["log", "--json", s(&ws.upper)]))
+        .into_iter()
+        .filter(|r| {
+            ["reset", "gc", "snapshot-save", "snapshot-restore"]
+                .contains(&r["op"].as_str().unwrap())
+        })
+        .collect();
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(
+        ops,
+        ["snapshot-save", "reset", "gc", "snapshot-restore", "reset"],
+        "{rows:?}"
+    );
+    let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["before", "a.txt", "build/o", "before", "new.txt"]);
+    for r in &rows {
+        assert_eq!(r["uid"], 0, "{r}");
+        assert_eq!(r["comm"], "layerfs", "{r}");
+        assert!(r["pid"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["bytes"].as_u64().unwrap() >= 1, "entries: {r}");
+    }
+    let text = ok(&["log", "--op", "reset", s(&ws.upper)]);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.lines().all(|l| l.contains(" entries")), "{text}");
+    // An unknown op is a usage error naming the valid ones.
+    let bad = layerfs(&["log", "--op", "bogus", s(&ws.upper)]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("snapshot-restore") && err.contains("deny"),
+        "{err}"
+    );
+}
