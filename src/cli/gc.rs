@@ -52,7 +52,7 @@ impl GcCmd {
             let done = super::reset::live(client?, &serde_json::json!({"cmd": "gc"}))?;
             record(&done);
             for p in done {
-                println!("emptied {}", super::reset::shown(&p));
+                outln!("emptied {}", super::reset::shown(&p));
             }
             return Ok(());
         }
@@ -62,7 +62,7 @@ impl GcCmd {
         let r = scratch::gc(&layers, &work, &sc, &mut done);
         record(&done.changed);
         for p in &done.changed {
-            println!("emptied {}", super::reset::shown(p));
+            outln!("emptied {}", super::reset::shown(p));
         }
         r.and(crate::state::reset::remove_moved_away(
             &work,

@@ -239,9 +239,9 @@ impl LogCmd {
             Ok(rows) => {
                 for r in rows {
                     if self.json {
-                        println!("{}", r.json());
+                        outln!("{}", r.json());
                     } else {
-                        println!("{}", r.text());
+                        outln!("{}", r.text());
                     }
                 }
                 0

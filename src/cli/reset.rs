@@ -64,7 +64,7 @@ impl ResetCmd {
             changed.len() as u64,
         );
         for p in changed {
-            println!("reset {}", shown(&p));
+            outln!("reset {}", shown(&p));
         }
         Ok(())
     }

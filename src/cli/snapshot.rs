@@ -183,7 +183,7 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
     }
     let entries = info.entries.unwrap_or(0);
     super::journal_undo("snapshot save", &ws, EvOp::SnapshotSave, &info.id, entries);
-    println!(
+    outln!(
         "saved snapshot {} ({}, {} entries) to {}",
         info.id,
         human(info.size),
@@ -215,9 +215,9 @@ fn restore(ws_arg: &Path, id: &OsStr, json: bool) -> Result<(), String> {
         v["restored"] = serde_json::json!(info.id);
         v["size"] = serde_json::json!(info.size);
         v["upper"] = serde_json::json!(ws.upper.to_string_lossy());
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!(
+        outln!(
             "restored snapshot {} ({}) into {}",
             info.id,
             human(info.size),
@@ -300,7 +300,7 @@ fn list(ws_arg: &Path, json: bool) -> Result<(), String> {
     let all = snapshot::list(&ws.dir, true)?;
     if json {
         for i in &all {
-            println!("{}", i.to_json());
+            outln!("{}", i.to_json());
         }
         return Ok(());
     }
@@ -309,12 +309,15 @@ fn list(ws_arg: &Path, json: bool) -> Result<(), String> {
         return Ok(());
     }
     let w = all.iter().map(|i| i.id.len()).max().unwrap_or(2).max(2);
-    println!(
+    outln!(
         "{:<w$}  {:>10}  {:<20}  {:>8}",
-        "ID", "SIZE", "TIME", "ENTRIES"
+        "ID",
+        "SIZE",
+        "TIME",
+        "ENTRIES"
     );
     for i in &all {
-        println!(
+        outln!(
             "{:<w$}  {:>10}  {:<20}  {:>8}",
             i.id,
             human(i.size),
@@ -329,6 +332,6 @@ fn rm(ws_arg: &Path, id: &OsStr) -> Result<(), String> {
     let id = snapshot_id::validate(id)?;
     let ws = Workspace::resolve(ws_arg)?;
     snapshot::remove(&ws.dir, id)?;
-    println!("removed snapshot {id}");
+    outln!("removed snapshot {id}");
     Ok(())
 }

@@ -866,3 +866,54 @@ fn undo_operations_are_journal_rows() {
         "{err}"
     );
 }
+
+/// Runs layerfs with its stdout a pipe nobody reads any more (what `| head
+/// -1` leaves once head is gone): every write fails with EPIPE at once.
+fn to_closed_pipe(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    Command::new(bin())
+        .args(args)
+        .stdout(writer)
+        .output()
+        .expect("run layerfs")
+}
+
+/// Every command that prints ends quietly on a closed pipe: status 0, no
+/// panic, nothing on stderr.
+#[test]
+fn printing_commands_end_quietly_on_a_closed_pipe() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    let mnt = s(m.path());
+    sh(m.path(), "echo more >> a.txt && echo n > new.txt");
+    ok(&["snapshot", "save", mnt, "s1"]);
+    let policy = crate::harness::policy_file(&ws, "hide secrets/**\n");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["log", mnt],
+        vec!["log", "--json", mnt],
+        vec!["diff", mnt],
+        vec!["diff", "--json", mnt],
+        vec!["diff", "--patch", mnt],
+        vec!["status", mnt],
+        vec!["status", "--json", mnt],
+        vec!["snapshot", "list", mnt],
+        vec!["snapshot", "list", "--json", mnt],
+        vec!["policy", "check", s(&policy)],
+        vec!["--help"],
+    ];
+    // The journal's rows are in once the writer flushed them.
+    crate::harness::eventually(std::time::Duration::from_secs(10), || {
+        !ok(&["log", mnt]).is_empty()
+    });
+    for args in cases {
+        let out = to_closed_pipe(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && err.is_empty(),
+            "layerfs {args:?}: {:?} {err}",
+            out.status
+        );
+    }
+}
