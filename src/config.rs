@@ -748,7 +748,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         None => None,
     };
     for g in &args.scratch {
-        crate::state::scratch::validate(g).map_err(|e| usage(format!("--scratch: {e}")))?;
+        crate::policy::pattern::Pattern::parse(g).map_err(|e| usage(format!("--scratch: {e}")))?;
     }
 
     Ok(Config {

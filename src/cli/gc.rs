@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::overlay::events::EvOp;
+
 use crate::state::diff::Layers;
 use crate::state::{scratch, workspace::Workspace};
 
@@ -42,9 +44,15 @@ impl GcCmd {
                 ws.upper.display()
             ));
         }
+        let record = |done: &[std::ffi::OsString]| {
+            let what: Vec<String> = done.iter().map(|p| super::reset::shown(p)).collect();
+            super::journal_undo("gc", &ws, EvOp::Gc, &what.join(" "), done.len() as u64);
+        };
         if let Some(client) = ws.client() {
-            for p in super::reset::live(client?, &serde_json::json!({"cmd": "gc"}))? {
-                println!("emptied {}", super::reset::shown(&p));
+            let done = super::reset::live(client?, &serde_json::json!({"cmd": "gc"}))?;
+            record(&done);
+            for p in done {
+                outln!("emptied {}", super::reset::shown(&p));
             }
             return Ok(());
         }
@@ -52,8 +60,9 @@ impl GcCmd {
         let work = ws.work_dir()?.into_fd();
         let mut done = crate::state::reset::Outcome::default();
         let r = scratch::gc(&layers, &work, &sc, &mut done);
+        record(&done.changed);
         for p in &done.changed {
-            println!("emptied {}", super::reset::shown(p));
+            outln!("emptied {}", super::reset::shown(p));
         }
         r.and(crate::state::reset::remove_moved_away(
             &work,

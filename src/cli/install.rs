@@ -71,7 +71,7 @@ impl InstallCmd {
     pub fn run(self) -> i32 {
         match self.apply() {
             Ok(msg) => {
-                println!("{msg}");
+                outln!("{msg}");
                 0
             }
             Err(e) => {

@@ -35,8 +35,11 @@ Ops: create write truncate unlink rename link symlink mkdir rmdir mknod
 chmod chown utimes setxattr removexattr copy-up; the journal's own:
 journal-dropped (bytes: events it lost) and journal-trimmed (one row,
 moved to the end at each trim; bytes: the rows retention deleted in all;
-oldest, newest: the span of their times); `deny` selects every refused
-change with a policy rule.
+oldest, newest: the span of their times); undo operations, written by the
+command that ran them: reset (path: the paths given), gc (path: what it
+emptied), snapshot-save and snapshot-restore (path: the snapshot ID), each
+with bytes: how many entries; `deny` selects every refused change with a
+policy rule. Any other --op is a usage error listing these.
 
 Text output: one line a record; a name holding a space, a parenthesis or
 a character a terminal would act on is printed in double quotes with C
@@ -60,7 +63,7 @@ pub struct LogCmd {
     path: Option<String>,
 
     /// Only records of this operation (`deny`: policy denials).
-    #[arg(long, value_name = "OP")]
+    #[arg(long, value_name = "OP", value_parser = op_names())]
     op: Option<String>,
 
     /// Only records of this caller: a uid or a user name.
@@ -97,6 +100,17 @@ struct Row {
 }
 
 /// The uid `--uid` names: a number, or a user name looked up.
+/// The values `--op` takes: every op the journal writes, and `deny`.
+fn op_names() -> clap::builder::PossibleValuesParser {
+    use clap::builder::PossibleValue;
+    let ops = crate::overlay::events::EvOp::ALL
+        .iter()
+        .map(|o| PossibleValue::new(o.name()));
+    clap::builder::PossibleValuesParser::new(
+        ops.chain([PossibleValue::new("deny").alias("denied")]),
+    )
+}
+
 fn parse_uid(s: &str) -> Result<u32, String> {
     if let Ok(n) = s.parse::<u32>() {
         return Ok(n);
@@ -191,6 +205,9 @@ impl Row {
                 self.newest.map_or("?".into(), rfc3339)
             )),
             ("journal-dropped", Some(n)) => s.push_str(&format!("  {n} events lost")),
+            ("reset" | "gc" | "snapshot-save" | "snapshot-restore", Some(n)) => {
+                s.push_str(&format!("  {n} entries"))
+            }
             (_, Some(b)) => s.push_str(&format!("  {b} bytes")),
             (_, None) => {}
         }
@@ -222,9 +239,9 @@ impl LogCmd {
             Ok(rows) => {
                 for r in rows {
                     if self.json {
-                        println!("{}", r.json());
+                        outln!("{}", r.json());
                     } else {
-                        println!("{}", r.text());
+                        outln!("{}", r.text());
                     }
                 }
                 0
@@ -262,7 +279,7 @@ impl LogCmd {
         }
         let (op_sql, op) = match self.op.as_deref() {
             None => ("1", String::new()),
-            Some("deny") | Some("denied") => ("rule IS NOT NULL", String::new()),
+            Some("deny") => ("rule IS NOT NULL", String::new()),
             Some(o) => ("op = ?2", o.to_string()),
         };
         // A journal no layerfs with these columns has opened yet reads

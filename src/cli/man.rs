@@ -28,7 +28,7 @@ impl ManCmd {
         match write_all(&self.dir) {
             Ok(files) => {
                 for f in files {
-                    println!("{}", f.display());
+                    outln!("{}", f.display());
                 }
                 0
             }

@@ -1,6 +1,19 @@
 //! Command line: the clap definition of `layerfs` and dispatch to one file
 //! per subcommand. Exit codes: 0 ok, 1 runtime failure, 2 usage error.
 
+/// `println!` for the output of a command: a closed pipe (`layerfs log |
+/// head -1`) ends the command quietly with status 0 (`out_line`). The one
+/// way commands print their results; `diff` writes through its own
+/// buffered writer with the same rule.
+macro_rules! outln {
+    () => {
+        $crate::cli::out_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::out_line(format_args!($($arg)*))
+    };
+}
+
 mod diff;
 mod gc;
 mod install;
@@ -150,4 +163,42 @@ pub(crate) fn print_error(cmd: &str, e: impl std::fmt::Display) {
 pub(crate) fn fail(cmd: &str, e: impl std::fmt::Display) -> i32 {
     print_error(cmd, e);
     1
+}
+
+/// Leaves the trace of an undo operation that succeeded (`reset`, `gc`,
+/// `snapshot save`/`restore`) in the workspace's journal, so `log`
+/// explains every change of the upper; a journal that cannot be written
+/// is a warning, never a failure of the operation already done.
+pub(crate) fn journal_undo(
+    cmd: &str,
+    ws: &crate::state::workspace::Workspace,
+    op: crate::overlay::events::EvOp,
+    what: &str,
+    entries: u64,
+) {
+    if let Err(e) = crate::state::journal::record_undo(&ws.journal_path(), op, what, entries) {
+        print_error(cmd, format!("warning: not recorded in the journal: {e}"));
+    }
+}
+
+/// Writes one line of a command's output to stdout. A reader that went
+/// away (EPIPE: `| head`) ends the process quietly with status 0: what was
+/// wanted has been read. Any other write error ends it with status 1 and a
+/// message. Only for commands that print (never the daemon, which must
+/// outlive its clients).
+pub(crate) fn out_line(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let r = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match r {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            print_error("output", format!("cannot write to stdout: {e}"));
+            std::process::exit(1)
+        }
+    }
 }

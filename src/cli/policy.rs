@@ -49,7 +49,7 @@ impl PolicyCmd {
         match self {
             PolicyCmd::Check { file } => match Policy::load(&file) {
                 Ok(_) => {
-                    println!("{}: OK", file.display());
+                    outln!("{}: OK", file.display());
                     0
                 }
                 Err(e) => super::fail("policy check", e),
@@ -64,7 +64,7 @@ impl PolicyCmd {
                 };
                 match Policy::load(&file) {
                     Ok(p) => {
-                        println!("{}", p.explain(&rel));
+                        outln!("{}", p.explain(&rel));
                         0
                     }
                     Err(e) => super::fail("policy explain", e),

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::overlay::events::EvOp;
+
 use crate::state::diff::Layers;
 use crate::state::{reset, workspace::Workspace};
 
@@ -53,8 +55,16 @@ impl ResetCmd {
             }
             None => offline(&ws, &paths)?,
         };
+        let what: Vec<String> = paths.iter().map(|p| shown(p)).collect();
+        super::journal_undo(
+            "reset",
+            &ws,
+            EvOp::Reset,
+            &what.join(" "),
+            changed.len() as u64,
+        );
         for p in changed {
-            println!("reset {}", shown(&p));
+            outln!("reset {}", shown(&p));
         }
         Ok(())
     }

@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 
+use crate::overlay::events::EvOp;
 use crate::policy::Policy;
-use crate::state::snapshot::{self, Exclude, SaveOptions};
+use crate::state::scratch;
+use crate::state::snapshot::{self, SaveOptions};
 use crate::state::snapshot_id;
 use crate::state::workspace::Workspace;
 
@@ -130,7 +132,7 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
         None => snapshot_id::generate(|c| snapshot::exists(&ws.dir, c)),
     };
     let opts = SaveOptions {
-        exclude: Exclude::new(&ws.scratch)?,
+        exclude: scratch::of_workspace(&ws)?,
         force,
         progress: std::io::stderr().is_terminal(),
     };
@@ -179,7 +181,9 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
         // Dropping the connection also resumes; asking says so explicitly.
         let _ = c.request(&serde_json::json!({"cmd": "resume"}));
     }
-    println!(
+    let entries = info.entries.unwrap_or(0);
+    super::journal_undo("snapshot save", &ws, EvOp::SnapshotSave, &info.id, entries);
+    outln!(
         "saved snapshot {} ({}, {} entries) to {}",
         info.id,
         human(info.size),
@@ -198,14 +202,22 @@ fn restore(ws_arg: &Path, id: &OsStr, json: bool) -> Result<(), String> {
         None => snapshot::restore(&ws.upper, Some(&ws.work), &ws.dir, id, &policy, progress)?,
         Some(client) => live_restore(&ws, client?, id, &policy, progress)?,
     };
+    let entries = info.entries.unwrap_or(0);
+    super::journal_undo(
+        "snapshot restore",
+        &ws,
+        EvOp::SnapshotRestore,
+        &info.id,
+        entries,
+    );
     if json {
         let mut v = report.to_json();
         v["restored"] = serde_json::json!(info.id);
         v["size"] = serde_json::json!(info.size);
         v["upper"] = serde_json::json!(ws.upper.to_string_lossy());
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!(
+        outln!(
             "restored snapshot {} ({}) into {}",
             info.id,
             human(info.size),
@@ -288,7 +300,7 @@ fn list(ws_arg: &Path, json: bool) -> Result<(), String> {
     let all = snapshot::list(&ws.dir, true)?;
     if json {
         for i in &all {
-            println!("{}", i.to_json());
+            outln!("{}", i.to_json());
         }
         return Ok(());
     }
@@ -297,12 +309,15 @@ fn list(ws_arg: &Path, json: bool) -> Result<(), String> {
         return Ok(());
     }
     let w = all.iter().map(|i| i.id.len()).max().unwrap_or(2).max(2);
-    println!(
+    outln!(
         "{:<w$}  {:>10}  {:<20}  {:>8}",
-        "ID", "SIZE", "TIME", "ENTRIES"
+        "ID",
+        "SIZE",
+        "TIME",
+        "ENTRIES"
     );
     for i in &all {
-        println!(
+        outln!(
             "{:<w$}  {:>10}  {:<20}  {:>8}",
             i.id,
             human(i.size),
@@ -317,6 +332,6 @@ fn rm(ws_arg: &Path, id: &OsStr) -> Result<(), String> {
     let id = snapshot_id::validate(id)?;
     let ws = Workspace::resolve(ws_arg)?;
     snapshot::remove(&ws.dir, id)?;
-    println!("removed snapshot {id}");
+    outln!("removed snapshot {id}");
     Ok(())
 }

@@ -53,16 +53,17 @@ impl StatusCmd {
         };
         if self.json {
             for r in &reports {
-                println!("{r}");
+                outln!("{r}");
             }
         } else if reports.is_empty() {
-            println!("no layerfs mounts");
+            outln!("no layerfs mounts");
         } else {
             for (i, r) in reports.iter().enumerate() {
                 if i > 0 {
-                    println!();
+                    outln!();
                 }
-                print!("{}", render(r));
+                let text = render(r);
+                outln!("{}", text.strip_suffix('\n').unwrap_or(&text));
             }
         }
         0

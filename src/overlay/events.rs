@@ -39,6 +39,13 @@ pub enum EvOp {
     /// Retention deleted rows: the journal's one such row holds how many
     /// in all (`bytes`) and the span of their times (`oldest`/`newest`).
     Trimmed,
+    /// Undo operations, written by the command that ran them
+    /// (`journal::record_undo`): `path` says what (the paths, the
+    /// snapshot), `bytes` how many entries.
+    Reset,
+    Gc,
+    SnapshotSave,
+    SnapshotRestore,
 }
 
 impl EvOp {
@@ -63,8 +70,38 @@ impl EvOp {
             EvOp::CopyUp => "copy-up",
             EvOp::Dropped => "journal-dropped",
             EvOp::Trimmed => "journal-trimmed",
+            EvOp::Reset => "reset",
+            EvOp::Gc => "gc",
+            EvOp::SnapshotSave => "snapshot-save",
+            EvOp::SnapshotRestore => "snapshot-restore",
         }
     }
+
+    /// Every op, in the order `layerfs log --help` lists them.
+    pub const ALL: [EvOp; 22] = [
+        EvOp::Create,
+        EvOp::Write,
+        EvOp::Truncate,
+        EvOp::Unlink,
+        EvOp::Rename,
+        EvOp::Link,
+        EvOp::Symlink,
+        EvOp::Mkdir,
+        EvOp::Rmdir,
+        EvOp::Mknod,
+        EvOp::Chmod,
+        EvOp::Chown,
+        EvOp::Utimes,
+        EvOp::Setxattr,
+        EvOp::Removexattr,
+        EvOp::CopyUp,
+        EvOp::Dropped,
+        EvOp::Trimmed,
+        EvOp::Reset,
+        EvOp::Gc,
+        EvOp::SnapshotSave,
+        EvOp::SnapshotRestore,
+    ];
 }
 
 /// One recorded change (or refused attempt).

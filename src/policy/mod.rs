@@ -4,7 +4,8 @@
 //! device nodes and setuid bits are allowed, and the upper's quota. No I/O
 //! other than `Policy::load`.
 //!
-//! Layout: `parse` (the file format), `rules` (glob matching of path rules),
+//! Layout: `parse` (the file format), `pattern` (the one glob language, also
+//! for scratch paths), `rules` (glob matching of path rules),
 //! `symlink` (target containment), `explain` (the human report).
 //!
 //! Choices where DESIGN.md is silent, written down here:
@@ -22,6 +23,7 @@
 
 mod explain;
 pub(crate) mod parse;
+pub mod pattern;
 #[cfg(test)]
 mod proptests;
 mod rules;

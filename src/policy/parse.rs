@@ -74,7 +74,7 @@ pub(super) fn parse(text: &str) -> Result<Policy, PolicyError> {
             }
             "scratch" => {
                 let pattern = one_arg(keyword, args, "a glob such as `build/**`").map_err(error)?;
-                crate::state::scratch::validate(pattern).map_err(error)?;
+                super::pattern::Pattern::parse(pattern).map_err(error)?;
                 policy.scratch.push(pattern.to_string());
             }
             "quota" => {

@@ -1,10 +1,8 @@
 //! Path rules (`hide`, `readonly`, `protect`): gitignore-style patterns
 //! compiled into one GlobSet, matched against a path and each ancestor.
 //!
-//! Pattern semantics: a pattern without `/` (a trailing one aside) matches a
-//! name at any depth (compiled as `**/NAME`); a pattern with `/` is anchored
-//! at the mount root (a leading `/` is stripped); `*`, `?` and `[...]` do
-//! not cross `/`; `**` as a whole component crosses directories.
+//! Pattern semantics are `pattern`'s (the one pattern language); this
+//! module adds the fast literal shapes and the move analysis.
 //!
 //! Moves (`PathRules::unproven_for_move`): whether a rule could class
 //! `OLD/X` and `NEW/X` differently for some X is decided from the rule's
@@ -13,7 +11,9 @@
 
 use std::collections::HashMap;
 
-use globset::{Candidate, GlobBuilder, GlobMatcher, GlobSet, GlobSetBuilder};
+use globset::{Candidate, GlobMatcher, GlobSet, GlobSetBuilder};
+
+use super::pattern::{build_glob, Pattern};
 
 use super::RuleRef;
 
@@ -147,62 +147,16 @@ pub(super) struct PathRules {
     container_owner: Vec<usize>,
 }
 
-fn build_glob(glob: &str) -> Result<globset::Glob, globset::Error> {
-    GlobBuilder::new(glob)
-        .literal_separator(true)
-        .backslash_escape(true)
-        .build()
-}
-
 /// Parses one pattern of a path rule; the error says what is wrong.
 pub(super) fn compile_rule(
     kind: PathKind,
     pattern: &str,
     rule: RuleRef,
 ) -> Result<PathRule, String> {
-    if pattern.starts_with('!') {
-        return Err(format!(
-            "pattern `{pattern}`: negation (`!`) is not supported; \
-             write `\\!` for a name that starts with `!`"
-        ));
-    }
-    // A trailing `/` (gitignore's "directories only") is accepted and ignored.
-    let trimmed = pattern.trim_end_matches('/');
-    let anchored = trimmed.contains('/');
-    let body = trimmed.strip_prefix('/').unwrap_or(trimmed);
-    if body.is_empty() {
-        return Err(format!(
-            "pattern `{pattern}` is empty; expected a glob relative to the mount root, e.g. `secrets/**`"
-        ));
-    }
-    let components: Vec<&str> = body.split('/').collect();
-    for component in &components {
-        match *component {
-            "" => {
-                return Err(format!(
-                    "pattern `{pattern}` has an empty path segment (`//`)"
-                ))
-            }
-            ".." => {
-                return Err(format!(
-                    "pattern `{pattern}` has a `..` segment; patterns are relative to the mount root and cannot climb out of it"
-                ))
-            }
-            "." => {
-                return Err(format!(
-                    "pattern `{pattern}` has a `.` segment, which never matches; write the path without it"
-                ))
-            }
-            _ => {}
-        }
-    }
-    let glob = if anchored {
-        body.to_string()
-    } else {
-        format!("**/{body}")
-    };
+    let parsed = Pattern::parse(pattern)?;
+    let (body, anchored, glob) = (parsed.body.as_str(), parsed.anchored, parsed.glob.clone());
+    let components = parsed.components();
     let shape = shape(body, anchored);
-    build_glob(&glob).map_err(|e| format!("bad glob `{pattern}`: {}", e.kind()))?;
     // Hide rules have containers too: a directory move must not carry
     // hidden entries out of (or visible ones into) what a rule hides.
     let containers = if components[0] == "**" || !anchored {

@@ -212,6 +212,38 @@ fn daemon_ids() -> (u32, u32, u32) {
     )
 }
 
+/// Records an undo operation (`reset`, `gc`, `snapshot save`/`restore`)
+/// as one row of the journal at `db`, written by the command that ran it:
+/// `what` names the paths or the snapshot, `entries` how many entries it
+/// changed or archived; the caller is this process (uid, gid, pid, comm).
+/// A workspace whose journal is off (no database) gets no row.
+pub fn record_undo(db: &Path, op: EvOp, what: &str, entries: u64) -> Result<(), String> {
+    if !db.exists() {
+        return Ok(());
+    }
+    let comm = fs::read_to_string("/proc/self/comm")
+        .map(|c| c.trim_end().to_string())
+        .unwrap_or_else(|_| "layerfs".into());
+    let (pid, uid, gid) = daemon_ids();
+    let conn = open_rw(db).map_err(|e| format!("journal {}: {e}", db.display()))?;
+    conn.execute(
+        "INSERT INTO events (time, op, path, result, bytes, pid, comm, uid, gid)
+         VALUES (?1, ?2, ?3, 'ok', ?4, ?5, ?6, ?7, ?8)",
+        params![
+            micros(SystemTime::now()),
+            op.name(),
+            what,
+            entries as i64,
+            pid,
+            comm,
+            uid,
+            gid
+        ],
+    )
+    .map_err(|e| format!("journal {}: {e}", db.display()))?;
+    Ok(())
+}
+
 /// Counters `status` reports.
 #[derive(Default)]
 struct Health {

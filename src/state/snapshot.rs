@@ -73,7 +73,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use super::scratch::Scratch;
 
 use super::snapshot_id;
 use crate::layer::ops::{self, PRIVATE_PREFIXES};
@@ -129,42 +129,10 @@ pub fn snapshots_dir(state: &SafeDir, create: bool) -> Result<Option<SafeDir>, S
     state.subdir(SNAPSHOTS, Role::Snapshots, create.then_some(0o700))
 }
 
-/// Paths left out of snapshots: gitignore-style globs relative to the
-/// workspace root (`*` stays within one component, `**` crosses them).
-#[derive(Clone, Default)]
-pub struct Exclude {
-    set: Option<GlobSet>,
-}
-
-impl Exclude {
-    pub fn new(globs: &[String]) -> Result<Exclude, String> {
-        if globs.is_empty() {
-            return Ok(Exclude { set: None });
-        }
-        let mut b = GlobSetBuilder::new();
-        for g in globs {
-            let glob = GlobBuilder::new(g.trim_start_matches('/'))
-                .literal_separator(true)
-                .backslash_escape(true)
-                .build()
-                .map_err(|e| format!("invalid scratch glob `{g}`: {e}"))?;
-            b.add(glob);
-        }
-        let set = b
-            .build()
-            .map_err(|e| format!("invalid scratch globs: {e}"))?;
-        Ok(Exclude { set: Some(set) })
-    }
-
-    /// Whether `rel` (relative to the upper root) is left out.
-    pub fn excludes(&self, rel: &Path) -> bool {
-        self.set.as_ref().is_some_and(|s| s.is_match(rel))
-    }
-}
-
 /// Options of a save.
 pub struct SaveOptions {
-    pub exclude: Exclude,
+    /// Paths left out: the workspace's scratch paths.
+    pub exclude: Scratch,
     /// Replace an existing snapshot of the same ID.
     pub force: bool,
     /// Show a progress bar on stderr (a terminal).
@@ -529,7 +497,7 @@ fn names_rev(fd: &OwnedFd, shown: &Path) -> Result<Vec<OsString>, String> {
 pub fn write_archive<W: Write>(
     upper: &Path,
     out: W,
-    exclude: &Exclude,
+    exclude: &Scratch,
 ) -> Result<(W, u64), String> {
     let mut w = ArchiveWriter {
         b: tar::Builder::new(out),
@@ -563,7 +531,7 @@ pub fn write_archive<W: Write>(
             continue;
         };
         let rel = child_rel(&chain.path, &name);
-        if exclude.excludes(&rel) {
+        if exclude.matches_os(rel.as_os_str()) {
             continue;
         }
         let full = w.full(&rel);
@@ -2013,10 +1981,11 @@ pub fn stage(
             dir(state.path()).display()
         )
     })?;
-    let info = info_in(&snaps, id)?;
+    let mut info = info_in(&snaps, id)?;
     let shown = snaps.shown(file_name(id));
     let f = open_snapshot(&snaps, id)?;
     let scan = prescan(&f).map_err(|e| format!("snapshot {}: {e}", shown.display()))?;
+    info.entries = Some(scan.entries);
     let root = RootMeta::of(upper)?;
     let (parent, parent_fd, in_work) = staging_parent(upper, work)?;
     check_room(&parent_fd, &scan, policy, &shown, &parent)?;
@@ -2296,19 +2265,6 @@ mod tests {
         ]);
         assert_eq!(r, Ok(4));
         assert_eq!(fs::read(t.path().join("dst/y")).unwrap(), b"x");
-    }
-
-    #[test]
-    fn exclude_globs() {
-        let e = Exclude::new(&["tmp/**".into(), "**/*.log".into(), "/cache".into()]).unwrap();
-        for p in ["tmp/a", "tmp/a/b", "x.log", "a/b/c.log", "cache"] {
-            assert!(e.excludes(Path::new(p)), "{p}");
-        }
-        for p in ["tmp", "a/tmp/x", "log", "cache2", "a/cache"] {
-            assert!(!e.excludes(Path::new(p)), "{p}");
-        }
-        assert!(!Exclude::new(&[]).unwrap().excludes(Path::new("x")));
-        assert!(Exclude::new(&["a/[".into()]).is_err());
     }
 
     #[test]

@@ -812,3 +812,108 @@ fn diff_patch_of_renamed_directories_applies_with_git() {
     let joined: String = json.iter().map(|o| o["patch"].as_str().unwrap()).collect();
     assert_eq!(joined, patch);
 }
+
+/// Undo operations leave a trace: reset, gc, snapshot save and restore
+/// are journal rows naming what, how many entries and who; `log --op`
+/// takes only the ops the journal writes.
+#[test]
+fn undo_operations_are_journal_rows() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount_with(&["--scratch", "build/**"]);
+    let mnt = s(m.path());
+    sh(
+        m.path(),
+        "echo more >> a.txt && mkdir -p build && echo o > build/o && echo n > new.txt",
+    );
+    ok(&["snapshot", "save", mnt, "before"]);
+    ok(&["reset", mnt, "a.txt"]);
+    ok(&["gc", mnt]);
+    ok(&["snapshot", "restore", mnt, "before"]);
+    drop(m);
+    // Unmounted too.
+    ok(&["reset", s(&ws.upper), "new.txt"]);
+    let rows: Vec<serde_json::Value> = json_lines(&ok(&["log", "--json", s(&ws.upper)]))
+        .into_iter()
+        .filter(|r| {
+            ["reset", "gc", "snapshot-save", "snapshot-restore"]
+                .contains(&r["op"].as_str().unwrap())
+        })
+        .collect();
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(
+        ops,
+        ["snapshot-save", "reset", "gc", "snapshot-restore", "reset"],
+        "{rows:?}"
+    );
+    let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["before", "a.txt", "build/o", "before", "new.txt"]);
+    for r in &rows {
+        assert_eq!(r["uid"], 0, "{r}");
+        assert_eq!(r["comm"], "layerfs", "{r}");
+        assert!(r["pid"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["bytes"].as_u64().unwrap() >= 1, "entries: {r}");
+    }
+    let text = ok(&["log", "--op", "reset", s(&ws.upper)]);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.lines().all(|l| l.contains(" entries")), "{text}");
+    // An unknown op is a usage error naming the valid ones.
+    let bad = layerfs(&["log", "--op", "bogus", s(&ws.upper)]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("snapshot-restore") && err.contains("deny"),
+        "{err}"
+    );
+}
+
+/// Runs layerfs with its stdout a pipe nobody reads any more (what `| head
+/// -1` leaves once head is gone): every write fails with EPIPE at once.
+fn to_closed_pipe(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    Command::new(bin())
+        .args(args)
+        .stdout(writer)
+        .output()
+        .expect("run layerfs")
+}
+
+/// Every command that prints ends quietly on a closed pipe: status 0, no
+/// panic, nothing on stderr.
+#[test]
+fn printing_commands_end_quietly_on_a_closed_pipe() {
+    let ws = Workspace::new();
+    populate(ws.lower());
+    let m = ws.mount();
+    let mnt = s(m.path());
+    sh(m.path(), "echo more >> a.txt && echo n > new.txt");
+    ok(&["snapshot", "save", mnt, "s1"]);
+    let policy = crate::harness::policy_file(&ws, "hide secrets/**\n");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["log", mnt],
+        vec!["log", "--json", mnt],
+        vec!["diff", mnt],
+        vec!["diff", "--json", mnt],
+        vec!["diff", "--patch", mnt],
+        vec!["status", mnt],
+        vec!["status", "--json", mnt],
+        vec!["snapshot", "list", mnt],
+        vec!["snapshot", "list", "--json", mnt],
+        vec!["policy", "check", s(&policy)],
+        vec!["--help"],
+    ];
+    // The journal's rows are in once the writer flushed them.
+    crate::harness::eventually(std::time::Duration::from_secs(10), || {
+        !ok(&["log", mnt]).is_empty()
+    });
+    for args in cases {
+        let out = to_closed_pipe(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && err.is_empty(),
+            "layerfs {args:?}: {:?} {err}",
+            out.status
+        );
+    }
+}

@@ -817,3 +817,38 @@ fn snapshot_restore_on_a_live_mount_refuses_while_a_file_is_open_for_writing() {
     assert_eq!(fs::read_to_string(m.p("a")).unwrap(), "one");
     assert_eq!(fs::read_to_string(m.p("l")).unwrap(), "lower");
 }
+
+/// Snapshots leave out the same scratch paths as diff and gc: the
+/// policy's `scratch` lines as well as `--scratch`, with the one pattern
+/// language (a name without `/` matches at any depth).
+#[test]
+fn snapshot_save_leaves_out_the_policy_scratch_paths() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("shared.txt"), "s\n").unwrap();
+    let policy = crate::harness::policy_file(&ws, "scratch build/**\nscratch *.o\n");
+    let m = ws.mount_with(&["--policy", policy.to_str().unwrap(), "--scratch", "tmp"]);
+    sh(
+        m.path(),
+        "mkdir -p build/x src/tmp && echo o > build/o && echo o > build/x/p && echo m > src/m.o \
+         && echo t > src/tmp/t && echo k > keep.txt && echo s2 >> shared.txt",
+    );
+    let diff = ok(&layerfs(&[OsStr::new("diff"), m.path().as_os_str()]));
+    assert_eq!(diff, "A build\nA keep.txt\nM shared.txt\nA src\n");
+    ok(&snap(&["save", m.path().to_str().unwrap(), "s1"]));
+    let tar = state_dir(&ws).join("snapshots/s1.tar");
+    let listing = crate::harness::sh(ws.dir.path(), &format!("tar -tf {}", tar.display()));
+    let names: Vec<&str> = listing.lines().map(|l| l.trim_end_matches('/')).collect();
+    for kept in ["build", "keep.txt", "shared.txt", "src"] {
+        assert!(names.contains(&kept), "{kept} missing: {names:?}");
+    }
+    for gone in [
+        "build/o",
+        "build/x",
+        "build/x/p",
+        "src/m.o",
+        "src/tmp",
+        "src/tmp/t",
+    ] {
+        assert!(!names.contains(&gone), "{gone} archived: {names:?}");
+    }
+}
