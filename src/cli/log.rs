@@ -206,7 +206,7 @@ impl Row {
             )),
             ("journal-dropped", Some(n)) => s.push_str(&format!("  {n} events lost")),
             ("reset" | "gc" | "snapshot-save" | "snapshot-restore", Some(n)) => {
-                s.push_str(&format!("  {n} entries"))
+                s.push_str(&format!("  {n} {}", if n == 1 { "entry" } else { "entries" }))
             }
             (_, Some(b)) => s.push_str(&format!("  {b} bytes")),
             (_, None) => {}

@@ -856,7 +856,7 @@ fn undo_operations_are_journal_rows() {
     }
     let text = ok(&["log", "--op", "reset", s(&ws.upper)]);
     assert_eq!(text.lines().count(), 2, "{text}");
-    assert!(text.lines().all(|l| l.contains(" entries")), "{text}");
+    assert!(text.lines().all(|l| l.contains("  1 entry")), "{text}");
     // An unknown op is a usage error naming the valid ones.
     let bad = layerfs(&["log", "--op", "bogus", s(&ws.upper)]);
     assert_eq!(bad.status.code(), Some(2));
