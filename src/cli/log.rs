@@ -205,9 +205,9 @@ impl Row {
                 self.newest.map_or("?".into(), rfc3339)
             )),
             ("journal-dropped", Some(n)) => s.push_str(&format!("  {n} events lost")),
-            ("reset" | "gc" | "snapshot-save" | "snapshot-restore", Some(n)) => {
-                s.push_str(&format!("  {n} {}", if n == 1 { "entry" } else { "entries" }))
-            }
+            ("reset" | "gc" | "snapshot-save" | "snapshot-restore", Some(n)) => s.push_str(
+                &format!("  {n} {}", if n == 1 { "entry" } else { "entries" }),
+            ),
             (_, Some(b)) => s.push_str(&format!("  {b} bytes")),
             (_, None) => {}
         }

@@ -15,26 +15,21 @@ use std::fs;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::config::Config;
-use crate::fuse::FsHandle;
+use super::served::{invalidate_bounded, Daemon};
 use crate::layer::safedir::SafeDir;
 use crate::overlay::gate::PauseGuard;
 use crate::state::control::SOCKET_FILE;
-use crate::state::journal::Journal;
 
 /// How long `pause` waits for passthrough write opens to close (the mount
 /// owner's only, see `fuse::io_mode`), unless the request says otherwise
 /// (`"wait_ms"`).
 const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
-/// How long an invalidation may take before the answer says it is still
-/// pending (it may wait on a request parked by a pause).
-const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
 
 /// The bound socket, removed when dropped (at daemon exit) if it is still
 /// the one this daemon created.
@@ -157,53 +152,6 @@ impl Drop for ControlSocket {
         }
     }
 }
-
-/// What the server answers from: the filesystem and the mount's facts.
-pub struct Daemon {
-    pub fs: FsHandle,
-    pub mountpoint: PathBuf,
-    pub upper: PathBuf,
-    pub lowers: Vec<PathBuf>,
-    pub work: PathBuf,
-    pub state: PathBuf,
-    pub policy_file: Option<PathBuf>,
-    pub started: Instant,
-    pub started_at: SystemTime,
-    /// The daemon's uid: the only one (with root) allowed on the socket.
-    pub uid: u32,
-    /// `--scratch` globs (the policy's `scratch` lines are read live).
-    pub scratch: Vec<String>,
-    pub lower_timeout: Duration,
-    pub journal: Option<Arc<Journal>>,
-}
-
-impl Daemon {
-    pub fn new(cfg: &Config, fs: FsHandle, journal: Option<Arc<Journal>>) -> Daemon {
-        Daemon {
-            fs,
-            mountpoint: cfg.mountpoint.clone(),
-            upper: cfg.upper.clone(),
-            lowers: cfg.lowers.clone(),
-            work: cfg.work.clone(),
-            state: cfg.state.clone(),
-            policy_file: cfg.policy_file.clone(),
-            started: Instant::now(),
-            started_at: SystemTime::now(),
-            uid: nix::unistd::geteuid().as_raw(),
-            scratch: cfg.scratch.clone(),
-            lower_timeout: cfg.lower_timeout,
-            journal,
-        }
-    }
-
-    /// Requests per second over the last few seconds.
-    fn rate(&self) -> f64 {
-        self.fs.request_rate(RATE_WINDOW)
-    }
-}
-
-/// Seconds of request counts the rate covers.
-const RATE_WINDOW: u64 = 10;
 
 /// Per-connection state: the pause this connection holds, if any.
 pub struct Conn<'a> {
@@ -409,27 +357,6 @@ pub fn dispatch<'a>(daemon: &'a Daemon, conn: &mut Conn<'a>, req: &Value) -> Res
             "unknown command \"{other}\" (this daemon knows status, pause, resume, invalidate, \
              invalidate_all, reset, gc, restore)"
         )),
-    }
-}
-
-/// Runs an invalidation on a thread of its own and waits for it a
-/// bounded time: the kernel takes a directory's lock to drop a name in
-/// it, and a request parked by a pause may hold that lock until writes
-/// resume. Then the answer says the invalidation is still pending.
-pub(super) fn invalidate_bounded(work: impl FnOnce() -> usize + Send + 'static) -> Value {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("invalidate".into())
-        .stack_size(crate::layer::walk::THREAD_STACK)
-        .spawn(move || {
-            let _ = tx.send(work());
-        });
-    if let Err(e) = spawned {
-        return json!({"invalidated": 0, "pending": false, "warning": format!("cannot start: {e}")});
-    }
-    match rx.recv_timeout(INVALIDATE_WAIT) {
-        Ok(n) => json!({"invalidated": n, "pending": false}),
-        Err(_) => json!({"invalidated": 0, "pending": true}),
     }
 }
 

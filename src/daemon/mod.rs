@@ -14,6 +14,7 @@ pub mod mounts;
 pub mod notify;
 mod reset;
 pub mod restore;
+mod served;
 mod service;
 mod signals;
 
@@ -322,7 +323,7 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     };
     let served = control.as_ref().and_then(|c| match c.listener() {
         Ok(l) => {
-            let daemon = control::Daemon::new(cfg, handle.clone(), journal.clone());
+            let daemon = served::Daemon::new(cfg, handle.clone(), journal.clone());
             Some((l, std::sync::Arc::new(daemon)))
         }
         Err(e) => {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::control::Daemon;
+use super::served::Daemon;
 use crate::state::diff::Layers;
 use crate::state::{reset, scratch};
 

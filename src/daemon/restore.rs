@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::control::{invalidate_bounded, Daemon};
+use super::served::{invalidate_bounded, Daemon};
 use crate::layer::sys;
 use crate::overlay::inode::{Inode, Real};
 

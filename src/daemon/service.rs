@@ -13,7 +13,8 @@ use std::sync::Arc;
 use nix::sys::signal::Signal;
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-use super::control::{self, Daemon};
+use super::control;
+use super::served::Daemon;
 use super::signals::{self, SignalContext};
 use crate::fuse::LowerWatch;
 

@@ -767,7 +767,13 @@ fn a_terminal_ctrl_c_reaches_the_command_once_and_unmounts() {
     // ignoring it (a `&` job): an ignored SIGINT is inherited, and
     // `layerfs run` rightly keeps it ignored for the command.
     let mut child = Command::new("env")
-        .args(["--default-signal=INT", "script", "-qfec", &inner, "/dev/null"])
+        .args([
+            "--default-signal=INT",
+            "script",
+            "-qfec",
+            &inner,
+            "/dev/null",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -1,0 +1,85 @@
+//! The running daemon as the control socket's handlers see it: the
+//! filesystem handle and the mount's facts (`Daemon`), and the bounded
+//! wait for kernel invalidations that reset and restore both need.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{json, Value};
+
+use crate::config::Config;
+use crate::fuse::FsHandle;
+use crate::state::journal::Journal;
+
+/// How long an invalidation may take before the answer says it is still
+/// pending (it may wait on a request parked by a pause).
+const INVALIDATE_WAIT: Duration = Duration::from_secs(2);
+
+/// What the server answers from: the filesystem and the mount's facts.
+pub struct Daemon {
+    pub fs: FsHandle,
+    pub mountpoint: PathBuf,
+    pub upper: PathBuf,
+    pub lowers: Vec<PathBuf>,
+    pub work: PathBuf,
+    pub state: PathBuf,
+    pub policy_file: Option<PathBuf>,
+    pub started: Instant,
+    pub started_at: SystemTime,
+    /// The daemon's uid: the only one (with root) allowed on the socket.
+    pub uid: u32,
+    /// `--scratch` globs (the policy's `scratch` lines are read live).
+    pub scratch: Vec<String>,
+    pub lower_timeout: Duration,
+    pub journal: Option<Arc<Journal>>,
+}
+
+impl Daemon {
+    pub fn new(cfg: &Config, fs: FsHandle, journal: Option<Arc<Journal>>) -> Daemon {
+        Daemon {
+            fs,
+            mountpoint: cfg.mountpoint.clone(),
+            upper: cfg.upper.clone(),
+            lowers: cfg.lowers.clone(),
+            work: cfg.work.clone(),
+            state: cfg.state.clone(),
+            policy_file: cfg.policy_file.clone(),
+            started: Instant::now(),
+            started_at: SystemTime::now(),
+            uid: nix::unistd::geteuid().as_raw(),
+            scratch: cfg.scratch.clone(),
+            lower_timeout: cfg.lower_timeout,
+            journal,
+        }
+    }
+
+    /// Requests per second over the last few seconds.
+    pub(super) fn rate(&self) -> f64 {
+        self.fs.request_rate(RATE_WINDOW)
+    }
+}
+
+/// Seconds of request counts the rate covers.
+const RATE_WINDOW: u64 = 10;
+
+/// Runs an invalidation on a thread of its own and waits for it a
+/// bounded time: the kernel takes a directory's lock to drop a name in
+/// it, and a request parked by a pause may hold that lock until writes
+/// resume. Then the answer says the invalidation is still pending.
+pub fn invalidate_bounded(work: impl FnOnce() -> usize + Send + 'static) -> Value {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("invalidate".into())
+        .stack_size(crate::layer::walk::THREAD_STACK)
+        .spawn(move || {
+            let _ = tx.send(work());
+        });
+    if let Err(e) = spawned {
+        return json!({"invalidated": 0, "pending": false, "warning": format!("cannot start: {e}")});
+    }
+    match rx.recv_timeout(INVALIDATE_WAIT) {
+        Ok(n) => json!({"invalidated": n, "pending": false}),
+        Err(_) => json!({"invalidated": 0, "pending": true}),
+    }
+}
