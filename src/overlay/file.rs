@@ -26,7 +26,7 @@ use parking_lot::{Mutex, RwLock};
 use super::copy_up::{Data, Halt, NoHalt};
 use super::guard::Op;
 use super::inode::Inode;
-use super::readdir::DirEntry;
+use super::listing::DirEntry;
 use super::share::{Charge, Shares};
 use super::{err, Ctx, Errno, Overlay, Result};
 use crate::layer::sys;

@@ -172,11 +172,11 @@ pub struct Inode {
     pub copy_up: Mutex<()>,
     /// For a directory: the listing the kernel is reading (see
     /// `Overlay::dir_listing`).
-    pub listing: Mutex<Option<Arc<Vec<super::readdir::DirEntry>>>>,
+    pub listing: Mutex<Option<Arc<Vec<super::listing::DirEntry>>>>,
     /// For a directory: the listing last built from offset 0, with the
     /// write gate's epoch when its build began, shared with openers that
     /// arrive while it is built or used (see `Overlay::dir_listing`).
-    pub shared_listing: Mutex<Option<(u64, Arc<Vec<super::readdir::DirEntry>>)>>,
+    pub shared_listing: Mutex<Option<(u64, Arc<Vec<super::listing::DirEntry>>)>>,
     /// Readers waiting for or using `shared_listing`.
     pub listing_readers: std::sync::atomic::AtomicUsize,
     /// Entries in the last listing built (`Overlay::lists_long`).

@@ -7,7 +7,7 @@
 //! are then served from the kernel's copy.
 //!
 //! Also the walk of the union view beneath a directory (`walk_union`),
-//! which a directory move uses to check what it moves (`guard_move`).
+//! which a directory move uses to check what it moves (`move_guard`).
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -15,6 +15,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use super::inode::{Inode, Real};
+use super::listing::DirEntry;
 use super::namei::{dir_key, name_key_in};
 use super::{Errno, Overlay, Result};
 use crate::layer::{reach, sys};
@@ -26,14 +27,6 @@ enum Mark {
     Dir,
     /// A whiteout or a non-directory: nothing below shows.
     Blocked,
-}
-
-/// One merged entry: name, `S_IFMT` type and the node id it will have.
-#[derive(Debug, Clone)]
-pub struct DirEntry {
-    pub name: OsString,
-    pub kind: u32,
-    pub id: u64,
 }
 
 fn dtype_to_kind(d: u8) -> u32 {

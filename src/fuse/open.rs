@@ -1,0 +1,142 @@
+//! OPEN and CREATE: the caller's share of the daemon's fds and writers,
+//! the open itself (on the copy pool when it copies up a large file), the
+//! journal's row for it, and the reply in the file's io mode (`io_mode`).
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+
+use fuser::{Errno, INodeNo, OpenFlags, ReplyCreate, ReplyOpen};
+
+use super::journal::open_row;
+use super::reply::errno;
+use super::shared::Shared;
+use super::{io_mode, long, uring};
+use crate::overlay::copy_up::Halt;
+use crate::overlay::dir::NewKind;
+use crate::overlay::events::EvOp;
+use crate::overlay::file::{wants_write, Opened};
+use crate::overlay::Ctx;
+
+impl Shared {
+    /// An open's work (the caller's share of daemon-served writers booked
+    /// first for another user's open for writing; see `io_mode`): the
+    /// result, and whether a booking was taken.
+    pub(super) fn open_file(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        flags: OpenFlags,
+        halt: &dyn Halt,
+    ) -> (crate::overlay::Result<Opened>, bool) {
+        let booking = if !self.ov().files.shares.is_owner(c.uid) {
+            self.io
+                .book_daemon_write(ino.0)
+                .map_err(crate::overlay::Errno)
+        } else {
+            Ok(false)
+        };
+        let booked = *booking.as_ref().unwrap_or(&false);
+        let r = booking.and_then(|_| self.ov().open_halting(c, ino.0, flags.0, halt));
+        if booked && r.is_err() {
+            self.io.cancel_booking(ino.0);
+        }
+        (r, booked)
+    }
+
+    /// An open that copies up a large file, on the copy pool: inside the
+    /// write gate like any open for writing, its copy watched (`long::Watch`).
+    /// A copy stopped for a pause waits for the pause to end and starts
+    /// again; one stopped because its caller was killed answers `EINTR`.
+    pub(super) fn open_copying(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        flags: OpenFlags,
+        queue: Option<Arc<uring::QueueSide>>,
+        reply: ReplyOpen,
+    ) {
+        loop {
+            // Invariant: the pass is dropped before the next `enter`.
+            let _pass = self.ov.gate.enter();
+            let watch = long::Watch::new(c.pid, &self.ov.gate);
+            let r = self.open_file(c, ino, flags, &watch);
+            if r.0.is_err() && watch.stopped() == Some(long::Stopped::PauseWanted) {
+                continue;
+            }
+            return self.opened(c, ino, flags, r, queue, reply);
+        }
+    }
+
+    /// Records an open's outcome in the journal and replies to it.
+    pub(super) fn opened(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        flags: OpenFlags,
+        (r, booked): (crate::overlay::Result<Opened>, bool),
+        queue: Option<Arc<uring::QueueSide>>,
+        reply: ReplyOpen,
+    ) {
+        if wants_write(flags.0) {
+            let row = open_row(flags.0 & libc::O_TRUNC != 0, r.is_ok());
+            let errno = r.as_ref().err().map_or(0, |e| e.0);
+            self.rec
+                .done(c, row.as_slice(), self.path(ino.0), None, errno);
+        }
+        match r {
+            Ok(o) => {
+                let (fh, writable) = (o.fh, o.writable);
+                self.io
+                    .reply_open(self.ov(), ino.0, o, queue.as_deref(), booked, reply, |pt| {
+                        if writable {
+                            self.rec.opened(self.ov(), fh, c, pt)
+                        }
+                    })
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// CREATE: the new file, opened. FUSE CREATE's own arguments, plus how
+    /// the request came.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn create(
+        &self,
+        c: &Ctx,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        via: io_mode::Via,
+        reply: ReplyCreate,
+    ) {
+        let kind = NewKind::File { mode, flags };
+        let path = self.child(parent, name);
+        // The creator's share of the daemon's fds first: over it, nothing
+        // is created (EMFILE, as open(2) checks for a free fd first).
+        let created = self
+            .ov()
+            .files
+            .charge(c.uid)
+            .and_then(|charge| Ok((self.ov().create_object(c, parent.0, name, kind)?, charge)));
+        self.done(c, EvOp::Create, path, None, &created);
+        let (entry, fd, charge) = match created {
+            Ok(((e, Some(fd)), charge)) => (e, fd, charge),
+            Ok(((_, None), _)) => return reply.error(Errno::EIO),
+            Err(e) => return reply.error(errno(e)),
+        };
+        match self.ov().adopt(entry.id, fd, flags, charge) {
+            Ok(o) => {
+                let (fh, writable) = (o.fh, o.writable);
+                let ttl = self.ttl(entry.lower);
+                self.io
+                    .reply_create(self.ov(), &entry, ttl, o, via, reply, |pt| {
+                        if writable {
+                            self.rec.opened(self.ov(), fh, c, pt)
+                        }
+                    })
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}

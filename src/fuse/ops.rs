@@ -1,0 +1,593 @@
+//! `fuser::Filesystem` for `LayerFs`: each request decoded into a call on
+//! the overlay core, run inside the write gate when it changes anything
+//! (`LayerFs::gated`), on the copy pool when it may copy for long
+//! (`long`), recorded for the journal (`journal`) and answered with the
+//! right cache timeout and errno.
+
+use std::ffi::OsStr;
+use std::path::Path;
+
+use fuser::{
+    CopyFileRangeFlags, Errno, FileHandle, Generation, INodeNo, IoctlFlags, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use super::convert;
+use super::init;
+use super::journal::setattr_rows;
+use super::reply::{self, errno};
+use super::shared::{ctx, LayerFs, Shared};
+use crate::overlay::attr::SetAttr;
+use crate::overlay::copy_up::NoHalt;
+use crate::overlay::dir::NewKind;
+use crate::overlay::events::EvOp;
+use crate::overlay::file::{wants_write, LONG_COPY};
+use crate::overlay::Ctx;
+
+impl Shared {
+    /// mknod, mkdir, symlink and link: create the object, reply its entry.
+    fn create_entry(
+        &self,
+        c: &Ctx,
+        parent: INodeNo,
+        name: &OsStr,
+        kind: NewKind<'_>,
+        reply: ReplyEntry,
+    ) {
+        let (op, path, to) = self.creation(parent, name, &kind);
+        let r = self
+            .ov()
+            .create_object(c, parent.0, name, kind)
+            .map(|(e, _)| e);
+        self.done(c, op, path, to, &r);
+        self.reply_entry(r, reply)
+    }
+
+    fn write(&self, fh: u64, offset: u64, data: &[u8], reply: ReplyWrite) {
+        match self.ov().write(fh, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+impl fuser::Filesystem for LayerFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if self.queue.is_some() {
+            if let Some(n) = self.inner.negotiated.get() {
+                init::queue_session(config, n);
+            }
+            return Ok(());
+        }
+        let n = init::negotiate(
+            config,
+            &self.inner.ov,
+            &self.inner.io,
+            self.inner.want_uring,
+        );
+        let _ = self.inner.negotiated.set(n);
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        crate::failpoint::hit("lookup", name);
+        match self.ov().lookup(&ctx(req, 0), parent.0, name) {
+            Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
+            // A negative entry, trusted as long as the directory's other
+            // entries are: a lower name appearing in a watched directory
+            // is invalidated when it appears.
+            // Names the policy hides are never cached as absent: a reload
+            // that shows them again must take effect at once.
+            Err(e) if e.0 == libc::ENOENT && self.ov().hides(parent.0, name) => {
+                reply.error(errno(e))
+            }
+            Err(e) if e.0 == libc::ENOENT && !self.inner.lower_ttl.is_zero() => {
+                let mut attr = convert::attr(&crate::overlay::attr::zero_stat());
+                attr.ino = INodeNo(0);
+                let ttl = self.ttl(!self.ov().dir_watched(parent.0));
+                reply.entry(&ttl, &attr, Generation(0))
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.ov().forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr_of(ino.0) {
+            Ok((ttl, st)) => reply.attr(&ttl, &convert::attr(&st)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(convert::timespec),
+            mtime: mtime.map(convert::timespec),
+            fh: fh.map(|f| f.0),
+        };
+        let c = ctx(req, 0);
+        self.gated(move |s| {
+            let path = s.path(ino.0);
+            s.rec.around_setattr(s.ov(), ino.0, false);
+            let r = s.ov().setattr(&c, ino.0, &a);
+            s.rec.around_setattr(s.ov(), ino.0, true);
+            let errno = r.as_ref().err().map_or(0, |e| e.0);
+            s.rec.done(&c, &setattr_rows(&a), path, None, errno);
+            s.reply_attr(ino, r, reply)
+        })
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.ov().readlink(ino.0) {
+            Ok(t) => reply.data(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str())),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let (c, name) = (ctx(req, umask), name.to_owned());
+        self.gated(move |s| {
+            let kind = NewKind::Node {
+                mode,
+                rdev: rdev as u64,
+            };
+            s.create_entry(&c, parent, &name, kind, reply)
+        })
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let (c, name) = (ctx(req, umask), name.to_owned());
+        self.gated(move |s| s.create_entry(&c, parent, &name, NewKind::Dir { mode }, reply))
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (c, name) = (ctx(req, 0), name.to_owned());
+        self.gated(move |s| {
+            let path = s.child(parent, &name);
+            let r = s.ov().unlink(&c, parent.0, &name);
+            s.done(&c, EvOp::Unlink, path, None, &r);
+            reply::empty(r, reply)
+        })
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (c, name) = (ctx(req, 0), name.to_owned());
+        self.gated(move |s| {
+            let path = s.child(parent, &name);
+            let r = s.ov().rmdir(&c, parent.0, &name);
+            s.done(&c, EvOp::Rmdir, path, None, &r);
+            reply::empty(r, reply)
+        })
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let (c, name, target) = (ctx(req, 0), link_name.to_owned(), target.to_owned());
+        self.gated(move |s| {
+            let kind = NewKind::Symlink {
+                target: target.as_os_str(),
+            };
+            s.create_entry(&c, parent, &name, kind, reply)
+        })
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let c = ctx(req, 0);
+        let (name, newname) = (name.to_owned(), newname.to_owned());
+        self.gated(move |s| {
+            let (from, to) = (s.child(parent, &name), s.child(newparent, &newname));
+            let r = s
+                .ov()
+                .rename(&c, parent.0, &name, newparent.0, &newname, flags.bits());
+            s.done(&c, EvOp::Rename, from, to, &r);
+            reply::empty(r, reply)
+        })
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let (c, newname) = (ctx(req, 0), newname.to_owned());
+        self.gated(move |s| {
+            let source = match s.ov().inode(ino.0) {
+                Ok(src) => src,
+                Err(e) => return reply.error(errno(e)),
+            };
+            let kind = NewKind::Link { source: &source };
+            s.create_entry(&c, newparent, &newname, kind, reply)
+        })
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let c = ctx(req, 0);
+        let queue = self.queue.clone();
+        // An open for writing copies up and lets passthrough writes
+        // through: it waits while writes are paused. Reads never do.
+        if !wants_write(flags.0) {
+            let r = self.ov().open(&c, ino.0, flags.0);
+            return self.inner.opened(&c, ino, flags, (r, false), queue, reply);
+        }
+        if self.ov().open_copies_long(ino.0, flags.0) {
+            let inner = self.inner.clone();
+            return self.inner.long.submit(c.uid, move || {
+                inner.open_copying(&c, ino, flags, queue, reply)
+            });
+        }
+        self.gated(move |s| {
+            let r = s.open_file(&c, ino, flags, &NoHalt);
+            s.opened(&c, ino, flags, r, queue, reply)
+        })
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.ov().read(fh.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // The data is copied only for a request parked by a pause.
+        if let Some(_pass) = self.ov().gate.try_enter() {
+            return self.inner.write(fh.0, offset, data, reply);
+        }
+        let data = data.to_vec();
+        self.gated(move |s| s.write(fh.0, offset, &data, reply))
+    }
+
+    /// Nothing is buffered in the daemon and locks live in the kernel, so
+    /// a close has nothing to flush: ENOSYS tells the kernel to stop
+    /// sending FLUSH at all (one round trip less per close).
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn release(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.inner
+            .rec
+            .writes(self.ov(), fh.0, Some(&ctx(req, 0)), true);
+        self.inner.io.release(self.ov(), ino.0, fh.0);
+        self.ov().release(fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.inner
+            .rec
+            .writes(self.ov(), fh.0, Some(&ctx(req, 0)), false);
+        match self.ov().fsync(fh.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// Directories are opened without the daemon: ENOSYS here makes the
+    /// kernel stop sending OPENDIR and RELEASEDIR for good and open every
+    /// directory with its listing cached (FOPEN_CACHE_DIR | KEEP_CACHE),
+    /// two round trips less per directory walked. The cache stays correct
+    /// because the kernel drops it itself when the directory changes
+    /// through the mount, and the daemon invalidates it when a lower
+    /// directory changes (`watcher`) or the policy is reloaded; for a
+    /// directory it cannot watch, its reported mtime follows its lowers
+    /// (`Overlay::fix_stat`), which also resets the kernel's cached copy.
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectory,
+    ) {
+        if offset == 0 && self.ov().lists_long(ino.0) {
+            let inner = self.inner.clone();
+            return self
+                .inner
+                .long
+                .submit(req.uid(), move || inner.readdir(ino, offset, reply));
+        }
+        self.inner.readdir(ino, offset, reply)
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectoryPlus,
+    ) {
+        let c = ctx(req, 0);
+        if offset == 0 && self.ov().lists_long(ino.0) {
+            let inner = self.inner.clone();
+            return self
+                .inner
+                .long
+                .submit(c.uid, move || inner.readdirplus(&c, ino, offset, reply));
+        }
+        self.inner.readdirplus(&c, ino, offset, reply)
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.ov().fsyncdir(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.ov().statfs() {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                255,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let (c, name, value) = (ctx(req, 0), name.to_owned(), value.to_vec());
+        self.gated(move |s| {
+            let path = s.path(ino.0);
+            let r = s.ov().setxattr(&c, ino.0, &name, &value, flags);
+            let attr = Some(name.to_string_lossy().into_owned());
+            s.done(&c, EvOp::Setxattr, path, attr, &r);
+            reply::empty(r, reply)
+        })
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.ov().getxattr(ino.0, name) {
+            Ok(v) => reply::xattr(&v, size, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.ov().listxattr(ino.0) {
+            Ok(v) => reply::xattr(&v, size, reply),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (c, name) = (ctx(req, 0), name.to_owned());
+        self.gated(move |s| {
+            let path = s.path(ino.0);
+            let r = s.ov().removexattr(&c, ino.0, &name);
+            let attr = Some(name.to_string_lossy().into_owned());
+            s.done(&c, EvOp::Removexattr, path, attr, &r);
+            reply::empty(r, reply)
+        })
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (c, name) = (ctx(req, umask), name.to_owned());
+        let queue = self.queue.clone();
+        self.gated(move |s| s.create(&c, parent, &name, mode, flags, queue.as_deref(), reply))
+    }
+
+    /// No file ioctls are forwarded: tools probing for flags or reflinks
+    /// (`FS_IOC_GETFLAGS`, `FICLONE`) get ENOTTY and fall back, without a
+    /// log line per call.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.gated(
+            move |s| match s.ov().fallocate(fh.0, mode, offset, length) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+        )
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        match self.ov().lseek(fh.0, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let copy = move |s: &Shared| match s
+            .ov()
+            .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
+        {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        };
+        // Each call copies `COPY_RANGE_MAX` at most; one that may copy
+        // that much runs on the copy pool, small ones right here.
+        if len < LONG_COPY {
+            return self.gated(copy);
+        }
+        let inner = self.inner.clone();
+        self.inner.long.submit(req.uid(), move || {
+            // On the pool thread: it may wait out a pause here.
+            let _pass = inner.ov.gate.enter();
+            copy(&inner)
+        })
+    }
+}
