@@ -7,7 +7,7 @@ use clap::Args;
 use crate::overlay::events::EvOp;
 
 use crate::state::diff::Layers;
-use crate::state::{scratch, workspace::Workspace};
+use crate::state::{reset, scratch, workspace::Workspace};
 
 const GC_HELP: &str = "\
 Removes the upper's contents of every scratch path (`--scratch GLOB` on mount,
@@ -59,7 +59,7 @@ impl GcCmd {
         let layers = Layers::open(&ws.upper, &ws.lowers)?;
         let work = ws.work_dir()?.into_fd();
         let mut done = crate::state::reset::Outcome::default();
-        let r = scratch::gc(&layers, &work, &sc, &mut done);
+        let r = reset::gc(&layers, &work, &sc, &mut done);
         record(&done.changed);
         for p in &done.changed {
             outln!("emptied {}", super::reset::shown(p));

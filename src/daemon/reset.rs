@@ -67,7 +67,7 @@ pub fn serve(daemon: &Daemon, req: &Value, gc: bool) -> Result<Value, String> {
     let failed = {
         let (_pause, _busy) = daemon.fs.pause_writes(DRAIN);
         let r = if gc {
-            scratch::gc(&layers, &work, &sc, &mut done)
+            reset::gc(&layers, &work, &sc, &mut done)
         } else {
             paths
                 .iter()
