@@ -217,6 +217,9 @@ fn dying(pid: i32) -> bool {
     }
 }
 
+/// How long a refused peer has to send its request before the refusal.
+const REFUSED_READ: Duration = Duration::from_secs(1);
+
 /// Polling interval for a paused connection's client (see `dying`).
 const PEER_POLL: Duration = Duration::from_millis(100);
 
@@ -238,6 +241,12 @@ fn serve_conn(stream: UnixStream, daemon: &Daemon) {
                  run the command as that user or as root",
                 daemon.uid
             );
+            // Take the request first (bounded in time and size): answering
+            // and closing before the client has written would fail its
+            // write with EPIPE instead of showing it this message.
+            let _ = stream.set_read_timeout(Some(REFUSED_READ));
+            let _ =
+                BufReader::new(io::Read::take(&stream, 64 * 1024)).read_line(&mut String::new());
             let _ = send(&mut writer, &json!({"ok": false, "error": msg}));
             return;
         }

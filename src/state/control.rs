@@ -84,18 +84,19 @@ impl Client {
         let p = self.path.display().to_string();
         let mut line = serde_json::to_string(req).map_err(|e| e.to_string())?;
         line.push('\n');
-        self.writer
-            .write_all(line.as_bytes())
-            .map_err(|e| self.lost(&p, &e))?;
+        // A daemon that refuses the caller may answer and close before
+        // the request is written: its answer is still read, and says why.
+        let sent = self.writer.write_all(line.as_bytes());
         let mut answer = String::new();
-        match self.reader.read_line(&mut answer) {
-            Ok(0) => {
+        match (self.reader.read_line(&mut answer), sent) {
+            (Ok(n), _) if n > 0 => {}
+            (_, Err(e)) => return Err(self.lost(&p, &e)),
+            (Ok(_), Ok(())) => {
                 return Err(format!(
                     "control socket {p}: the daemon closed the connection"
                 ))
             }
-            Ok(_) => {}
-            Err(e) => return Err(self.lost(&p, &e)),
+            (Err(e), Ok(())) => return Err(self.lost(&p, &e)),
         }
         let v: Value = serde_json::from_str(&answer)
             .map_err(|e| format!("control socket {p}: bad response ({e}): {answer}"))?;
