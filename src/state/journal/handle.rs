@@ -3,52 +3,19 @@
 //! the writer thread again after it went idle.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use super::retention::disk_bytes;
+use super::schema::disk_bytes;
 use super::schema::shown;
-use super::writer::Writer;
+use super::writer::{Health, Idle, Msg, Writer};
 use super::Options;
 use crate::overlay::events::{Event, Sink};
-
-/// Counters `status` reports.
-#[derive(Default)]
-pub(super) struct Health {
-    /// Rows in the database (as far as this daemon knows).
-    pub(super) rows: AtomicU64,
-    /// Rows this daemon inserted.
-    pub(super) written: AtomicU64,
-    /// Events lost (full queue or a failed insert).
-    pub(super) dropped: AtomicU64,
-    /// Rows retention deleted (the `journal-trimmed` row it replaces
-    /// not counted).
-    pub(super) trimmed: AtomicU64,
-    pub(super) last_error: Mutex<Option<(SystemTime, String)>>,
-}
-
-impl Health {
-    /// Records an error for `status`; logged once until it changes (a
-    /// failing journal retries every second).
-    pub(super) fn fail(&self, msg: String) {
-        let mut last = self.last_error.lock();
-        if last.as_ref().map(|(_, m)| m) != Some(&msg) {
-            tracing::warn!("journal: {msg}");
-        }
-        *last = Some((SystemTime::now(), msg));
-    }
-}
-
-pub(super) enum Msg {
-    Event(Event),
-    /// Write everything queued so far, then answer.
-    Flush(mpsc::Sender<()>),
-}
 
 /// The journal of one mount: a `Sink` for the adapter, health for `status`.
 ///
@@ -69,61 +36,6 @@ pub struct Journal {
     /// The state dir whose descriptor `path` goes through, kept open for
     /// as long as the journal may use it.
     _dir: Option<Arc<crate::layer::safedir::SafeDir>>,
-}
-
-/// The writer's state while no thread runs it.
-pub(super) struct Idle {
-    /// Whether a writer thread runs (or is being started).
-    pub(super) running: AtomicBool,
-    pub(super) parked: Mutex<Option<(Writer, Receiver<Msg>)>>,
-}
-
-impl Idle {
-    /// Starts the writer thread if none runs. Called after every send.
-    ///
-    /// Invariant (no event is left in the channel with no writer): a
-    /// writer that goes idle clears `running` and then, holding `parked`,
-    /// looks at the channel once more before it parks. A send that this
-    /// last look misses comes after the clear, so its `wake` sees
-    /// `running == false` and waits on `parked` until the state is back.
-    pub(super) fn wake(self: &Arc<Idle>, health: &Arc<Health>) {
-        if self.running.load(Ordering::SeqCst) {
-            return;
-        }
-        let parked = self.parked.lock();
-        if parked.is_none() || self.running.load(Ordering::SeqCst) {
-            return;
-        }
-        self.running.store(true, Ordering::SeqCst);
-        let idle = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("journal".into())
-            .spawn(move || {
-                let Some((writer, rx)) = idle.parked.lock().take() else {
-                    return;
-                };
-                yield_to_requests();
-                writer.run(rx, &idle);
-            });
-        if let Err(e) = spawned {
-            // The state stays parked: the next event tries again.
-            self.running.store(false, Ordering::SeqCst);
-            health.fail(format!("cannot start the journal writer: {e}"));
-        }
-    }
-}
-
-/// Lowers the calling thread's scheduling priority by 10 nice levels
-/// (at most to 19): the writer is a background index, so on a busy CPU
-/// the FUSE workers and the programs they serve run first, and the
-/// writer catches up in the gaps. Under contention it still gets about a
-/// tenth of a CPU against the workers, more than the journal needs (its
-/// own CPU is about 5% of the daemon's); the queue bound covers a longer
-/// backlog.
-fn yield_to_requests() {
-    if let Err(e) = crate::sys::lower_thread_priority(10) {
-        tracing::debug!("journal writer keeps its priority: {e}");
-    }
 }
 
 /// The longest path a journal row keeps. A path beyond it (deeper than

@@ -27,10 +27,12 @@
 //! (`trim_rows`). The size bound, database and WAL together, is stated at
 //! `Budget`.
 //!
-//! The parts: `handle` (the `Journal` the mount records through and its
-//! health), `writer` (the writer thread and its batches), `retention`
-//! (the size budget and trimming), `schema` (the database, opening and
-//! migrating it) and `rows` (rows written and read outside the writer).
+//! The parts, each using only those after it: `handle` (the `Journal`
+//! the mount records through), `writer` (the writer thread: its messages,
+//! health counters, idle parking and batches), `retention` (the size
+//! budget and trimming), `rows` (rows written and read outside the
+//! writer) and `schema` (the database: its files, opening and migrating
+//! it).
 
 mod handle;
 mod retention;

@@ -1,8 +1,6 @@
 //! Retention: the size budget of the database and its WAL, and deleting
 //! the oldest rows with the one `journal-trimmed` row that records them.
 
-use std::fs;
-use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use rusqlite::{params, Connection};
@@ -71,18 +69,6 @@ pub(super) fn row_bytes(e: &Event) -> u64 {
         + e.to.as_ref().map_or(0, |t| t.len())
         + e.comm.len()
         + e.rule.as_ref().map_or(0, |r| r.len())) as u64
-}
-
-/// The bytes the database and its WAL take on disk now.
-pub(super) fn disk_bytes(db: &Path) -> u64 {
-    let len = |p: &Path| fs::metadata(p).map_or(0, |m| m.len());
-    len(db) + len(&wal_path(db))
-}
-
-pub(super) fn wal_path(db: &Path) -> PathBuf {
-    let mut p = db.as_os_str().to_os_string();
-    p.push("-wal");
-    PathBuf::from(p)
 }
 
 /// Which rows retention deletes, oldest (by id) first.

@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rusqlite::params;
 use serde_json::{json, Value};
 
-use super::retention::disk_bytes;
+use super::schema::disk_bytes;
 use super::schema::{open_ro, open_rw, shown};
 use crate::overlay::events::EvOp;
 

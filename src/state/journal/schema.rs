@@ -160,3 +160,15 @@ pub fn open_ro(path: &Path) -> Result<Connection, String> {
     let _ = c.busy_timeout(Duration::from_secs(2));
     Ok(c)
 }
+
+/// The bytes the database and its WAL take on disk now.
+pub(super) fn disk_bytes(db: &Path) -> u64 {
+    let len = |p: &Path| fs::metadata(p).map_or(0, |m| m.len());
+    len(db) + len(&wal_path(db))
+}
+
+pub(super) fn wal_path(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_os_string();
+    p.push("-wal");
+    PathBuf::from(p)
+}

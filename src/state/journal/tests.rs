@@ -12,8 +12,8 @@ use serde_json::json;
 use crate::overlay::events::{EvOp, Event, Sink};
 
 use super::handle::bounded;
-use super::retention::disk_bytes;
 use super::rows::micros;
+use super::schema::disk_bytes;
 use super::*;
 
 #[test]
