@@ -1,9 +1,22 @@
 //! layerfs: a copy-on-write union filesystem served over FUSE, with a path
 //! policy enforced inside the filesystem.
 //!
-//! Dependencies point down only: `cli` → `daemon` → `fuse` (adapter) →
-//! `overlay` (the union core, no FUSE types) → `layer` (fd-relative access
-//! to one layer root) and `policy` (a pure decision function).
+//! Dependencies point down only. The rooms, lowest first; a file may use
+//! the rooms on the floors below its own, never one on its own floor or
+//! above (`tests/it/layering.rs` reads this list and the sources and
+//! fails on an import that points up, naming the file and the rule):
+//!
+//! 1. `sys`, `quote`, `failpoint`: system calls, shell quoting, fault points
+//! 2. `layer`: fd-relative access to one layer root, the on-disk format
+//! 3. `policy`: the path policy, a pure decision function
+//! 4. `overlay`, `host`, `sandbox`: the union core (no FUSE types), the
+//!    host's mounts and pid files, the sandbox's building blocks
+//! 5. `state`: journal, diff, reset, snapshots, workspaces
+//! 6. `config`: the validated mount configuration
+//! 7. `fuse`: the FUSE adapter over the core
+//! 8. `daemon`: the served mount, its control socket and signals
+//! 9. `run`: `layerfs run` workspaces
+//! 10. `cli`: the command line
 //!
 //! `unsafe` lives in the system-call modules only, each call wrapped in a
 //! safe function with its `// SAFETY:` reason: `sys` (the process:

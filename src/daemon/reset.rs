@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::served::Daemon;
-use crate::state::diff::Layers;
+use crate::layer::stack::Layers;
 use crate::state::{reset, scratch};
 
 /// How long a reset waits for passthrough write opens to close.

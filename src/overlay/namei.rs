@@ -14,6 +14,7 @@ use super::{err, Ctx, Entry, Errno, Overlay, Result};
 use crate::layer::ops::is_whiteout;
 use crate::layer::reach;
 use crate::layer::real::RealFd;
+use crate::layer::stack;
 use crate::layer::sys::{self, Stat};
 use crate::layer::walk::is_dir;
 
@@ -217,36 +218,14 @@ impl Overlay {
     }
 
     /// Lower directories at an absolute lower path ("/a/b"), for a
-    /// redirected directory, walked one component at a time in each layer.
+    /// redirected directory (`layer::stack::dirs_at_path`, reading the
+    /// opaque mark in this mount's spelling).
     fn lowers_at_path(&self, path: &LowerPath, real: &mut Real) {
         let path = path.to_os_string();
-        'layers: for (i, l) in self.lowers.iter().enumerate() {
-            let mut fd = match sys::open_path(&l.root, OsStr::new(".")) {
-                Ok(fd) => fd,
-                Err(_) => continue,
-            };
-            for comp in path
-                .as_bytes()
-                .split(|&b| b == b'/')
-                .filter(|c| !c.is_empty())
-            {
-                let c = OsStr::from_bytes(comp);
-                match sys::fstatat(&fd, c) {
-                    Ok(s) if is_dir(&s) => {}
-                    Ok(s) if is_whiteout(&s) => break 'layers,
-                    _ => continue 'layers,
-                }
-                fd = match sys::open_path(&fd, c) {
-                    Ok(f) => f,
-                    Err(_) => continue 'layers,
-                };
-            }
-            let last = i + 1 == self.lowers.len();
-            let opaque = !last && self.upper.is_opaque(&fd);
-            real.lowers.push((i, RealFd::new(fd, &l.mount)));
-            if opaque {
-                break;
-            }
+        let roots = self.lowers.iter().map(|l| &l.root);
+        for (i, fd) in stack::dirs_at_path(roots, &path, |fd| self.upper.is_opaque(fd)) {
+            real.lowers
+                .push((i, RealFd::new(fd, &self.lowers[i].mount)));
         }
     }
 

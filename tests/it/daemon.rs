@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use layerfs::host::pidfile;
 
 use crate::harness::eventually;
-use crate::harness::{bin, is_mounted, policy_file, Workspace};
+use crate::harness::{bin, is_mounted, layerfs_quiet, policy_file, Workspace};
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -130,16 +130,6 @@ pub(crate) fn mount_args(ws: &Workspace, extra: &[&str]) -> Vec<String> {
     a.push(ws.mnt.display().to_string());
     a
 }
-
-fn layerfs(args: &[String]) -> Output {
-    let mut cmd = Command::new(bin());
-    cmd.args(args).stdin(Stdio::null());
-    if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "warn");
-    }
-    cmd.output().expect("run layerfs")
-}
-
 pub(crate) fn text(o: &Output) -> String {
     format!(
         "exit {:?}\nstdout: {}\nstderr: {}",
@@ -151,7 +141,7 @@ pub(crate) fn text(o: &Output) -> String {
 
 /// Mounts `ws` in the background with the raw argument list `args`.
 fn bg_mount_args(mnt: &Path, args: &[String]) -> Result<BgMount, Output> {
-    let out = layerfs(args);
+    let out = layerfs_quiet(args);
     if !out.status.success() {
         return Err(out);
     }
@@ -175,7 +165,7 @@ fn expect_refusal(mnt: &Path, args: &[String], code: i32, needles: &[&str]) {
         "{} is mounted before the test",
         mnt.display()
     );
-    let out = layerfs(args);
+    let out = layerfs_quiet(args);
     // Whatever a wrongly accepted mount left behind is cleaned up on return.
     let _leftover = BgMount {
         mnt: mnt.to_path_buf(),
@@ -239,7 +229,7 @@ fn background_mount_returns_only_when_live_and_umount_waits_for_the_daemon() {
     let pid = m.pid();
     assert!(pidfile::is_daemon_alive(pid));
 
-    let out = layerfs(&["umount".into(), ws.mnt.display().to_string()]);
+    let out = layerfs_quiet(&["umount".into(), ws.mnt.display().to_string()]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(!is_mounted(&ws.mnt));
     assert!(
@@ -280,7 +270,7 @@ fn after_umount_the_upper_filesystem_is_free_to_unmount() {
             .status()
             .unwrap();
         assert!(st.success());
-        let out = layerfs(&["umount".into(), ws.mnt.display().to_string()]);
+        let out = layerfs_quiet(&["umount".into(), ws.mnt.display().to_string()]);
         assert!(out.status.success(), "{}", text(&out));
         assert!(!pidfile::is_daemon_alive(pid));
         // No retry, no lazy unmount: busy now is the bug.
@@ -300,7 +290,7 @@ fn after_umount_the_upper_filesystem_is_free_to_unmount() {
 #[test]
 fn umount_of_something_not_mounted_fails_clearly() {
     let ws = Workspace::new();
-    let out = layerfs(&["umount".into(), ws.mnt.display().to_string()]);
+    let out = layerfs_quiet(&["umount".into(), ws.mnt.display().to_string()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not mounted"));
 }
@@ -348,7 +338,7 @@ fn mount_refuses_an_upper_inside_a_lower_and_a_mountpoint_inside_the_upper() {
 fn mount_refuses_a_busy_mountpoint() {
     let ws = Workspace::new();
     let _m = bg_mount(&ws, &[]);
-    let out = layerfs(&mount_args(&ws, &[]));
+    let out = layerfs_quiet(&mount_args(&ws, &[]));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("mountpoint busy"),
@@ -376,16 +366,16 @@ fn mount_refuses_a_bad_policy_file_naming_the_line() {
 
 #[test]
 fn usage_errors_exit_2_and_help_exits_0_with_examples() {
-    let out = layerfs(&["mount".into()]);
+    let out = layerfs_quiet(&["mount"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let out = layerfs(&["mount".into(), "--help".into()]);
+    let out = layerfs_quiet(&["mount", "--help"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(
         help.contains("Examples") && help.contains("lowerdir="),
         "{help}"
     );
-    let out = layerfs(&["--help".into()]);
+    let out = layerfs_quiet(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
 }
 
@@ -393,13 +383,13 @@ fn usage_errors_exit_2_and_help_exits_0_with_examples() {
 fn policy_check_says_ok_or_names_the_bad_line() {
     let ws = Workspace::new();
     let good = policy_file(&ws, "hide **/.env\nreadonly skills/**\n");
-    let out = layerfs(&["policy".into(), "check".into(), good.display().to_string()]);
+    let out = layerfs_quiet(&["policy".into(), "check".into(), good.display().to_string()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
 
     let bad = ws.dir.path().join("bad-policy");
     fs::write(&bad, "hide a\n\nreadonly\n").unwrap();
-    let out = layerfs(&["policy".into(), "check".into(), bad.display().to_string()]);
+    let out = layerfs_quiet(&["policy".into(), "check".into(), bad.display().to_string()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("line 3"),

@@ -5,19 +5,11 @@
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use crate::basic::fsutil::write;
-use crate::harness::{bin, errno, sh, Workspace};
-
-fn layerfs(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .output()
-        .expect("run layerfs")
-}
-
+use crate::harness::{bin, errno, layerfs, sh, KernelOverlay, Workspace};
 /// Runs layerfs, requires success, returns stdout.
 fn ok(args: &[&str]) -> String {
     let out = layerfs(args);
@@ -46,20 +38,25 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
 
 /// A lower with files, nested directories and fixed modes.
 fn populate(lower: &Path) {
-    write(&lower.join("a.txt"), b"hello\n");
-    write(&lower.join("b.txt"), b"bye\n");
-    write(&lower.join("src/main.rs"), b"line1\nline2\nline3\n");
-    write(&lower.join("src/lib.rs"), b"pub fn x() {}\n");
-    write(&lower.join("docs/x.md"), b"x\n");
-    write(&lower.join("docs/sub/y.md"), b"y\n");
-    write(&lower.join("old/o.txt"), b"o\n");
-    write(&lower.join("old/inner/p.txt"), b"p\n");
-    write(&lower.join("keep/k1"), b"k1\n");
-    write(&lower.join("keep/k2"), b"k2\n");
-    write(&lower.join("mv.txt"), b"moved\n");
-    write(&lower.join("chm.txt"), b"c\n");
-    write(&lower.join("touch.txt"), b"t\n");
-    write(&lower.join("bin.dat"), b"\x00\x01\x02bin");
+    crate::harness::populate(
+        lower,
+        &[
+            ("a.txt", "hello\n"),
+            ("b.txt", "bye\n"),
+            ("src/main.rs", "line1\nline2\nline3\n"),
+            ("src/lib.rs", "pub fn x() {}\n"),
+            ("docs/x.md", "x\n"),
+            ("docs/sub/y.md", "y\n"),
+            ("old/o.txt", "o\n"),
+            ("old/inner/p.txt", "p\n"),
+            ("keep/k1", "k1\n"),
+            ("keep/k2", "k2\n"),
+            ("mv.txt", "moved\n"),
+            ("chm.txt", "c\n"),
+            ("touch.txt", "t\n"),
+            ("bin.dat", "\x00\x01\x02bin"),
+        ],
+    );
     for d in ["", "src", "docs", "docs/sub", "old", "old/inner", "keep"] {
         fs::set_permissions(lower.join(d), fs::Permissions::from_mode(0o755)).unwrap();
     }
@@ -419,21 +416,6 @@ fn scratch_paths_are_left_out_of_diff_and_emptied_by_gc() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--scratch"));
 }
 
-/// A kernel overlayfs mount, unmounted on drop.
-struct KernelOverlay(PathBuf);
-
-impl Drop for KernelOverlay {
-    fn drop(&mut self) {
-        if !Command::new("umount")
-            .arg(&self.0)
-            .status()
-            .is_ok_and(|s| s.success())
-        {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-}
-
 #[test]
 fn origin_record_is_hidden_and_harmless_to_kernel_overlayfs() {
     let ws = Workspace::new();
@@ -471,21 +453,7 @@ fn origin_record_is_hidden_and_harmless_to_kernel_overlayfs() {
     // Kernel overlayfs mounts the same upper and shows the same tree.
     let kwork = ws.dir.path().join("kwork");
     let kmnt = ws.dir.path().join("kmnt");
-    fs::create_dir_all(&kwork).unwrap();
-    fs::create_dir_all(&kmnt).unwrap();
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=on",
-        s(ws.lower()),
-        s(&ws.upper),
-        s(&kwork)
-    );
-    let st = Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o", &opts])
-        .arg(&kmnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "kernel overlay mount");
-    let k = KernelOverlay(kmnt.clone());
+    let k = KernelOverlay::mount(&[ws.lower()], &ws.upper, &kwork, &kmnt).unwrap();
     assert_eq!(crate::basic::fsutil::tree_listing(&kmnt), view);
     assert_eq!(xattr::get(kmnt.join("a.txt"), name).unwrap(), None);
     drop(k);

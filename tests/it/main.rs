@@ -1,5 +1,7 @@
 //! Integration tests: every test mounts layerfs for real through the binary
 //! and drives it with ordinary syscalls and tools. One binary, a module per area.
+//! (`layering` alone mounts nothing: it reads the sources to keep the
+//! layering written in lib.rs true.)
 
 mod harness;
 
@@ -14,6 +16,7 @@ mod diff;
 mod differential;
 mod fulldisk;
 mod identity;
+mod layering;
 mod manpages;
 mod modes;
 mod mount_helper;

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::harness::eventually;
-use crate::harness::{bin, errno, is_mounted, policy_file, Mount, Workspace};
+use crate::harness::{errno, is_mounted, policy_file, populate, Mount, Workspace};
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -201,19 +201,6 @@ fn listing(dir: &Path) -> Vec<String> {
     v
 }
 
-/// Writes `files` (relative path → content) under `root`, making parents.
-fn populate(root: &Path, files: &[(&str, &str)]) {
-    for (rel, content) in files {
-        let p = root.join(rel);
-        if rel.ends_with('/') {
-            fs::create_dir_all(&p).unwrap();
-        } else {
-            fs::create_dir_all(p.parent().unwrap()).unwrap();
-            fs::write(&p, content).unwrap();
-        }
-    }
-}
-
 /// Runs a bash script; returns (success, stdout+stderr). Never panics on failure.
 fn run(dir: &Path, script: &str) -> (bool, String) {
     let out = crate::harness::bash(dir, script);
@@ -229,10 +216,7 @@ fn run(dir: &Path, script: &str) -> (bool, String) {
 
 /// Runs the layerfs binary; returns (success, stdout+stderr).
 fn layerfs(args: &[&str]) -> (bool, String) {
-    let out = Command::new(bin())
-        .args(args)
-        .output()
-        .expect("run layerfs");
+    let out = crate::harness::layerfs(args);
     (
         out.status.success(),
         format!(

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::harness::{bin, eventually, Tmpfs, Workspace};
+use crate::harness::{bin, eventually, layerfs_quiet, Tmpfs, Workspace};
 
 const NOBODY: u32 = 65534;
 
@@ -21,16 +21,6 @@ const NOBODY: u32 = 65534;
 pub(crate) fn state_dir(ws: &Workspace) -> PathBuf {
     ws.dir.path().join(".upper.layerfs-state")
 }
-
-pub(crate) fn layerfs(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run layerfs")
-}
-
 pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -160,7 +150,7 @@ fn state_dir_elsewhere_is_found_from_the_mountpoint() {
     let m = ws.mount_with(&["--state", state.to_str().unwrap()]);
     assert!(state.join("workspace.json").is_file());
     assert!(!state_dir(&ws).exists());
-    let out = layerfs(&["status", "--json", m.path().to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", "--json", m.path().to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(
@@ -168,11 +158,11 @@ fn state_dir_elsewhere_is_found_from_the_mountpoint() {
         json!(fs::canonicalize(&state).unwrap().to_string_lossy())
     );
     // The upper alone does not lead there: the message says what to give.
-    let out = layerfs(&["status", ws.upper.to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", ws.upper.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--state"), "{}", stderr(&out));
     // The state dir itself does.
-    let out = layerfs(&["status", "--json", state.to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", "--json", state.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     drop(m);
 }
@@ -255,7 +245,7 @@ fn status_of_a_mount_and_of_an_unmounted_upper() {
     let ws = Workspace::new();
     let m = ws.mount();
     for arg in [m.path().to_path_buf(), ws.upper.clone()] {
-        let out = layerfs(&["status", "--json", arg.to_str().unwrap()]);
+        let out = layerfs_quiet(&["status", "--json", arg.to_str().unwrap()]);
         assert!(out.status.success(), "{}", stderr(&out));
         let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
         assert_eq!(v["mounted"], json!(true));
@@ -267,7 +257,7 @@ fn status_of_a_mount_and_of_an_unmounted_upper() {
         assert!(v["uptime_seconds"].as_f64().unwrap() >= 0.0);
     }
     // Every mount: this one is listed.
-    let out = layerfs(&["status"]);
+    let out = layerfs_quiet(&["status"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     let canon = fs::canonicalize(&ws.mnt).unwrap();
@@ -277,13 +267,13 @@ fn status_of_a_mount_and_of_an_unmounted_upper() {
         "{text}"
     );
     assert!(m.unmount());
-    let out = layerfs(&["status", "--json", ws.upper.to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", "--json", ws.upper.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(v["mounted"], json!(false));
     assert!(v["mountpoint"].is_null());
     // Not a workspace at all: the message says what to give.
-    let out = layerfs(&["status", ws.lower().to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", ws.lower().to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("not a layerfs mountpoint"),
@@ -309,7 +299,7 @@ fn status_reports_a_stopped_daemon_instead_of_waiting_for_it() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let _resume = Stopped(pid);
     let started = std::time::Instant::now();
-    let out = layerfs(&["status", ws.upper.to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", ws.upper.to_str().unwrap()]);
     let took = started.elapsed();
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(
@@ -319,7 +309,7 @@ fn status_reports_a_stopped_daemon_instead_of_waiting_for_it() {
     );
     assert!(took < Duration::from_secs(60), "status took {took:?}");
     // The list of every mount names it with the same reason and goes on.
-    let out = layerfs(&["status", "--json"]);
+    let out = layerfs_quiet(&["status", "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let canon = fs::canonicalize(&ws.mnt).unwrap();
     let mine = stdout(&out)
@@ -554,7 +544,7 @@ pub(crate) fn try_log_rows(ws: &Path, extra: &[&str]) -> Result<Vec<Value>, Stri
     args.extend_from_slice(extra);
     let w = ws.to_str().unwrap();
     args.push(w);
-    let out = layerfs(&args);
+    let out = layerfs_quiet(&args);
     if !out.status.success() {
         return Err(stderr(&out));
     }
@@ -577,7 +567,7 @@ pub(crate) fn poll_log(ws: &Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value>
 }
 
 pub(crate) fn status_json(ws: &Path) -> Value {
-    let out = layerfs(&["status", "--json", ws.to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", "--json", ws.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     serde_json::from_str(stdout(&out).trim()).unwrap()
 }
@@ -683,7 +673,7 @@ fn journal_records_every_operation_kind_with_its_fields() {
     // Readable after unmount too, from the upper directory.
     assert!(m.unmount());
     assert_eq!(log_rows(&ws.upper, &["--op", "symlink"]).len(), 1);
-    let text = layerfs(&["log", "--op", "rename", ws.upper.to_str().unwrap()]);
+    let text = layerfs_quiet(&["log", "--op", "rename", ws.upper.to_str().unwrap()]);
     assert!(
         stdout(&text).contains("new.txt -> d/moved.txt  ok"),
         "{}",
@@ -764,7 +754,7 @@ fn status_reports_usage_counters_and_journal_health() {
     assert_eq!(j["dropped"], json!(0));
     assert!(j["last_error"].is_null());
     // The text form names the same things.
-    let out = layerfs(&["status", m.path().to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", m.path().to_str().unwrap()]);
     let text = stdout(&out);
     for word in [
         "upper use",
