@@ -58,6 +58,14 @@ pub fn start(cfg: Config) -> i32 {
             }
         }
     } else {
+        // A daemon still letting go of this workspace is waited for here,
+        // where the wait can be told on the terminal; the child claims
+        // for itself once it is gone.
+        if let Err(e) = exclusive::claim_noting(&cfg, &mut |m| eprintln!("layerfs: {m}")) {
+            forget_created_work(&cfg);
+            eprintln!("layerfs: {e}");
+            return 1;
+        }
         background(cfg, log)
     }
 }

@@ -708,3 +708,45 @@ fn an_unprivileged_user_mounts_through_fusermount3() {
     assert!(!is_mounted(&ws.mnt));
     assert!(!pidfile::is_daemon_alive(pid));
 }
+
+// ---------------------------------------------------------------------------
+// Remount right after umount(8)
+// ---------------------------------------------------------------------------
+
+/// `umount MNT && layerfs mount … MNT`, as scripts, fstab users and
+/// `systemctl restart` do: the old daemon's mount is gone but it may still
+/// be flushing and hold the upper's lock. The new mount waits for it
+/// instead of refusing, every time, and nothing written is lost.
+#[test]
+fn remount_right_after_plain_umount_waits_for_the_old_daemon() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("base"), "lower\n").unwrap();
+    let mut m = bg_mount(&ws, &[]);
+    for i in 0..20 {
+        // Enough data that the old daemon has something to flush.
+        let body = format!("cycle {i}\n").repeat(20_000);
+        fs::write(ws.mnt.join(format!("f{i}")), &body).unwrap();
+        fs::write(ws.mnt.join("base"), format!("edited {i}\n")).unwrap();
+        let st = Command::new("umount").arg(&ws.mnt).status().unwrap();
+        assert!(st.success(), "umount failed in cycle {i}");
+        // The old daemon exits on its own now; the guard must not kill it.
+        m.pid = None;
+        drop(m);
+        m = bg_mount_args(&ws.mnt, &mount_args(&ws, &[]))
+            .unwrap_or_else(|o| panic!("remount {i} refused: {}", text(&o)));
+        for j in 0..=i {
+            let want = format!("cycle {j}\n").repeat(20_000);
+            assert_eq!(
+                fs::read_to_string(ws.mnt.join(format!("f{j}"))).unwrap(),
+                want,
+                "f{j} after remount {i}"
+            );
+        }
+        assert_eq!(
+            fs::read_to_string(ws.mnt.join("base")).unwrap(),
+            format!("edited {i}\n")
+        );
+    }
+    drop(m);
+    assert!(!is_mounted(&ws.mnt));
+}
