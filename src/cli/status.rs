@@ -31,12 +31,17 @@ pub struct StatusCmd {
     /// A layerfs mountpoint or an upper directory [default: every mount].
     #[arg(value_name = "WORKSPACE")]
     workspace: Option<PathBuf>,
+
+    #[command(flatten)]
+    state: super::state_arg::StateArg,
 }
 
 impl StatusCmd {
     pub fn run(self) -> i32 {
-        let reports = match &self.workspace {
-            Some(w) => match one(w) {
+        // `--state DIR` alone names the workspace by its state dir.
+        let arg = self.workspace.as_ref().or(self.state.state.as_ref());
+        let reports = match arg {
+            Some(w) => match one(w, &self.state) {
                 Ok(v) => vec![v],
                 Err(e) => {
                     super::print_error("status", &e);
@@ -85,8 +90,8 @@ fn ask(state: &Path) -> Result<Value, String> {
     Ok(v)
 }
 
-fn one(arg: &Path) -> Result<Value, String> {
-    let ws = Workspace::resolve(arg)?;
+fn one(arg: &Path, state: &super::state_arg::StateArg) -> Result<Value, String> {
+    let ws = state.resolve(arg)?;
     match ws.client() {
         Some(_) => ask(&ws.state),
         None => Ok(unmounted(&ws)),

@@ -188,9 +188,30 @@ fn describe(cfg: &Config, state: &crate::layer::safedir::SafeDir, mounted: bool)
         lowers: &cfg.lowers,
         work: &cfg.work,
         mountpoint: mounted.then_some(cfg.mountpoint.as_path()),
+        last_mountpoint: &cfg.mountpoint,
         policy: cfg.policy_file.as_deref(),
         scratch: &cfg.scratch,
     };
+    if mounted {
+        // Before the mount covers the mountpoint: both directories say
+        // where the state is (`state::place`), for commands run later.
+        let unrecorded = |dir: &std::path::Path, e: std::io::Error| {
+            format!(
+                "cannot record the state dir on {}: {e}; once unmounted, state commands given \
+                 it need --state {}",
+                dir.display(),
+                cfg.state.display()
+            )
+        };
+        if let Err(e) = crate::state::place::record(&cfg.upper, &cfg.state) {
+            tracing::warn!("{}", unrecorded(&cfg.upper, e));
+        }
+        // A mountpoint may belong to someone else (or sit on a filesystem
+        // without xattrs): the upper's record is the one that matters.
+        if let Err(e) = crate::state::place::record(&cfg.mountpoint, &cfg.state) {
+            tracing::debug!("{}", unrecorded(&cfg.mountpoint, e));
+        }
+    }
     if let Err(e) = crate::state::workspace::write_description(state, &d) {
         tracing::warn!(
             "cannot write {}/workspace.json: {e}; state commands given the upper directory \
