@@ -750,3 +750,36 @@ fn remount_right_after_plain_umount_waits_for_the_old_daemon() {
     drop(m);
     assert!(!is_mounted(&ws.mnt));
 }
+
+/// Mounting over a directory that holds files would hide them silently:
+/// refused, naming the option that allows it; `--nonempty` and
+/// `-o nonempty` allow it, and `--help` says so.
+#[test]
+fn mount_refuses_a_non_empty_mountpoint_unless_nonempty() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("from-lower"), "l").unwrap();
+    fs::write(ws.mnt.join("hidden"), "under the mount").unwrap();
+    expect_refusal(
+        &ws.mnt,
+        &mount_args(&ws, &[]),
+        1,
+        &["is not empty", "hidden", "--nonempty", "-o nonempty"],
+    );
+    for extra in [&["--nonempty"][..], &["-o", "nonempty"][..]] {
+        let m = bg_mount(&ws, extra);
+        assert!(ws.mnt.join("from-lower").exists(), "{extra:?}");
+        assert!(!ws.mnt.join("hidden").exists(), "{extra:?}");
+        drop(m);
+        assert!(!is_mounted(&ws.mnt));
+        assert_eq!(
+            fs::read_to_string(ws.mnt.join("hidden")).unwrap(),
+            "under the mount"
+        );
+    }
+    let help = layerfs(&["mount".into(), "--help".into()]);
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("--nonempty"),
+        "{}",
+        text(&help)
+    );
+}
