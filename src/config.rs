@@ -633,14 +633,7 @@ fn resolve_mountpoint(raw: &Path) -> Result<PathBuf, ConfigError> {
         _ => abs,
     };
     if let Some(m) = mounts::find(&abs) {
-        // A dead daemon's mount answers ENOTCONN, or ECONNABORTED while the
-        // kernel is still tearing the connection down.
-        let stale = m.is_layerfs()
-            && matches!(
-                fs::metadata(&abs).err().and_then(|e| e.raw_os_error()),
-                Some(libc::ENOTCONN | libc::ECONNABORTED)
-            );
-        if !stale {
+        if !m.is_stale() {
             return Err(busy(&abs, &m));
         }
         tracing::warn!(

@@ -91,6 +91,13 @@ fn ask(state: &Path) -> Result<Value, String> {
 }
 
 fn one(arg: &Path, state: &super::state_arg::StateArg) -> Result<Value, String> {
+    let abs = std::path::absolute(arg).map_err(|e| format!("{}: {e}", arg.display()))?;
+    let canon = std::fs::canonicalize(&abs).unwrap_or(abs.clone());
+    if let Some(m) = mounts::find(&canon).or_else(|| mounts::find(&abs)) {
+        if m.is_stale() {
+            return Ok(stale(&m));
+        }
+    }
     let ws = state.resolve(arg)?;
     match ws.client() {
         Some(_) => ask(&ws.state),
@@ -112,6 +119,20 @@ fn unmounted(ws: &Workspace) -> Value {
     })
 }
 
+/// A layerfs mount whose daemon is gone.
+fn stale(m: &mounts::MountEntry) -> Value {
+    let mp = m.mount_point.to_string_lossy().into_owned();
+    json!({
+        "mounted": true,
+        "stale": true,
+        "mountpoint": mp,
+        "owner_uid": m.owner_uid(),
+        "error": format!(
+            "stale: run `layerfs umount {mp}` (its daemon is gone; the mount answers nothing)"
+        ),
+    })
+}
+
 /// Every layerfs mount in this mount namespace; the ones whose daemon
 /// cannot be asked say why.
 fn every_mount() -> Result<Vec<Value>, String> {
@@ -119,6 +140,10 @@ fn every_mount() -> Result<Vec<Value>, String> {
     let mut out = Vec::new();
     for m in list.into_iter().filter(|m| m.is_layerfs()) {
         let mp = m.mount_point.to_string_lossy().into_owned();
+        if m.is_stale() {
+            out.push(stale(&m));
+            continue;
+        }
         let v = match workspace::state_of_mount(&m.mount_point) {
             Some(state) => ask(&state).unwrap_or_else(|e| {
                 json!({"mounted": true, "mountpoint": mp, "state": state.to_string_lossy(),
@@ -267,6 +292,12 @@ fn render(v: &Value) -> String {
         return out;
     }
     line("upper", field(v, "upper"));
+    if let Some(m) = v
+        .pointer("/policy_reload_failure/message")
+        .and_then(Value::as_str)
+    {
+        line("policy", m.to_string());
+    }
     if let Some(ls) = v.get("lowers").and_then(Value::as_array) {
         let ls: Vec<String> = ls
             .iter()

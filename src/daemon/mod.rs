@@ -344,15 +344,17 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     handle.set_notifier(session.notifier());
     let transport = dev.and_then(|dev| start_uring(&handle, &dev, acl, cfg.threads));
 
+    let reloads = std::sync::Arc::new(signals::Reloads::default());
     let ctx = signals::SignalContext {
         mountpoint: cfg.mountpoint.clone(),
         handle: handle.clone(),
         policy_file: cfg.policy_file.clone(),
         notify: notify.clone(),
+        reloads: reloads.clone(),
     };
     let served = control.as_ref().and_then(|c| match c.listener() {
         Ok(l) => {
-            let daemon = served::Daemon::new(cfg, handle.clone(), journal.clone());
+            let daemon = served::Daemon::new(cfg, handle.clone(), journal.clone(), reloads);
             Some((l, std::sync::Arc::new(daemon)))
         }
         Err(e) => {

@@ -783,3 +783,83 @@ fn mount_refuses_a_non_empty_mountpoint_unless_nonempty() {
         text(&help)
     );
 }
+
+/// `status --json` of `mnt`, parsed.
+fn status_json(mnt: &Path) -> serde_json::Value {
+    let out = layerfs(&["status".into(), "--json".into(), mnt.display().to_string()]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim())
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+}
+
+/// A policy reload that fails is visible: in the log, in `status` and
+/// in `status --json`, until a reload succeeds.
+#[test]
+fn a_failed_policy_reload_is_shown_by_status_until_one_succeeds() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("secret"), "s3cret").unwrap();
+    let p = policy_file(&ws, "hide secret\n");
+    let m = bg_mount(&ws, &["--policy", p.to_str().unwrap()]);
+    assert!(status_json(&ws.mnt)["policy_reload_failure"].is_null());
+
+    fs::write(&p, "# one\nhide secret\nthis is not a rule\n").unwrap();
+    kill(m.pid(), libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(10), || !status_json(&ws.mnt)
+            ["policy_reload_failure"]
+            .is_null()),
+        "status never showed the failed reload"
+    );
+    let v = status_json(&ws.mnt);
+    let msg = v["policy_reload_failure"]["message"].as_str().unwrap();
+    assert!(msg.starts_with("policy reload failed at "), "{msg}");
+    assert!(msg.contains("line 3"), "{msg}");
+    assert!(msg.ends_with("; serving the previous policy"), "{msg}");
+    assert!(v["policy_reload_failure"]["failed_at"].is_string(), "{v}");
+    let out = layerfs(&["status".into(), ws.mnt.display().to_string()]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(msg),
+        "{}",
+        text(&out)
+    );
+    assert!(fs::metadata(ws.mnt.join("secret")).is_err());
+
+    fs::write(&p, "hide secret\n").unwrap();
+    kill(m.pid(), libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(10), || status_json(&ws.mnt)
+            ["policy_reload_failure"]
+            .is_null()),
+        "a good reload did not clear the failure"
+    );
+}
+
+/// `status` of a mount whose daemon died says what to do.
+#[test]
+fn status_of_a_dead_mount_says_it_is_stale_and_how_to_clear_it() {
+    let ws = Workspace::new();
+    let m = bg_mount(&ws, &[]);
+    let pid = m.pid();
+    kill(pid, libc::SIGKILL);
+    assert!(eventually(Duration::from_secs(10), || {
+        !pidfile::is_daemon_alive(pid)
+    }));
+    assert!(is_mounted(&ws.mnt));
+    let canon = fs::canonicalize(ws.dir.path()).unwrap().join("mnt");
+    let want = format!("stale: run `layerfs umount {}`", canon.display());
+    let v = status_json(&ws.mnt);
+    assert_eq!(v["stale"], serde_json::json!(true), "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with(&want), "{v}");
+    for args in [vec![ws.mnt.display().to_string()], vec![]] {
+        let out = layerfs(&[vec!["status".to_string()], args].concat());
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&want),
+            "{}",
+            text(&out)
+        );
+    }
+    let out = layerfs(&["umount".into(), canon.display().to_string()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!is_mounted(&ws.mnt));
+    drop(m);
+}
