@@ -94,7 +94,7 @@ fn one(arg: &Path, state: &super::state_arg::StateArg) -> Result<Value, String> 
     let abs = std::path::absolute(arg).map_err(|e| format!("{}: {e}", arg.display()))?;
     let canon = std::fs::canonicalize(&abs).unwrap_or(abs.clone());
     if let Some(m) = mounts::find(&canon).or_else(|| mounts::find(&abs)) {
-        if m.is_stale() {
+        if is_dead(&m) {
             return Ok(stale(&m));
         }
     }
@@ -119,6 +119,13 @@ fn unmounted(ws: &Workspace) -> Value {
     })
 }
 
+/// Whether the layerfs mount `m` is stale. Only a mount with no live
+/// registered daemon is probed: a stat of a live mount whose daemon is
+/// stopped would wait for it (`status` must not).
+fn is_dead(m: &mounts::MountEntry) -> bool {
+    workspace::state_of_mount(&m.mount_point).is_none() && m.is_stale()
+}
+
 /// A layerfs mount whose daemon is gone.
 fn stale(m: &mounts::MountEntry) -> Value {
     let mp = m.mount_point.to_string_lossy().into_owned();
@@ -140,7 +147,7 @@ fn every_mount() -> Result<Vec<Value>, String> {
     let mut out = Vec::new();
     for m in list.into_iter().filter(|m| m.is_layerfs()) {
         let mp = m.mount_point.to_string_lossy().into_owned();
-        if m.is_stale() {
+        if is_dead(&m) {
             out.push(stale(&m));
             continue;
         }

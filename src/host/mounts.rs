@@ -34,7 +34,9 @@ impl MountEntry {
 
     /// A layerfs mount whose daemon is gone: it answers `ENOTCONN`, or
     /// `ECONNABORTED` while the kernel is still tearing the connection
-    /// down. (A stat of it cannot hang: the connection is dead.)
+    /// down. This stats the mountpoint: on a live mount whose daemon is
+    /// stopped that waits for the daemon, so callers ask only when no
+    /// live daemon is registered for it.
     pub fn is_stale(&self) -> bool {
         self.is_layerfs()
             && matches!(
