@@ -127,6 +127,9 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
     pub foreground: bool,
     pub allow_other: bool,
+    /// `--nonempty` or `-o nonempty`: mount over a directory that holds
+    /// files (hiding them while mounted).
+    pub nonempty: bool,
     pub read_only: bool,
     /// `-o noexec`.
     pub no_exec: bool,
@@ -261,7 +264,7 @@ pub const IGNORED_OPTIONS: [&str; 35] = [
 /// The mount options layerfs itself understands (`-o KEY=VALUE` or `-o
 /// FLAG`), as `(key, the value's name or None for a flag, meaning)`: one
 /// list for the parser's error message and the mount.fuse.layerfs man page.
-pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 18] = [
+pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 19] = [
     (
         "lowerdir",
         Some("DIR[:DIR…]"),
@@ -320,6 +323,11 @@ pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 18] = [
         "allow_other",
         None,
         "let other users use the mount (as --allow-other)",
+    ),
+    (
+        "nonempty",
+        None,
+        "mount over a directory that is not empty (as --nonempty)",
     ),
     ("ro", None, "mount read-only (as --read-only)"),
     ("noexec", None, "programs on the mount cannot be executed"),
@@ -432,6 +440,10 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
             "allow_other" => {
                 flag(value)?;
                 args.allow_other = true;
+            }
+            "nonempty" => {
+                flag(value)?;
+                args.nonempty = true;
             }
             "noexec" => {
                 flag(value)?;
@@ -621,14 +633,7 @@ fn resolve_mountpoint(raw: &Path) -> Result<PathBuf, ConfigError> {
         _ => abs,
     };
     if let Some(m) = mounts::find(&abs) {
-        // A dead daemon's mount answers ENOTCONN, or ECONNABORTED while the
-        // kernel is still tearing the connection down.
-        let stale = m.is_layerfs()
-            && matches!(
-                fs::metadata(&abs).err().and_then(|e| e.raw_os_error()),
-                Some(libc::ENOTCONN | libc::ECONNABORTED)
-            );
-        if !stale {
+        if !m.is_stale() {
             return Err(busy(&abs, &m));
         }
         tracing::warn!(
@@ -647,6 +652,32 @@ fn resolve_mountpoint(raw: &Path) -> Result<PathBuf, ConfigError> {
     match mounts::find(&mnt) {
         Some(m) => Err(busy(&mnt, &m)),
         None => Ok(mnt),
+    }
+}
+
+/// Refuses a mountpoint that holds anything: the mount would hide it
+/// silently (FUSE's own `nonempty` rule). `--nonempty` allows it.
+fn check_empty(mnt: &Path) -> Result<(), ConfigError> {
+    let mut entries =
+        fs::read_dir(mnt).map_err(|e| invalid(format!("mountpoint {}: {e}", mnt.display())))?;
+    match entries.next() {
+        None => Ok(()),
+        Some(e) => {
+            let first = e
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Err(invalid(format!(
+                "mountpoint {} is not empty (it holds `{first}`{}): the mount would hide \
+                 what is there; mount on an empty directory, or give --nonempty \
+                 (-o nonempty) to mount over it",
+                mnt.display(),
+                if entries.next().is_some() {
+                    ", …"
+                } else {
+                    ""
+                }
+            )))
+        }
     }
 }
 
@@ -710,6 +741,9 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
 
     let (work, created_work) = resolve_work(args.work.as_deref(), &upper, &lowers)?;
     let mountpoint = resolve_mountpoint(&args.mountpoint)?;
+    if !args.nonempty {
+        check_empty(&mountpoint)?;
+    }
     if is_within(&mountpoint, &upper) || is_within(&mountpoint, &work) {
         return Err(invalid(format!(
             "mountpoint {} is inside the upper or work dir; mount somewhere outside {} and {}",

@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::state::diff::{self, Filter, Layers};
 use crate::state::moves::Moves;
-use crate::state::{patch, reset, scratch, workspace::Workspace};
+use crate::state::{patch, reset, scratch};
 
 const DIFF_HELP: &str = "\
 Output: one line per changed path, `A` added, `M` modified (content or type),
@@ -37,6 +37,9 @@ pub struct DiffCmd {
     #[arg(value_name = "WORKSPACE")]
     workspace: PathBuf,
 
+    #[command(flatten)]
+    state: super::state_arg::StateArg,
+
     /// Only these paths (relative to the workspace root) and what lies beneath them.
     #[arg(value_name = "PATH")]
     paths: Vec<PathBuf>,
@@ -51,7 +54,7 @@ impl DiffCmd {
     }
 
     fn diff(&self) -> Result<(), String> {
-        let ws = Workspace::resolve(&self.workspace)?;
+        let ws = self.state.resolve(&self.workspace)?;
         let paths = reset::normalize_all(&ws, &self.paths)?;
         let filter = Filter {
             scratch: scratch::of_workspace(&ws)?,

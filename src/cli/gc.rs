@@ -7,7 +7,7 @@ use clap::Args;
 use crate::overlay::events::EvOp;
 
 use crate::state::diff::Layers;
-use crate::state::{reset, scratch, workspace::Workspace};
+use crate::state::{reset, scratch};
 
 const GC_HELP: &str = "\
 Removes the upper's contents of every scratch path (`--scratch GLOB` on mount,
@@ -25,6 +25,9 @@ pub struct GcCmd {
     /// A live layerfs mountpoint, or the upper directory of an unmounted workspace.
     #[arg(value_name = "WORKSPACE")]
     workspace: PathBuf,
+
+    #[command(flatten)]
+    state: super::state_arg::StateArg,
 }
 
 impl GcCmd {
@@ -36,7 +39,7 @@ impl GcCmd {
     }
 
     fn gc(&self) -> Result<(), String> {
-        let ws = Workspace::resolve(&self.workspace)?;
+        let ws = self.state.resolve(&self.workspace)?;
         let sc = scratch::of_workspace(&ws)?;
         if sc.is_empty() {
             return Err(format!(

@@ -14,7 +14,6 @@ use serde_json::{json, Value};
 
 use crate::quote::{quote_field, visible};
 use crate::state::journal;
-use crate::state::workspace::Workspace;
 
 const LOG_HELP: &str = "\
 Examples:
@@ -77,6 +76,9 @@ pub struct LogCmd {
     /// A layerfs mountpoint or an upper directory.
     #[arg(value_name = "WORKSPACE")]
     workspace: PathBuf,
+
+    #[command(flatten)]
+    state: super::state_arg::StateArg,
 }
 
 /// One journal row.
@@ -263,7 +265,7 @@ impl LogCmd {
             ),
             None => None,
         };
-        let ws = Workspace::resolve(&self.workspace)?;
+        let ws = self.state.resolve(&self.workspace)?;
         let db = ws.journal_path();
         let conn = journal::open_ro(&db)?;
         // A journal just (re)created has no table yet: nothing to show.

@@ -26,6 +26,7 @@ mod policy;
 mod reset;
 mod run;
 mod snapshot;
+mod state_arg;
 mod status;
 mod umount;
 

@@ -66,6 +66,11 @@ pub struct MountCmd {
     #[arg(long)]
     allow_other: bool,
 
+    /// Mount over a directory that is not empty, hiding its files while
+    /// mounted (without it, a non-empty MOUNTPOINT is refused).
+    #[arg(long)]
+    nonempty: bool,
+
     /// Mount read-only.
     #[arg(long)]
     read_only: bool,
@@ -117,7 +122,7 @@ pub struct MountCmd {
     /// layerfs's own state=, policy=, scratch=, log_file=, threads=, io_uring,
     /// lower_timeout=, max_watches=, journal_max_size=, journal_max_age=,
     /// no_journal,
-    /// allow_other, ro, noexec (each as its long option); generic mount
+    /// allow_other, nonempty, ro, noexec (each as its long option); generic mount
     /// options (rw, nosuid, nodev, noatime, _netdev, nofail, user, x-*, …)
     /// are accepted and ignored. The same options work in fstab through
     /// mount.fuse.layerfs(8).
@@ -133,7 +138,8 @@ pub struct MountCmd {
     #[command(flatten)]
     instance: super::instance::InstanceArgs,
 
-    /// Where to mount the union (an existing, empty-ish directory).
+    /// Where to mount the union: an existing, empty directory (see
+    /// --nonempty).
     #[arg(value_name = "MOUNTPOINT", required_unless_present = "instance")]
     mountpoint: Option<PathBuf>,
 }
@@ -158,6 +164,7 @@ impl MountCmd {
             mountpoint: self.mountpoint.unwrap_or_default(),
             foreground: self.foreground,
             allow_other: self.allow_other,
+            nonempty: self.nonempty,
             read_only: self.read_only,
             no_exec: false,
             policy_file: self.policy,

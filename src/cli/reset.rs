@@ -29,6 +29,9 @@ pub struct ResetCmd {
     #[arg(value_name = "WORKSPACE")]
     workspace: PathBuf,
 
+    #[command(flatten)]
+    state: super::state_arg::StateArg,
+
     /// Paths to reset, relative to the workspace root.
     #[arg(value_name = "PATH", required = true)]
     paths: Vec<PathBuf>,
@@ -43,7 +46,7 @@ impl ResetCmd {
     }
 
     fn reset(&self) -> Result<(), String> {
-        let ws = Workspace::resolve(&self.workspace)?;
+        let ws = self.state.resolve(&self.workspace)?;
         let paths = reset::normalize_all(&ws, &self.paths)?;
         let changed = match ws.client() {
             Some(client) => {

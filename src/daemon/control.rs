@@ -380,6 +380,7 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
         "work": s(&daemon.work),
         "state": s(&daemon.state),
         "policy": daemon.policy_file.as_deref().map(s),
+        "policy_reload_failure": daemon.reloads.to_json(),
         "pid": std::process::id(),
         "uid": daemon.uid,
         "started": humantime::format_rfc3339_seconds(daemon.started_at).to_string(),

@@ -33,10 +33,17 @@ pub struct Daemon {
     pub scratch: Vec<String>,
     pub lower_timeout: Duration,
     pub journal: Option<Arc<Journal>>,
+    /// The last failed policy reload (`signals`).
+    pub reloads: Arc<super::signals::Reloads>,
 }
 
 impl Daemon {
-    pub fn new(cfg: &Config, fs: FsHandle, journal: Option<Arc<Journal>>) -> Daemon {
+    pub fn new(
+        cfg: &Config,
+        fs: FsHandle,
+        journal: Option<Arc<Journal>>,
+        reloads: Arc<super::signals::Reloads>,
+    ) -> Daemon {
         Daemon {
             fs,
             mountpoint: cfg.mountpoint.clone(),
@@ -51,6 +58,7 @@ impl Daemon {
             scratch: cfg.scratch.clone(),
             lower_timeout: cfg.lower_timeout,
             journal,
+            reloads,
         }
     }
 

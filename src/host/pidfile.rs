@@ -202,14 +202,37 @@ pub fn find_entry(mountpoint: &Path, owner: Option<u32>) -> Option<Entry> {
     None
 }
 
-/// The mountpoint and state dir a live daemon `pid` registered, read
-/// from the registry of the user it runs as.
-pub fn mount_of_pid(pid: u32) -> Option<(PathBuf, Option<PathBuf>)> {
-    let uid = fs::metadata(format!("/proc/{pid}")).ok()?.uid();
-    for dir in dirs_for_uid(uid) {
+/// What the registry says of process `pid`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Registration {
+    /// It registered `mountpoint` (and the workspace's state dir).
+    Serving {
+        mountpoint: PathBuf,
+        state: Option<PathBuf>,
+    },
+    /// Its user's registry was read and names it nowhere: a daemon that
+    /// has not registered yet, or has already removed its entry.
+    Unregistered,
+    /// Its user's registry cannot be read by this caller (another user's
+    /// daemon), or it is no live layerfs process.
+    Unknown,
+}
+
+/// The registry entry of process `pid`, from the registry of the user it
+/// runs as.
+pub fn registration_of_pid(pid: u32) -> Registration {
+    let Ok(md) = fs::metadata(format!("/proc/{pid}")) else {
+        return Registration::Unknown;
+    };
+    if !is_daemon_alive(pid) {
+        return Registration::Unknown;
+    }
+    let mut read_any = false;
+    for dir in dirs_for_uid(md.uid()) {
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
+        read_any = true;
         for e in entries.flatten() {
             let Ok(text) = fs::read_to_string(e.path()) else {
                 continue;
@@ -218,12 +241,18 @@ pub fn mount_of_pid(pid: u32) -> Option<(PathBuf, Option<PathBuf>)> {
             if lines.next().and_then(|l| l.trim().parse::<u32>().ok()) != Some(pid) {
                 continue;
             }
-            let mountpoint = lines.next().map(PathBuf::from)?;
+            let Some(mountpoint) = lines.next().map(PathBuf::from) else {
+                continue;
+            };
             let state = lines.next().filter(|l| !l.is_empty()).map(PathBuf::from);
-            return Some((mountpoint, state));
+            return Registration::Serving { mountpoint, state };
         }
     }
-    None
+    if read_any {
+        Registration::Unregistered
+    } else {
+        Registration::Unknown
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod diff;
 pub mod journal;
 pub mod moves;
 pub mod patch;
+pub mod place;
 pub mod reset;
 pub mod scratch;
 pub mod snapshot;

@@ -698,3 +698,158 @@ fn an_unprivileged_user_mounts_through_fusermount3() {
     assert!(!is_mounted(&ws.mnt));
     assert!(!pidfile::is_daemon_alive(pid));
 }
+
+// ---------------------------------------------------------------------------
+// Remount right after umount(8)
+// ---------------------------------------------------------------------------
+
+/// `umount MNT && layerfs mount … MNT`, as scripts, fstab users and
+/// `systemctl restart` do: the old daemon's mount is gone but it may still
+/// be flushing and hold the upper's lock. The new mount waits for it
+/// instead of refusing, every time, and nothing written is lost.
+#[test]
+fn remount_right_after_plain_umount_waits_for_the_old_daemon() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("base"), "lower\n").unwrap();
+    let mut m = bg_mount(&ws, &[]);
+    for i in 0..20 {
+        // Enough data that the old daemon has something to flush.
+        let body = format!("cycle {i}\n").repeat(20_000);
+        fs::write(ws.mnt.join(format!("f{i}")), &body).unwrap();
+        fs::write(ws.mnt.join("base"), format!("edited {i}\n")).unwrap();
+        let st = Command::new("umount").arg(&ws.mnt).status().unwrap();
+        assert!(st.success(), "umount failed in cycle {i}");
+        // The old daemon exits on its own now; the guard must not kill it.
+        m.pid = None;
+        drop(m);
+        m = bg_mount_args(&ws.mnt, &mount_args(&ws, &[]))
+            .unwrap_or_else(|o| panic!("remount {i} refused: {}", text(&o)));
+        for j in 0..=i {
+            let want = format!("cycle {j}\n").repeat(20_000);
+            assert_eq!(
+                fs::read_to_string(ws.mnt.join(format!("f{j}"))).unwrap(),
+                want,
+                "f{j} after remount {i}"
+            );
+        }
+        assert_eq!(
+            fs::read_to_string(ws.mnt.join("base")).unwrap(),
+            format!("edited {i}\n")
+        );
+    }
+    drop(m);
+    assert!(!is_mounted(&ws.mnt));
+}
+
+/// Mounting over a directory that holds files would hide them silently:
+/// refused, naming the option that allows it; `--nonempty` and
+/// `-o nonempty` allow it, and `--help` says so.
+#[test]
+fn mount_refuses_a_non_empty_mountpoint_unless_nonempty() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("from-lower"), "l").unwrap();
+    fs::write(ws.mnt.join("hidden"), "under the mount").unwrap();
+    expect_refusal(
+        &ws.mnt,
+        &mount_args(&ws, &[]),
+        1,
+        &["is not empty", "hidden", "--nonempty", "-o nonempty"],
+    );
+    for extra in [&["--nonempty"][..], &["-o", "nonempty"][..]] {
+        let m = bg_mount(&ws, extra);
+        assert!(ws.mnt.join("from-lower").exists(), "{extra:?}");
+        assert!(!ws.mnt.join("hidden").exists(), "{extra:?}");
+        drop(m);
+        assert!(!is_mounted(&ws.mnt));
+        assert_eq!(
+            fs::read_to_string(ws.mnt.join("hidden")).unwrap(),
+            "under the mount"
+        );
+    }
+    let help = layerfs_quiet(&["mount", "--help"]);
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("--nonempty"),
+        "{}",
+        text(&help)
+    );
+}
+
+/// `status --json` of `mnt`, parsed.
+fn status_json(mnt: &Path) -> serde_json::Value {
+    let out = layerfs_quiet(&["status".into(), "--json".into(), mnt.display().to_string()]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim())
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+}
+
+/// A policy reload that fails is visible: in the log, in `status` and
+/// in `status --json`, until a reload succeeds.
+#[test]
+fn a_failed_policy_reload_is_shown_by_status_until_one_succeeds() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("secret"), "s3cret").unwrap();
+    let p = policy_file(&ws, "hide secret\n");
+    let m = bg_mount(&ws, &["--policy", p.to_str().unwrap()]);
+    assert!(status_json(&ws.mnt)["policy_reload_failure"].is_null());
+
+    fs::write(&p, "# one\nhide secret\nthis is not a rule\n").unwrap();
+    kill(m.pid(), libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(10), || !status_json(&ws.mnt)
+            ["policy_reload_failure"]
+            .is_null()),
+        "status never showed the failed reload"
+    );
+    let v = status_json(&ws.mnt);
+    let msg = v["policy_reload_failure"]["message"].as_str().unwrap();
+    assert!(msg.starts_with("policy reload failed at "), "{msg}");
+    assert!(msg.contains("line 3"), "{msg}");
+    assert!(msg.ends_with("; serving the previous policy"), "{msg}");
+    assert!(v["policy_reload_failure"]["failed_at"].is_string(), "{v}");
+    let out = layerfs_quiet(&["status".into(), ws.mnt.display().to_string()]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(msg),
+        "{}",
+        text(&out)
+    );
+    assert!(fs::metadata(ws.mnt.join("secret")).is_err());
+
+    fs::write(&p, "hide secret\n").unwrap();
+    kill(m.pid(), libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(10), || status_json(&ws.mnt)
+            ["policy_reload_failure"]
+            .is_null()),
+        "a good reload did not clear the failure"
+    );
+}
+
+/// `status` of a mount whose daemon died says what to do.
+#[test]
+fn status_of_a_dead_mount_says_it_is_stale_and_how_to_clear_it() {
+    let ws = Workspace::new();
+    let m = bg_mount(&ws, &[]);
+    let pid = m.pid();
+    kill(pid, libc::SIGKILL);
+    assert!(eventually(Duration::from_secs(10), || {
+        !pidfile::is_daemon_alive(pid)
+    }));
+    assert!(is_mounted(&ws.mnt));
+    let canon = fs::canonicalize(ws.dir.path()).unwrap().join("mnt");
+    let want = format!("stale: run `layerfs umount {}`", canon.display());
+    let v = status_json(&ws.mnt);
+    assert_eq!(v["stale"], serde_json::json!(true), "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with(&want), "{v}");
+    for args in [vec![ws.mnt.display().to_string()], vec![]] {
+        let out = layerfs_quiet(&[vec!["status".to_string()], args].concat());
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&want),
+            "{}",
+            text(&out)
+        );
+    }
+    let out = layerfs_quiet(&["umount".into(), canon.display().to_string()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!is_mounted(&ws.mnt));
+    drop(m);
+}

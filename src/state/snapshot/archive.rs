@@ -281,7 +281,9 @@ impl<W: Write> ArchiveWriter<W> {
     /// A directory's own entry (`f` is an `O_PATH` descriptor of it).
     fn dir(&mut self, f: &File, rel: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
         let full = self.full(rel);
-        let xattrs = read_xattrs(f, &full)?;
+        let mut xattrs = read_xattrs(f, &full)?;
+        // Where the state lives is the place's, not the workspace's.
+        xattrs.retain(|(n, _)| !crate::state::place::is_record(n.as_bytes()));
         self.pax(rel, meta, xattrs)?;
         let mut h = header_for(meta);
         h.set_size(0);
