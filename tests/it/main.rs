@@ -12,6 +12,7 @@ mod daemon;
 mod deep;
 mod diff;
 mod differential;
+mod docs;
 mod fulldisk;
 mod identity;
 mod manpages;
