@@ -15,8 +15,8 @@ fn repo() -> PathBuf {
 }
 
 /// README.md, DESIGN.md, SECURITY.md, BENCHMARKS.md (the top-level
-/// documents) and every docs/*.md.
-fn documents() -> Vec<PathBuf> {
+/// documents) and every docs/*.md, each with its text.
+fn documents() -> Vec<(PathBuf, String)> {
     let mut docs: Vec<PathBuf> = Vec::new();
     for dir in [repo(), repo().join("docs")] {
         for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
@@ -32,7 +32,13 @@ fn documents() -> Vec<PathBuf> {
         "README.md not found in {}",
         repo().display()
     );
-    docs
+    docs.into_iter()
+        .map(|p| {
+            let text =
+                fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+            (p, text)
+        })
+        .collect()
 }
 
 /// The lines of a markdown text outside fenced code blocks, with their
@@ -166,8 +172,7 @@ fn broken_links(doc: &Path, text: &str) -> Vec<String> {
 fn relative_links_in_the_documents_resolve() {
     let mut broken = Vec::new();
     let mut links = 0;
-    for doc in documents() {
-        let text = fs::read_to_string(&doc).unwrap();
+    for (doc, text) in documents() {
         links += link_targets(&text).len();
         broken.extend(broken_links(&doc, &text));
     }
@@ -229,8 +234,7 @@ fn link_checker_reports_missing_files_and_headings() {
 fn scripts_named_in_the_documents_exist() {
     let mut missing = Vec::new();
     let mut named = 0;
-    for doc in documents() {
-        let text = fs::read_to_string(&doc).unwrap();
+    for (doc, text) in documents() {
         for (n, line) in text.lines().enumerate() {
             let mut rest = line;
             while let Some(at) = rest.find("scripts/") {
