@@ -29,3 +29,7 @@ pub mod sandbox;
 pub mod state;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod tools;
+
+/// The workspace's file tools as a library (`tools`).
+pub use tools::Workspace;
