@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod agent_fs;
 mod archive;
 mod basic;
 mod cluster;
