@@ -26,6 +26,7 @@ pub mod policy;
 pub mod quote;
 pub mod run;
 pub mod sandbox;
+pub mod serve;
 pub mod state;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -26,6 +26,7 @@ pub mod mount_helper;
 mod policy;
 mod reset;
 mod run;
+mod serve;
 mod snapshot;
 mod status;
 mod umount;
@@ -111,6 +112,8 @@ enum Command {
     /// The agent file tools on a workspace, mounted or not (no FUSE needed).
     #[command(subcommand)]
     Fs(fs::FsCmd),
+    /// Serve the agent file tools over MCP (stdio, or a Unix socket).
+    Serve(serve::ServeCmd),
     /// Internal: the sandbox process `layerfs run` starts.
     #[command(name = "__sandbox", hide = true)]
     Sandbox(crate::sandbox::Spec),
@@ -140,7 +143,7 @@ pub fn run() -> i32 {
     };
     let ansi = logs_to_terminal && std::io::stderr().is_terminal();
     match &cli.command {
-        Command::Fs(_) => logging::init_with(ansi, "warn"),
+        Command::Fs(_) | Command::Serve(_) => logging::init_with(ansi, "warn"),
         _ => logging::init(ansi),
     }
     match cli.command {
@@ -157,6 +160,7 @@ pub fn run() -> i32 {
         Command::Man(m) => m.run(),
         Command::Run(r) => r.run(),
         Command::Fs(f) => f.run(),
+        Command::Serve(s) => s.run(),
         Command::Sandbox(s) => s.run(),
     }
 }

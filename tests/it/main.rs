@@ -4,6 +4,7 @@
 mod harness;
 
 mod agent_fs;
+mod agent_mcp;
 mod archive;
 mod basic;
 mod cluster;
