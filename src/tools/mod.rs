@@ -605,6 +605,16 @@ impl Workspace {
     /// ```
     pub fn rename(&self, from: &str, to: &str, overwrite: bool) -> Result<()> {
         let (f, t) = (self.changing(from)?, self.changing(to)?);
+        if f == t {
+            // As rename(2) through the kernel answers: the name exists,
+            // so without `overwrite` that is the error; with it, nothing
+            // to do. (The core is never asked: the kernel never asks it.)
+            self.store.stat(&f)?;
+            return match overwrite {
+                true => Ok(()),
+                false => Err(ToolError::new(&t, What::Exists)),
+            };
+        }
         // Both stripes, in one order, so two renames never wait in a circle.
         let (a, b) = (self.lock_index(&f), self.lock_index(&t));
         let _first = self.locks[a.min(b)].lock();

@@ -3,6 +3,7 @@
 
 mod harness;
 
+mod agent_differential;
 mod agent_fs;
 mod agent_mcp;
 mod archive;
