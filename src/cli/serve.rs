@@ -116,10 +116,19 @@ async fn serve_stdio(server: Server) -> Result<(), String> {
 /// mode 0600: the socket is the workspace's door). Ends on SIGINT/SIGTERM.
 async fn serve_unix(server: Server, path: PathBuf) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
-    let listener = tokio::net::UnixListener::bind(&path)
-        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("cannot set the mode of {}: {e}", path.display()))?;
+    // Created 0600 from the start (not chmod after bind, when another user
+    // could already connect): no other thread creates files meanwhile.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = tokio::net::UnixListener::bind(&path);
+    nix::sys::stat::umask(old);
+    let listener = bound.map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    let mode = std::fs::symlink_metadata(&path).map(|m| m.permissions().mode() & 0o777);
+    if !matches!(mode, Ok(0o600)) {
+        return Err(format!(
+            "{}: not created mode 0600 ({mode:?})",
+            path.display()
+        ));
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot catch SIGTERM: {e}"))?;
     let r = loop {

@@ -194,3 +194,58 @@ fn a_mount_is_refused_while_the_server_holds_the_workspace() {
     let m = ws.mount_with(&["--policy", &policy]);
     assert!(m.unmount());
 }
+
+#[test]
+fn listen_serves_sessions_on_a_private_unix_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::UnixStream;
+    let ws = Workspace::new();
+    let policy = populate(&ws);
+    let sock = ws.dir.path().join("mcp.sock");
+    let mut server = Command::new(bin())
+        .args(["serve", "--mcp", "--listen"])
+        .arg(format!("unix:{}", sock.display()))
+        .args(layer_args(&ws, &policy))
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = crate::harness::eventually(std::time::Duration::from_secs(20), || sock.exists());
+    let session = |calls: &[&str]| -> Vec<String> {
+        let s = UnixStream::connect(&sock).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        let mut answers = Vec::new();
+        for c in calls {
+            writeln!(w, "{c}").unwrap();
+            if c.contains("\"id\"") {
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                answers.push(line);
+            }
+        }
+        answers
+    };
+    let calls = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"read","arguments":{"path":"a.txt","limit":1}}}"#,
+    ];
+    let (first, second) = if up {
+        (session(&calls), session(&calls))
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mode = fs::metadata(&sock).map(|m| m.permissions().mode() & 0o777);
+    // SIGTERM to the server this test started.
+    let _ = Command::new("kill").arg(server.id().to_string()).status();
+    let status = server.wait().unwrap();
+    assert!(up, "the socket never appeared");
+    assert_eq!(mode.unwrap(), 0o600);
+    for answers in [first, second] {
+        assert!(answers[0].contains("\"layerfs\""), "{answers:?}");
+        assert!(answers[1].contains(r#"     1\talpha"#), "{answers:?}");
+    }
+    assert!(status.success(), "{status}");
+    assert!(!sock.exists(), "the socket is removed at exit");
+}
