@@ -91,6 +91,14 @@ pub(super) fn name_key_in(dir: &[u8], name: &OsStr) -> Vec<u8> {
     path
 }
 
+/// The components of a `/`-separated path.
+fn split_path(p: &[u8]) -> Vec<Vec<u8>> {
+    p.split(|&b| b == b'/')
+        .filter(|c| !c.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
 fn not_found(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
@@ -148,14 +156,20 @@ impl Overlay {
             }
         }
         // The lower path of this name: where a directory's lower parts live.
+        let redirected = |r: &str| -> Option<LowerPath> {
+            if r.starts_with('/') {
+                Some(LowerPath::absolute(OsStr::new(r)))
+            } else {
+                preal.lower_path.as_ref().map(|p| p.child(OsStr::new(r)))
+            }
+        };
         let lower_path = match &redirect {
-            Some(r) if r.starts_with('/') => Some(LowerPath::absolute(OsStr::new(r))),
-            Some(r) => preal.lower_path.as_ref().map(|p| p.child(OsStr::new(r))),
+            Some(r) => redirected(r),
             None => preal.lower_path.as_ref().map(|p| p.child(name)),
         };
         if redirect.is_some() {
             if let Some(path) = &lower_path {
-                self.lowers_at_path(path, &mut real);
+                self.lowers_at_path(path, 0, &mut real);
             }
         } else {
             for (i, pfd) in &preal.lowers {
@@ -194,12 +208,29 @@ impl Overlay {
                 let fd = sys::open_path(pfd.as_ref(), name)?;
                 let last = *i + 1 == self.lowers.len();
                 let opaque = !last && self.upper.is_opaque(&fd);
+                // A frozen layer (a checkpoint) is a former upper: a
+                // directory renamed there carries a redirect, and the
+                // layers below hold its contents at the path it names,
+                // as in a middle layer of kernel overlayfs.
+                let moved = if last || opaque {
+                    None
+                } else {
+                    self.upper.redirect(&fd)
+                };
                 real.lowers
                     .push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
                 if st.is_none() {
                     st = Some(s);
                 }
                 if opaque {
+                    break;
+                }
+                if let Some(r) = moved {
+                    // `lower_path` stays the path in the topmost lower
+                    // (what a redirect made through the mount names).
+                    if let Some(path) = redirected(&r) {
+                        self.lowers_at_path(&path, *i + 1, &mut real);
+                    }
                     break;
                 }
             }
@@ -217,37 +248,74 @@ impl Overlay {
     }
 
     /// Lower directories at an absolute lower path ("/a/b"), for a
-    /// redirected directory, walked one component at a time in each layer.
-    fn lowers_at_path(&self, path: &LowerPath, real: &mut Real) {
-        let path = path.to_os_string();
-        'layers: for (i, l) in self.lowers.iter().enumerate() {
-            let mut fd = match sys::open_path(&l.root, OsStr::new(".")) {
-                Ok(fd) => fd,
-                Err(_) => continue,
-            };
-            for comp in path
-                .as_bytes()
-                .split(|&b| b == b'/')
-                .filter(|c| !c.is_empty())
-            {
-                let c = OsStr::from_bytes(comp);
-                match sys::fstatat(&fd, c) {
-                    Ok(s) if is_dir(&s) => {}
-                    Ok(s) if is_whiteout(&s) => break 'layers,
-                    _ => continue 'layers,
-                }
-                fd = match sys::open_path(&fd, c) {
-                    Ok(f) => f,
-                    Err(_) => continue 'layers,
-                };
-            }
+    /// redirected directory, walked one component at a time in each layer
+    /// from the lower `from` down. The path is where the directory lies in
+    /// the topmost lower; a lower that is a frozen layer (a checkpoint)
+    /// may have moved a directory on the way (a redirect: the layers below
+    /// hold it at the path the mark names) or made one opaque (the layers
+    /// below hide it), as in a middle layer of kernel overlayfs.
+    fn lowers_at_path(&self, path: &LowerPath, from: usize, real: &mut Real) {
+        let mut comps: Vec<Vec<u8>> = split_path(path.to_os_string().as_bytes());
+        for (i, l) in self.lowers.iter().enumerate().skip(from) {
             let last = i + 1 == self.lowers.len();
-            let opaque = !last && self.upper.is_opaque(&fd);
-            real.lowers.push((i, RealFd::new(fd, &l.mount)));
-            if opaque {
+            let (found, next, stop) = self.walk_layer(&l.root, &comps, last);
+            if let Some(fd) = found {
+                real.lowers.push((i, RealFd::new(fd, &l.mount)));
+            }
+            if stop {
                 break;
             }
+            if let Some(n) = next {
+                comps = n;
+            }
         }
+    }
+
+    /// One layer's part of `lowers_at_path`: the directory at `comps` in
+    /// the layer `root` (if it has one), the path the layers below hold it
+    /// at when a directory on the way carries a redirect, and whether the
+    /// layers below are hidden (a whiteout or an opaque directory on the
+    /// way, or the directory itself opaque).
+    fn walk_layer(
+        &self,
+        root: &impl std::os::fd::AsFd,
+        comps: &[Vec<u8>],
+        last: bool,
+    ) -> (Option<std::os::fd::OwnedFd>, Option<Vec<Vec<u8>>>, bool) {
+        let Ok(mut fd) = sys::open_path(root, OsStr::new(".")) else {
+            return (None, None, false);
+        };
+        let mut next = None;
+        for (k, comp) in comps.iter().enumerate() {
+            let c = OsStr::from_bytes(comp);
+            match sys::fstatat(&fd, c) {
+                Ok(s) if is_dir(&s) => {}
+                Ok(s) if is_whiteout(&s) => return (None, None, true),
+                _ => return (None, next, false),
+            }
+            fd = match sys::open_path(&fd, c) {
+                Ok(f) => f,
+                Err(_) => return (None, next, false),
+            };
+            if last {
+                continue;
+            }
+            if self.upper.is_opaque(&fd) {
+                let whole = k + 1 == comps.len();
+                return (whole.then_some(fd), None, true);
+            }
+            if let Some(r) = self.upper.redirect(&fd) {
+                let mut moved = if r.starts_with('/') {
+                    Vec::new()
+                } else {
+                    comps[..k].to_vec()
+                };
+                moved.extend(split_path(r.as_bytes()));
+                moved.extend(comps[k + 1..].iter().cloned());
+                next = Some(moved);
+            }
+        }
+        (Some(fd), next, false)
     }
 
     /// Turns a resolved name into an inode the kernel holds (one more

@@ -4,6 +4,7 @@
 //! snapshots and scratch paths. The daemon's side of the control socket
 //! lives in `daemon::control`.
 
+pub mod checkpoint;
 pub mod control;
 pub mod diff;
 pub mod journal;
@@ -13,4 +14,5 @@ pub mod reset;
 pub mod scratch;
 pub mod snapshot;
 pub mod snapshot_id;
+pub mod stack;
 pub mod workspace;

@@ -5,6 +5,7 @@ mod harness;
 
 mod archive;
 mod basic;
+mod checkpoint;
 mod cluster;
 mod container;
 mod crash;
