@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
+use crate::overlay::events::EvOp;
 use crate::state::checkpoint;
 use crate::state::workspace::{self, Workspace};
 
@@ -74,12 +75,13 @@ impl CheckpointCmd {
                     super::print_error("checkpoint", "give WORKSPACE [NAME], list or rm");
                     return 2;
                 }
-                Some(w) => Workspace::resolve(w)
-                    .and_then(|ws| {
-                        checkpoint::checkpoint(&ws, self.name.as_deref(), self.layers.as_deref())
-                            .map_err(String::from)
-                    })
-                    .map(|name| outln!("{name}")),
+                Some(w) => Workspace::resolve(w).and_then(|ws| {
+                    let name =
+                        checkpoint::checkpoint(&ws, self.name.as_deref(), self.layers.as_deref())?;
+                    super::journal_undo("checkpoint", &ws, EvOp::Checkpoint, &name, 1);
+                    outln!("{name}");
+                    Ok(())
+                }),
             },
         };
         match r {
@@ -217,8 +219,11 @@ pub struct UndoCmd {
 
 impl UndoCmd {
     pub fn run(self) -> i32 {
-        let r = Workspace::resolve(&self.workspace)
-            .and_then(|ws| checkpoint::undo(&ws, self.to.as_deref()).map_err(String::from));
+        let r = Workspace::resolve(&self.workspace).and_then(|ws| {
+            let (name, dropped) = checkpoint::undo(&ws, self.to.as_deref())?;
+            super::journal_undo("undo", &ws, EvOp::Undo, &name, dropped as u64);
+            Ok(name)
+        });
         match r {
             Ok(name) => {
                 outln!("at {name}");

@@ -127,6 +127,7 @@ pub fn checkpoint(
     layers: Option<&Path>,
 ) -> Result<String, StackError> {
     unmounted(ws, "a checkpoint")?;
+    crate::failpoint::init();
     let _lock = lock_upper(&ws.upper)?;
     finish_pending(&ws.dir, &ws.upper, &ws.work)?;
     let Layers { store, mut stack } = open(&ws.dir, layers, true)?;
@@ -164,13 +165,16 @@ pub fn checkpoint(
         created: now(),
         upper: ws.upper.clone(),
     })?;
+    crate::failpoint::crash("checkpoint", "record");
     fresh_dir(&store.dir, OsStr::new(&name), &root).map_err(io_ctx(format!(
         "cannot create {}",
         store.dir.shown(&name).display()
     )))?;
+    crate::failpoint::crash("checkpoint", "layer");
     stack.layers.insert(0, name.clone());
     store.hold(&name, &ws.dir)?;
     stack::write(&ws.dir, &stack)?;
+    crate::failpoint::crash("checkpoint", "stack");
     sys::renameat2(
         &parent,
         upper_name,
@@ -183,6 +187,7 @@ pub fn checkpoint(
         ws.upper.display(),
         store.dir.shown(&name).display()
     )))?;
+    crate::failpoint::crash("checkpoint", "exchange");
     sync_dir(&parent);
     sync_dir(&store.dir);
     Ok(name)
@@ -247,9 +252,10 @@ fn undo_target(stack: &Stack, to: Option<&str>, upper_empty: bool) -> Result<Vec
 /// `layerfs undo` of an unmounted workspace: decides the stack to go back
 /// to, writes it as pending (the decision is durable before anything
 /// changes), then finishes it (`finish_pending`). Returns the checkpoint
-/// the workspace now stands on.
-pub fn undo(ws: &Workspace, to: Option<&str>) -> Result<String, StackError> {
+/// the workspace now stands on and how many checkpoints it took off.
+pub fn undo(ws: &Workspace, to: Option<&str>) -> Result<(String, usize), StackError> {
     unmounted(ws, "an undo")?;
+    crate::failpoint::init();
     let _lock = lock_upper(&ws.upper)?;
     finish_pending(&ws.dir, &ws.upper, &ws.work)?;
     let Layers { store, mut stack } = open(&ws.dir, None, false).map_err(|e| match e {
@@ -266,13 +272,14 @@ pub fn undo(ws: &Workspace, to: Option<&str>) -> Result<String, StackError> {
     let landed = target[0].clone();
     stack.pending_undo = Some(target);
     stack::write(&ws.dir, &stack)?;
+    crate::failpoint::crash("undo", "pending");
     finish_pending(&ws.dir, &ws.upper, &ws.work)?;
-    for d in dropped {
-        if store.users(&d, Some(&ws.dir))?.is_empty() {
-            store.remove(&d)?;
+    for d in &dropped {
+        if store.users(d, Some(&ws.dir))?.is_empty() {
+            store.remove(d)?;
         }
     }
-    Ok(landed)
+    Ok((landed, dropped.len()))
 }
 
 /// Finishes an undo that was decided (`pending` in the stack): empties
@@ -318,8 +325,10 @@ pub fn finish_pending(state: &SafeDir, upper: &Path, work: &Path) -> Result<(), 
     ))?;
     sync_dir(&parent);
     sync_dir(&work);
+    crate::failpoint::crash("undo", "exchange");
     stack.layers = target;
     stack::write(state, &stack)?;
+    crate::failpoint::crash("undo", "stack");
     crate::layer::walk::remove_tree(&work, tmp).map_err(io_ctx(format!(
         "cannot remove the undone upper {}",
         work.shown(tmp).display()

@@ -105,9 +105,10 @@ fn names(v: &Value) -> Option<Vec<String>> {
 /// Reads the stack of the workspace whose state dir is `state`; `None`
 /// when it has none (no checkpoint was ever taken or forked from).
 pub fn read(state: &SafeDir) -> Result<Option<Stack>, StackError> {
-    let Some((v, bad)) = read_json(state, STACK_FILE)? else {
+    let Some(j) = read_json(state, STACK_FILE)? else {
         return Ok(None);
     };
+    let (v, bad) = (&j.value, |why: &str| j.bad(why));
     let store = v["store"].as_str().ok_or_else(|| bad("no \"store\""))?;
     let layers = names(&v["layers"]).ok_or_else(|| bad("no \"layers\" list of names"))?;
     let pending_undo = match &v["pending"] {
@@ -136,24 +137,37 @@ pub fn write(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
         )))
 }
 
-/// The JSON in the file `name` of `dir` (`None` when there is no such
-/// file), and a maker of the error that says the file is corrupt.
-fn read_json(
-    dir: &SafeDir,
-    name: &str,
-) -> Result<Option<(Value, impl Fn(&str) -> StackError)>, StackError> {
+/// A JSON file of the stack or store, read, and where it came from (for
+/// the error that says it is corrupt).
+struct Json {
+    value: Value,
+    file: PathBuf,
+}
+
+impl Json {
+    fn bad(&self, why: &str) -> StackError {
+        StackError::Corrupt {
+            file: self.file.clone(),
+            why: why.into(),
+        }
+    }
+}
+
+/// The JSON in the file `name` of `dir`; `None` when there is no such file.
+fn read_json(dir: &SafeDir, name: &str) -> Result<Option<Json>, StackError> {
     let file = dir.shown(name);
     let text = match read_text(dir, name) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_ctx(format!("cannot read {}", file.display()))(e)),
     };
-    let bad = move |why: &str| StackError::Corrupt {
-        file: file.clone(),
-        why: why.into(),
-    };
-    let v: Value = serde_json::from_str(&text).map_err(|e| bad(&format!("not JSON ({e})")))?;
-    Ok(Some((v, bad)))
+    match serde_json::from_str(&text) {
+        Ok(value) => Ok(Some(Json { value, file })),
+        Err(e) => Err(StackError::Corrupt {
+            file,
+            why: format!("not JSON ({e})"),
+        }),
+    }
 }
 
 fn read_text(dir: &SafeDir, name: &str) -> io::Result<String> {
@@ -241,9 +255,10 @@ impl Store {
 
     /// The record of `name`; `None` when it has none.
     pub fn record(&self, name: &str) -> Result<Option<Record>, StackError> {
-        let Some((v, bad)) = read_json(&self.dir, &record_file(name))? else {
+        let Some(j) = read_json(&self.dir, &record_file(name))? else {
             return Ok(None);
         };
+        let (v, bad) = (&j.value, |why: &str| j.bad(why));
         let below = names(&v["below"]).ok_or_else(|| bad("no \"below\" list"))?;
         for n in &below {
             crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e))?;

@@ -297,4 +297,92 @@ fn undo_returns_the_upper_to_the_checkpoint_exactly_and_steps_back() {
     assert!(e.contains("nothing to undo"), "{e}");
     let e = refused(&[&"undo", &ws.upper, &"--to", &"c1"]);
     assert!(e.contains("no checkpoint c1"), "{e}");
+
+    // `log` shows the checkpoints and the undos.
+    let log = ok(&[&"log", &ws.upper]);
+    let ops: Vec<String> = log
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1).map(String::from))
+        .filter(|op| op == "checkpoint" || op == "undo")
+        .collect();
+    assert_eq!(ops, ["checkpoint", "checkpoint", "undo", "undo"], "{log}");
+    assert!(log.contains("1 checkpoint taken off"), "{log}");
+}
+
+/// `layerfs ARGS` with a crash armed at `op`'s `step`: it must die there.
+fn crash_at(op: &str, step: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) {
+    let out = Command::new(bin())
+        .args(args.iter().map(|a| a.as_ref()))
+        .env("LAYERFS_FAILPOINT", format!("abort:{op}:{step}"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGABRT),
+        "{op} did not stop at {step}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A shared tree and a workspace with changes of every kind.
+fn changed_workspace() -> (Workspace, std::collections::BTreeMap<String, String>) {
+    let ws = Workspace::new();
+    fs::create_dir_all(ws.lower().join("d/sub")).unwrap();
+    fs::write(ws.lower().join("d/sub/x"), "x\n").unwrap();
+    fs::write(ws.lower().join("a"), "a\n").unwrap();
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "echo n > n && echo more >> a && mv d d2 && mkdir o && echo o > o/o",
+    );
+    let view = tree_view(m.path());
+    assert!(m.unmount());
+    (ws, view)
+}
+
+#[test]
+fn a_crash_at_any_step_of_a_checkpoint_leaves_the_view_unchanged() {
+    for step in ["record", "layer", "stack", "exchange"] {
+        let (ws, view) = changed_workspace();
+        crash_at("checkpoint", step, &[&"checkpoint", &ws.upper, &"c"]);
+        let m = ws.mount();
+        assert_same(&view, &tree_view(m.path()), &format!("crash at {step}"));
+        assert!(m.unmount());
+        // The workspace goes on: the next checkpoint works and keeps it.
+        ok(&[&"checkpoint", &ws.upper, &"next"]);
+        assert!(is_empty(&ws.upper));
+        let m = ws.mount();
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("checkpoint after a crash at {step}"),
+        );
+    }
+}
+
+#[test]
+fn a_crash_during_undo_is_finished_by_the_next_mount() {
+    for step in ["pending", "exchange", "stack"] {
+        let (ws, view) = changed_workspace();
+        ok(&[&"checkpoint", &ws.upper, &"c"]);
+        let m = ws.mount();
+        sh(m.path(), "rm -r d2 && echo later > n && echo l > later");
+        assert!(m.unmount());
+        crash_at("undo", step, &[&"undo", &ws.upper]);
+        let m = ws.mount();
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("undo crashed at {step}"),
+        );
+        assert!(m.unmount());
+        assert!(
+            is_empty(&ws.upper),
+            "crash at {step}: the upper was not emptied"
+        );
+        let e = refused(&[&"undo", &ws.upper]);
+        assert!(e.contains("nothing to undo"), "crash at {step}: {e}");
+    }
 }
