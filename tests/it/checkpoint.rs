@@ -386,3 +386,59 @@ fn a_crash_during_undo_is_finished_by_the_next_mount() {
         assert!(e.contains("nothing to undo"), "crash at {step}: {e}");
     }
 }
+
+#[test]
+fn another_user_cannot_checkpoint_fork_or_undo_a_workspace_through_allow_other() {
+    let ws = Workspace::new();
+    fs::set_permissions(ws.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let m = ws.mount();
+    fs::write(m.p("f"), "f\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c"]);
+    let m = ws.mount_with(&["--allow-other"]);
+    fs::write(m.p("g"), "g\n").unwrap();
+    let other = ws.dir.path().join("other");
+    fs::create_dir(&other).unwrap();
+    std::os::unix::fs::chown(
+        &other,
+        Some(crate::daemon::NOBODY),
+        Some(crate::daemon::NOBODY),
+    )
+    .unwrap();
+    let bin = bin();
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    for target in [s(m.path()), s(&ws.upper)] {
+        for args in [
+            vec!["checkpoint".to_string(), target.clone(), "theirs".into()],
+            vec!["undo".to_string(), target.clone()],
+            vec![
+                "fork".to_string(),
+                target.clone(),
+                "c".into(),
+                "--upper".into(),
+                s(&other.join("upper")),
+                s(&other.join("mnt")),
+            ],
+            vec![
+                "checkpoint".to_string(),
+                "rm".into(),
+                target.clone(),
+                "c".into(),
+            ],
+        ] {
+            let out = crate::daemon::as_nobody(&bin, &args);
+            assert!(
+                !out.status.success(),
+                "{args:?} was allowed to another user"
+            );
+            assert!(!is_mounted(&other.join("mnt")));
+        }
+    }
+    assert_eq!(fs::read_to_string(m.p("g")).unwrap(), "g\n");
+    assert!(ws.upper.join("g").is_file(), "the upper changed");
+    assert!(
+        layer(&ws, "c").join("f").is_file(),
+        "the checkpoint changed"
+    );
+    assert!(!layer(&ws, "theirs").exists());
+}
