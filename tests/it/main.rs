@@ -14,6 +14,7 @@ mod daemon;
 mod deep;
 mod diff;
 mod differential;
+mod docs;
 mod fulldisk;
 mod identity;
 mod layering;
