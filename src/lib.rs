@@ -15,8 +15,10 @@
 //! 6. `config`: the validated mount configuration
 //! 7. `fuse`: the FUSE adapter over the core
 //! 8. `daemon`: the served mount, its control socket and signals
-//! 9. `run`: `layerfs run` workspaces
-//! 10. `cli`: the command line
+//! 9. `run`, `tools`: `layerfs run` workspaces; the agent file tools
+//!    (`Workspace`) over the core or through a live mount
+//! 10. `serve`: the tools served over the Model Context Protocol
+//! 11. `cli`: the command line
 //!
 //! `unsafe` lives in the system-call modules only, each call wrapped in a
 //! safe function with its `// SAFETY:` reason: `sys` (the process:
@@ -39,6 +41,11 @@ pub mod policy;
 pub mod quote;
 pub mod run;
 pub mod sandbox;
+pub mod serve;
 pub mod state;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod tools;
+
+/// The workspace's file tools as a library (`tools`).
+pub use tools::Workspace;

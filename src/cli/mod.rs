@@ -15,6 +15,7 @@ macro_rules! outln {
 }
 
 mod diff;
+mod fs;
 mod gc;
 mod install;
 mod instance;
@@ -25,6 +26,7 @@ pub mod mount_helper;
 mod policy;
 mod reset;
 mod run;
+mod serve;
 mod snapshot;
 mod state_arg;
 mod status;
@@ -108,6 +110,11 @@ enum Command {
     Man(man::ManCmd),
     /// Run a command in a sandboxed workspace; report its output and exit code.
     Run(run::RunCmd),
+    /// The agent file tools on a workspace, mounted or not (no FUSE needed).
+    #[command(subcommand)]
+    Fs(fs::FsCmd),
+    /// Serve the agent file tools over MCP (stdio, or a Unix socket).
+    Serve(serve::ServeCmd),
     /// Internal: the sandbox process `layerfs run` starts.
     #[command(name = "__sandbox", hide = true)]
     Sandbox(crate::sandbox::Spec),
@@ -135,7 +142,11 @@ pub fn run() -> i32 {
         Command::Mount(m) => m.logs_to_terminal(),
         _ => true,
     };
-    logging::init(logs_to_terminal && std::io::stderr().is_terminal());
+    let ansi = logs_to_terminal && std::io::stderr().is_terminal();
+    match &cli.command {
+        Command::Fs(_) | Command::Serve(_) => logging::init_with(ansi, "warn"),
+        _ => logging::init(ansi),
+    }
     match cli.command {
         Command::Mount(m) => m.run(),
         Command::Umount(u) => u.run(),
@@ -149,6 +160,8 @@ pub fn run() -> i32 {
         Command::InstallHelpers(i) => i.run(),
         Command::Man(m) => m.run(),
         Command::Run(r) => r.run(),
+        Command::Fs(f) => f.run(),
+        Command::Serve(s) => s.run(),
         Command::Sandbox(s) => s.run(),
     }
 }

@@ -53,39 +53,73 @@ pub fn claim(cfg: &Config) -> Result<Claim, String> {
 /// `claim`, saying through `note` that it waits for a departing daemon
 /// (`layerfs mount` in the background checks first from the terminal).
 pub fn claim_noting(cfg: &Config, note: &mut dyn FnMut(String)) -> Result<Claim, String> {
+    claim_dirs_noting(&cfg.upper, &cfg.work, note).map_err(|b| b.message)
+}
+
+/// Why an upper or work dir could not be claimed: the message, and the
+/// live daemon holding it when that is the reason (so an in-process user
+/// of the core, `tools`, can work through that daemon's mount instead).
+#[derive(Debug, Clone)]
+pub struct Busy {
+    pub message: String,
+    /// The holder's pid and mountpoint, when a live daemon holds the lock.
+    pub holder: Option<(u32, Option<std::path::PathBuf>)>,
+}
+
+/// `claim` of an upper and a work dir: the same locks whoever serves
+/// them, a mount's daemon or the in-process core of `tools`.
+pub fn claim_dirs(upper_dir: &Path, work_dir: &Path) -> Result<Claim, Busy> {
+    claim_dirs_noting(upper_dir, work_dir, &mut |m| tracing::warn!("{m}"))
+}
+
+fn claim_dirs_noting(
+    upper_dir: &Path,
+    work_dir: &Path,
+    note: &mut dyn FnMut(String),
+) -> Result<Claim, Busy> {
+    let plain = |message: String| Busy {
+        message,
+        holder: None,
+    };
     let upper = lock(
-        &cfg.upper,
+        upper_dir,
         |h| {
             format!(
                 "another layerfs daemon serves this workspace: its upper dir {} is already in \
                  use by {}; unmount it first ({}), or give this mount another --upper",
-                cfg.upper.display(),
+                upper_dir.display(),
                 h.describe(),
                 h.umount_hint()
             )
         },
         note,
-    )?;
+    )
+    .map_err(|message| Busy {
+        holder: serving_daemon(upper_dir),
+        message,
+    })?;
     // The work dir as `layerfs mount` checked it (`layer::safedir`).
-    let work_dir = SafeDir::open(&cfg.work, Role::Work)?
-        .ok_or_else(|| format!("work dir {} does not exist", cfg.work.display()))?;
-    let work_file = work_dir
+    let work_safe = SafeDir::open(work_dir, Role::Work)
+        .map_err(plain)?
+        .ok_or_else(|| plain(format!("work dir {} does not exist", work_dir.display())))?;
+    let work_file = work_safe
         .open_self()
-        .map_err(|e| format!("cannot open {}: {e}", cfg.work.display()))?;
+        .map_err(|e| plain(format!("cannot open {}: {e}", work_dir.display())))?;
     let work = lock_file(
         work_file,
-        &cfg.work,
+        work_dir,
         |h| {
             format!(
                 "work dir {} is already in use by another layerfs mount ({}); give each mount \
                  its own --work DIR, or unmount the other one first ({})",
-                cfg.work.display(),
+                work_dir.display(),
                 h.describe(),
                 h.umount_hint()
             )
         },
         note,
-    )?;
+    )
+    .map_err(plain)?;
     Ok(Claim {
         _work: work,
         _upper: upper,

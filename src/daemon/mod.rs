@@ -188,7 +188,7 @@ fn describe(cfg: &Config, state: &crate::layer::safedir::SafeDir, mounted: bool)
         lowers: &cfg.lowers,
         work: &cfg.work,
         mountpoint: mounted.then_some(cfg.mountpoint.as_path()),
-        last_mountpoint: &cfg.mountpoint,
+        last_mountpoint: Some(&cfg.mountpoint),
         policy: cfg.policy_file.as_deref(),
         scratch: &cfg.scratch,
     };

@@ -78,8 +78,9 @@ pub struct Description<'a> {
     pub lowers: &'a [PathBuf],
     pub work: &'a Path,
     pub mountpoint: Option<&'a Path>,
-    /// Where it is (or was last) mounted, kept after the unmount.
-    pub last_mountpoint: &'a Path,
+    /// Where it is (or was last) mounted, kept after the unmount; `None`
+    /// for a workspace only the in-process tools have opened.
+    pub last_mountpoint: Option<&'a Path>,
     pub policy: Option<&'a Path>,
     pub scratch: &'a [String],
 }
@@ -92,7 +93,7 @@ impl Description<'_> {
             "lowers": self.lowers.iter().map(|p| s(p)).collect::<Vec<_>>(),
             "work": s(self.work),
             "mountpoint": self.mountpoint.map(s),
-            "last_mountpoint": s(self.last_mountpoint),
+            "last_mountpoint": self.last_mountpoint.map(s),
             "policy": self.policy.map(s),
             "scratch": self.scratch,
         })
@@ -426,7 +427,7 @@ mod tests {
             lowers: &lowers,
             work: Path::new("/w"),
             mountpoint: Some(Path::new("/m")),
-            last_mountpoint: Path::new("/m"),
+            last_mountpoint: Some(Path::new("/m")),
             policy: None,
             scratch: &scratch,
         };

@@ -5,6 +5,9 @@
 
 mod harness;
 
+mod agent_differential;
+mod agent_fs;
+mod agent_mcp;
 mod archive;
 mod basic;
 mod cluster;
