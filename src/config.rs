@@ -25,6 +25,9 @@ use crate::policy::Policy;
 pub struct Config {
     /// Lower layers, topmost first.
     pub lowers: Vec<PathBuf>,
+    /// Frozen layers (checkpoints) from the workspace's stack, topmost
+    /// first, served above `lowers` (`state::frozen`).
+    pub layers: Vec<PathBuf>,
     pub upper: PathBuf,
     /// Work directory on the upper's filesystem, outside the upper tree.
     pub work: PathBuf,
@@ -71,7 +74,7 @@ impl Config {
     /// What the overlay core needs of this config.
     pub fn overlay_options(&self) -> crate::overlay::Options {
         crate::overlay::Options {
-            lowers: self.lowers.clone(),
+            lowers: self.layers.iter().chain(&self.lowers).cloned().collect(),
             upper: self.upper.clone(),
             work: self.work.clone(),
             policy: self.policy.clone(),
@@ -777,6 +780,8 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         None => Policy::default(),
     };
     let state = resolve_state(args.state.as_deref(), &upper, &lowers, &work, &mountpoint)?;
+    let layers = crate::state::checkpoint::mount_layers(&state, &upper, &work)
+        .map_err(|e| invalid(e.to_string()))?;
     let log_file = match &args.log_file {
         Some(p) => Some(absolute(p)?),
         None => None,
@@ -787,6 +792,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
 
     Ok(Config {
         lowers,
+        layers,
         upper,
         work,
         state,

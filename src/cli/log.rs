@@ -210,6 +210,11 @@ impl Row {
             ("reset" | "gc" | "snapshot-save" | "snapshot-restore", Some(n)) => s.push_str(
                 &format!("  {n} {}", if n == 1 { "entry" } else { "entries" }),
             ),
+            ("checkpoint", _) => {}
+            ("undo", Some(n)) => s.push_str(&format!(
+                "  {n} {} taken off",
+                if n == 1 { "checkpoint" } else { "checkpoints" }
+            )),
             (_, Some(b)) => s.push_str(&format!("  {b} bytes")),
             (_, None) => {}
         }

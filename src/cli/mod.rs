@@ -14,6 +14,7 @@ macro_rules! outln {
     };
 }
 
+mod checkpoint;
 mod diff;
 mod fs;
 mod gc;
@@ -101,6 +102,12 @@ enum Command {
     Snapshot(snapshot::SnapshotCmd),
     /// Show the change journal of a workspace.
     Log(log::LogCmd),
+    /// Freeze a workspace's upper into a layer; list or remove checkpoints.
+    Checkpoint(checkpoint::CheckpointCmd),
+    /// Mount a new workspace branched from a checkpoint (nothing copied).
+    Fork(checkpoint::ForkCmd),
+    /// Take a workspace back to a checkpoint.
+    Undo(checkpoint::UndoCmd),
     /// Show live mounts: layers, state dir, daemon, usage, journal health.
     Status(status::StatusCmd),
     /// Link /sbin/mount.fuse.layerfs to this binary, for mount(8) and fstab.
@@ -157,6 +164,9 @@ pub fn run() -> i32 {
         Command::Snapshot(s) => s.run(),
         Command::Status(s) => s.run(),
         Command::Log(l) => l.run(),
+        Command::Checkpoint(c) => c.run(),
+        Command::Fork(f) => f.run(),
+        Command::Undo(u) => u.run(),
         Command::InstallHelpers(i) => i.run(),
         Command::Man(m) => m.run(),
         Command::Run(r) => r.run(),

@@ -16,7 +16,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::ops::{is_opaque, is_whiteout};
+use super::ops::{is_opaque, is_whiteout, redirect, Upper};
 use super::sys::{self, Stat};
 use super::walk::{self, is_dir};
 
@@ -166,49 +166,136 @@ pub fn base_names(base: &Base) -> io::Result<Vec<OsString>> {
 /// Lower directories at an absolute lower path (`/a/b`), as a redirected
 /// directory finds them.
 pub fn lowers_at_path(layers: &Layers, path: &OsStr) -> Base {
-    dirs_at_path(layers.lowers.iter(), path, is_opaque)
+    dirs_at_path(layers.lowers.iter(), 0, path, &AnyMarks)
+}
+
+/// How a walk across the lowers reads a directory's opaque and redirect
+/// marks: the mount reads its own spelling (`Upper`), the state commands
+/// either (`AnyMarks`).
+pub trait Marks {
+    fn is_opaque(&self, dir: &OwnedFd) -> bool;
+    fn redirect(&self, dir: &OwnedFd) -> Option<OsString>;
+}
+
+/// The marks in either spelling (`trusted.overlay.` or `user.overlay.`).
+pub struct AnyMarks;
+
+impl Marks for AnyMarks {
+    fn is_opaque(&self, dir: &OwnedFd) -> bool {
+        is_opaque(dir)
+    }
+    fn redirect(&self, dir: &OwnedFd) -> Option<OsString> {
+        redirect(dir)
+    }
+}
+
+/// The mount reads the marks of frozen layers in its own spelling.
+impl Marks for Upper {
+    fn is_opaque(&self, dir: &OwnedFd) -> bool {
+        Upper::is_opaque(self, dir)
+    }
+    fn redirect(&self, dir: &OwnedFd) -> Option<OsString> {
+        Upper::redirect(self, dir).map(OsString::from)
+    }
+}
+
+/// The components of a `/`-separated path.
+pub fn split_path(p: &[u8]) -> Vec<Vec<u8>> {
+    p.split(|&b| b == b'/')
+        .filter(|c| !c.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect()
 }
 
 /// The directories at an absolute lower path (`/a/b`) in each of `roots`
-/// (the lowers, topmost first), walked one component at a time: a layer
-/// without the path is passed over, a whiteout on the way ends the search,
-/// and a directory `opaque` says is marked stops the merge (in any lower but
-/// the last). The mount and the state commands both find a redirect's
-/// lowers here; they differ only in which spelling of the mark they read.
+/// (the lowers, topmost first) from the lower `from` down, walked one
+/// component at a time: a layer without the path is passed over, and a
+/// whiteout on the way ends the search. A lower other than the last may
+/// be a frozen layer (a checkpoint, a former upper), whose marks act as in
+/// a middle layer of kernel overlayfs: an opaque directory on the way
+/// hides the layers below (and stops the merge when it is the directory
+/// itself), and a redirect on the way moves the path the layers below
+/// hold it at. The mount and the state commands both find a redirect's
+/// lowers here; they differ only in which spelling of the marks they read.
 pub fn dirs_at_path<'a>(
     roots: impl ExactSizeIterator<Item = &'a OwnedFd>,
+    from: usize,
     path: &OsStr,
-    opaque: impl Fn(&OwnedFd) -> bool,
+    marks: &impl Marks,
 ) -> Base {
     let count = roots.len();
+    let mut comps = split_path(path.as_bytes());
     let mut out = Vec::new();
-    'layers: for (i, l) in roots.enumerate() {
-        let Ok(mut fd) = sys::open_path(l, OsStr::new(".")) else {
-            continue;
-        };
-        for comp in path
-            .as_bytes()
-            .split(|&b| b == b'/')
-            .filter(|c| !c.is_empty())
-        {
-            let c = OsStr::from_bytes(comp);
-            match sys::fstatat(&fd, c) {
-                Ok(s) if is_dir(&s) => {}
-                Ok(s) if is_whiteout(&s) => break 'layers,
-                _ => continue 'layers,
-            }
-            fd = match sys::open_path(&fd, c) {
-                Ok(f) => f,
-                Err(_) => continue 'layers,
-            };
+    for (i, root) in roots.enumerate().skip(from) {
+        let last = i + 1 == count;
+        let step = walk_layer(root, &comps, last, marks);
+        if let Some(fd) = step.found {
+            out.push((i, fd));
         }
-        let stops = i + 1 < count && opaque(&fd);
-        out.push((i, fd));
-        if stops {
+        if step.hides_below {
             break;
+        }
+        if let Some(moved) = step.moved {
+            comps = moved;
         }
     }
     out
+}
+
+/// One layer's part of `dirs_at_path`.
+struct Step {
+    /// The directory at the path in this layer, if it has one.
+    found: Option<OwnedFd>,
+    /// Where the layers below hold it, when a directory on the way
+    /// carries a redirect.
+    moved: Option<Vec<Vec<u8>>>,
+    /// A whiteout or an opaque directory on the way (or the directory
+    /// itself opaque): the layers below add nothing.
+    hides_below: bool,
+}
+
+fn walk_layer(root: &OwnedFd, comps: &[Vec<u8>], last: bool, marks: &impl Marks) -> Step {
+    let step = |found, moved, hides_below| Step {
+        found,
+        moved,
+        hides_below,
+    };
+    let Ok(mut fd) = sys::open_path(root, OsStr::new(".")) else {
+        return step(None, None, false);
+    };
+    let mut moved = None;
+    for (k, comp) in comps.iter().enumerate() {
+        let c = OsStr::from_bytes(comp);
+        match sys::fstatat(&fd, c) {
+            Ok(s) if is_dir(&s) => {}
+            Ok(s) if is_whiteout(&s) => return step(None, None, true),
+            _ => return step(None, moved, false),
+        }
+        fd = match sys::open_path(&fd, c) {
+            Ok(f) => f,
+            Err(_) => return step(None, moved, false),
+        };
+        // The last lower's marks mean nothing: nothing lies below it.
+        if last {
+            continue;
+        }
+        if marks.is_opaque(&fd) {
+            let whole = k + 1 == comps.len();
+            return step(whole.then_some(fd), None, true);
+        }
+        if let Some(r) = marks.redirect(&fd) {
+            let r = r.as_bytes();
+            let mut to = if r.starts_with(b"/") {
+                Vec::new()
+            } else {
+                comps[..k].to_vec()
+            };
+            to.extend(split_path(r));
+            to.extend(comps[k + 1..].iter().cloned());
+            moved = Some(to);
+        }
+    }
+    step(Some(fd), moved, false)
 }
 
 /// A lower path `/a/b` as a path relative to the layer root (`a/b`).

@@ -46,6 +46,10 @@ pub enum EvOp {
     Gc,
     SnapshotSave,
     SnapshotRestore,
+    /// A checkpoint (`path`: its name) and an undo (`path`: the checkpoint
+    /// gone back to, `bytes`: how many checkpoints it took off the stack).
+    Checkpoint,
+    Undo,
 }
 
 impl EvOp {
@@ -74,11 +78,13 @@ impl EvOp {
             EvOp::Gc => "gc",
             EvOp::SnapshotSave => "snapshot-save",
             EvOp::SnapshotRestore => "snapshot-restore",
+            EvOp::Checkpoint => "checkpoint",
+            EvOp::Undo => "undo",
         }
     }
 
     /// Every op, in the order `layerfs log --help` lists them.
-    pub const ALL: [EvOp; 22] = [
+    pub const ALL: [EvOp; 24] = [
         EvOp::Create,
         EvOp::Write,
         EvOp::Truncate,
@@ -101,6 +107,8 @@ impl EvOp {
         EvOp::Gc,
         EvOp::SnapshotSave,
         EvOp::SnapshotRestore,
+        EvOp::Checkpoint,
+        EvOp::Undo,
     ];
 }
 

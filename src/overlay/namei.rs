@@ -149,14 +149,20 @@ impl Overlay {
             }
         }
         // The lower path of this name: where a directory's lower parts live.
+        let redirected = |r: &str| -> Option<LowerPath> {
+            if r.starts_with('/') {
+                Some(LowerPath::absolute(OsStr::new(r)))
+            } else {
+                preal.lower_path.as_ref().map(|p| p.child(OsStr::new(r)))
+            }
+        };
         let lower_path = match &redirect {
-            Some(r) if r.starts_with('/') => Some(LowerPath::absolute(OsStr::new(r))),
-            Some(r) => preal.lower_path.as_ref().map(|p| p.child(OsStr::new(r))),
+            Some(r) => redirected(r),
             None => preal.lower_path.as_ref().map(|p| p.child(name)),
         };
         if redirect.is_some() {
             if let Some(path) = &lower_path {
-                self.lowers_at_path(path, &mut real);
+                self.lowers_at_path(path, 0, &mut real);
             }
         } else {
             for (i, pfd) in &preal.lowers {
@@ -195,12 +201,29 @@ impl Overlay {
                 let fd = sys::open_path(pfd.as_ref(), name)?;
                 let last = *i + 1 == self.lowers.len();
                 let opaque = !last && self.upper.is_opaque(&fd);
+                // A frozen layer (a checkpoint) is a former upper: a
+                // directory renamed there carries a redirect, and the
+                // layers below hold its contents at the path it names,
+                // as in a middle layer of kernel overlayfs.
+                let moved = if last || opaque {
+                    None
+                } else {
+                    self.upper.redirect(&fd)
+                };
                 real.lowers
                     .push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
                 if st.is_none() {
                     st = Some(s);
                 }
                 if opaque {
+                    break;
+                }
+                if let Some(r) = moved {
+                    // `lower_path` stays the path in the topmost lower
+                    // (what a redirect made through the mount names).
+                    if let Some(path) = redirected(&r) {
+                        self.lowers_at_path(&path, *i + 1, &mut real);
+                    }
                     break;
                 }
             }
@@ -218,12 +241,14 @@ impl Overlay {
     }
 
     /// Lower directories at an absolute lower path ("/a/b"), for a
-    /// redirected directory (`layer::stack::dirs_at_path`, reading the
-    /// opaque mark in this mount's spelling).
-    fn lowers_at_path(&self, path: &LowerPath, real: &mut Real) {
+    /// redirected directory, from the lower `from` down
+    /// (`layer::stack::dirs_at_path`, reading the marks in this mount's
+    /// spelling; a frozen layer's redirect or opaque mark on the way acts
+    /// as in a middle layer of kernel overlayfs).
+    fn lowers_at_path(&self, path: &LowerPath, from: usize, real: &mut Real) {
         let path = path.to_os_string();
         let roots = self.lowers.iter().map(|l| &l.root);
-        for (i, fd) in stack::dirs_at_path(roots, &path, |fd| self.upper.is_opaque(fd)) {
+        for (i, fd) in stack::dirs_at_path(roots, from, &path, &self.upper) {
             real.lowers
                 .push((i, RealFd::new(fd, &self.lowers[i].mount)));
         }

@@ -4,8 +4,10 @@
 //! snapshots and scratch paths. The daemon's side of the control socket
 //! lives in `daemon::control`.
 
+pub mod checkpoint;
 pub mod control;
 pub mod diff;
+pub mod frozen;
 pub mod journal;
 pub mod moves;
 pub mod patch;

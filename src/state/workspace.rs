@@ -15,7 +15,7 @@
 //! `snapshots/`) is reached through that descriptor, never by its name
 //! again: see `layer::safedir`.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -104,15 +104,9 @@ impl Description<'_> {
 /// over the old one, and the directory fsynced. A reader sees the old or
 /// the new description, never a partial one.
 pub fn write_description(state: &SafeDir, d: &Description<'_>) -> io::Result<()> {
-    let tmp = format!(".{WORKSPACE_FILE}.tmp");
     let mut text = serde_json::to_string_pretty(&d.to_json()).map_err(io::Error::other)?;
     text.push('\n');
-    let mut f = state.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    drop(f);
-    state.rename(&tmp, WORKSPACE_FILE, 0)?;
-    state.sync()
+    state.replace_file(WORKSPACE_FILE, text.as_bytes())
 }
 
 fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, String> {
@@ -150,6 +144,13 @@ fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, Strin
                 .collect()
         })
         .unwrap_or_default();
+    // Frozen layers (checkpoints) on top of the shared lowers: what the
+    // mount serves, and what diff and reset compare the upper with.
+    let lowers = super::frozen::frozen_paths(&state)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .chain(lowers)
+        .collect();
     Ok(Workspace {
         upper: path("upper")?,
         lowers,

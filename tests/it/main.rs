@@ -10,6 +10,7 @@ mod agent_fs;
 mod agent_mcp;
 mod archive;
 mod basic;
+mod checkpoint;
 mod cluster;
 mod container;
 mod crash;
