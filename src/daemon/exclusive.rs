@@ -29,6 +29,9 @@ use crate::layer::safedir::{Role, SafeDir};
 pub struct Claim {
     _work: File,
     _upper: File,
+    /// For an in-process holder, its registry entry: a mount that finds
+    /// the locks taken by it refuses at once (see `Holder::in_process`).
+    _in_process: Option<crate::host::pidfile::PidFile>,
 }
 
 /// How long a mount waits for a daemon that holds the upper or work dir
@@ -66,10 +69,21 @@ pub struct Busy {
     pub holder: Option<(u32, Option<std::path::PathBuf>)>,
 }
 
-/// `claim` of an upper and a work dir: the same locks whoever serves
-/// them, a mount's daemon or the in-process core of `tools`.
+/// `claim` of an upper and a work dir for the in-process core of `tools`:
+/// the same locks a mount's daemon takes, and a registry entry that says
+/// this process holds them with no mount.
 pub fn claim_dirs(upper_dir: &Path, work_dir: &Path) -> Result<Claim, Busy> {
-    claim_dirs_noting(upper_dir, work_dir, &mut |m| tracing::warn!("{m}"))
+    let mut claim = claim_dirs_noting(upper_dir, work_dir, &mut |m| tracing::warn!("{m}"))?;
+    match crate::host::pidfile::PidFile::in_process(upper_dir) {
+        Ok(p) => claim._in_process = Some(p),
+        Err(e) => tracing::warn!(
+            "cannot register this process as holding {} (a mount of it will wait {} s \
+             before it is refused): {e}",
+            upper_dir.display(),
+            DEPARTURE.as_secs()
+        ),
+    }
+    Ok(claim)
 }
 
 fn claim_dirs_noting(
@@ -123,6 +137,7 @@ fn claim_dirs_noting(
     Ok(Claim {
         _work: work,
         _upper: upper,
+        _in_process: None,
     })
 }
 
@@ -190,6 +205,7 @@ fn lock_file(
         mountpoint: None,
         unregistered: true,
         exiting: true,
+        in_process: false,
     })))
 }
 
@@ -216,6 +232,9 @@ struct Holder {
     /// The process is exiting (a zombie, or `PF_EXITING`): its locks are
     /// about to go.
     exiting: bool,
+    /// It holds the workspace in process (the agent tools' core), with no
+    /// mount: never on its way out by itself, so never waited for.
+    in_process: bool,
 }
 
 impl Holder {
@@ -236,6 +255,9 @@ impl Holder {
     /// may be another user's daemon, and waiting would only delay the
     /// refusal.
     fn serves_a_live_mount(&self) -> bool {
+        if self.in_process {
+            return true;
+        }
         match &self.mountpoint {
             Some(m) => crate::host::mounts::find(m).is_some_and(|e| e.is_layerfs()),
             None => !self.unregistered,
@@ -278,6 +300,7 @@ fn holder_of(dev: u64, ino: u64) -> Option<Holder> {
         .unwrap_or_default();
     use crate::host::pidfile::{registration_of_pid, Registration};
     let registration = registration_of_pid(pid);
+    let in_process = registration == Registration::InProcess;
     Some(Holder {
         pid,
         cmdline: cmd,
@@ -287,6 +310,7 @@ fn holder_of(dev: u64, ino: u64) -> Option<Holder> {
             _ => None,
         },
         exiting: exiting(pid),
+        in_process,
     })
 }
 

@@ -87,10 +87,45 @@ impl PidFile {
         Err(last)
     }
 
+    /// Records this process as holding the workspace of `upper` in
+    /// process, with no mount (the agent tools' core, `tools`). A mount
+    /// that finds the upper locked by a process registered so refuses at
+    /// once instead of waiting for it as for a daemon starting or
+    /// stopping. The name (`=in-process-PID.pid`) is one `file_name` never
+    /// makes (it escapes `=`), so it cannot shadow a mount's entry.
+    pub fn in_process(upper: &Path) -> io::Result<PidFile> {
+        let uid = nix::unistd::geteuid().as_raw();
+        let mut last = io::Error::other("no pid directory");
+        for path in dirs_for_uid(uid) {
+            match private_dir(&path, uid) {
+                Ok(dir) => {
+                    let name = format!("{IN_PROCESS}{}.pid", std::process::id());
+                    let text = format!("{}\n\n{}\n", std::process::id(), upper.display());
+                    let mut f = dir.open_file(
+                        &name,
+                        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+                        0o644,
+                    )?;
+                    f.write_all(text.as_bytes())?;
+                    return Ok(PidFile {
+                        path: dir.shown(&name),
+                        dir,
+                        name,
+                    });
+                }
+                Err(e) => last = io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+            }
+        }
+        Err(last)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
 }
+
+/// The start of an in-process holder's entry name (`PidFile::in_process`).
+const IN_PROCESS: &str = "=in-process-";
 
 impl Drop for PidFile {
     fn drop(&mut self) {
@@ -210,6 +245,8 @@ pub enum Registration {
         mountpoint: PathBuf,
         state: Option<PathBuf>,
     },
+    /// It holds a workspace in process, with no mount (`tools`).
+    InProcess,
     /// Its user's registry was read and names it nowhere: a daemon that
     /// has not registered yet, or has already removed its entry.
     Unregistered,
@@ -240,6 +277,9 @@ pub fn registration_of_pid(pid: u32) -> Registration {
             let mut lines = text.lines();
             if lines.next().and_then(|l| l.trim().parse::<u32>().ok()) != Some(pid) {
                 continue;
+            }
+            if e.file_name().as_bytes().starts_with(IN_PROCESS.as_bytes()) {
+                return Registration::InProcess;
             }
             let Some(mountpoint) = lines.next().map(PathBuf::from) else {
                 continue;
