@@ -86,20 +86,12 @@ impl Config {
 }
 
 /// Why a mount configuration was refused. `Usage` means the command line
-/// itself is wrong (exit 2); `Invalid` means the system state is (exit 1).
+/// itself is wrong; `Invalid` means the system state is (the command line
+/// maps them to its exit statuses, `cli::exit`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigError {
     Usage(String),
     Invalid(String),
-}
-
-impl ConfigError {
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            ConfigError::Usage(_) => 2,
-            ConfigError::Invalid(_) => 1,
-        }
-    }
 }
 
 impl fmt::Display for ConfigError {
