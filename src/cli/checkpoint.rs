@@ -2,6 +2,7 @@
 //! freeze a workspace's upper into a layer, branch new workspaces from
 //! one, and go back to one (see `state::checkpoint`).
 
+use super::exit::{CliError, Context, Outcome, EXIT_OK};
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
@@ -64,7 +65,7 @@ enum CheckpointSub {
 }
 
 impl CheckpointCmd {
-    pub fn run(self) -> i32 {
+    pub fn run(self) -> Outcome {
         let r = match self.sub {
             Some(CheckpointSub::List { json, workspace }) => list(&workspace, json),
             Some(CheckpointSub::Rm { workspace, name }) => Workspace::resolve(&workspace)
@@ -72,8 +73,10 @@ impl CheckpointCmd {
                 .map(|()| outln!("removed {name}")),
             None => match &self.workspace {
                 None => {
-                    super::print_error("checkpoint", "give WORKSPACE [NAME], list or rm");
-                    return 2;
+                    return Err(CliError::usage(
+                        "checkpoint",
+                        "give WORKSPACE [NAME], list or rm",
+                    ))
                 }
                 Some(w) => Workspace::resolve(w).and_then(|ws| {
                     let name =
@@ -84,10 +87,7 @@ impl CheckpointCmd {
                 }),
             },
         };
-        match r {
-            Ok(()) => 0,
-            Err(e) => super::fail("checkpoint", e),
-        }
+        r.or_fail("checkpoint").map(|()| EXIT_OK)
     }
 }
 
@@ -158,11 +158,8 @@ pub struct ForkCmd {
 }
 
 impl ForkCmd {
-    pub fn run(self) -> i32 {
-        match self.prepare() {
-            Ok(cfg) => crate::daemon::start(cfg),
-            Err(e) => super::fail("fork", e),
-        }
+    pub fn run(self) -> Outcome {
+        self.prepare().or_fail("fork").map(crate::daemon::start)
     }
 
     /// Writes the fork's stack and validates its mount.
@@ -218,18 +215,11 @@ pub struct UndoCmd {
 }
 
 impl UndoCmd {
-    pub fn run(self) -> i32 {
-        let r = Workspace::resolve(&self.workspace).and_then(|ws| {
-            let (name, dropped) = checkpoint::undo(&ws, self.to.as_deref())?;
-            super::journal_undo("undo", &ws, EvOp::Undo, &name, dropped as u64);
-            Ok(name)
-        });
-        match r {
-            Ok(name) => {
-                outln!("at {name}");
-                0
-            }
-            Err(e) => super::fail("undo", e),
-        }
+    pub fn run(self) -> Result<(), CliError> {
+        let ws = Workspace::resolve(&self.workspace).or_fail("undo")?;
+        let (name, dropped) = checkpoint::undo(&ws, self.to.as_deref()).or_fail("undo")?;
+        super::journal_undo("undo", &ws, EvOp::Undo, &name, dropped as u64);
+        outln!("at {name}");
+        Ok(())
     }
 }

@@ -1,5 +1,6 @@
 //! `layerfs diff`: what a workspace's upper changes against its lowers.
 
+use super::exit::{CliError, Context};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -46,11 +47,8 @@ pub struct DiffCmd {
 }
 
 impl DiffCmd {
-    pub fn run(self) -> i32 {
-        match self.diff() {
-            Ok(()) => 0,
-            Err(e) => super::fail("diff", e),
-        }
+    pub fn run(self) -> Result<(), CliError> {
+        self.diff().or_fail("diff")
     }
 
     fn diff(&self) -> Result<(), String> {

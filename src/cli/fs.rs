@@ -4,6 +4,7 @@
 //! state dir) or by `--lower … --upper … [--policy FILE]`; `--json` prints
 //! the typed result (or `{"error": …}`) as one JSON object.
 
+use super::exit::CliError;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
@@ -226,24 +227,21 @@ impl FsCmd {
         }
     }
 
-    pub fn run(self) -> i32 {
+    pub fn run(self) -> Result<(), CliError> {
         let (name, json) = (self.name(), self.json());
         match self.exec(json) {
             Ok(Some(v)) if json => {
                 outln!("{v}");
-                0
+                Ok(())
             }
-            Ok(_) => 0,
-            Err(Failure::Usage(m)) => {
-                super::print_error(name, m);
-                2
-            }
+            Ok(_) => Ok(()),
+            Err(Failure::Usage(m)) => Err(CliError::usage(name, m)),
             Err(Failure::Tool(e)) => {
                 if json {
                     let err = json!({"error": {"kind": e.kind(), "path": e.path, "message": e.to_string()}});
                     outln!("{err}");
                 }
-                super::fail(name, e)
+                Err(CliError::failure(name, e))
             }
         }
     }

@@ -1,5 +1,6 @@
 //! `layerfs gc`: empty a workspace's scratch paths.
 
+use super::exit::{CliError, Context};
 use std::path::PathBuf;
 
 use clap::Args;
@@ -31,11 +32,8 @@ pub struct GcCmd {
 }
 
 impl GcCmd {
-    pub fn run(self) -> i32 {
-        match self.gc() {
-            Ok(()) => 0,
-            Err(e) => super::fail("gc", e),
-        }
+    pub fn run(self) -> Result<(), CliError> {
+        self.gc().or_fail("gc")
     }
 
     fn gc(&self) -> Result<(), String> {

@@ -4,6 +4,7 @@
 //! not, and whatever layerfs wrote it (columns an older journal lacks
 //! read as empty).
 
+use super::exit::{CliError, Context};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -241,20 +242,15 @@ impl Row {
 }
 
 impl LogCmd {
-    pub fn run(self) -> i32 {
-        match self.rows() {
-            Ok(rows) => {
-                for r in rows {
-                    if self.json {
-                        outln!("{}", r.json());
-                    } else {
-                        outln!("{}", r.text());
-                    }
-                }
-                0
+    pub fn run(self) -> Result<(), CliError> {
+        for r in self.rows().or_fail("log")? {
+            if self.json {
+                outln!("{}", r.json());
+            } else {
+                outln!("{}", r.text());
             }
-            Err(e) => super::fail("log", e),
         }
+        Ok(())
     }
 
     fn rows(&self) -> Result<Vec<Row>, String> {

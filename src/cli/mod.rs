@@ -16,6 +16,7 @@ macro_rules! outln {
 
 mod checkpoint;
 mod diff;
+mod exit;
 mod fs;
 mod gc;
 mod install;
@@ -142,7 +143,11 @@ pub fn run() -> i32 {
                     eprintln!("note: {hint}");
                 }
             }
-            return if e.use_stderr() { 2 } else { 0 };
+            return if e.use_stderr() {
+                exit::EXIT_USAGE
+            } else {
+                exit::EXIT_OK
+            };
         }
     };
     let logs_to_terminal = match &cli.command {
@@ -154,26 +159,26 @@ pub fn run() -> i32 {
         Command::Fs(_) | Command::Serve(_) => logging::init_with(ansi, "warn"),
         _ => logging::init(ansi),
     }
-    match cli.command {
+    exit::finish(match cli.command {
         Command::Mount(m) => m.run(),
-        Command::Umount(u) => u.run(),
+        Command::Umount(u) => exit::done(u.run()),
         Command::Policy(p) => p.run(),
-        Command::Diff(d) => d.run(),
-        Command::Reset(r) => r.run(),
-        Command::Gc(g) => g.run(),
-        Command::Snapshot(s) => s.run(),
-        Command::Status(s) => s.run(),
-        Command::Log(l) => l.run(),
+        Command::Diff(d) => exit::done(d.run()),
+        Command::Reset(r) => exit::done(r.run()),
+        Command::Gc(g) => exit::done(g.run()),
+        Command::Snapshot(s) => exit::done(s.run()),
+        Command::Status(s) => exit::done(s.run()),
+        Command::Log(l) => exit::done(l.run()),
         Command::Checkpoint(c) => c.run(),
         Command::Fork(f) => f.run(),
-        Command::Undo(u) => u.run(),
-        Command::InstallHelpers(i) => i.run(),
-        Command::Man(m) => m.run(),
-        Command::Run(r) => r.run(),
-        Command::Fs(f) => f.run(),
-        Command::Serve(s) => s.run(),
-        Command::Sandbox(s) => s.run(),
-    }
+        Command::Undo(u) => exit::done(u.run()),
+        Command::InstallHelpers(i) => exit::done(i.run()),
+        Command::Man(m) => exit::done(m.run()),
+        Command::Run(r) => Ok(r.run()),
+        Command::Fs(f) => exit::done(f.run()),
+        Command::Serve(s) => exit::done(s.run()),
+        Command::Sandbox(s) => Ok(s.run()),
+    })
 }
 
 /// Prints a command's error (`layerfs CMD: …`) with every character a
@@ -181,12 +186,6 @@ pub fn run() -> i32 {
 /// paths, and a path's name is whoever created it's choice.
 pub(crate) fn print_error(cmd: &str, e: impl std::fmt::Display) {
     eprintln!("layerfs {cmd}: {}", crate::quote::visible(&e.to_string()));
-}
-
-/// `print_error`, then the failure exit status 1.
-pub(crate) fn fail(cmd: &str, e: impl std::fmt::Display) -> i32 {
-    print_error(cmd, e);
-    1
 }
 
 /// Leaves the trace of an undo operation that succeeded (`reset`, `gc`,
@@ -222,7 +221,7 @@ pub(crate) fn out_line(args: std::fmt::Arguments) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
         Err(e) => {
             print_error("output", format!("cannot write to stdout: {e}"));
-            std::process::exit(1)
+            std::process::exit(exit::EXIT_FAILURE)
         }
     }
 }

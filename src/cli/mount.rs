@@ -1,5 +1,6 @@
 //! `layerfs mount`: arguments, then config validation and the daemon.
 
+use super::exit::{config_error, Outcome};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -150,7 +151,7 @@ impl MountCmd {
         self.foreground && self.log_file.is_none()
     }
 
-    pub fn run(self) -> i32 {
+    pub fn run(self) -> Outcome {
         let mut args = MountArgs {
             lowers: self.lowers,
             upper: self.upper,
@@ -176,16 +177,9 @@ impl MountCmd {
             options: self.options,
             scratch: self.scratch,
         };
-        if let Err(e) = self.instance.apply(&mut args) {
-            super::print_error("mount", &e);
-            return e.exit_code();
-        }
-        match config::validate(args) {
-            Ok(cfg) => daemon::start(cfg),
-            Err(e) => {
-                super::print_error("mount", &e);
-                e.exit_code()
-            }
-        }
+        let refused = |e| config_error("mount", e);
+        self.instance.apply(&mut args).map_err(refused)?;
+        let cfg = config::validate(args).map_err(refused)?;
+        Ok(daemon::start(cfg))
     }
 }

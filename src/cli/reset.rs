@@ -1,5 +1,6 @@
 //! `layerfs reset`: discard a workspace's changes under some paths.
 
+use super::exit::{CliError, Context};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -38,11 +39,8 @@ pub struct ResetCmd {
 }
 
 impl ResetCmd {
-    pub fn run(self) -> i32 {
-        match self.reset() {
-            Ok(()) => 0,
-            Err(e) => super::fail("reset", e),
-        }
+    pub fn run(self) -> Result<(), CliError> {
+        self.reset().or_fail("reset")
     }
 
     fn reset(&self) -> Result<(), String> {

@@ -3,6 +3,7 @@
 //! tools as an MCP server (`serve::Server`) on stdio, or on a Unix socket
 //! (one session per connection, one workspace for all).
 
+use super::exit::{CliError, Context};
 use std::path::PathBuf;
 
 use clap::Args;
@@ -43,12 +44,9 @@ pub struct ServeCmd {
 }
 
 impl ServeCmd {
-    pub fn run(self) -> i32 {
+    pub fn run(self) -> Result<(), CliError> {
         let listen = match self.listen.as_deref().map(|l| l.strip_prefix("unix:")) {
-            Some(None) => {
-                super::print_error("serve", "--listen takes unix:PATH");
-                return 2;
-            }
+            Some(None) => return Err(CliError::usage("serve", "--listen takes unix:PATH")),
             Some(Some(p)) => Some(PathBuf::from(p)),
             None => None,
         };
@@ -68,35 +66,21 @@ impl ServeCmd {
             ),
             (None, None) => unreachable!("clap requires one"),
         };
-        let ws = match ws {
-            Ok(w) => w,
-            Err(e) => return super::fail("serve", e),
-        };
-        let server = match Server::new(ws, self.tools.as_deref(), self.read_only) {
-            Ok(s) => s,
-            Err(e) => {
-                super::print_error("serve", e);
-                return 2;
-            }
-        };
-        let rt = match tokio::runtime::Builder::new_multi_thread()
+        let ws = ws.or_fail("serve")?;
+        let server = Server::new(ws, self.tools.as_deref(), self.read_only).or_usage("serve")?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => return super::fail("serve", format!("cannot start the runtime: {e}")),
-        };
+            .map_err(|e| format!("cannot start the runtime: {e}"))
+            .or_fail("serve")?;
         let r = rt.block_on(async move {
             match listen {
                 None => serve_stdio(server).await,
                 Some(path) => serve_unix(server, path).await,
             }
         });
-        match r {
-            Ok(()) => 0,
-            Err(e) => super::fail("serve", e),
-        }
+        r.or_fail("serve")
     }
 }
 

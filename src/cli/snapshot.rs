@@ -1,6 +1,7 @@
 //! `layerfs snapshot save|restore|list|rm`: keep and bring back whole
 //! states of a workspace's upper (see `state::snapshot`).
 
+use super::exit::{CliError, Context};
 use std::ffi::{OsStr, OsString};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -95,7 +96,7 @@ pub enum SnapshotCmd {
 }
 
 impl SnapshotCmd {
-    pub fn run(self) -> i32 {
+    pub fn run(self) -> Result<(), CliError> {
         let (what, r) = match self {
             SnapshotCmd::Save {
                 force,
@@ -116,10 +117,7 @@ impl SnapshotCmd {
             } => ("list", list(&workspace, &st, json)),
             SnapshotCmd::Rm { workspace, st, id } => ("rm", rm(&workspace, &st, &id)),
         };
-        match r {
-            Ok(()) => 0,
-            Err(e) => super::fail(&format!("snapshot {what}"), e),
-        }
+        r.or_fail(&format!("snapshot {what}"))
     }
 }
 

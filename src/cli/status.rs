@@ -4,6 +4,7 @@
 //! daemon's registry entry). An unmounted workspace shows its layers and
 //! journal from the state directory.
 
+use super::exit::{CliError, Context};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -37,24 +38,12 @@ pub struct StatusCmd {
 }
 
 impl StatusCmd {
-    pub fn run(self) -> i32 {
+    pub fn run(self) -> Result<(), CliError> {
         // `--state DIR` alone names the workspace by its state dir.
         let arg = self.workspace.as_ref().or(self.state.state.as_ref());
         let reports = match arg {
-            Some(w) => match one(w, &self.state) {
-                Ok(v) => vec![v],
-                Err(e) => {
-                    super::print_error("status", &e);
-                    return 1;
-                }
-            },
-            None => match every_mount() {
-                Ok(v) => v,
-                Err(e) => {
-                    super::print_error("status", &e);
-                    return 1;
-                }
-            },
+            Some(w) => vec![one(w, &self.state).or_fail("status")?],
+            None => every_mount().or_fail("status")?,
         };
         if self.json {
             for r in &reports {
@@ -71,7 +60,7 @@ impl StatusCmd {
                 outln!("{}", text.strip_suffix('\n').unwrap_or(&text));
             }
         }
-        0
+        Ok(())
     }
 }
 

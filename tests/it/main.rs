@@ -11,6 +11,7 @@ mod agent_mcp;
 mod archive;
 mod basic;
 mod checkpoint;
+mod cli;
 mod cluster;
 mod container;
 mod crash;
