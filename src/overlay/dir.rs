@@ -410,7 +410,7 @@ impl Overlay {
         }
         let op = Op::Unlink;
         let removal = self.guard_removal(ctx, op, &parent, name, &victim)?;
-        if want_dir && !self.dir_is_empty(&victim)? {
+        if want_dir && !self.dir_is_removable(&victim)? {
             return err(libc::ENOTEMPTY);
         }
         let parent_upper = self.copy_up(&parent)?;
@@ -489,6 +489,50 @@ impl Overlay {
             }
             (false, false) => {}
         }
+    }
+
+    /// Whether `rmdir` may remove a directory: it shows no entry, and what
+    /// the policy hides in it is shared only (no upper entry under a hidden
+    /// name). `hide secrets/**` leaves `secrets/` listing empty; refusing
+    /// its removal with ENOTEMPTY would both contradict the listing and
+    /// tell the caller that hidden entries exist. Removing it whiteouts the
+    /// shared tree in this workspace's view only (`layerfs reset` brings it
+    /// back), as `rm -rf` of any shared directory does. Hidden entries the
+    /// upper holds (written beside the mount, or before the rule) are data
+    /// only this workspace has: those keep the directory (ENOTEMPTY), and
+    /// so do hidden entries a readonly or protect rule also guards (their
+    /// removal is refused one by one, so it is refused wholesale too): a
+    /// hidden file classed so, or a hidden directory while the policy has
+    /// any readonly or protect rule (its tree is not searched).
+    fn dir_is_removable(&self, dir: &Inode) -> Result<bool> {
+        let entries = self.merged_entries(dir)?;
+        if entries.is_empty() {
+            return Ok(true);
+        }
+        let policy = self.policy();
+        if !policy.has_path_rules() {
+            return Ok(false);
+        }
+        let guards_any = policy.subtree_rule("").is_some();
+        let upper = dir.upper_fd()?;
+        for e in &entries {
+            let class = policy.classify(&self.child_path(dir, &e.name));
+            if class.hidden.is_none() || class.readonly.is_some() || class.protected.is_some() {
+                return Ok(false);
+            }
+            if e.kind == libc::S_IFDIR && guards_any {
+                return Ok(false);
+            }
+            if let Some(u) = &upper {
+                match sys::fstatat(u.as_ref(), &e.name) {
+                    Ok(st) if !is_whiteout(&st) => return Ok(false),
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Whether a directory is empty as seen through the mount (hidden

@@ -16,4 +16,5 @@ pub mod reset;
 pub mod scratch;
 pub mod snapshot;
 pub mod snapshot_id;
+pub mod summary;
 pub mod workspace;
