@@ -3,8 +3,8 @@
 and check the error cases. Driven by tests/it/agent_mcp.rs.
 
 usage: mcp_client.py MODE [--expect NAME=CONTENT] -- LAYERFS SERVE-ARGS...
-MODE: full (every tool and error case) or readonly (only the reading
-tools are offered). The workspace holds a.txt = "alpha\nbeta\nalpha\n",
+MODE: full (every tool and error case), readonly (only the reading
+tools are offered) or execute (commands in the workspace's sandbox). The workspace holds a.txt = "alpha\nbeta\nalpha\n",
 src/main.rs, and its policy makes src/** read-only. Prints a transcript
 (one JSON object a line) and OK at the end; any failed check raises.
 """
@@ -17,7 +17,7 @@ import time
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 READING = {"ls", "read", "grep", "glob", "stat"}
-ALL = READING | {"write", "edit", "delete", "rename", "mkdir"}
+ALL = READING | {"write", "edit", "delete", "rename", "mkdir", "execute"}
 
 
 def show(kind, **fields):
@@ -104,6 +104,56 @@ async def full(session, expect):
     show("timing", calls=n, stat_round_trip_ms=round((time.perf_counter() - start) * 1000 / n, 3))
 
 
+async def execute(session):
+    r, t = await call(session, "execute", {"command": "echo out; echo err >&2; exit 3"})
+    sc = r.structured_content
+    assert sc["exit_code"] == 3 and sc["output"] == "out\nerr\n", sc
+    assert sc["truncated"] is False and sc["timed_out"] is False, sc
+    assert t.endswith("[exit code 3]"), t
+
+    # Changes made by the command are seen by the next read at once.
+    r, t = await call(session, "execute", {"command": "pwd; printf 'made\\n' > made.txt"})
+    assert r.structured_content["exit_code"] == 0, r.structured_content
+    assert r.structured_content["output"] == "/workspace\n", r.structured_content
+    r, t = await call(session, "read", {"path": "made.txt"})
+    assert t == "     1\tmade", t
+    # And the command sees what the tools wrote.
+    await call(session, "write", {"path": "from-tool.txt", "content": "tool\n"})
+    r, t = await call(session, "execute", {"command": "cat from-tool.txt"})
+    assert r.structured_content["output"] == "tool\n", r.structured_content
+
+    # The policy holds inside the command: src/** is read-only.
+    r, t = await call(session, "execute", {"command": "echo x > src/evil.rs"})
+    sc = r.structured_content
+    assert sc["exit_code"] != 0 and "src/evil.rs" in sc["output"], sc
+    r, t = await call(session, "stat", {"path": "src/evil.rs"}, ok=False)
+    assert "no such file" in t, t
+
+    # Output past max_output is cut, and says so.
+    r, t = await call(session, "execute", {"command": "head -c 5000 /dev/zero | tr '\\0' a", "max_output": 100})
+    sc = r.structured_content
+    assert sc["truncated"] is True and sc["output"] == "a" * 100 and sc["output_bytes"] == 5000, sc
+    assert sc["exit_code"] == 0, sc
+
+    # The timeout kills the command and what it started.
+    start = time.perf_counter()
+    r, t = await call(session, "execute", {"command": "sleep 60 & sleep 60", "timeout": 1})
+    took = time.perf_counter() - start
+    sc = r.structured_content
+    assert sc["timed_out"] is True and sc["exit_code"] == 124, sc
+    assert took < 20, took
+
+    r, t = await call(session, "execute", {"command": "  "}, ok=False)
+    assert "empty" in t, t
+
+    # Round trips, for the figures (not asserted: the machine is shared).
+    n = 10
+    start = time.perf_counter()
+    for _ in range(n):
+        await session.call_tool("execute", {"command": "true"})
+    show("timing", calls=n, execute_true_round_trip_ms=round((time.perf_counter() - start) * 1000 / n, 3))
+
+
 async def readonly(session):
     r, t = await call(session, "read", {"path": "a.txt"})
     assert t.startswith("     1\talpha"), t
@@ -138,6 +188,9 @@ async def main():
             if mode == "full":
                 assert names == ALL, names
                 await full(session, expect)
+            elif mode == "execute":
+                assert "execute" in names, names
+                await execute(session)
             else:
                 assert names == READING, names
                 await readonly(session)

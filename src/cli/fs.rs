@@ -158,6 +158,7 @@ impl Target {
         let opts = OpenOptions {
             read_only: false,
             client: Some("fs".into()),
+            layerfs: None,
         };
         let (ws, rest) = match &self.upper {
             Some(upper) => {

@@ -53,6 +53,7 @@ impl ServeCmd {
         let opts = OpenOptions {
             read_only: self.read_only,
             client: Some("mcp".into()),
+            layerfs: None,
         };
         let ws = match (&self.workspace, &self.upper) {
             (Some(w), _) => Workspace::open(w, &opts),

@@ -50,6 +50,10 @@ pub enum EvOp {
     /// gone back to, `bytes`: how many checkpoints it took off the stack).
     Checkpoint,
     Undo,
+    /// A command the agent tools ran in the workspace's sandbox
+    /// (`tools::Workspace::execute`): `path` is the command, `bytes` its
+    /// exit code; the rows of its changes follow from the mount.
+    Exec,
 }
 
 impl EvOp {
@@ -80,11 +84,12 @@ impl EvOp {
             EvOp::SnapshotRestore => "snapshot-restore",
             EvOp::Checkpoint => "checkpoint",
             EvOp::Undo => "undo",
+            EvOp::Exec => "exec",
         }
     }
 
     /// Every op, in the order `layerfs log --help` lists them.
-    pub const ALL: [EvOp; 24] = [
+    pub const ALL: [EvOp; 25] = [
         EvOp::Create,
         EvOp::Write,
         EvOp::Truncate,
@@ -109,6 +114,7 @@ impl EvOp {
         EvOp::SnapshotRestore,
         EvOp::Checkpoint,
         EvOp::Undo,
+        EvOp::Exec,
     ];
 }
 

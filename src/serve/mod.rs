@@ -26,7 +26,8 @@ use serde_json::{json, Value};
 pub use schema::{ToolDef, TOOLS};
 
 use crate::tools::{
-    EditRequest, GlobRequest, GrepRequest, ReadRequest, ToolError, Workspace, WriteRequest,
+    EditRequest, ExecuteRequest, GlobRequest, GrepRequest, ReadRequest, ToolError, Workspace,
+    WriteRequest,
 };
 
 /// The server: one open workspace and the tools it offers.
@@ -180,6 +181,26 @@ fn call(ws: &Workspace, name: &str, a: Value) -> Result<Answer, ErrorData> {
         "stat" => {
             let a: PathArg = args(name, a)?;
             ws.stat(&a.path).and_then(typed)
+        }
+        "execute" => {
+            let r: ExecuteRequest = args(name, a)?;
+            ws.execute(&r).map(|res| {
+                let mut text = res.output.clone();
+                if !text.is_empty() && !text.ends_with('\n') {
+                    text.push('\n');
+                }
+                if res.truncated {
+                    text.push_str(&format!(
+                        "[output cut at {} of {} bytes]\n",
+                        r.max_output, res.output_bytes
+                    ));
+                }
+                if res.timed_out {
+                    text.push_str(&format!("[killed after the timeout of {} s]\n", r.timeout));
+                }
+                text.push_str(&format!("[exit code {}]", res.exit_code));
+                (text, serde_json::to_value(&res).unwrap_or(Value::Null))
+            })
         }
         _ => return Err(ErrorData::invalid_params(format!("no tool `{name}`"), None)),
     })

@@ -42,7 +42,7 @@ const PATH: (&str, &str, &str, bool) = (
     true,
 );
 
-pub static TOOLS: [ToolDef; 10] = [
+pub static TOOLS: [ToolDef; 11] = [
     ToolDef {
         name: "ls",
         description: "List a directory of the workspace: each entry's path, kind (file, dir, \
@@ -251,5 +251,38 @@ pub static TOOLS: [ToolDef; 10] = [
         changes: false,
         destroys: false,
         args: &[PATH],
+    },
+    ToolDef {
+        name: "execute",
+        description: "Run a shell command (/bin/sh -c) in the workspace, in a sandbox where the \
+                      workspace (at /workspace, the working directory) is the only writable \
+                      place and its policy applies. Returns the output (stdout and stderr \
+                      together, cut after max_output bytes with truncated true) and the exit \
+                      code; after timeout seconds the command and everything it started are \
+                      killed (exit code 124, timed_out true). Its changes are seen by the other \
+                      tools at once.",
+        changes: true,
+        destroys: true,
+        args: &[
+            ("command", "string", "The shell command line to run.", true),
+            (
+                "timeout",
+                "number",
+                "Seconds before the command is killed (default 120).",
+                false,
+            ),
+            (
+                "max_output",
+                "integer",
+                "Bytes of output to return (default 65536); the rest is dropped.",
+                false,
+            ),
+            (
+                "cwd",
+                "string",
+                "Working directory relative to the workspace root (default: the root).",
+                false,
+            ),
+        ],
     },
 ];

@@ -33,6 +33,9 @@ pub enum What {
     Pattern(String),
     /// Opening the workspace failed: the message says why and what to do.
     Open(String),
+    /// `execute` could not run the command (no mount, no sandbox): the
+    /// message says why and what to do.
+    Exec(String),
     /// Any other system error.
     Io(i32),
 }
@@ -93,6 +96,7 @@ impl ToolError {
             What::ReadOnly => "read_only",
             What::Pattern(_) => "pattern",
             What::Open(_) => "open",
+            What::Exec(_) => "exec",
             What::Io(_) => "io",
         }
     }
@@ -136,7 +140,7 @@ impl fmt::Display for ToolError {
             What::Binary => write!(f, "{p}: binary file (use the raw read)"),
             What::ReadOnly => write!(f, "{p}: the workspace is open read-only"),
             What::Pattern(m) => write!(f, "bad pattern {p:?}: {m}"),
-            What::Open(m) => write!(f, "{p}: {m}"),
+            What::Open(m) | What::Exec(m) => write!(f, "{p}: {m}"),
             What::Io(e) => write!(f, "{p}: {}", std::io::Error::from_raw_os_error(*e)),
         }
     }

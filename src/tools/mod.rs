@@ -19,6 +19,7 @@
 
 mod core;
 pub mod error;
+pub mod exec;
 mod mounted;
 pub mod path;
 pub mod request;
@@ -29,10 +30,11 @@ mod text;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use error::Result;
 pub use error::{ToolError, What};
+pub use exec::{ExecuteRequest, ExecuteResult};
 pub use path::RelPath;
 pub use request::*;
 use store::{Kind, Store};
@@ -73,12 +75,25 @@ pub struct OpenOptions {
     /// Who the journal's rows name as the caller, with the tool
     /// (`CLIENT:TOOL`); `lib` when not given.
     pub client: Option<String>,
+    /// The `layerfs` binary `execute` runs commands with; by default this
+    /// process's when it is layerfs, else `layerfs` on `PATH`.
+    pub layerfs: Option<PathBuf>,
 }
 
 /// An open workspace: the tools on its union view.
 pub struct Workspace {
-    store: Box<dyn Store>,
+    /// Swapped only by `execute`, which lends an unmounted workspace to
+    /// `layerfs run` for the command's duration (write-locked meanwhile,
+    /// so the other calls wait for the command).
+    store: RwLock<Box<dyn Store>>,
     read_only: bool,
+    /// Where `execute` runs commands.
+    target: exec::Target,
+    /// How to take the core back after `execute` (in-process only).
+    reclaim: Option<Reclaim>,
+    /// The journal's database, for `execute`'s row.
+    journal_db: Option<PathBuf>,
+    client: String,
     /// Scratch paths (the policy's and the workspace's `--scratch`).
     scratch: PathSet,
     /// Where the calls go when a daemon serves the workspace.
@@ -97,7 +112,87 @@ struct Plan<'a> {
     work: &'a Path,
     state: Option<Arc<SafeDir>>,
     policy: Policy,
+    /// The policy's file, for `execute`'s `layerfs run`.
+    policy_file: Option<&'a Path>,
     scratch: Vec<String>,
+}
+
+/// What starting the core again takes (after `execute` lent the
+/// workspace to `layerfs run`).
+struct Reclaim {
+    lowers: Vec<PathBuf>,
+    upper: PathBuf,
+    work: PathBuf,
+    state: Option<Arc<SafeDir>>,
+    policy: Policy,
+    read_only: bool,
+}
+
+/// Why the core was not started.
+enum NotStarted {
+    /// A live daemon serves the workspace at this mountpoint.
+    Served(PathBuf),
+    Failed(ToolError),
+}
+
+impl Reclaim {
+    /// Takes the upper and work dir as a mount would and starts the core.
+    fn start(&self, client: &str) -> std::result::Result<Box<dyn Store>, NotStarted> {
+        let claim = match crate::daemon::exclusive::claim_dirs(&self.upper, &self.work) {
+            Ok(c) => c,
+            Err(busy) => {
+                if let Some((_, Some(mp))) = busy.holder {
+                    return Err(NotStarted::Served(mp));
+                }
+                return Err(NotStarted::Failed(open_err(
+                    self.upper.display(),
+                    busy.message,
+                )));
+            }
+        };
+        let ov = crate::overlay::Overlay::new(&crate::overlay::Options {
+            lowers: self.lowers.clone(),
+            upper: self.upper.clone(),
+            work: self.work.clone(),
+            policy: self.policy.clone(),
+            read_only: self.read_only,
+            threads: 2,
+            max_watches: None,
+        })
+        .map_err(|m| NotStarted::Failed(open_err(self.upper.display(), m)))?;
+        let journal = self.state.clone().map(|dir| {
+            crate::state::journal::Journal::start_in(dir, crate::state::journal::Options::default())
+        });
+        Ok(Box::new(core::CoreStore::new(ov, claim, journal, client)))
+    }
+}
+
+/// The store of a workspace whose core could not be taken back after
+/// `execute`: every call says so.
+struct Lost(ToolError);
+
+impl Store for Lost {
+    fn stat(&self, _: &RelPath) -> Result<store::Meta> {
+        Err(self.0.clone())
+    }
+    fn list(&self, _: &RelPath) -> Result<Vec<(String, store::Meta)>> {
+        Err(self.0.clone())
+    }
+    fn read(&self, _: &RelPath) -> Result<Vec<u8>> {
+        Err(self.0.clone())
+    }
+    fn create(&self, _: &str, _: &RelPath, _: &[u8], _: u32) -> Result<()> {
+        Err(self.0.clone())
+    }
+    fn remove(&self, _: &str, _: &RelPath, _: bool) -> Result<()> {
+        Err(self.0.clone())
+    }
+    fn rename(&self, _: &str, _: &RelPath, _: &RelPath, _: bool) -> Result<()> {
+        Err(self.0.clone())
+    }
+    fn mkdir(&self, _: &str, _: &RelPath) -> Result<()> {
+        Err(self.0.clone())
+    }
 }
 
 impl Workspace {
@@ -124,20 +219,19 @@ impl Workspace {
             Some(f) => Policy::load(f).map_err(|m| open_err(arg.display(), m))?,
             None => Policy::default(),
         };
+        let plan = Plan {
+            lowers: &ws.lowers,
+            upper: &ws.upper,
+            work: &ws.work,
+            state: Some(ws.dir.clone()),
+            policy,
+            policy_file: ws.policy.as_deref(),
+            scratch: ws.scratch.clone(),
+        };
         if let Some(mp) = &ws.mountpoint {
-            return Workspace::attach(mp, policy, ws.scratch.clone(), opts);
+            return Workspace::attach(mp, plan, opts);
         }
-        Workspace::claim(
-            Plan {
-                lowers: &ws.lowers,
-                upper: &ws.upper,
-                work: &ws.work,
-                state: Some(ws.dir.clone()),
-                policy,
-                scratch: ws.scratch.clone(),
-            },
-            opts,
-        )
+        Workspace::claim(plan, opts)
     }
 
     /// Opens a workspace from its layers. The work and state directories
@@ -201,6 +295,7 @@ impl Workspace {
                 work: &work,
                 state: Some(state),
                 policy,
+                policy_file: layers.policy.as_deref(),
                 scratch: Vec::new(),
             },
             opts,
@@ -210,68 +305,85 @@ impl Workspace {
     /// Takes the upper and work dir as a mount would and starts the core
     /// here; when a live daemon holds them, works through its mount.
     fn claim(plan: Plan<'_>, opts: &OpenOptions) -> Result<Workspace> {
-        let claim = match crate::daemon::exclusive::claim_dirs(plan.upper, plan.work) {
-            Ok(c) => c,
-            Err(busy) => {
-                if let Some((_, Some(mp))) = &busy.holder {
-                    return Workspace::attach(mp, plan.policy, plan.scratch, opts);
-                }
-                return Err(open_err(plan.upper.display(), busy.message));
-            }
-        };
         let scratch = scratch_set(&plan.policy, &plan.scratch, plan.upper)?;
-        let ov = crate::overlay::Overlay::new(&crate::overlay::Options {
+        let reclaim = Reclaim {
             lowers: plan.lowers.to_vec(),
             upper: plan.upper.to_path_buf(),
             work: plan.work.to_path_buf(),
-            policy: plan.policy,
+            state: plan.state.clone(),
+            policy: plan.policy.clone(),
             read_only: opts.read_only,
-            threads: 2,
-            max_watches: None,
-        })
-        .map_err(|m| open_err(plan.upper.display(), m))?;
-        let journal = plan.state.map(|dir| {
-            crate::state::journal::Journal::start_in(dir, crate::state::journal::Options::default())
-        });
+        };
         let client = opts.client.as_deref().unwrap_or("lib");
+        let store = match reclaim.start(client) {
+            Ok(s) => s,
+            Err(NotStarted::Served(mp)) => return Workspace::attach(&mp, plan, opts),
+            Err(NotStarted::Failed(e)) => return Err(e),
+        };
         Ok(Workspace::with(
-            Box::new(core::CoreStore::new(ov, claim, journal, client)),
-            opts.read_only,
+            store,
+            opts,
             scratch,
             None,
+            Workspace::target(&plan, false, opts),
+            Some(reclaim),
+            plan.state.as_ref(),
         ))
     }
 
+    fn target(plan: &Plan<'_>, mounted: bool, opts: &OpenOptions) -> exec::Target {
+        exec::Target {
+            lowers: plan.lowers.to_vec(),
+            upper: plan.upper.to_path_buf(),
+            policy: plan.policy_file.map(Path::to_path_buf),
+            mounted,
+            binary: opts.layerfs.clone().unwrap_or_else(exec::default_binary),
+        }
+    }
+
     /// Works through the live mount at `mp`.
-    fn attach(
-        mp: &Path,
-        policy: Policy,
-        scratch: Vec<String>,
-        opts: &OpenOptions,
-    ) -> Result<Workspace> {
-        let set = scratch_set(&policy, &scratch, mp)?;
-        let store = mounted::MountStore::new(mp, policy).map_err(|m| open_err(mp.display(), m))?;
+    fn attach(mp: &Path, plan: Plan<'_>, opts: &OpenOptions) -> Result<Workspace> {
+        let set = scratch_set(&plan.policy, &plan.scratch, mp)?;
+        let target = Workspace::target(&plan, true, opts);
+        let store = mounted::MountStore::new(mp, plan.policy.clone())
+            .map_err(|m| open_err(mp.display(), m))?;
         Ok(Workspace::with(
             Box::new(store),
-            opts.read_only,
+            opts,
             set,
             Some(mp.to_path_buf()),
+            target,
+            None,
+            plan.state.as_ref(),
         ))
     }
 
     fn with(
         store: Box<dyn Store>,
-        read_only: bool,
+        opts: &OpenOptions,
         scratch: PathSet,
         mountpoint: Option<PathBuf>,
+        target: exec::Target,
+        reclaim: Option<Reclaim>,
+        state: Option<&Arc<SafeDir>>,
     ) -> Workspace {
         Workspace {
-            store,
-            read_only,
+            store: RwLock::new(store),
+            read_only: opts.read_only,
+            target,
+            reclaim,
+            journal_db: state.map(|d| d.fd_path(ws_state::JOURNAL_FILE)),
+            client: opts.client.clone().unwrap_or_else(|| "lib".into()),
             scratch,
             mountpoint,
             locks: (0..STRIPES).map(|_| Mutex::new(())).collect(),
         }
+    }
+
+    /// The store, for one call (recursive: a call may nest another while
+    /// `execute` waits for the write lock).
+    fn store(&self) -> RwLockReadGuard<'_, Box<dyn Store>> {
+        self.store.read_recursive()
     }
 
     /// The live mount the calls go through; `None` when the core runs in
@@ -333,7 +445,7 @@ impl Workspace {
     /// ```
     pub fn ls(&self, path: &str) -> Result<Vec<Entry>> {
         let p = RelPath::parse(path)?;
-        let mut v = self.store.list(&p)?;
+        let mut v = self.store().list(&p)?;
         v.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(v.iter()
             .map(|(n, m)| search::entry(&p.join(n), m))
@@ -360,7 +472,7 @@ impl Workspace {
     /// ```
     pub fn read(&self, req: &ReadRequest) -> Result<ReadResult> {
         let p = RelPath::parse(&req.path)?;
-        let data = self.store.read(&p)?;
+        let data = self.store().read(&p)?;
         let size = data.len() as u64;
         let path = p.as_str().to_string();
         let Some(text) = text::as_text(&data) else {
@@ -402,7 +514,7 @@ impl Workspace {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn read_raw(&self, path: &str) -> Result<Vec<u8>> {
-        self.store.read(&RelPath::parse(path)?)
+        self.store().read(&RelPath::parse(path)?)
     }
 
     /// Creates a file; an existing one is an error naming it unless
@@ -429,7 +541,7 @@ impl Workspace {
         let p = self.changing(&req.path)?;
         let _l = self.lock(&p);
         let data = req.content.as_bytes();
-        let created = match self.store.create("write", &p, data, 0o666) {
+        let created = match self.store().create("write", &p, data, 0o666) {
             Ok(()) => true,
             Err(e) if e.what == What::Exists && req.overwrite => {
                 self.replace("write", &p, data)?;
@@ -449,7 +561,7 @@ impl Workspace {
     /// half). Callers hold `p`'s lock.
     fn replace(&self, tool: &str, p: &RelPath, data: &[u8]) -> Result<()> {
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let meta = self.store.stat(p)?;
+        let meta = self.store().stat(p)?;
         match meta.kind {
             Kind::File => {}
             Kind::Dir => return Err(ToolError::new(p, What::IsADirectory)),
@@ -459,11 +571,11 @@ impl Workspace {
         let (dir, name) = p.split_last().expect("not the root");
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = dir.join(&format!(".{name}.layerfs-{}-{n}.tmp", std::process::id()));
-        self.store
+        self.store()
             .create(tool, &tmp, data, meta.mode)
             .map_err(|e| e.about(p))?;
-        self.store.rename(tool, &tmp, p, false).map_err(|e| {
-            let _ = self.store.remove(tool, &tmp, false);
+        self.store().rename(tool, &tmp, p, false).map_err(|e| {
+            let _ = self.store().remove(tool, &tmp, false);
             e.about(p)
         })
     }
@@ -493,7 +605,7 @@ impl Workspace {
     pub fn edit(&self, req: &EditRequest) -> Result<EditResult> {
         let p = self.changing(&req.path)?;
         let _l = self.lock(&p);
-        let data = self.store.read(&p)?;
+        let data = self.store().read(&p)?;
         let old = text::as_text(&data).ok_or_else(|| ToolError::new(&p, What::Binary))?;
         let (new, n) = text::replace(old, &req.old_string, &req.new_string, req.replace_all)
             .map_err(|w| ToolError::new(&p, w))?;
@@ -524,7 +636,7 @@ impl Workspace {
     /// ```
     pub fn grep(&self, req: &GrepRequest) -> Result<GrepResult> {
         let base = RelPath::parse(&req.path)?;
-        search::grep(self.store.as_ref(), &base, req, &self.scratch)
+        search::grep(self.store().as_ref(), &base, req, &self.scratch)
     }
 
     /// The entries under `path` whose path relative to it matches the
@@ -546,7 +658,7 @@ impl Workspace {
     /// ```
     pub fn glob(&self, req: &GlobRequest) -> Result<Vec<Entry>> {
         let base = RelPath::parse(&req.path)?;
-        search::glob(self.store.as_ref(), &base, &req.pattern)
+        search::glob(self.store().as_ref(), &base, &req.pattern)
     }
 
     /// Removes a file, or a directory (with everything in it when
@@ -569,22 +681,22 @@ impl Workspace {
     pub fn delete(&self, path: &str, recursive: bool) -> Result<()> {
         let p = self.changing(path)?;
         let _l = self.lock(&p);
-        if self.store.stat(&p)?.kind != Kind::Dir {
-            return self.store.remove("delete", &p, false);
+        if self.store().stat(&p)?.kind != Kind::Dir {
+            return self.store().remove("delete", &p, false);
         }
         if recursive {
             let mut inside = Vec::new();
             let none = PathSet::default();
-            search::walk(self.store.as_ref(), &p, &none, &mut |q, m| {
+            search::walk(self.store().as_ref(), &p, &none, &mut |q, m| {
                 inside.push((q.clone(), m.kind == Kind::Dir));
                 Ok(())
             })?;
             // Walk order puts a directory before what it holds.
             for (q, dir) in inside.iter().rev() {
-                self.store.remove("delete", q, *dir)?;
+                self.store().remove("delete", q, *dir)?;
             }
         }
-        self.store.remove("delete", &p, true)
+        self.store().remove("delete", &p, true)
     }
 
     /// Renames an entry; an existing destination is an error unless
@@ -610,7 +722,7 @@ impl Workspace {
             // As rename(2) through the kernel answers: the name exists,
             // so without `overwrite` that is the error; with it, nothing
             // to do. (The core is never asked: the kernel never asks it.)
-            self.store.stat(&f)?;
+            self.store().stat(&f)?;
             return match overwrite {
                 true => Ok(()),
                 false => Err(ToolError::new(&t, What::Exists)),
@@ -620,7 +732,7 @@ impl Workspace {
         let (a, b) = (self.lock_index(&f), self.lock_index(&t));
         let _first = self.locks[a.min(b)].lock();
         let _second = (a != b).then(|| self.locks[a.max(b)].lock());
-        self.store.rename("rename", &f, &t, !overwrite)
+        self.store().rename("rename", &f, &t, !overwrite)
     }
 
     fn lock_index(&self, p: &RelPath) -> usize {
@@ -648,14 +760,14 @@ impl Workspace {
     pub fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
         let p = self.changing(path)?;
         if !parents {
-            return self.store.mkdir("mkdir", &p);
+            return self.store().mkdir("mkdir", &p);
         }
         let mut cur = RelPath::root();
         for seg in p.segments() {
             cur = cur.join(seg);
-            match self.store.mkdir("mkdir", &cur) {
+            match self.store().mkdir("mkdir", &cur) {
                 Err(e) if e.what == What::Exists => {
-                    if self.store.stat(&cur)?.kind != Kind::Dir {
+                    if self.store().stat(&cur)?.kind != Kind::Dir {
                         return Err(ToolError::new(&cur, What::NotADirectory));
                     }
                 }
@@ -682,7 +794,7 @@ impl Workspace {
     /// ```
     pub fn stat(&self, path: &str) -> Result<Entry> {
         let p = RelPath::parse(path)?;
-        let m = self.store.stat(&p)?;
+        let m = self.store().stat(&p)?;
         Ok(search::entry(&p, &m))
     }
 
@@ -704,11 +816,68 @@ impl Workspace {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn exists(&self, path: &str) -> Result<bool> {
-        match self.store.stat(&RelPath::parse(path)?) {
+        match self.store().stat(&RelPath::parse(path)?) {
             Ok(_) => Ok(true),
             Err(e) if e.what == What::NotFound => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+impl Workspace {
+    /// Runs a shell command in the workspace's sandbox (`layerfs run`:
+    /// the workspace at `/workspace`, the rest of the host read-only, the
+    /// policy enforced by the mount), killed with everything it started
+    /// after `timeout` seconds, its output cut at `max_output` bytes.
+    /// An unmounted workspace is lent to `layerfs run` for the command's
+    /// duration: the in-process core is stopped (its locks released, its
+    /// journal flushed), `run` mounts, runs and unmounts, and the core is
+    /// started again; the other calls wait meanwhile. A mounted one is
+    /// run in through its mount. Journaled as an `exec` row naming
+    /// `CLIENT:execute`, the command and its exit code.
+    pub fn execute(&self, req: &ExecuteRequest) -> Result<ExecuteResult> {
+        if self.read_only {
+            return Err(ToolError::new("execute", What::ReadOnly));
+        }
+        exec::check(req)?;
+        let result = match &self.reclaim {
+            None => exec::run(&self.target, req),
+            Some(reclaim) => {
+                let mut store = self.store.write();
+                // Dropping the core releases the upper's and work dir's
+                // locks and ends its journal writer, so `run` may mount.
+                *store = Box::new(Lost(ToolError::new(
+                    "execute",
+                    What::Exec("the workspace is lent to a command".into()),
+                )));
+                let result = exec::run(&self.target, req);
+                *store = match reclaim.start(&self.client) {
+                    Ok(s) => s,
+                    Err(NotStarted::Served(mp)) => Box::new(Lost(open_err(
+                        mp.display(),
+                        "a mount took the workspace while execute ran; open it again by \
+                         that mountpoint",
+                    ))),
+                    Err(NotStarted::Failed(e)) => Box::new(Lost(e)),
+                };
+                result
+            }
+        };
+        if let (Ok(r), Some(db)) = (&result, &self.journal_db) {
+            let comm = format!("{}:execute", self.client);
+            let what = exec::shown(&req.command);
+            let code = r.exit_code.max(0) as u64;
+            if let Err(e) = crate::state::journal::record_as(
+                db,
+                crate::overlay::events::EvOp::Exec,
+                &what,
+                code,
+                &comm,
+            ) {
+                tracing::warn!("execute: not recorded in the journal: {e}");
+            }
+        }
+        result
     }
 }
 

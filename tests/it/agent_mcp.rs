@@ -249,3 +249,53 @@ fn listen_serves_sessions_on_a_private_unix_socket() {
     assert!(status.success(), "{status}");
     assert!(!sock.exists(), "the socket is removed at exit");
 }
+
+/// `execute` on an unmounted workspace: the server lends it to
+/// `layerfs run` for each command and takes it back; exit codes, output
+/// cut at max_output, the timeout, the policy inside the command, and the
+/// command's changes seen by the next read (tests/mcp_client.py execute).
+#[test]
+fn execute_runs_commands_in_the_sandbox_of_an_unmounted_workspace() {
+    let ws = Workspace::new();
+    let policy = populate(&ws);
+    let out = passed(&client("execute", &[], &layer_args(&ws, &policy)));
+    println!("{out}");
+    assert_eq!(
+        fs::read_to_string(ws.upper.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    assert!(!ws.upper.join("src/evil.rs").exists());
+    // Each command's mount is gone, and the server's core let go at exit.
+    let mp = ws.dir.path().join(format!(
+        ".{}.layerfs-mnt",
+        ws.upper.file_name().unwrap().to_string_lossy()
+    ));
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.contains(&*mp.to_string_lossy()),
+        "left mounted: {mounts}"
+    );
+    let log = layerfs(&["log".as_ref(), ws.upper.as_os_str()]);
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(log.contains("(mcp:execute)"), "{log}");
+    assert!(log.contains("exec"), "{log}");
+    let m = ws.mount_with(&["--policy", &policy]);
+    assert_eq!(fs::read_to_string(m.p("from-tool.txt")).unwrap(), "tool\n");
+}
+
+/// `execute` beside a live mount runs in that mount, which stays mounted.
+#[test]
+fn execute_runs_commands_in_a_live_mount_and_leaves_it_mounted() {
+    let ws = Workspace::new();
+    let policy = populate(&ws);
+    let m = ws.mount_with(&["--policy", &policy]);
+    let serve = [m.path.to_string_lossy().into_owned()];
+    passed(&client("execute", &[], &serve));
+    assert_eq!(fs::read_to_string(m.p("made.txt")).unwrap(), "made\n");
+    assert!(!m.p("src/evil.rs").exists());
+    assert!(m.unmount());
+    assert_eq!(
+        fs::read_to_string(ws.upper.join("made.txt")).unwrap(),
+        "made\n"
+    );
+}

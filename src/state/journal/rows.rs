@@ -28,12 +28,18 @@ pub(super) fn daemon_ids() -> (u32, u32, u32) {
 /// changed or archived; the caller is this process (uid, gid, pid, comm).
 /// A workspace whose journal is off (no database) gets no row.
 pub fn record_undo(db: &Path, op: EvOp, what: &str, entries: u64) -> Result<(), String> {
-    if !db.exists() {
-        return Ok(());
-    }
     let comm = fs::read_to_string("/proc/self/comm")
         .map(|c| c.trim_end().to_string())
         .unwrap_or_else(|_| "layerfs".into());
+    record_as(db, op, what, entries, &comm)
+}
+
+/// As `record_undo`, naming the caller `comm` (the agent tools name
+/// themselves `CLIENT:TOOL`, as their other rows do).
+pub fn record_as(db: &Path, op: EvOp, what: &str, entries: u64, comm: &str) -> Result<(), String> {
+    if !db.exists() {
+        return Ok(());
+    }
     let (pid, uid, gid) = daemon_ids();
     let conn = open_rw(db).map_err(|e| format!("journal {}: {e}", db.display()))?;
     conn.execute(
