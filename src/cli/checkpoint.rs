@@ -18,7 +18,9 @@ checkpoint freezes the upper into a read-only layer in the layer store
 (STATE/layers/NAME, or --layers DIR on the upper's filesystem) without
 copying it; the workspace goes on with an empty upper stacked on it.
 NAME is 1-128 characters of A-Z a-z 0-9 . _ -, not starting with `.`
-(default: the UTC time). The workspace must be unmounted for now.
+(default: the UTC time). A mounted workspace is checkpointed live by its
+daemon: writes pause for the moment it takes, and it is refused while a
+file is open for writing through the mount (close it and retry).
 
 Examples:
   layerfs checkpoint ~/ws/upper base
@@ -79,8 +81,27 @@ impl CheckpointCmd {
                     ))
                 }
                 Some(w) => Workspace::resolve(w).and_then(|ws| {
-                    let name =
-                        checkpoint::checkpoint(&ws, self.name.as_deref(), self.layers.as_deref())?;
+                    let name = match ws.client() {
+                        // Mounted: the daemon takes it (`daemon::layers`).
+                        Some(client) => {
+                            let layers = self
+                                .layers
+                                .as_deref()
+                                .map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf()));
+                            let v = client?.request(&json!({
+                                "cmd": "checkpoint",
+                                "name": self.name,
+                                "layers": layers.map(|p| p.to_string_lossy().into_owned()),
+                            }))?;
+                            v["name"].as_str().unwrap_or_default().to_string()
+                        }
+                        None => checkpoint::checkpoint(
+                            &ws,
+                            self.name.as_deref(),
+                            self.layers.as_deref(),
+                            None,
+                        )?,
+                    };
                     super::journal_undo("checkpoint", &ws, EvOp::Checkpoint, &name, 1);
                     outln!("{name}");
                     Ok(())
@@ -203,8 +224,9 @@ impl ForkCmd {
 Without --to, goes back to the latest checkpoint; when nothing changed
 since it, to the one before (so repeated undos step back one checkpoint
 each). Checkpoints above the one gone back to are removed unless another
-workspace or checkpoint stacks on them. The workspace must be unmounted
-for now.")]
+workspace or checkpoint stacks on them. A mounted workspace goes back
+live: files open for reading read on what they opened, new opens see the
+checkpoint; refused while the owner has a file open for writing.")]
 pub struct UndoCmd {
     /// The workspace.
     #[arg(value_name = "WORKSPACE")]
@@ -217,7 +239,19 @@ pub struct UndoCmd {
 impl UndoCmd {
     pub fn run(self) -> Result<(), CliError> {
         let ws = Workspace::resolve(&self.workspace).or_fail("undo")?;
-        let (name, dropped) = checkpoint::undo(&ws, self.to.as_deref()).or_fail("undo")?;
+        let (name, dropped) = match ws.client() {
+            // Mounted: the daemon goes back (`daemon::layers`).
+            Some(client) => {
+                let v = client
+                    .and_then(|mut c| c.request(&json!({"cmd": "undo", "to": self.to})))
+                    .or_fail("undo")?;
+                (
+                    v["at"].as_str().unwrap_or_default().to_string(),
+                    v["dropped"].as_u64().unwrap_or(0) as usize,
+                )
+            }
+            None => checkpoint::undo(&ws, self.to.as_deref(), None).or_fail("undo")?,
+        };
         super::journal_undo("undo", &ws, EvOp::Undo, &name, dropped as u64);
         outln!("at {name}");
         Ok(())

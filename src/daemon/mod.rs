@@ -9,6 +9,7 @@
 
 pub mod control;
 pub mod exclusive;
+mod layers;
 pub mod logging;
 pub mod mounts;
 pub mod notify;

@@ -40,7 +40,7 @@ pub fn serve(daemon: &Daemon, req: &Value, gc: bool) -> Result<Value, String> {
             .map_err(|e| format!("cannot use the {what}: {e}"))
     };
     let lowers = ov
-        .lowers
+        .lowers()
         .iter()
         .map(|l| dup(&l.root, "lower dir"))
         .collect::<Result<Vec<_>, _>>()?;

@@ -35,6 +35,10 @@ pub struct Daemon {
     pub journal: Option<Arc<Journal>>,
     /// The last failed policy reload (`signals`).
     pub reloads: Arc<super::signals::Reloads>,
+    /// Locks on the directories a live checkpoint or undo made the upper
+    /// (`daemon::layers`): held, like the mount's own (`exclusive`), for
+    /// as long as the daemon serves.
+    pub upper_claims: parking_lot::Mutex<Vec<std::fs::File>>,
 }
 
 impl Daemon {
@@ -59,6 +63,7 @@ impl Daemon {
             lower_timeout: cfg.lower_timeout,
             journal,
             reloads,
+            upper_claims: Default::default(),
         }
     }
 

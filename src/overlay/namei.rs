@@ -120,6 +120,12 @@ impl Overlay {
     /// `resolve` in the directory whose real files are `preal` (a walk of
     /// a subtree resolves directories no inode stands for).
     pub fn resolve_in(&self, preal: &Real, name: &OsStr) -> Result<Option<Resolved>> {
+        // One view of the stack for the whole lookup; an index it does not
+        // have comes from a parent resolved before a live checkpoint or
+        // undo replaced the stack (`Overlay::set_lowers`): ESTALE, and the
+        // kernel looks the name up again through the refreshed parent.
+        let lowers = self.lowers();
+        let mount = |i: usize| lowers.get(i).map(|l| &l.mount).ok_or(Errno(libc::ESTALE));
         let mut real = Real::default();
         let mut st: Option<Stat> = None;
         let mut redirect: Option<String> = None;
@@ -162,7 +168,7 @@ impl Overlay {
         };
         if redirect.is_some() {
             if let Some(path) = &lower_path {
-                self.lowers_at_path(path, 0, &mut real);
+                self.lowers_at_path(&lowers, path, 0, &mut real);
             }
         } else {
             for (i, pfd) in &preal.lowers {
@@ -189,8 +195,7 @@ impl Overlay {
                 if !is_dir(&s) {
                     if !have_object {
                         let fd = sys::open_path(pfd.as_ref(), name)?;
-                        real.lowers
-                            .push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
+                        real.lowers.push((*i, RealFd::new(fd, mount(*i)?)));
                         st = Some(s);
                     }
                     break;
@@ -199,7 +204,7 @@ impl Overlay {
                     break;
                 }
                 let fd = sys::open_path(pfd.as_ref(), name)?;
-                let last = *i + 1 == self.lowers.len();
+                let last = *i + 1 == lowers.len();
                 let opaque = !last && self.upper.is_opaque(&fd);
                 // A frozen layer (a checkpoint) is a former upper: a
                 // directory renamed there carries a redirect, and the
@@ -210,8 +215,7 @@ impl Overlay {
                 } else {
                     self.upper.redirect(&fd)
                 };
-                real.lowers
-                    .push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
+                real.lowers.push((*i, RealFd::new(fd, mount(*i)?)));
                 if st.is_none() {
                     st = Some(s);
                 }
@@ -222,7 +226,7 @@ impl Overlay {
                     // `lower_path` stays the path in the topmost lower
                     // (what a redirect made through the mount names).
                     if let Some(path) = redirected(&r) {
-                        self.lowers_at_path(&path, *i + 1, &mut real);
+                        self.lowers_at_path(&lowers, &path, *i + 1, &mut real);
                     }
                     break;
                 }
@@ -245,12 +249,17 @@ impl Overlay {
     /// (`layer::stack::dirs_at_path`, reading the marks in this mount's
     /// spelling; a frozen layer's redirect or opaque mark on the way acts
     /// as in a middle layer of kernel overlayfs).
-    fn lowers_at_path(&self, path: &LowerPath, from: usize, real: &mut Real) {
+    fn lowers_at_path(
+        &self,
+        lowers: &[Arc<crate::layer::Layer>],
+        path: &LowerPath,
+        from: usize,
+        real: &mut Real,
+    ) {
         let path = path.to_os_string();
-        let roots = self.lowers.iter().map(|l| &l.root);
+        let roots = lowers.iter().map(|l| &l.root);
         for (i, fd) in stack::dirs_at_path(roots, from, &path, &self.upper) {
-            real.lowers
-                .push((i, RealFd::new(fd, &self.lowers[i].mount)));
+            real.lowers.push((i, RealFd::new(fd, &lowers[i].mount)));
         }
     }
 

@@ -49,17 +49,36 @@ pub fn open(state: &SafeDir, given: Option<&Path>, create: bool) -> Result<Layer
     Ok(Layers { store, stack })
 }
 
-/// Refuses a mounted workspace: its daemon serves the upper (checkpoint
-/// and undo of a live mount are not built yet).
-fn unmounted(ws: &Workspace, what: &str) -> Result<(), StackError> {
-    match &ws.mountpoint {
-        Some(mp) => Err(StackError::Refused(format!(
-            "{} is mounted: {what} of a live mount is not supported yet; unmount it \
-             (layerfs umount {}), then {what}, then mount it again",
-            mp.display(),
+/// What the daemon of a mounted workspace does around the steps on disk
+/// of a checkpoint or an undo (`daemon::layers`), with its writes paused;
+/// an unmounted workspace is locked instead (`lock_upper`).
+pub trait Live {
+    /// Before the step that changes the view on disk: `fresh` is the
+    /// empty directory that will be the upper. An error leaves the
+    /// workspace as it was.
+    fn prepare(&mut self, fresh: OwnedFd) -> Result<(), String>;
+    /// Right after the view changed on disk: serve it. `frozen`: the new
+    /// layer's path (a checkpoint); `dropped`: how many frozen layers an
+    /// undo took off the top. An error after a checkpoint's exchange puts
+    /// the old upper back.
+    fn commit(&mut self, frozen: Option<&Path>, dropped: usize) -> Result<(), String>;
+}
+
+/// Locks an unmounted workspace's upper, or, mounted, requires the
+/// daemon's half (`live`): the CLI sends a mounted workspace's request to
+/// its daemon, which calls back here with `live`.
+fn guard(
+    ws: &Workspace,
+    live: &Option<&mut dyn Live>,
+    what: &str,
+) -> Result<Option<std::fs::File>, StackError> {
+    match (&ws.mountpoint, live) {
+        (_, Some(_)) => Ok(None),
+        (Some(mp), None) => Err(StackError::Refused(format!(
+            "{} is mounted: {what} of a live mount goes through its daemon (give the              mountpoint or the upper to layerfs, not this library call)",
             mp.display()
         ))),
-        None => Ok(()),
+        (None, None) => lock_upper(&ws.upper).map(Some),
     }
 }
 
@@ -121,14 +140,19 @@ fn now() -> i64 {
 /// 3. the stack with `NAME` on top (an empty layer: same view);
 /// 4. the upper exchanged with `NAME/`, both parents synced (the old
 ///    upper is the layer, the upper is empty: same view).
+///
+/// A mounted workspace's daemon passes `live`: between steps 2 and 3 it
+/// opens what it will serve (`Live::prepare`), right after step 4 it
+/// serves the new stack over the fresh upper (`Live::commit`); if that
+/// fails, the exchange is undone and the old stack written back.
 pub fn checkpoint(
     ws: &Workspace,
     name: Option<&str>,
     layers: Option<&Path>,
+    mut live: Option<&mut dyn Live>,
 ) -> Result<String, StackError> {
-    unmounted(ws, "a checkpoint")?;
     crate::failpoint::init();
-    let _lock = lock_upper(&ws.upper)?;
+    let _lock = guard(ws, &live, "a checkpoint")?;
     finish_pending(&ws.dir, &ws.upper, &ws.work)?;
     let Layers { store, mut stack } = open(&ws.dir, layers, true)?;
     let name = match name {
@@ -171,6 +195,17 @@ pub fn checkpoint(
         store.dir.shown(&name).display()
     )))?;
     crate::failpoint::crash("checkpoint", "layer");
+    if let Some(l) = live.as_deref_mut() {
+        let fresh = sys::open_path(&store.dir, OsStr::new(&name)).map_err(io_ctx(format!(
+            "cannot open {}",
+            store.dir.shown(&name).display()
+        )));
+        if let Err(e) = fresh.map_err(String::from).and_then(|fd| l.prepare(fd)) {
+            let _ = store.remove(&name);
+            return Err(StackError::Refused(e));
+        }
+    }
+    let below = stack.clone();
     stack.layers.insert(0, name.clone());
     store.hold(&name, &ws.dir)?;
     frozen::write(&ws.dir, &stack)?;
@@ -188,6 +223,28 @@ pub fn checkpoint(
         store.dir.shown(&name).display()
     )))?;
     crate::failpoint::crash("checkpoint", "exchange");
+    if let Some(l) = live {
+        let frozen = store.path().join(&name);
+        if let Err(e) = l.commit(Some(&frozen), 0) {
+            let back = sys::renameat2(
+                &parent,
+                upper_name,
+                &store.dir,
+                OsStr::new(&name),
+                sys::RENAME_EXCHANGE,
+            );
+            return Err(StackError::Refused(match back {
+                Ok(()) => {
+                    let _ = frozen::write(&ws.dir, &below);
+                    format!("{e}; the checkpoint was taken back, the workspace is unchanged")
+                }
+                Err(b) => format!(
+                    "{e}; and the upper cannot be put back ({b}): unmount the workspace and \
+                     mount it again (it then stands on checkpoint {name})"
+                ),
+            }));
+        }
+    }
     sync_dir(&parent);
     sync_dir(&store.dir);
     Ok(name)
@@ -253,10 +310,14 @@ fn undo_target(stack: &Stack, to: Option<&str>, upper_empty: bool) -> Result<Vec
 /// to, writes it as pending (the decision is durable before anything
 /// changes), then finishes it (`finish_pending`). Returns the checkpoint
 /// the workspace now stands on and how many checkpoints it took off.
-pub fn undo(ws: &Workspace, to: Option<&str>) -> Result<(String, usize), StackError> {
-    unmounted(ws, "an undo")?;
+/// A mounted workspace's daemon passes `live` (see `finish_pending_live`).
+pub fn undo(
+    ws: &Workspace,
+    to: Option<&str>,
+    live: Option<&mut dyn Live>,
+) -> Result<(String, usize), StackError> {
     crate::failpoint::init();
-    let _lock = lock_upper(&ws.upper)?;
+    let _lock = guard(ws, &live, "an undo")?;
     finish_pending(&ws.dir, &ws.upper, &ws.work)?;
     let Layers { store, mut stack } = open(&ws.dir, None, false).map_err(|e| match e {
         StackError::Refused(_) => StackError::Refused("this workspace has no checkpoint".into()),
@@ -273,7 +334,7 @@ pub fn undo(ws: &Workspace, to: Option<&str>) -> Result<(String, usize), StackEr
     stack.pending_undo = Some(target);
     frozen::write(&ws.dir, &stack)?;
     crate::failpoint::crash("undo", "pending");
-    finish_pending(&ws.dir, &ws.upper, &ws.work)?;
+    finish_pending_live(&ws.dir, &ws.upper, &ws.work, live)?;
     for d in &dropped {
         if store.users(d, Some(&ws.dir))?.is_empty() {
             store.remove(d)?;
@@ -288,6 +349,19 @@ pub fn undo(ws: &Workspace, to: Option<&str>) -> Result<(String, usize), StackEr
 /// Idempotent: a crash anywhere is finished by the next call (every
 /// command that reads a stack, and every mount, calls it first).
 pub fn finish_pending(state: &SafeDir, upper: &Path, work: &Path) -> Result<(), StackError> {
+    finish_pending_live(state, upper, work, None)
+}
+
+/// `finish_pending` on a mounted workspace: `live` opens the empty
+/// directory before the exchange (`Live::prepare`) and serves the shorter
+/// stack over it once the stack is written (`Live::commit`), before the
+/// undone tree is removed (files open in it read on).
+pub fn finish_pending_live(
+    state: &SafeDir,
+    upper: &Path,
+    work: &Path,
+    mut live: Option<&mut dyn Live>,
+) -> Result<(), StackError> {
     let Some(mut stack) = frozen::read(state)? else {
         return Ok(());
     };
@@ -317,6 +391,15 @@ pub fn finish_pending(state: &SafeDir, upper: &Path, work: &Path) -> Result<(), 
         "cannot create {}",
         work.shown(tmp).display()
     )))?;
+    if let Some(l) = live.as_deref_mut() {
+        let fd = sys::open_path(&work, tmp)
+            .map_err(io_ctx(format!("cannot open {}", work.shown(tmp).display())))?;
+        if let Err(e) = l.prepare(fd) {
+            let _ = sys::unlinkat(&work, tmp, true);
+            return Err(StackError::Refused(e));
+        }
+    }
+    let dropped = stack.layers.len().saturating_sub(target.len());
     sys::renameat2(&parent, upper_name, &work, tmp, sys::RENAME_EXCHANGE).map_err(io_ctx(
         format!(
             "cannot exchange upper {} with an empty directory",
@@ -329,6 +412,14 @@ pub fn finish_pending(state: &SafeDir, upper: &Path, work: &Path) -> Result<(), 
     stack.layers = target;
     frozen::write(state, &stack)?;
     crate::failpoint::crash("undo", "stack");
+    if let Some(l) = live {
+        l.commit(None, dropped).map_err(|e| {
+            StackError::Refused(format!(
+                "{e}; the undo is done on disk but the mount cannot serve it: unmount the \
+                 workspace and mount it again"
+            ))
+        })?;
+    }
     crate::layer::walk::remove_tree(&work, tmp).map_err(io_ctx(format!(
         "cannot remove the undone upper {}",
         work.shown(tmp).display()

@@ -79,7 +79,10 @@ impl CoreStore {
     /// Walks `p` from the root, name by name; a symlink or a file before
     /// the last name ends the walk.
     fn walk(&self, p: &RelPath) -> Result<Held<'_>> {
-        let (st, _) = self.ov.getattr(ROOT_ID).map_err(|e| fail(p, e, None))?;
+        let (st, _) = self
+            .ov
+            .getattr(ROOT_ID, None)
+            .map_err(|e| fail(p, e, None))?;
         let mut cur = Held {
             ov: &self.ov,
             id: ROOT_ID,

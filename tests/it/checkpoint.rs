@@ -68,6 +68,25 @@ fn assert_same(
     assert!(d.is_empty(), "{what}: views differ: {d:#?}");
 }
 
+/// `view` with every link count left out: a hard link made in the upper
+/// shows one link per name once a checkpoint moved it into a lower.
+fn links_aside(
+    view: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    view.iter()
+        .map(|(k, v)| {
+            let v: Vec<&str> = v.split(' ').collect();
+            let kept: Vec<&str> = v
+                .iter()
+                .enumerate()
+                .filter(|(i, w)| **w != "nlink" && (*i == 0 || v[i - 1] != "nlink"))
+                .map(|(_, w)| *w)
+                .collect();
+            (k.clone(), kept.join(" "))
+        })
+        .collect()
+}
+
 /// A mounted fork, unmounted (and its daemon waited for) on drop.
 struct Fork(PathBuf);
 
@@ -175,16 +194,164 @@ fn a_checkpoint_keeps_the_view_across_remounts_and_kernel_overlay_agrees() {
 }
 
 #[test]
-fn a_mounted_workspace_is_refused_and_left_as_it_was() {
+fn a_live_checkpoint_is_refused_while_a_file_is_open_for_writing_and_left_as_it_was() {
     let ws = Workspace::new();
     let m = ws.mount();
     fs::write(m.p("f"), "f").unwrap();
+    let w = fs::OpenOptions::new().append(true).open(m.p("f")).unwrap();
     let e = refused(&[&"checkpoint", &m.path(), &"c"]);
-    assert!(e.contains("is mounted"), "{e}");
-    let e = refused(&[&"checkpoint", &ws.upper, &"c"]);
-    assert!(e.contains("is mounted"), "{e}");
+    assert!(
+        e.contains("open for writing") && e.contains("f (uid"),
+        "{e}"
+    );
     assert_eq!(fs::read_to_string(m.p("f")).unwrap(), "f");
     assert!(ws.upper.join("f").is_file());
+    assert!(
+        !layer(&ws, "c").exists(),
+        "a refused checkpoint left its layer"
+    );
+    drop(w);
+    // Closed: the same checkpoint is taken.
+    assert_eq!(ok(&[&"checkpoint", &ws.upper, &"c"]).trim(), "c");
+    assert!(is_empty(&ws.upper));
+    assert_eq!(fs::read_to_string(m.p("f")).unwrap(), "f");
+}
+
+#[test]
+fn live_checkpoint_and_undo_go_back_exactly_while_a_reader_holds_a_file() {
+    use std::io::{Read, Seek};
+    let ws = Workspace::new();
+    let l = ws.lower();
+    fs::create_dir_all(l.join("d/sub")).unwrap();
+    fs::write(l.join("d/sub/x"), "x\n").unwrap();
+    fs::write(l.join("e"), "e\n").unwrap();
+    fs::write(l.join("gone"), "gone\n").unwrap();
+    fs::write(l.join("m"), "m\n").unwrap();
+    fs::set_permissions(l.join("m"), fs::Permissions::from_mode(0o644)).unwrap();
+
+    let m = ws.mount();
+    fs::write(m.p("c0"), "before c1\n").unwrap();
+    let at_c1 = tree_view(m.path());
+    assert_eq!(ok(&[&"checkpoint", &m.path(), &"c1"]).trim(), "c1");
+    assert!(is_empty(&ws.upper), "the upper is not fresh");
+    assert!(
+        layer(&ws, "c1").join("c0").is_file(),
+        "the upper did not become the layer"
+    );
+    assert_same(
+        &at_c1,
+        &tree_view(m.path()),
+        "right after a live checkpoint",
+    );
+
+    sh(
+        m.path(),
+        "echo created > new && echo edited > c0 && echo appended >> e && rm gone && mv d d2 \
+         && chmod 600 m && ln c0 hard && ln -s e sym && echo deep >> d2/sub/x",
+    );
+    let changed = tree_view(m.path());
+    assert_eq!(fs::read_to_string(m.p("d2/sub/x")).unwrap(), "x\ndeep\n");
+    assert!(!is_empty(&ws.upper));
+    assert_eq!(
+        fs::read_to_string(layer(&ws, "c1").join("c0")).unwrap(),
+        "before c1\n",
+        "a write after the checkpoint reached its layer"
+    );
+
+    // A second live checkpoint keeps the view (a hard link, now in a
+    // lower, shows one link per name: DESIGN.md, "Hard links in a
+    // lower"), the very view a remount shows; kernel overlayfs given the
+    // same stack shows the same tree.
+    assert_eq!(ok(&[&"checkpoint", &m.path(), &"c2"]).trim(), "c2");
+    let at_c2 = tree_view(m.path());
+    assert_same(
+        &links_aside(&changed),
+        &links_aside(&at_c2),
+        "after live checkpoint c2",
+    );
+    assert!(m.unmount());
+    assert_same(
+        &links_aside(&changed),
+        &links_aside(&kernel_view(&ws, &["c2", "c1"])),
+        "kernel overlayfs",
+    );
+
+    let m = ws.mount();
+    assert_same(&at_c2, &tree_view(m.path()), "remounted on c2");
+    let mut reader = fs::File::open(m.p("new")).unwrap();
+    sh(m.path(), "echo later > later && rm c0");
+    assert_eq!(ok(&[&"undo", &m.path(), &"--to", &"c1"]).trim(), "at c1");
+    assert!(is_empty(&ws.upper), "the upper was not emptied");
+    assert_same(&at_c1, &tree_view(m.path()), "after a live undo to c1");
+    assert!(!m.p("new").exists(), "a new lookup sees the undone file");
+    let mut back = String::new();
+    reader.rewind().unwrap();
+    reader.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "created\n", "the reader lost what it opened");
+    // The workspace goes on writing after the undo, into its upper.
+    fs::write(m.p("after"), "after\n").unwrap();
+    assert!(ws.upper.join("after").is_file());
+    assert!(!layer(&ws, "c1").join("after").exists());
+    drop(reader);
+    assert!(m.unmount());
+    assert!(
+        !layer(&ws, "c2").exists(),
+        "the undone checkpoint is still in the store"
+    );
+    let m = ws.mount();
+    assert_eq!(fs::read_to_string(m.p("c0")).unwrap(), "before c1\n");
+    assert_eq!(fs::read_to_string(m.p("after")).unwrap(), "after\n");
+    assert!(m.unmount());
+    fs::remove_file(ws.upper.join("after")).unwrap();
+    assert_same(
+        &at_c1,
+        &kernel_view(&ws, &["c1"]),
+        "kernel overlayfs after undo",
+    );
+}
+
+#[test]
+fn a_crash_of_the_daemon_at_any_step_of_a_live_checkpoint_or_undo_leaves_a_whole_view() {
+    for (op, step) in [
+        ("checkpoint", "record"),
+        ("checkpoint", "layer"),
+        ("checkpoint", "stack"),
+        ("checkpoint", "exchange"),
+        ("undo", "pending"),
+        ("undo", "exchange"),
+        ("undo", "stack"),
+    ] {
+        let (ws, view) = changed_workspace();
+        if op == "undo" {
+            ok(&[&"checkpoint", &ws.upper, &"c"]);
+        }
+        let m = ws.mount_env(&[], &[("LAYERFS_FAILPOINT", &format!("abort:{op}:{step}"))]);
+        if op == "undo" {
+            sh(m.path(), "rm -r d2 && echo later > n && echo l > later");
+        }
+        let args: Vec<&dyn AsRef<std::ffi::OsStr>> = if op == "undo" {
+            vec![&"undo", &ws.upper]
+        } else {
+            vec![&"checkpoint", &ws.upper, &"c2"]
+        };
+        let out = layerfs(&args.iter().map(|a| a.as_ref()).collect::<Vec<_>>());
+        assert!(!out.status.success(), "{op} survived a crash at {step}");
+        drop(m);
+        let m = ws.mount();
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("daemon killed in a live {op} at {step}"),
+        );
+        // The workspace goes on: a live checkpoint keeps the view.
+        ok(&[&"checkpoint", &m.path(), &"next"]);
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("live checkpoint after a crash in {op} at {step}"),
+        );
+        assert!(m.unmount());
+    }
 }
 
 #[test]
