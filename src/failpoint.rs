@@ -13,6 +13,12 @@
 //! `copy_up` (the core, with the object's copy-up lock held and its copy
 //! half built in the work dir).
 //!
+//! `LAYERFS_FAILPOINT=abort:OP:STEP` ends the process at once
+//! (`abort`, no unwinding, nothing flushed: what a kill -9 leaves on disk)
+//! when the operation `OP` reaches the step `STEP`; the state commands
+//! arm it themselves (`init`) for their crash tests: `checkpoint` and
+//! `undo`, whose steps are named where they call `crash`.
+//!
 //! `LAYERFS_FAILPOINT=hold:copy_chunk:NAME` instead holds every copy of
 //! an object named `NAME` before each chunk of its data for as long as
 //! the file named by `LAYERFS_FAILPOINT_WHILE` exists, so a test can keep
@@ -32,6 +38,7 @@ pub const WHILE: &str = "LAYERFS_FAILPOINT_WHILE";
 #[derive(PartialEq)]
 enum Action {
     Panic,
+    Abort,
     /// Wait while this file exists.
     Hold(std::path::PathBuf),
 }
@@ -52,6 +59,7 @@ pub fn init() {
         let mut parts = raw.as_bytes().splitn(3, |&b| b == b':');
         let action = match parts.next() {
             Some(b"panic") => Action::Panic,
+            Some(b"abort") => Action::Abort,
             Some(b"hold") => match std::env::var_os(WHILE) {
                 Some(p) => Action::Hold(p.into()),
                 None => {
@@ -70,6 +78,7 @@ pub fn init() {
                 let name = OsStr::from_bytes(name).to_os_string();
                 let what = match &action {
                     Action::Panic => "panic".to_string(),
+                    Action::Abort => "abort the process".to_string(),
                     Action::Hold(p) => format!("wait while {} exists", p.display()),
                 };
                 tracing::warn!("{ENV}: failpoint armed: {op} of {name:?} will {what}");
@@ -88,6 +97,16 @@ pub fn hit(op: &str, name: &OsStr) {
     if let Some(Some(fp)) = ARMED.get() {
         if fp.action == Action::Panic && fp.op == op && fp.name == name {
             panic!("failpoint {op}:{name:?} hit ({ENV})");
+        }
+    }
+}
+
+/// Ends the process at once (`abort`) if the failpoint for `op` at
+/// `step` is armed: a crash at that step, for the crash tests.
+pub fn crash(op: &str, step: &str) {
+    if let Some(Some(fp)) = ARMED.get() {
+        if fp.action == Action::Abort && fp.op == op && fp.name == step {
+            std::process::abort();
         }
     }
 }

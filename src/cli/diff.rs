@@ -1,5 +1,6 @@
 //! `layerfs diff`: what a workspace's upper changes against its lowers.
 
+use super::exit::{CliError, Context};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -7,35 +8,51 @@ use clap::Args;
 
 use crate::state::diff::{self, Filter, Layers};
 use crate::state::moves::Moves;
-use crate::state::{patch, reset, scratch, workspace::Workspace};
+use crate::state::{patch, reset, scratch, summary};
 
 const DIFF_HELP: &str = "\
 Output: one line per changed path, `A` added, `M` modified (content or type),
 `D` deleted, `R old -> new` renamed, `T` metadata only (mode, owner, mtime,
 xattrs); ` (conflict)` marks a copied-up file whose shared original changed
-after the copy-up. Scratch paths are left out.
+after the copy-up. A new directory is one line, `A dir/ (N entries)`, as a
+deleted one is `D dir` (--files lists what is inside; --json always does).
+Scratch paths are left out.
 
 Examples:
   layerfs diff ~/ws/mnt                  # a live mount
   layerfs diff ~/ws/upper src            # an unmounted workspace, only src/
+  layerfs diff --stat ~/ws/mnt           # counts and bytes per top-level entry
   layerfs diff --json ~/ws/mnt | jq -r 'select(.conflict) | .path'
   layerfs diff --patch ~/ws/mnt > agent.patch";
 
 #[derive(Args, Debug)]
 #[command(after_help = DIFF_HELP)]
 pub struct DiffCmd {
-    /// One JSON object per line: path, change, from (renames), type, conflict
-    /// (with --patch also `patch`).
+    /// One JSON object per line for every entry: path, change, from (renames),
+    /// type, conflict (with --patch also `patch`; with --stat the counts).
     #[arg(long)]
     json: bool,
 
     /// Unified diffs of text files (binary files are named as such).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "stat")]
     patch: bool,
+
+    /// List every entry of a new directory instead of one `A dir/ (N entries)` line.
+    #[arg(long, conflicts_with = "stat")]
+    files: bool,
+
+    /// Counts (added, modified, deleted, renamed, metadata) and bytes added and
+    /// removed per top-level entry, then the totals; with --json one object per
+    /// line, the totals' line marked `"total": true`.
+    #[arg(long)]
+    stat: bool,
 
     /// A live layerfs mountpoint, or the upper directory of an unmounted workspace.
     #[arg(value_name = "WORKSPACE")]
     workspace: PathBuf,
+
+    #[command(flatten)]
+    state: super::state_arg::StateArg,
 
     /// Only these paths (relative to the workspace root) and what lies beneath them.
     #[arg(value_name = "PATH")]
@@ -43,23 +60,23 @@ pub struct DiffCmd {
 }
 
 impl DiffCmd {
-    pub fn run(self) -> i32 {
-        match self.diff() {
-            Ok(()) => 0,
-            Err(e) => super::fail("diff", e),
-        }
+    pub fn run(self) -> Result<(), CliError> {
+        self.diff().or_fail("diff")
     }
 
     fn diff(&self) -> Result<(), String> {
-        let ws = Workspace::resolve(&self.workspace)?;
+        let ws = self.state.resolve(&self.workspace)?;
         let paths = reset::normalize_all(&ws, &self.paths)?;
         let filter = Filter {
             scratch: scratch::of_workspace(&ws)?,
-            paths,
+            paths: paths.clone(),
             moves: Some(Moves::from_journal(&ws.journal_path())),
         };
         let layers = Layers::open(&ws.upper, &ws.lowers)?;
         let changes = diff::diff(&layers, &filter)?;
+        if self.stat {
+            return print_stat(&summary::stat(&layers, &changes), self.json);
+        }
         let patches = if self.patch {
             patch::patches(&layers, &changes)
         } else {
@@ -67,6 +84,16 @@ impl DiffCmd {
         };
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
+        if !(self.json || self.patch || self.files) {
+            for line in summary::fold(&changes, &paths) {
+                if writeln!(out, "{}", line.text()).is_err() {
+                    // A closed pipe (`| head`) ends the output quietly.
+                    return Ok(());
+                }
+            }
+            let _ = out.flush();
+            return Ok(());
+        }
         for (i, c) in changes.iter().enumerate() {
             let r = if self.json && self.patch {
                 let mut v = c.json();
@@ -87,4 +114,23 @@ impl DiffCmd {
         let _ = out.flush();
         Ok(())
     }
+}
+
+/// `--stat`: the table, or one JSON object per group and the totals.
+fn print_stat(st: &summary::Stat, json: bool) -> Result<(), String> {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let text = if json {
+        let mut s = String::new();
+        for (k, c) in &st.groups {
+            s.push_str(&format!("{}\n", c.json(Some(k))));
+        }
+        s.push_str(&format!("{}\n", st.total.json(None)));
+        s
+    } else {
+        st.text()
+    };
+    // A closed pipe (`| head`) ends the output quietly.
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    Ok(())
 }

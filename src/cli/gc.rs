@@ -1,5 +1,6 @@
 //! `layerfs gc`: empty a workspace's scratch paths.
 
+use super::exit::{CliError, Context};
 use std::path::PathBuf;
 
 use clap::Args;
@@ -7,7 +8,7 @@ use clap::Args;
 use crate::overlay::events::EvOp;
 
 use crate::state::diff::Layers;
-use crate::state::{reset, scratch, workspace::Workspace};
+use crate::state::{reset, scratch};
 
 const GC_HELP: &str = "\
 Removes the upper's contents of every scratch path (`--scratch GLOB` on mount,
@@ -25,18 +26,18 @@ pub struct GcCmd {
     /// A live layerfs mountpoint, or the upper directory of an unmounted workspace.
     #[arg(value_name = "WORKSPACE")]
     workspace: PathBuf,
+
+    #[command(flatten)]
+    state: super::state_arg::StateArg,
 }
 
 impl GcCmd {
-    pub fn run(self) -> i32 {
-        match self.gc() {
-            Ok(()) => 0,
-            Err(e) => super::fail("gc", e),
-        }
+    pub fn run(self) -> Result<(), CliError> {
+        self.gc().or_fail("gc")
     }
 
     fn gc(&self) -> Result<(), String> {
-        let ws = Workspace::resolve(&self.workspace)?;
+        let ws = self.state.resolve(&self.workspace)?;
         let sc = scratch::of_workspace(&ws)?;
         if sc.is_empty() {
             return Err(format!(

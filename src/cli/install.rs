@@ -7,6 +7,7 @@
 //! is `/usr/sbin`. The link points at the canonical path of the running
 //! binary, so install the binary where it will stay first.
 
+use super::exit::{CliError, Context};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -68,17 +69,10 @@ fn existing(path: &Path, exe: &Path) -> io::Result<Existing> {
 }
 
 impl InstallCmd {
-    pub fn run(self) -> i32 {
-        match self.apply() {
-            Ok(msg) => {
-                outln!("{msg}");
-                0
-            }
-            Err(e) => {
-                eprintln!("layerfs install-helpers: {e}");
-                1
-            }
-        }
+    pub fn run(self) -> Result<(), CliError> {
+        let msg = self.apply().or_fail("install-helpers")?;
+        outln!("{msg}");
+        Ok(())
     }
 
     fn apply(&self) -> Result<String, String> {

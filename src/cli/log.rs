@@ -4,6 +4,7 @@
 //! not, and whatever layerfs wrote it (columns an older journal lacks
 //! read as empty).
 
+use super::exit::{CliError, Context};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,7 +15,6 @@ use serde_json::{json, Value};
 
 use crate::quote::{quote_field, visible};
 use crate::state::journal;
-use crate::state::workspace::Workspace;
 
 const LOG_HELP: &str = "\
 Examples:
@@ -77,6 +77,9 @@ pub struct LogCmd {
     /// A layerfs mountpoint or an upper directory.
     #[arg(value_name = "WORKSPACE")]
     workspace: PathBuf,
+
+    #[command(flatten)]
+    state: super::state_arg::StateArg,
 }
 
 /// One journal row.
@@ -208,6 +211,11 @@ impl Row {
             ("reset" | "gc" | "snapshot-save" | "snapshot-restore", Some(n)) => s.push_str(
                 &format!("  {n} {}", if n == 1 { "entry" } else { "entries" }),
             ),
+            ("checkpoint", _) => {}
+            ("undo", Some(n)) => s.push_str(&format!(
+                "  {n} {} taken off",
+                if n == 1 { "checkpoint" } else { "checkpoints" }
+            )),
             (_, Some(b)) => s.push_str(&format!("  {b} bytes")),
             (_, None) => {}
         }
@@ -234,20 +242,15 @@ impl Row {
 }
 
 impl LogCmd {
-    pub fn run(self) -> i32 {
-        match self.rows() {
-            Ok(rows) => {
-                for r in rows {
-                    if self.json {
-                        outln!("{}", r.json());
-                    } else {
-                        outln!("{}", r.text());
-                    }
-                }
-                0
+    pub fn run(self) -> Result<(), CliError> {
+        for r in self.rows().or_fail("log")? {
+            if self.json {
+                outln!("{}", r.json());
+            } else {
+                outln!("{}", r.text());
             }
-            Err(e) => super::fail("log", e),
         }
+        Ok(())
     }
 
     fn rows(&self) -> Result<Vec<Row>, String> {
@@ -263,7 +266,7 @@ impl LogCmd {
             ),
             None => None,
         };
-        let ws = Workspace::resolve(&self.workspace)?;
+        let ws = self.state.resolve(&self.workspace)?;
         let db = ws.journal_path();
         let conn = journal::open_ro(&db)?;
         // A journal just (re)created has no table yet: nothing to show.

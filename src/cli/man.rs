@@ -4,6 +4,7 @@
 //! `layerfs-snapshot-save.1`, …), and `mount.fuse.layerfs.8` for the
 //! mount(8) helper with its mount options, fstab usage and exit status.
 
+use super::exit::{CliError, Context};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -24,19 +25,14 @@ pub struct ManCmd {
 }
 
 impl ManCmd {
-    pub fn run(self) -> i32 {
-        match write_all(&self.dir) {
-            Ok(files) => {
-                for f in files {
-                    outln!("{}", f.display());
-                }
-                0
-            }
-            Err(e) => {
-                eprintln!("layerfs man: {}: {e}", self.dir.display());
-                1
-            }
+    pub fn run(self) -> Result<(), CliError> {
+        let files = write_all(&self.dir)
+            .map_err(|e| format!("{}: {e}", self.dir.display()))
+            .or_fail("man")?;
+        for f in files {
+            outln!("{}", f.display());
         }
+        Ok(())
     }
 }
 

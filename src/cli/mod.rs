@@ -14,7 +14,10 @@ macro_rules! outln {
     };
 }
 
+mod checkpoint;
 mod diff;
+mod exit;
+mod fs;
 mod gc;
 mod install;
 mod instance;
@@ -25,7 +28,9 @@ pub mod mount_helper;
 mod policy;
 mod reset;
 mod run;
+mod serve;
 mod snapshot;
+mod state_arg;
 mod status;
 mod umount;
 
@@ -98,6 +103,12 @@ enum Command {
     Snapshot(snapshot::SnapshotCmd),
     /// Show the change journal of a workspace.
     Log(log::LogCmd),
+    /// Freeze a workspace's upper into a layer; list or remove checkpoints.
+    Checkpoint(checkpoint::CheckpointCmd),
+    /// Mount a new workspace branched from a checkpoint (nothing copied).
+    Fork(checkpoint::ForkCmd),
+    /// Take a workspace back to a checkpoint.
+    Undo(checkpoint::UndoCmd),
     /// Show live mounts: layers, state dir, daemon, usage, journal health.
     Status(status::StatusCmd),
     /// Link /sbin/mount.fuse.layerfs to this binary, for mount(8) and fstab.
@@ -107,6 +118,11 @@ enum Command {
     Man(man::ManCmd),
     /// Run a command in a sandboxed workspace; report its output and exit code.
     Run(run::RunCmd),
+    /// The agent file tools on a workspace, mounted or not (no FUSE needed).
+    #[command(subcommand)]
+    Fs(fs::FsCmd),
+    /// Serve the agent file tools over MCP (stdio, or a Unix socket).
+    Serve(serve::ServeCmd),
     /// Internal: the sandbox process `layerfs run` starts.
     #[command(name = "__sandbox", hide = true)]
     Sandbox(crate::sandbox::Spec),
@@ -127,29 +143,42 @@ pub fn run() -> i32 {
                     eprintln!("note: {hint}");
                 }
             }
-            return if e.use_stderr() { 2 } else { 0 };
+            return if e.use_stderr() {
+                exit::EXIT_USAGE
+            } else {
+                exit::EXIT_OK
+            };
         }
     };
     let logs_to_terminal = match &cli.command {
         Command::Mount(m) => m.logs_to_terminal(),
         _ => true,
     };
-    logging::init(logs_to_terminal && std::io::stderr().is_terminal());
-    match cli.command {
-        Command::Mount(m) => m.run(),
-        Command::Umount(u) => u.run(),
-        Command::Policy(p) => p.run(),
-        Command::Diff(d) => d.run(),
-        Command::Reset(r) => r.run(),
-        Command::Gc(g) => g.run(),
-        Command::Snapshot(s) => s.run(),
-        Command::Status(s) => s.run(),
-        Command::Log(l) => l.run(),
-        Command::InstallHelpers(i) => i.run(),
-        Command::Man(m) => m.run(),
-        Command::Run(r) => r.run(),
-        Command::Sandbox(s) => s.run(),
+    let ansi = logs_to_terminal && std::io::stderr().is_terminal();
+    match &cli.command {
+        Command::Fs(_) | Command::Serve(_) => logging::init_with(ansi, "warn"),
+        _ => logging::init(ansi),
     }
+    exit::finish(match cli.command {
+        Command::Mount(m) => m.run(),
+        Command::Umount(u) => exit::done(u.run()),
+        Command::Policy(p) => p.run(),
+        Command::Diff(d) => exit::done(d.run()),
+        Command::Reset(r) => exit::done(r.run()),
+        Command::Gc(g) => exit::done(g.run()),
+        Command::Snapshot(s) => exit::done(s.run()),
+        Command::Status(s) => exit::done(s.run()),
+        Command::Log(l) => exit::done(l.run()),
+        Command::Checkpoint(c) => c.run(),
+        Command::Fork(f) => f.run(),
+        Command::Undo(u) => exit::done(u.run()),
+        Command::InstallHelpers(i) => exit::done(i.run()),
+        Command::Man(m) => exit::done(m.run()),
+        Command::Run(r) => Ok(r.run()),
+        Command::Fs(f) => exit::done(f.run()),
+        Command::Serve(s) => exit::done(s.run()),
+        Command::Sandbox(s) => Ok(s.run()),
+    })
 }
 
 /// Prints a command's error (`layerfs CMD: …`) with every character a
@@ -157,12 +186,6 @@ pub fn run() -> i32 {
 /// paths, and a path's name is whoever created it's choice.
 pub(crate) fn print_error(cmd: &str, e: impl std::fmt::Display) {
     eprintln!("layerfs {cmd}: {}", crate::quote::visible(&e.to_string()));
-}
-
-/// `print_error`, then the failure exit status 1.
-pub(crate) fn fail(cmd: &str, e: impl std::fmt::Display) -> i32 {
-    print_error(cmd, e);
-    1
 }
 
 /// Leaves the trace of an undo operation that succeeded (`reset`, `gc`,
@@ -198,7 +221,7 @@ pub(crate) fn out_line(args: std::fmt::Arguments) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
         Err(e) => {
             print_error("output", format!("cannot write to stdout: {e}"));
-            std::process::exit(1)
+            std::process::exit(exit::EXIT_FAILURE)
         }
     }
 }

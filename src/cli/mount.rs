@@ -1,5 +1,6 @@
 //! `layerfs mount`: arguments, then config validation and the daemon.
 
+use super::exit::{config_error, Outcome};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -66,6 +67,11 @@ pub struct MountCmd {
     #[arg(long)]
     allow_other: bool,
 
+    /// Mount over a directory that is not empty, hiding its files while
+    /// mounted (without it, a non-empty MOUNTPOINT is refused).
+    #[arg(long)]
+    nonempty: bool,
+
     /// Mount read-only.
     #[arg(long)]
     read_only: bool,
@@ -117,7 +123,7 @@ pub struct MountCmd {
     /// layerfs's own state=, policy=, scratch=, log_file=, threads=, io_uring,
     /// lower_timeout=, max_watches=, journal_max_size=, journal_max_age=,
     /// no_journal,
-    /// allow_other, ro, noexec (each as its long option); generic mount
+    /// allow_other, nonempty, ro, noexec (each as its long option); generic mount
     /// options (rw, nosuid, nodev, noatime, _netdev, nofail, user, x-*, …)
     /// are accepted and ignored. The same options work in fstab through
     /// mount.fuse.layerfs(8).
@@ -133,7 +139,8 @@ pub struct MountCmd {
     #[command(flatten)]
     instance: super::instance::InstanceArgs,
 
-    /// Where to mount the union (an existing, empty-ish directory).
+    /// Where to mount the union: an existing, empty directory (see
+    /// --nonempty).
     #[arg(value_name = "MOUNTPOINT", required_unless_present = "instance")]
     mountpoint: Option<PathBuf>,
 }
@@ -144,7 +151,7 @@ impl MountCmd {
         self.foreground && self.log_file.is_none()
     }
 
-    pub fn run(self) -> i32 {
+    pub fn run(self) -> Outcome {
         let mut args = MountArgs {
             lowers: self.lowers,
             upper: self.upper,
@@ -158,6 +165,7 @@ impl MountCmd {
             mountpoint: self.mountpoint.unwrap_or_default(),
             foreground: self.foreground,
             allow_other: self.allow_other,
+            nonempty: self.nonempty,
             read_only: self.read_only,
             no_exec: false,
             policy_file: self.policy,
@@ -169,16 +177,9 @@ impl MountCmd {
             options: self.options,
             scratch: self.scratch,
         };
-        if let Err(e) = self.instance.apply(&mut args) {
-            super::print_error("mount", &e);
-            return e.exit_code();
-        }
-        match config::validate(args) {
-            Ok(cfg) => daemon::start(cfg),
-            Err(e) => {
-                super::print_error("mount", &e);
-                e.exit_code()
-            }
-        }
+        let refused = |e| config_error("mount", e);
+        self.instance.apply(&mut args).map_err(refused)?;
+        let cfg = config::validate(args).map_err(refused)?;
+        Ok(daemon::start(cfg))
     }
 }

@@ -1,5 +1,6 @@
 //! `layerfs policy check FILE` and `layerfs policy explain FILE PATH`.
 
+use super::exit::{Context, Outcome, EXIT_OK};
 use std::path::{Component, Path, PathBuf};
 
 use clap::Subcommand;
@@ -45,32 +46,19 @@ fn mount_relative(path: &str) -> Result<String, String> {
 }
 
 impl PolicyCmd {
-    pub fn run(self) -> i32 {
+    pub fn run(self) -> Outcome {
         match self {
-            PolicyCmd::Check { file } => match Policy::load(&file) {
-                Ok(_) => {
-                    outln!("{}: OK", file.display());
-                    0
-                }
-                Err(e) => super::fail("policy check", e),
-            },
+            PolicyCmd::Check { file } => {
+                Policy::load(&file).or_fail("policy check")?;
+                outln!("{}: OK", file.display());
+            }
             PolicyCmd::Explain { file, path } => {
-                let rel = match mount_relative(&path) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        super::print_error("policy explain", &e);
-                        return 2;
-                    }
-                };
-                match Policy::load(&file) {
-                    Ok(p) => {
-                        outln!("{}", p.explain(&rel));
-                        0
-                    }
-                    Err(e) => super::fail("policy explain", e),
-                }
+                let rel = mount_relative(&path).or_usage("policy explain")?;
+                let p = Policy::load(&file).or_fail("policy explain")?;
+                outln!("{}", p.explain(&rel));
             }
         }
+        Ok(EXIT_OK)
     }
 }
 

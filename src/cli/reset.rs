@@ -1,5 +1,6 @@
 //! `layerfs reset`: discard a workspace's changes under some paths.
 
+use super::exit::{CliError, Context};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -29,21 +30,21 @@ pub struct ResetCmd {
     #[arg(value_name = "WORKSPACE")]
     workspace: PathBuf,
 
+    #[command(flatten)]
+    state: super::state_arg::StateArg,
+
     /// Paths to reset, relative to the workspace root.
     #[arg(value_name = "PATH", required = true)]
     paths: Vec<PathBuf>,
 }
 
 impl ResetCmd {
-    pub fn run(self) -> i32 {
-        match self.reset() {
-            Ok(()) => 0,
-            Err(e) => super::fail("reset", e),
-        }
+    pub fn run(self) -> Result<(), CliError> {
+        self.reset().or_fail("reset")
     }
 
     fn reset(&self) -> Result<(), String> {
-        let ws = Workspace::resolve(&self.workspace)?;
+        let ws = self.state.resolve(&self.workspace)?;
         let paths = reset::normalize_all(&ws, &self.paths)?;
         let changed = match ws.client() {
             Some(client) => {

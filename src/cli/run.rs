@@ -188,7 +188,7 @@ pub struct RunCmd {
     env_keep: Vec<OsString>,
 
     /// At the end, print one JSON object on stdout: exit_code, signal,
-    /// truncated, output_bytes, duration_ms, upper, mountpoint, timed_out,
+    /// truncated, output_bytes, kept_bytes, duration_ms, upper, mountpoint, timed_out,
     /// output_stopped, resources (with --memory/--pids/--cpus: peak
     /// memory, CPU time, limits hit, OOM kills; else null), and error when
     /// layerfs run failed.

@@ -1,12 +1,14 @@
 //! `layerfs snapshot save|restore|list|rm`: keep and bring back whole
 //! states of a workspace's upper (see `state::snapshot`).
 
+use super::exit::{CliError, Context};
 use std::ffi::{OsStr, OsString};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 
+use super::state_arg::StateArg;
 use crate::overlay::events::EvOp;
 use crate::policy::Policy;
 use crate::state::scratch;
@@ -44,6 +46,8 @@ pub enum SnapshotCmd {
         force: bool,
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
+        #[command(flatten)]
+        st: StateArg,
         /// Snapshot ID [default: the UTC time, e.g. 20261203T150102.123Z].
         #[arg(value_name = "ID")]
         id: Option<OsString>,
@@ -65,6 +69,8 @@ pub enum SnapshotCmd {
         json: bool,
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
+        #[command(flatten)]
+        st: StateArg,
         #[arg(value_name = "ID")]
         id: OsString,
     },
@@ -75,36 +81,43 @@ pub enum SnapshotCmd {
         json: bool,
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
+        #[command(flatten)]
+        st: StateArg,
     },
     /// Remove snapshot ID.
     Rm {
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
+        #[command(flatten)]
+        st: StateArg,
         #[arg(value_name = "ID")]
         id: OsString,
     },
 }
 
 impl SnapshotCmd {
-    pub fn run(self) -> i32 {
+    pub fn run(self) -> Result<(), CliError> {
         let (what, r) = match self {
             SnapshotCmd::Save {
                 force,
                 workspace,
+                st,
                 id,
-            } => ("save", save(&workspace, id.as_deref(), force)),
+            } => ("save", save(&workspace, &st, id.as_deref(), force)),
             SnapshotCmd::Restore {
                 json,
                 workspace,
+                st,
                 id,
-            } => ("restore", restore(&workspace, &id, json)),
-            SnapshotCmd::List { json, workspace } => ("list", list(&workspace, json)),
-            SnapshotCmd::Rm { workspace, id } => ("rm", rm(&workspace, &id)),
+            } => ("restore", restore(&workspace, &st, &id, json)),
+            SnapshotCmd::List {
+                json,
+                workspace,
+                st,
+            } => ("list", list(&workspace, &st, json)),
+            SnapshotCmd::Rm { workspace, st, id } => ("rm", rm(&workspace, &st, &id)),
         };
-        match r {
-            Ok(()) => 0,
-            Err(e) => super::fail(&format!("snapshot {what}"), e),
-        }
+        r.or_fail(&format!("snapshot {what}"))
     }
 }
 
@@ -123,10 +136,10 @@ fn human(bytes: u64) -> String {
     }
 }
 
-fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
+fn save(ws_arg: &Path, st: &StateArg, id: Option<&OsStr>, force: bool) -> Result<(), String> {
     // Invariant: a bad ID is refused before anything is read or written.
     let given = id.map(snapshot_id::validate).transpose()?;
-    let ws = Workspace::resolve(ws_arg)?;
+    let ws = st.resolve(ws_arg)?;
     let id = match given {
         Some(id) => id.to_string(),
         None => snapshot_id::generate(|c| snapshot::exists(&ws.dir, c)),
@@ -193,15 +206,25 @@ fn save(ws_arg: &Path, id: Option<&OsStr>, force: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn restore(ws_arg: &Path, id: &OsStr, json: bool) -> Result<(), String> {
+fn restore(ws_arg: &Path, st: &StateArg, id: &OsStr, json: bool) -> Result<(), String> {
     let id = snapshot_id::validate(id)?;
-    let ws = Workspace::resolve(ws_arg)?;
+    let ws = st.resolve(ws_arg)?;
     let policy = workspace_policy(&ws)?;
     let progress = std::io::stderr().is_terminal() && !json;
     let (info, report) = match ws.client() {
         None => snapshot::restore(&ws.upper, Some(&ws.work), &ws.dir, id, &policy, progress)?,
         Some(client) => live_restore(&ws, client?, id, &policy, progress)?,
     };
+    // The restored upper is a new directory: it records again where its
+    // state is (`state::place`).
+    if let Err(e) = crate::state::place::record(&ws.upper, &ws.state) {
+        eprintln!(
+            "layerfs snapshot restore: cannot record the state dir on {}: {e}; once \
+             unmounted, give state commands --state {}",
+            ws.upper.display(),
+            ws.state.display()
+        );
+    }
     let entries = info.entries.unwrap_or(0);
     super::journal_undo(
         "snapshot restore",
@@ -295,8 +318,8 @@ fn live_restore(
     Ok((staged.info, staged.report))
 }
 
-fn list(ws_arg: &Path, json: bool) -> Result<(), String> {
-    let ws = Workspace::resolve(ws_arg)?;
+fn list(ws_arg: &Path, st: &StateArg, json: bool) -> Result<(), String> {
+    let ws = st.resolve(ws_arg)?;
     let all = snapshot::list(&ws.dir, true)?;
     if json {
         for i in &all {
@@ -328,9 +351,9 @@ fn list(ws_arg: &Path, json: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn rm(ws_arg: &Path, id: &OsStr) -> Result<(), String> {
+fn rm(ws_arg: &Path, st: &StateArg, id: &OsStr) -> Result<(), String> {
     let id = snapshot_id::validate(id)?;
-    let ws = Workspace::resolve(ws_arg)?;
+    let ws = st.resolve(ws_arg)?;
     snapshot::remove(&ws.dir, id)?;
     outln!("removed snapshot {id}");
     Ok(())

@@ -4,6 +4,7 @@
 //! daemon's registry entry). An unmounted workspace shows its layers and
 //! journal from the state directory.
 
+use super::exit::{CliError, Context};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -31,25 +32,18 @@ pub struct StatusCmd {
     /// A layerfs mountpoint or an upper directory [default: every mount].
     #[arg(value_name = "WORKSPACE")]
     workspace: Option<PathBuf>,
+
+    #[command(flatten)]
+    state: super::state_arg::StateArg,
 }
 
 impl StatusCmd {
-    pub fn run(self) -> i32 {
-        let reports = match &self.workspace {
-            Some(w) => match one(w) {
-                Ok(v) => vec![v],
-                Err(e) => {
-                    super::print_error("status", &e);
-                    return 1;
-                }
-            },
-            None => match every_mount() {
-                Ok(v) => v,
-                Err(e) => {
-                    super::print_error("status", &e);
-                    return 1;
-                }
-            },
+    pub fn run(self) -> Result<(), CliError> {
+        // `--state DIR` alone names the workspace by its state dir.
+        let arg = self.workspace.as_ref().or(self.state.state.as_ref());
+        let reports = match arg {
+            Some(w) => vec![one(w, &self.state).or_fail("status")?],
+            None => every_mount().or_fail("status")?,
         };
         if self.json {
             for r in &reports {
@@ -66,7 +60,7 @@ impl StatusCmd {
                 outln!("{}", text.strip_suffix('\n').unwrap_or(&text));
             }
         }
-        0
+        Ok(())
     }
 }
 
@@ -85,8 +79,15 @@ fn ask(state: &Path) -> Result<Value, String> {
     Ok(v)
 }
 
-fn one(arg: &Path) -> Result<Value, String> {
-    let ws = Workspace::resolve(arg)?;
+fn one(arg: &Path, state: &super::state_arg::StateArg) -> Result<Value, String> {
+    let abs = std::path::absolute(arg).map_err(|e| format!("{}: {e}", arg.display()))?;
+    let canon = std::fs::canonicalize(&abs).unwrap_or(abs.clone());
+    if let Some(m) = mounts::find(&canon).or_else(|| mounts::find(&abs)) {
+        if is_dead(&m) {
+            return Ok(stale(&m));
+        }
+    }
+    let ws = state.resolve(arg)?;
     match ws.client() {
         Some(_) => ask(&ws.state),
         None => Ok(unmounted(&ws)),
@@ -107,6 +108,27 @@ fn unmounted(ws: &Workspace) -> Value {
     })
 }
 
+/// Whether the layerfs mount `m` is stale. Only a mount with no live
+/// registered daemon is probed: a stat of a live mount whose daemon is
+/// stopped would wait for it (`status` must not).
+fn is_dead(m: &mounts::MountEntry) -> bool {
+    workspace::state_of_mount(&m.mount_point).is_none() && m.is_stale()
+}
+
+/// A layerfs mount whose daemon is gone.
+fn stale(m: &mounts::MountEntry) -> Value {
+    let mp = m.mount_point.to_string_lossy().into_owned();
+    json!({
+        "mounted": true,
+        "stale": true,
+        "mountpoint": mp,
+        "owner_uid": m.owner_uid(),
+        "error": format!(
+            "stale: run `layerfs umount {mp}` (its daemon is gone; the mount answers nothing)"
+        ),
+    })
+}
+
 /// Every layerfs mount in this mount namespace; the ones whose daemon
 /// cannot be asked say why.
 fn every_mount() -> Result<Vec<Value>, String> {
@@ -114,6 +136,10 @@ fn every_mount() -> Result<Vec<Value>, String> {
     let mut out = Vec::new();
     for m in list.into_iter().filter(|m| m.is_layerfs()) {
         let mp = m.mount_point.to_string_lossy().into_owned();
+        if is_dead(&m) {
+            out.push(stale(&m));
+            continue;
+        }
         let v = match workspace::state_of_mount(&m.mount_point) {
             Some(state) => ask(&state).unwrap_or_else(|e| {
                 json!({"mounted": true, "mountpoint": mp, "state": state.to_string_lossy(),
@@ -262,6 +288,12 @@ fn render(v: &Value) -> String {
         return out;
     }
     line("upper", field(v, "upper"));
+    if let Some(m) = v
+        .pointer("/policy_reload_failure/message")
+        .and_then(Value::as_str)
+    {
+        line("policy", m.to_string());
+    }
     if let Some(ls) = v.get("lowers").and_then(Value::as_array) {
         let ls: Vec<String> = ls
             .iter()

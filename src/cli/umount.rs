@@ -1,6 +1,7 @@
 //! `layerfs umount`: unmount a layerfs mountpoint and wait until the daemon
 //! that served it has exited.
 
+use super::exit::{CliError, Context};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -49,11 +50,8 @@ fn mountpoint_path(p: &Path) -> io::Result<PathBuf> {
 }
 
 impl UmountCmd {
-    pub fn run(self) -> i32 {
-        match self.unmount() {
-            Ok(()) => 0,
-            Err(e) => super::fail("umount", e),
-        }
+    pub fn run(self) -> Result<(), CliError> {
+        self.unmount().or_fail("umount")
     }
 
     fn unmount(&self) -> Result<(), String> {

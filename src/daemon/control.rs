@@ -358,13 +358,15 @@ pub fn dispatch<'a>(daemon: &'a Daemon, conn: &mut Conn<'a>, req: &Value) -> Res
         "reset" => super::reset::serve(daemon, req, false),
         "gc" => super::reset::serve(daemon, req, true),
         "restore" => super::restore::serve(daemon, req),
+        "checkpoint" => super::layers::serve(daemon, req, false),
+        "undo" => super::layers::serve(daemon, req, true),
         "invalidate_all" => {
             let fs = daemon.fs.clone();
             Ok(invalidate_bounded(move || fs.invalidate_all()))
         }
         other => Err(format!(
             "unknown command \"{other}\" (this daemon knows status, pause, resume, invalidate, \
-             invalidate_all, reset, gc, restore)"
+             invalidate_all, reset, gc, restore, checkpoint, undo)"
         )),
     }
 }
@@ -380,6 +382,7 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
         "work": s(&daemon.work),
         "state": s(&daemon.state),
         "policy": daemon.policy_file.as_deref().map(s),
+        "policy_reload_failure": daemon.reloads.to_json(),
         "pid": std::process::id(),
         "uid": daemon.uid,
         "started": humantime::format_rfc3339_seconds(daemon.started_at).to_string(),
@@ -468,7 +471,7 @@ fn layers(ov: &crate::overlay::Overlay, lower_timeout: Duration) -> Value {
         None => Vec::new(),
     };
     let list: Vec<Value> = ov
-        .lowers
+        .lowers()
         .iter()
         .enumerate()
         .map(|(i, l)| {

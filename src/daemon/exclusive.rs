@@ -20,6 +20,7 @@
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::layer::safedir::{Role, SafeDir};
@@ -28,7 +29,17 @@ use crate::layer::safedir::{Role, SafeDir};
 pub struct Claim {
     _work: File,
     _upper: File,
+    /// For an in-process holder, its registry entry: a mount that finds
+    /// the locks taken by it refuses at once (see `Holder::in_process`).
+    _in_process: Option<crate::host::pidfile::PidFile>,
 }
+
+/// How long a mount waits for a daemon that holds the upper or work dir
+/// but no longer serves a live mount (it is shutting down after a plain
+/// `umount`, or still starting).
+const DEPARTURE: Duration = Duration::from_secs(30);
+/// How long it waits before saying so.
+const NOTE_AFTER: Duration = Duration::from_secs(2);
 
 /// Locks the upper, then the work dir, or says who holds them.
 ///
@@ -36,53 +47,130 @@ pub struct Claim {
 /// it holds whichever `--state` the other mount uses, and survives a
 /// `kill -9`. A locked upper means the same workspace is mounted, and the
 /// message says so as the control socket's does, naming the daemon and
-/// its mountpoint.
+/// its mountpoint. A holder without a live mount is waited for (see
+/// `lock_file`); what the wait has to say goes to the log.
 pub fn claim(cfg: &Config) -> Result<Claim, String> {
-    let upper = lock(&cfg.upper, |h| {
-        format!(
-            "another layerfs daemon serves this workspace: its upper dir {} is already in use \
-             by {}; unmount it first ({}), or give this mount another --upper",
-            cfg.upper.display(),
-            h.describe(),
-            h.umount_hint()
-        )
+    claim_noting(cfg, &mut |m| tracing::warn!("{m}"))
+}
+
+/// `claim`, saying through `note` that it waits for a departing daemon
+/// (`layerfs mount` in the background checks first from the terminal).
+pub fn claim_noting(cfg: &Config, note: &mut dyn FnMut(String)) -> Result<Claim, String> {
+    claim_dirs_noting(&cfg.upper, &cfg.work, note).map_err(|b| b.message)
+}
+
+/// Why an upper or work dir could not be claimed: the message, and the
+/// live daemon holding it when that is the reason (so an in-process user
+/// of the core, `tools`, can work through that daemon's mount instead).
+#[derive(Debug, Clone)]
+pub struct Busy {
+    pub message: String,
+    /// The holder's pid and mountpoint, when a live daemon holds the lock.
+    pub holder: Option<(u32, Option<std::path::PathBuf>)>,
+}
+
+/// `claim` of an upper and a work dir for the in-process core of `tools`:
+/// the same locks a mount's daemon takes, and a registry entry that says
+/// this process holds them with no mount.
+pub fn claim_dirs(upper_dir: &Path, work_dir: &Path) -> Result<Claim, Busy> {
+    let mut claim = claim_dirs_noting(upper_dir, work_dir, &mut |m| tracing::warn!("{m}"))?;
+    match crate::host::pidfile::PidFile::in_process(upper_dir) {
+        Ok(p) => claim._in_process = Some(p),
+        Err(e) => tracing::warn!(
+            "cannot register this process as holding {} (a mount of it will wait {} s \
+             before it is refused): {e}",
+            upper_dir.display(),
+            DEPARTURE.as_secs()
+        ),
+    }
+    Ok(claim)
+}
+
+fn claim_dirs_noting(
+    upper_dir: &Path,
+    work_dir: &Path,
+    note: &mut dyn FnMut(String),
+) -> Result<Claim, Busy> {
+    let plain = |message: String| Busy {
+        message,
+        holder: None,
+    };
+    let upper = lock(
+        upper_dir,
+        |h| {
+            format!(
+                "another layerfs daemon serves this workspace: its upper dir {} is already in \
+                 use by {}; unmount it first ({}), or give this mount another --upper",
+                upper_dir.display(),
+                h.describe(),
+                h.umount_hint()
+            )
+        },
+        note,
+    )
+    .map_err(|message| Busy {
+        holder: serving_daemon(upper_dir),
+        message,
     })?;
     // The work dir as `layerfs mount` checked it (`layer::safedir`).
-    let work_dir = SafeDir::open(&cfg.work, Role::Work)?
-        .ok_or_else(|| format!("work dir {} does not exist", cfg.work.display()))?;
-    let work_file = work_dir
+    let work_safe = SafeDir::open(work_dir, Role::Work)
+        .map_err(plain)?
+        .ok_or_else(|| plain(format!("work dir {} does not exist", work_dir.display())))?;
+    let work_file = work_safe
         .open_self()
-        .map_err(|e| format!("cannot open {}: {e}", cfg.work.display()))?;
-    let work = lock_file(work_file, &cfg.work, |h| {
-        format!(
-            "work dir {} is already in use by another layerfs mount ({}); give each mount \
-             its own --work DIR, or unmount the other one first ({})",
-            cfg.work.display(),
-            h.describe(),
-            h.umount_hint()
-        )
-    })?;
+        .map_err(|e| plain(format!("cannot open {}: {e}", work_dir.display())))?;
+    let work = lock_file(
+        work_file,
+        work_dir,
+        |h| {
+            format!(
+                "work dir {} is already in use by another layerfs mount ({}); give each mount \
+                 its own --work DIR, or unmount the other one first ({})",
+                work_dir.display(),
+                h.describe(),
+                h.umount_hint()
+            )
+        },
+        note,
+    )
+    .map_err(plain)?;
     Ok(Claim {
         _work: work,
         _upper: upper,
+        _in_process: None,
     })
 }
 
 /// Takes the lock on `dir`; `busy` words the refusal when a live daemon
 /// holds it.
-fn lock(dir: &Path, busy: impl Fn(&Holder) -> String) -> Result<File, String> {
+fn lock(
+    dir: &Path,
+    busy: impl Fn(&Holder) -> String,
+    note: &mut dyn FnMut(String),
+) -> Result<File, String> {
     let f = File::open(dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
-    lock_file(f, dir, busy)
+    lock_file(f, dir, busy, note)
 }
 
 /// Takes the lock on the open directory `f` (`dir` names it).
-fn lock_file(f: File, dir: &Path, busy: impl Fn(&Holder) -> String) -> Result<File, String> {
-    // A daemon killed a moment ago (its stale mount just recovered) may
-    // still be tearing down and hold the lock for a few more
-    // milliseconds: wait for a holder that is exiting or already gone,
-    // refuse a live one at once.
+///
+/// A holder whose mount is live is refused at once. Any other holder is
+/// on its way out or in: killed a moment ago, exiting, or unmounted by a
+/// plain `umount` (which removes the mount before the daemon has flushed
+/// its journal and let go: `umount MNT && layerfs mount … MNT` is what
+/// scripts, fstab users and `systemctl restart` do), or registered and
+/// about to mount. It is waited for, up to `DEPARTURE`, with a `note`
+/// after `NOTE_AFTER`; one that mounts meanwhile is refused then.
+fn lock_file(
+    f: File,
+    dir: &Path,
+    busy: impl Fn(&Holder) -> String,
+    note: &mut dyn FnMut(String),
+) -> Result<File, String> {
+    let start = Instant::now();
+    let mut noted = false;
     let mut last = None;
-    for _ in 0..100 {
+    while start.elapsed() < DEPARTURE {
         let Err(e) = crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB) else {
             return Ok(f);
         };
@@ -93,19 +181,31 @@ fn lock_file(f: File, dir: &Path, busy: impl Fn(&Holder) -> String) -> Result<Fi
             .metadata()
             .ok()
             .and_then(|md| holder_of(md.dev(), md.ino()));
-        match holder {
-            Some(h) if !h.exiting => return Err(busy(&h)),
-            h => {
-                last = h;
-                std::thread::sleep(std::time::Duration::from_millis(50))
+        if let Some(h) = &holder {
+            if !h.exiting && h.serves_a_live_mount() {
+                return Err(busy(h));
+            }
+            if !noted && start.elapsed() >= NOTE_AFTER {
+                noted = true;
+                note(format!(
+                    "{} is still held by {}, whose mount is gone; waiting up to {} s for it \
+                     to finish",
+                    dir.display(),
+                    h.describe(),
+                    DEPARTURE.as_secs()
+                ));
             }
         }
+        last = holder.or(last);
+        std::thread::sleep(Duration::from_millis(50));
     }
     Err(busy(&last.unwrap_or(Holder {
         pid: 0,
         cmdline: String::new(),
         mountpoint: None,
+        unregistered: true,
         exiting: true,
+        in_process: false,
     })))
 }
 
@@ -123,20 +223,44 @@ struct Holder {
     pid: u32,
     cmdline: String,
     /// Where it serves, from its pid file (absent for a moment while it
-    /// starts).
+    /// starts or stops, and for another user's daemon).
     mountpoint: Option<std::path::PathBuf>,
+    /// Its user's registry was read and does not name it: it is starting
+    /// (the lock comes before the pid file) or stopping (the pid file goes
+    /// before the lock).
+    unregistered: bool,
     /// The process is exiting (a zombie, or `PF_EXITING`): its locks are
     /// about to go.
     exiting: bool,
+    /// It holds the workspace in process (the agent tools' core), with no
+    /// mount: never on its way out by itself, so never waited for.
+    in_process: bool,
 }
 
 impl Holder {
     /// "pid N, mounted at M" (or its command line while it has no pid file).
     fn describe(&self) -> String {
         match (&self.mountpoint, self.pid) {
-            (_, 0) => "a daemon that did not let go within 5 s".into(),
+            (_, 0) => format!(
+                "a daemon that did not let go within {} s",
+                DEPARTURE.as_secs()
+            ),
             (Some(m), p) => format!("pid {p}, mounted at {}", m.display()),
             (None, p) => format!("pid {p}: {}", self.cmdline),
+        }
+    }
+
+    /// Whether the mountpoint it registered is mounted (layerfs) now. A
+    /// holder whose registry this caller cannot read counts as live: it
+    /// may be another user's daemon, and waiting would only delay the
+    /// refusal.
+    fn serves_a_live_mount(&self) -> bool {
+        if self.in_process {
+            return true;
+        }
+        match &self.mountpoint {
+            Some(m) => crate::host::mounts::find(m).is_some_and(|e| e.is_layerfs()),
+            None => !self.unregistered,
         }
     }
 
@@ -174,11 +298,19 @@ fn holder_of(dev: u64, ino: u64) -> Option<Holder> {
                 .join(" ")
         })
         .unwrap_or_default();
+    use crate::host::pidfile::{registration_of_pid, Registration};
+    let registration = registration_of_pid(pid);
+    let in_process = registration == Registration::InProcess;
     Some(Holder {
         pid,
         cmdline: cmd,
-        mountpoint: crate::host::pidfile::mount_of_pid(pid).map(|(m, _)| m),
+        unregistered: registration == Registration::Unregistered,
+        mountpoint: match registration {
+            Registration::Serving { mountpoint, .. } => Some(mountpoint),
+            _ => None,
+        },
         exiting: exiting(pid),
+        in_process,
     })
 }
 
@@ -208,14 +340,15 @@ mod tests {
     fn a_second_lock_is_refused_naming_the_holder_and_freed_on_drop() {
         let dir = tempfile::tempdir().unwrap();
         let busy = |h: &Holder| format!("already in use by {}", h.describe());
-        let first = lock(dir.path(), busy).unwrap();
-        let err = lock(dir.path(), busy).unwrap_err();
+        let note = &mut |m: String| panic!("a live holder is not waited for: {m}");
+        let first = lock(dir.path(), busy, note).unwrap();
+        let err = lock(dir.path(), busy, note).unwrap_err();
         assert!(err.contains("already in use"), "{err}");
         assert!(
             err.contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
         drop(first);
-        lock(dir.path(), busy).unwrap();
+        lock(dir.path(), busy, note).unwrap();
     }
 }

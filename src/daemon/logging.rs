@@ -9,8 +9,15 @@ pub const DEFAULT_FILTER: &str = "warn,layerfs=info";
 
 /// Installs the global subscriber once; later calls do nothing.
 pub fn init(ansi: bool) {
+    init_with(ansi, DEFAULT_FILTER)
+}
+
+/// `init` with another filter when `RUST_LOG` is not set: the tools
+/// (`layerfs fs`, `serve`) run the core in-process and want only its
+/// warnings on their stderr.
+pub fn init_with(ansi: bool, default_filter: &str) {
     let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -9,6 +9,7 @@
 
 pub mod control;
 pub mod exclusive;
+mod layers;
 pub mod logging;
 pub mod mounts;
 pub mod notify;
@@ -58,6 +59,14 @@ pub fn start(cfg: Config) -> i32 {
             }
         }
     } else {
+        // A daemon still letting go of this workspace is waited for here,
+        // where the wait can be told on the terminal; the child claims
+        // for itself once it is gone.
+        if let Err(e) = exclusive::claim_noting(&cfg, &mut |m| eprintln!("layerfs: {m}")) {
+            forget_created_work(&cfg);
+            eprintln!("layerfs: {e}");
+            return 1;
+        }
         background(cfg, log)
     }
 }
@@ -180,9 +189,30 @@ fn describe(cfg: &Config, state: &crate::layer::safedir::SafeDir, mounted: bool)
         lowers: &cfg.lowers,
         work: &cfg.work,
         mountpoint: mounted.then_some(cfg.mountpoint.as_path()),
+        last_mountpoint: Some(&cfg.mountpoint),
         policy: cfg.policy_file.as_deref(),
         scratch: &cfg.scratch,
     };
+    if mounted {
+        // Before the mount covers the mountpoint: both directories say
+        // where the state is (`state::place`), for commands run later.
+        let unrecorded = |dir: &std::path::Path, e: std::io::Error| {
+            format!(
+                "cannot record the state dir on {}: {e}; once unmounted, state commands given \
+                 it need --state {}",
+                dir.display(),
+                cfg.state.display()
+            )
+        };
+        if let Err(e) = crate::state::place::record(&cfg.upper, &cfg.state) {
+            tracing::warn!("{}", unrecorded(&cfg.upper, e));
+        }
+        // A mountpoint may belong to someone else (or sit on a filesystem
+        // without xattrs): the upper's record is the one that matters.
+        if let Err(e) = crate::state::place::record(&cfg.mountpoint, &cfg.state) {
+            tracing::debug!("{}", unrecorded(&cfg.mountpoint, e));
+        }
+    }
     if let Err(e) = crate::state::workspace::write_description(state, &d) {
         tracing::warn!(
             "cannot write {}/workspace.json: {e}; state commands given the upper directory \
@@ -315,15 +345,17 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     handle.set_notifier(session.notifier());
     let transport = dev.and_then(|dev| start_uring(&handle, &dev, acl, cfg.threads));
 
+    let reloads = std::sync::Arc::new(signals::Reloads::default());
     let ctx = signals::SignalContext {
         mountpoint: cfg.mountpoint.clone(),
         handle: handle.clone(),
         policy_file: cfg.policy_file.clone(),
         notify: notify.clone(),
+        reloads: reloads.clone(),
     };
     let served = control.as_ref().and_then(|c| match c.listener() {
         Ok(l) => {
-            let daemon = served::Daemon::new(cfg, handle.clone(), journal.clone());
+            let daemon = served::Daemon::new(cfg, handle.clone(), journal.clone(), reloads);
             Some((l, std::sync::Arc::new(daemon)))
         }
         Err(e) => {

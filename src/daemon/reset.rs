@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::served::Daemon;
-use crate::state::diff::Layers;
+use crate::layer::stack::Layers;
 use crate::state::{reset, scratch};
 
 /// How long a reset waits for passthrough write opens to close.
@@ -40,7 +40,7 @@ pub fn serve(daemon: &Daemon, req: &Value, gc: bool) -> Result<Value, String> {
             .map_err(|e| format!("cannot use the {what}: {e}"))
     };
     let lowers = ov
-        .lowers
+        .lowers()
         .iter()
         .map(|l| dup(&l.root, "lower dir"))
         .collect::<Result<Vec<_>, _>>()?;

@@ -91,54 +91,10 @@ pub fn serve(daemon: &Daemon, req: &Value) -> Result<Value, String> {
     let parent = sys::open_root(parent_path)
         .map_err(io_ctx(format!("cannot open {}", parent_path.display())))?;
 
-    let (pause, busy) = daemon.fs.pause_writes(DRAIN);
-    if !busy.is_empty() {
-        return Err(open_for_writing(&busy));
-    }
-    // Opens for writing wait at the gate now; wait for the owner's
-    // already open to close (see the module comment).
-    let deadline = Instant::now() + DRAIN;
-    loop {
-        let writers: Vec<(String, u32)> = ov
-            .files
-            .writers()
-            .into_iter()
-            .filter(|(_, uid)| ov.files.shares.is_owner(*uid))
-            .map(|(i, uid)| (ov.path_of(&i), uid))
-            .collect();
-        if writers.is_empty() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            return Err(open_for_writing(&writers));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let served = ov
-        .upper_root()
-        .and_then(|r| sys::fstat(r.as_ref()))
-        .map_err(io_ctx("cannot stat the upper dir being served"))?;
-    let at_path = sys::fstatat(&parent, upper_name)
-        .map_err(io_ctx(format!("cannot stat {}", daemon.upper.display())))?;
-    if (served.st_dev, served.st_ino) != (at_path.st_dev, at_path.st_ino) {
-        return Err(format!(
-            "{} is no longer the upper dir this mount serves (it was moved or replaced \
-             behind the mount); unmount and mount again, then restore",
-            daemon.upper.display()
-        ));
-    }
+    let pause = quiesce(daemon, &parent, upper_name, false)?;
     // What the held directories stood on before: their old names may be
     // cached by the kernel (as present or as absent).
-    let dirs_before: Vec<(Arc<Inode>, Real)> = ov
-        .inodes
-        .all()
-        .into_iter()
-        .filter(|i| i.is_dir())
-        .map(|i| {
-            let r = i.real.read().clone();
-            (i, r)
-        })
-        .collect();
+    let dirs_before = held_dirs(ov);
     sys::renameat2(work, name, &parent, upper_name, sys::RENAME_EXCHANGE).map_err(io_ctx(
         format!(
             "cannot exchange staging dir {} with upper dir {}",
@@ -168,10 +124,87 @@ pub fn serve(daemon: &Daemon, req: &Value) -> Result<Value, String> {
     drop(pause);
     tracing::info!("upper replaced by a restored snapshot");
 
-    // Every name each held directory has in the old or the new tree, in
-    // any layer: whatever the kernel may cache about one of them.
+    let inv = invalidate_swapped(daemon, &dirs_before);
+    Ok(json!({
+        "restored": true,
+        "invalidated": inv["invalidated"],
+        "pending": inv["pending"],
+    }))
+}
+
+/// Pauses writes and waits (up to `DRAIN`) for files open for writing
+/// through the mount to close: the mount owner's only when `all_users` is
+/// false (see the module comment), everyone's when it is true (a
+/// checkpoint: what they wrote after it would land in a frozen layer).
+/// Refuses, naming them, if some stay open; then checks that the upper's
+/// path (`upper_name` in `parent`) still names the upper served.
+pub(super) fn quiesce<'a>(
+    daemon: &'a Daemon,
+    parent: &impl std::os::fd::AsFd,
+    upper_name: &OsStr,
+    all_users: bool,
+) -> Result<crate::overlay::gate::PauseGuard<'a>, String> {
+    let ov = daemon.fs.overlay();
+    let (pause, busy) = daemon.fs.pause_writes(DRAIN);
+    if !busy.is_empty() {
+        return Err(open_for_writing(&busy));
+    }
+    // Opens for writing wait at the gate now; wait for those already
+    // open to close.
+    let deadline = Instant::now() + DRAIN;
+    loop {
+        let writers: Vec<(String, u32)> = ov
+            .files
+            .writers()
+            .into_iter()
+            .filter(|(_, uid)| all_users || ov.files.shares.is_owner(*uid))
+            .map(|(i, uid)| (ov.path_of(&i), uid))
+            .collect();
+        if writers.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(open_for_writing(&writers));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let served = ov
+        .upper_root()
+        .and_then(|r| sys::fstat(r.as_ref()))
+        .map_err(io_ctx("cannot stat the upper dir being served"))?;
+    let at_path = sys::fstatat(parent, upper_name)
+        .map_err(io_ctx(format!("cannot stat {}", daemon.upper.display())))?;
+    if (served.st_dev, served.st_ino) != (at_path.st_dev, at_path.st_ino) {
+        return Err(format!(
+            "{} is no longer the upper dir this mount serves (it was moved or replaced \
+             behind the mount); unmount and mount again, then retry",
+            daemon.upper.display()
+        ));
+    }
+    Ok(pause)
+}
+
+/// The held directories and what they stood on: their old names may be
+/// cached by the kernel (as present or as absent).
+pub(super) fn held_dirs(ov: &crate::overlay::Overlay) -> Vec<(Arc<Inode>, Real)> {
+    ov.inodes
+        .all()
+        .into_iter()
+        .filter(|i| i.is_dir())
+        .map(|i| {
+            let r = i.real.read().clone();
+            (i, r)
+        })
+        .collect()
+}
+
+/// After the layers under the held directories were replaced (writes
+/// resumed): drops every name each held directory has in the old or the
+/// new tree, in any layer (whatever the kernel may cache about one of
+/// them), and every held object's attributes, pages and listing.
+pub(super) fn invalidate_swapped(daemon: &Daemon, dirs_before: &[(Arc<Inode>, Real)]) -> Value {
     let mut names: Vec<(u64, OsString)> = Vec::new();
-    for (dir, old) in &dirs_before {
+    for (dir, old) in dirs_before {
         let new = dir.real.read().clone();
         let mut seen: std::collections::HashSet<OsString> = Default::default();
         let fds = [old, &new].into_iter().flat_map(|r| {
@@ -194,12 +227,7 @@ pub fn serve(daemon: &Daemon, req: &Value) -> Result<Value, String> {
         }
     }
     let fs = daemon.fs.clone();
-    let inv = invalidate_bounded(move || fs.invalidate_restored(&names));
-    Ok(json!({
-        "restored": true,
-        "invalidated": inv["invalidated"],
-        "pending": inv["pending"],
-    }))
+    invalidate_bounded(move || fs.invalidate_restored(&names))
 }
 
 fn open_for_writing(paths: &[(String, u32)]) -> String {

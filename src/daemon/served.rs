@@ -33,10 +33,21 @@ pub struct Daemon {
     pub scratch: Vec<String>,
     pub lower_timeout: Duration,
     pub journal: Option<Arc<Journal>>,
+    /// The last failed policy reload (`signals`).
+    pub reloads: Arc<super::signals::Reloads>,
+    /// Locks on the directories a live checkpoint or undo made the upper
+    /// (`daemon::layers`): held, like the mount's own (`exclusive`), for
+    /// as long as the daemon serves.
+    pub upper_claims: parking_lot::Mutex<Vec<std::fs::File>>,
 }
 
 impl Daemon {
-    pub fn new(cfg: &Config, fs: FsHandle, journal: Option<Arc<Journal>>) -> Daemon {
+    pub fn new(
+        cfg: &Config,
+        fs: FsHandle,
+        journal: Option<Arc<Journal>>,
+        reloads: Arc<super::signals::Reloads>,
+    ) -> Daemon {
         Daemon {
             fs,
             mountpoint: cfg.mountpoint.clone(),
@@ -51,6 +62,8 @@ impl Daemon {
             scratch: cfg.scratch.clone(),
             lower_timeout: cfg.lower_timeout,
             journal,
+            reloads,
+            upper_claims: Default::default(),
         }
     }
 

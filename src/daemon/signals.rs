@@ -5,6 +5,8 @@
 //! session loop; HUP reloads the policy file.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
@@ -34,6 +36,41 @@ pub struct SignalContext {
     pub handle: FsHandle,
     pub policy_file: Option<PathBuf>,
     pub notify: SdNotify,
+    /// What the last reload did, for `status` (shared with `served::Daemon`).
+    pub reloads: Arc<Reloads>,
+}
+
+/// The last failed policy reload, until one succeeds: the daemon serves
+/// the previous policy meanwhile, and `status` says so.
+#[derive(Default)]
+pub struct Reloads(Mutex<Option<(SystemTime, String)>>);
+
+impl Reloads {
+    fn failed(&self, error: String) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((SystemTime::now(), error));
+    }
+
+    fn succeeded(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// `null`, or `{"failed_at", "error", "message"}` of the last failure.
+    pub fn to_json(&self) -> serde_json::Value {
+        let last = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match last {
+            None => serde_json::Value::Null,
+            Some((at, error)) => {
+                let at = humantime::format_rfc3339_seconds(at).to_string();
+                serde_json::json!({
+                    "failed_at": at,
+                    "message": format!(
+                        "policy reload failed at {at}: {error}; serving the previous policy"
+                    ),
+                    "error": error,
+                })
+            }
+        }
+    }
 }
 
 /// Acts on one handled signal.
@@ -62,9 +99,13 @@ fn reload(ctx: &SignalContext) {
     match Policy::load(path) {
         Ok(policy) => {
             ctx.handle.reload_policy(policy);
+            ctx.reloads.succeeded();
             tracing::info!("SIGHUP: policy reloaded from {}", path.display());
         }
-        Err(e) => tracing::error!("SIGHUP: policy not reloaded, the previous one stays: {e}"),
+        Err(e) => {
+            tracing::error!("SIGHUP: policy not reloaded, the previous one stays: {e}");
+            ctx.reloads.failed(e.to_string());
+        }
     }
     ctx.notify.send("READY=1");
 }

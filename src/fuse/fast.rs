@@ -49,7 +49,7 @@ impl uring::Fast for QueueAnswers {
         let r = match req.opcode {
             uring::FUSE_GETATTR => self
                 .fs
-                .answer("getattr", req.nodeid, |fs| fs.attr_of(req.nodeid))
+                .answer("getattr", req.nodeid, |fs| fs.attr_of(req.nodeid, None))
                 .map(|(ttl, st)| convert::attr_out(&ttl, &st, out)),
             uring::FUSE_GETXATTR => {
                 // fuse_getxattr_in: size (u32), padding; then the name.

@@ -66,7 +66,7 @@ impl Shared {
         // network filesystem that does not answer).
         let here = if off < 2 {
             self.ov()
-                .getattr(ino.0)
+                .getattr(ino.0, None)
                 .ok()
                 .map(|(st, _)| convert::attr(&st))
         } else {

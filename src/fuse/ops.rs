@@ -97,8 +97,8 @@ impl fuser::Filesystem for LayerFs {
         self.ov().forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.attr_of(ino.0) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr_of(ino.0, fh.map(|f| f.0)) {
             Ok((ttl, st)) => reply.attr(&ttl, &convert::attr(&st)),
             Err(e) => reply.error(e),
         }

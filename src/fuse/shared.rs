@@ -114,8 +114,12 @@ impl LayerFs {
 
     /// GETATTR's answer: how long the kernel may keep it, and the
     /// attributes (for fuser's reply and for `QueueAnswers`).
-    pub(super) fn attr_of(&self, ino: u64) -> Result<(Duration, crate::layer::sys::Stat), Errno> {
-        match self.ov().getattr(ino) {
+    pub(super) fn attr_of(
+        &self,
+        ino: u64,
+        fh: Option<u64>,
+    ) -> Result<(Duration, crate::layer::sys::Stat), Errno> {
+        match self.ov().getattr(ino, fh) {
             Ok((st, lower)) => Ok((self.ttl(lower), st)),
             Err(e) => Err(errno(e)),
         }

@@ -32,6 +32,21 @@ impl MountEntry {
         self.fstype == FSTYPE
     }
 
+    /// A layerfs mount whose daemon is gone: it answers `ENOTCONN`, or
+    /// `ECONNABORTED` while the kernel is still tearing the connection
+    /// down. This stats the mountpoint: on a live mount whose daemon is
+    /// stopped that waits for the daemon, so callers ask only when no
+    /// live daemon is registered for it.
+    pub fn is_stale(&self) -> bool {
+        self.is_layerfs()
+            && matches!(
+                fs::metadata(&self.mount_point)
+                    .err()
+                    .and_then(|e| e.raw_os_error()),
+                Some(libc::ENOTCONN | libc::ECONNABORTED)
+            )
+    }
+
     /// The uid that mounted a FUSE filesystem (`user_id=` option).
     pub fn owner_uid(&self) -> Option<u32> {
         self.super_options

@@ -87,10 +87,45 @@ impl PidFile {
         Err(last)
     }
 
+    /// Records this process as holding the workspace of `upper` in
+    /// process, with no mount (the agent tools' core, `tools`). A mount
+    /// that finds the upper locked by a process registered so refuses at
+    /// once instead of waiting for it as for a daemon starting or
+    /// stopping. The name (`=in-process-PID.pid`) is one `file_name` never
+    /// makes (it escapes `=`), so it cannot shadow a mount's entry.
+    pub fn in_process(upper: &Path) -> io::Result<PidFile> {
+        let uid = nix::unistd::geteuid().as_raw();
+        let mut last = io::Error::other("no pid directory");
+        for path in dirs_for_uid(uid) {
+            match private_dir(&path, uid) {
+                Ok(dir) => {
+                    let name = format!("{IN_PROCESS}{}.pid", std::process::id());
+                    let text = format!("{}\n\n{}\n", std::process::id(), upper.display());
+                    let mut f = dir.open_file(
+                        &name,
+                        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+                        0o644,
+                    )?;
+                    f.write_all(text.as_bytes())?;
+                    return Ok(PidFile {
+                        path: dir.shown(&name),
+                        dir,
+                        name,
+                    });
+                }
+                Err(e) => last = io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+            }
+        }
+        Err(last)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
 }
+
+/// The start of an in-process holder's entry name (`PidFile::in_process`).
+const IN_PROCESS: &str = "=in-process-";
 
 impl Drop for PidFile {
     fn drop(&mut self) {
@@ -202,14 +237,39 @@ pub fn find_entry(mountpoint: &Path, owner: Option<u32>) -> Option<Entry> {
     None
 }
 
-/// The mountpoint and state dir a live daemon `pid` registered, read
-/// from the registry of the user it runs as.
-pub fn mount_of_pid(pid: u32) -> Option<(PathBuf, Option<PathBuf>)> {
-    let uid = fs::metadata(format!("/proc/{pid}")).ok()?.uid();
-    for dir in dirs_for_uid(uid) {
+/// What the registry says of process `pid`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Registration {
+    /// It registered `mountpoint` (and the workspace's state dir).
+    Serving {
+        mountpoint: PathBuf,
+        state: Option<PathBuf>,
+    },
+    /// It holds a workspace in process, with no mount (`tools`).
+    InProcess,
+    /// Its user's registry was read and names it nowhere: a daemon that
+    /// has not registered yet, or has already removed its entry.
+    Unregistered,
+    /// Its user's registry cannot be read by this caller (another user's
+    /// daemon), or it is no live layerfs process.
+    Unknown,
+}
+
+/// The registry entry of process `pid`, from the registry of the user it
+/// runs as.
+pub fn registration_of_pid(pid: u32) -> Registration {
+    let Ok(md) = fs::metadata(format!("/proc/{pid}")) else {
+        return Registration::Unknown;
+    };
+    if !is_daemon_alive(pid) {
+        return Registration::Unknown;
+    }
+    let mut read_any = false;
+    for dir in dirs_for_uid(md.uid()) {
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
+        read_any = true;
         for e in entries.flatten() {
             let Ok(text) = fs::read_to_string(e.path()) else {
                 continue;
@@ -218,12 +278,21 @@ pub fn mount_of_pid(pid: u32) -> Option<(PathBuf, Option<PathBuf>)> {
             if lines.next().and_then(|l| l.trim().parse::<u32>().ok()) != Some(pid) {
                 continue;
             }
-            let mountpoint = lines.next().map(PathBuf::from)?;
+            if e.file_name().as_bytes().starts_with(IN_PROCESS.as_bytes()) {
+                return Registration::InProcess;
+            }
+            let Some(mountpoint) = lines.next().map(PathBuf::from) else {
+                continue;
+            };
             let state = lines.next().filter(|l| !l.is_empty()).map(PathBuf::from);
-            return Some((mountpoint, state));
+            return Registration::Serving { mountpoint, state };
         }
     }
-    None
+    if read_any {
+        Registration::Unregistered
+    } else {
+        Registration::Unknown
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Fd-relative access to the layers. Every access to a layer goes through a
 //! file descriptor opened one component at a time beneath the layer root,
 //! never following a symlink (`sys`); every change of the upper goes through
-//! `ops`, so each mutation of the upper is one logged wrapper. layerfs's own
+//! `ops`, so each mutation of the upper is one logged wrapper; `ops` also
+//! reads the marks of the on-disk format, and `stack` looks a path up
+//! across the layers on fds for the state commands. layerfs's own
 //! directories beside the layers (state, work, snapshots, a run's
 //! mountpoint) are checked once and then reached the same way (`safedir`).
 
@@ -12,6 +14,7 @@ pub mod reach;
 pub mod real;
 pub mod root;
 pub mod safedir;
+pub mod stack;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod walk;

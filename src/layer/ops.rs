@@ -74,6 +74,28 @@ pub fn is_valid_redirect(v: &[u8]) -> bool {
             && !v.contains(&0))
 }
 
+/// An overlay mark of an upper or lower object, in either spelling
+/// (`trusted.overlay.` as written by a root daemon, `user.overlay.` by an
+/// unprivileged one): how the state commands read a workspace that any
+/// daemon may have written.
+pub fn mark(fd: &impl std::os::fd::AsRawFd, what: &str) -> Option<Vec<u8>> {
+    PRIVATE_PREFIXES.iter().find_map(|p| {
+        let name = CString::new(format!("{p}{what}")).expect("no NUL");
+        sys::getxattr(fd, &name).ok()
+    })
+}
+
+/// Whether a directory carries the opaque mark, in either spelling.
+pub fn is_opaque(fd: &impl std::os::fd::AsRawFd) -> bool {
+    mark(fd, "opaque").is_some_and(|v| v == OPAQUE_VALUE)
+}
+
+/// A directory's redirect mark, in either spelling.
+pub fn redirect(fd: &impl std::os::fd::AsRawFd) -> Option<OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    mark(fd, "redirect").map(|v| OsStr::from_bytes(&v).to_os_string())
+}
+
 impl Upper {
     pub fn new(layer: Layer, work: OwnedFd, privileged: bool) -> Upper {
         Upper {

@@ -58,6 +58,9 @@ pub enum Role {
     Staging,
     /// The directory of a daemon's pid file.
     PidDir,
+    /// A store of frozen layers (checkpoints): `layers/` in the state
+    /// directory or `--layers DIR`.
+    Layers,
 }
 
 impl Role {
@@ -69,6 +72,7 @@ impl Role {
             Role::RunMountpoint => "run mountpoint",
             Role::Staging => "staging dir",
             Role::PidDir => "pid dir",
+            Role::Layers => "layer store",
         }
     }
 
@@ -84,6 +88,7 @@ impl Role {
             }
             Role::Staging => ", or keep the upper in a directory only you can write",
             Role::PidDir => "",
+            Role::Layers => ", or give --layers DIR in a directory only you can write",
         }
     }
 }
@@ -487,6 +492,21 @@ impl SafeDir {
             single_name(to.as_ref())?,
             flags,
         )
+    }
+
+    /// Replaces the file `name` with `bytes` atomically: a temporary file
+    /// (`.NAME.tmp`, mode 0600), fsynced, renamed over `name`, and this
+    /// directory fsynced. A reader sees the old content or the new one,
+    /// never a part, also after a crash.
+    pub fn replace_file(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let tmp = format!(".{name}.tmp");
+        let mut f = self.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        self.rename(&tmp, name, 0)?;
+        self.sync()
     }
 
     /// The names in this directory.

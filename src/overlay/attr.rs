@@ -40,9 +40,20 @@ impl Overlay {
         Ok(r.get()?)
     }
 
-    pub fn getattr(&self, id: u64) -> Result<(Stat, bool)> {
+    /// The attributes of object `id`; `fh`, the handle a GETATTR comes
+    /// through (fstat, and the kernel's check of the size before a read
+    /// past its cached end), answers for an object with no real file any
+    /// more: one emptied because a live undo, reset or restore removed it
+    /// (`refresh`) while this handle held it open, which goes on reading
+    /// what it opened, as a file deleted while open.
+    pub fn getattr(&self, id: u64, fh: Option<u64>) -> Result<(Stat, bool)> {
         let inode = self.inode(id)?;
-        let fd = self.real_fd(&inode)?;
+        let fd = match (self.real_fd(&inode), fh) {
+            (Err(Errno(libc::EIO)), Some(fh)) if inode.real.read().identity().is_none() => {
+                self.file(fh)?.1
+            }
+            (r, _) => r?,
+        };
         let st = sys::fstat(fd.as_ref())?;
         Ok((self.fix_stat(&inode, st), self.volatile(&inode)))
     }

@@ -128,7 +128,11 @@ impl Overlay {
         })
     }
 
-    /// Creates a new object; for files also returns the open fd.
+    /// Creates a new object; for files also returns the open fd. The steps:
+    /// the policy checks that need no upper (`guard_new`), the name's slot
+    /// in the upper (`slot`), the object built and put at its name
+    /// (`build_new`, undone on failure), then the entry the kernel gets
+    /// (`link_entry` for a hard link, `new_entry` otherwise).
     pub fn create_object(
         &self,
         ctx: &Ctx,
@@ -146,10 +150,31 @@ impl Overlay {
             NewKind::Symlink { .. } => Op::Symlink,
             NewKind::Link { .. } => Op::Link,
         };
-        // Policy checks that need no upper come first: a refused symlink,
-        // device or link must not leave copied-up parents behind.
-        let path = self.child_path(&parent, name);
-        match &kind {
+        self.guard_new(ctx, op, &parent, name, &kind)?;
+        // Only now may the upper change: the slot copies the parent up.
+        let slot = self.slot(ctx, op, &parent, name)?;
+        let file = self.build_new(ctx, &slot, name, &kind)?;
+        let fd = sys::open_path(slot.parent_upper.as_ref(), name)?;
+        let st = sys::fstat(&fd)?;
+        if let NewKind::Link { source } = &kind {
+            return Ok((self.link_entry(source, st)?, None));
+        }
+        Ok((self.new_entry(&parent, name, &slot, fd, st), file))
+    }
+
+    /// The policy checks of a new name that need no upper. They come before
+    /// anything is copied up: a refused symlink, device or link must not
+    /// leave copied-up parents behind.
+    fn guard_new(
+        &self,
+        ctx: &Ctx,
+        op: Op,
+        parent: &Arc<Inode>,
+        name: &OsStr,
+        kind: &NewKind<'_>,
+    ) -> Result<()> {
+        let path = self.child_path(parent, name);
+        match kind {
             NewKind::Symlink { target } => self.guard_symlink(ctx, &path, target)?,
             NewKind::Node { mode, .. }
                 if matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK) =>
@@ -161,12 +186,12 @@ impl Overlay {
                     return err(libc::EPERM);
                 }
                 self.guard_inode(ctx, Op::Link, source)?;
-                self.guard_moved_symlink(ctx, source, &parent, name)?;
+                self.guard_moved_symlink(ctx, source, parent, name)?;
                 // The new name must be classed as the source is: a link is
                 // a second path to the same content. (A hidden or readonly
                 // new name is refused as for any new name first.)
                 if self.policy().has_path_rules() {
-                    self.guard_child(ctx, op, &parent, name)?;
+                    self.guard_child(ctx, op, parent, name)?;
                     let (src_parent, src_name) = {
                         let loc = source.loc.read();
                         (loc.parent.clone(), loc.name.clone())
@@ -187,7 +212,21 @@ impl Overlay {
             }
             _ => {}
         }
-        let slot = self.slot(ctx, op, &parent, name)?;
+        Ok(())
+    }
+
+    /// Builds the new object and puts it at `name` in the slot's upper
+    /// directory; for a file returns its open fd. A new inode is charged to
+    /// the quota (a link adds none). On failure nothing is left: the half
+    /// built object is removed and the charge refunded, so the name is as
+    /// it was (free, or held by its whiteout).
+    fn build_new(
+        &self,
+        ctx: &Ctx,
+        slot: &Slot,
+        name: &OsStr,
+        kind: &NewKind<'_>,
+    ) -> Result<Option<OwnedFd>> {
         let pst = sys::fstat(slot.parent_upper.as_ref())?;
         let sgid_parent = pst.st_mode & libc::S_ISGID != 0;
         let gid = if sgid_parent { pst.st_gid } else { ctx.gid };
@@ -205,7 +244,7 @@ impl Overlay {
         // New objects take their default ACL (if any) from the parent.
         let parent_fd = slot.parent_upper.as_ref();
         let built: Result<()> = (|| {
-            match &kind {
+            match kind {
                 NewKind::File { mode, flags } => {
                     let nm =
                         self.new_mode(ctx, parent_fd, self.allowed_mode(*mode & 0o7777, false));
@@ -298,26 +337,37 @@ impl Overlay {
             }
             return Err(e);
         }
-        let fd = sys::open_path(slot.parent_upper.as_ref(), name)?;
-        let st = sys::fstat(&fd)?;
-        if let NewKind::Link { source } = &kind {
-            let entry_st = self.fix_stat(source, st);
-            source
-                .lookups
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            // The kernel now holds one more lookup of the source.
-            if self.inodes.get(source.id).is_none() {
-                return err(libc::ESTALE);
-            }
-            return Ok((
-                Entry {
-                    id: source.id,
-                    st: entry_st,
-                    lower: false,
-                },
-                None,
-            ));
+        Ok(file)
+    }
+
+    /// The entry of a new hard link: the source's inode, one more lookup
+    /// of it held by the kernel. `st` is the new name's (the same object).
+    fn link_entry(&self, source: &Arc<Inode>, st: Stat) -> Result<Entry> {
+        let entry_st = self.fix_stat(source, st);
+        source
+            .lookups
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        // The kernel now holds one more lookup of the source.
+        if self.inodes.get(source.id).is_none() {
+            return err(libc::ESTALE);
         }
+        Ok(Entry {
+            id: source.id,
+            st: entry_st,
+            lower: false,
+        })
+    }
+
+    /// The inode of a new object, upper only. A directory made over a
+    /// whiteout is opaque (`build_new` marked it): no lower shows through.
+    fn new_entry(
+        &self,
+        parent: &Arc<Inode>,
+        name: &OsStr,
+        slot: &Slot,
+        fd: OwnedFd,
+        st: Stat,
+    ) -> Entry {
         let lower_path = parent
             .real
             .read()
@@ -330,16 +380,15 @@ impl Overlay {
             opaque: slot.over_whiteout && is_dir(&st),
             lower_path: if is_dir(&st) { lower_path } else { None },
         };
-        let entry = self.instantiate(
-            &parent,
+        self.instantiate(
+            parent,
             name,
             super::namei::Resolved {
                 st,
                 real,
                 degraded: false,
             },
-        );
-        Ok((entry, file))
+        )
     }
 
     pub fn unlink(&self, ctx: &Ctx, parent_id: u64, name: &OsStr) -> Result<()> {
@@ -361,7 +410,7 @@ impl Overlay {
         }
         let op = Op::Unlink;
         let removal = self.guard_removal(ctx, op, &parent, name, &victim)?;
-        if want_dir && !self.dir_is_empty(&victim)? {
+        if want_dir && !self.dir_is_removable(&victim)? {
             return err(libc::ENOTEMPTY);
         }
         let parent_upper = self.copy_up(&parent)?;
@@ -440,6 +489,50 @@ impl Overlay {
             }
             (false, false) => {}
         }
+    }
+
+    /// Whether `rmdir` may remove a directory: it shows no entry, and what
+    /// the policy hides in it is shared only (no upper entry under a hidden
+    /// name). `hide secrets/**` leaves `secrets/` listing empty; refusing
+    /// its removal with ENOTEMPTY would both contradict the listing and
+    /// tell the caller that hidden entries exist. Removing it whiteouts the
+    /// shared tree in this workspace's view only (`layerfs reset` brings it
+    /// back), as `rm -rf` of any shared directory does. Hidden entries the
+    /// upper holds (written beside the mount, or before the rule) are data
+    /// only this workspace has: those keep the directory (ENOTEMPTY), and
+    /// so do hidden entries a readonly or protect rule also guards (their
+    /// removal is refused one by one, so it is refused wholesale too): a
+    /// hidden file classed so, or a hidden directory while the policy has
+    /// any readonly or protect rule (its tree is not searched).
+    fn dir_is_removable(&self, dir: &Inode) -> Result<bool> {
+        let entries = self.merged_entries(dir)?;
+        if entries.is_empty() {
+            return Ok(true);
+        }
+        let policy = self.policy();
+        if !policy.has_path_rules() {
+            return Ok(false);
+        }
+        let guards_any = policy.subtree_rule("").is_some();
+        let upper = dir.upper_fd()?;
+        for e in &entries {
+            let class = policy.classify(&self.child_path(dir, &e.name));
+            if class.hidden.is_none() || class.readonly.is_some() || class.protected.is_some() {
+                return Ok(false);
+            }
+            if e.kind == libc::S_IFDIR && guards_any {
+                return Ok(false);
+            }
+            if let Some(u) = &upper {
+                match sys::fstatat(u.as_ref(), &e.name) {
+                    Ok(st) if !is_whiteout(&st) => return Ok(false),
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Whether a directory is empty as seen through the mount (hidden

@@ -46,6 +46,14 @@ pub enum EvOp {
     Gc,
     SnapshotSave,
     SnapshotRestore,
+    /// A checkpoint (`path`: its name) and an undo (`path`: the checkpoint
+    /// gone back to, `bytes`: how many checkpoints it took off the stack).
+    Checkpoint,
+    Undo,
+    /// A command the agent tools ran in the workspace's sandbox
+    /// (`tools::Workspace::execute`): `path` is the command, `bytes` its
+    /// exit code; the rows of its changes follow from the mount.
+    Exec,
 }
 
 impl EvOp {
@@ -74,11 +82,14 @@ impl EvOp {
             EvOp::Gc => "gc",
             EvOp::SnapshotSave => "snapshot-save",
             EvOp::SnapshotRestore => "snapshot-restore",
+            EvOp::Checkpoint => "checkpoint",
+            EvOp::Undo => "undo",
+            EvOp::Exec => "exec",
         }
     }
 
     /// Every op, in the order `layerfs log --help` lists them.
-    pub const ALL: [EvOp; 22] = [
+    pub const ALL: [EvOp; 25] = [
         EvOp::Create,
         EvOp::Write,
         EvOp::Truncate,
@@ -101,6 +112,9 @@ impl EvOp {
         EvOp::Gc,
         EvOp::SnapshotSave,
         EvOp::SnapshotRestore,
+        EvOp::Checkpoint,
+        EvOp::Undo,
+        EvOp::Exec,
     ];
 }
 

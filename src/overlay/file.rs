@@ -276,7 +276,7 @@ impl Overlay {
         })
     }
 
-    fn file(&self, fh: u64) -> Result<(Arc<Handle>, Arc<OwnedFd>)> {
+    pub(super) fn file(&self, fh: u64) -> Result<(Arc<Handle>, Arc<OwnedFd>)> {
         let h = self.files.get(fh)?;
         let fd = match h.as_ref() {
             Handle::File(f) => {

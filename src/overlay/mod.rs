@@ -133,7 +133,12 @@ fn watch_owner(dir: &Inode) -> watch::Owner {
 
 pub struct Overlay {
     pub upper: Upper,
-    pub lowers: Vec<Layer>,
+    /// The lower layers, topmost first. Replaced whole, with writes
+    /// paused, by a live checkpoint or undo (`set_lowers`): a layer's
+    /// index in an inode's `Real` is its index in the vector current when
+    /// the inode was resolved, so every held inode is re-resolved right
+    /// after a replacement (`refresh_paths`). Read it through `lowers()`.
+    stack: RwLock<Arc<Vec<Arc<Layer>>>>,
     pub inodes: inode::InodeTable,
     pub ids: inode::IdMap,
     pub policy: RwLock<Arc<Policy>>,
@@ -219,7 +224,7 @@ impl Overlay {
         let owners = share_owners(&upper.layer.root);
         let ov = Overlay {
             upper,
-            lowers,
+            stack: RwLock::new(Arc::new(lowers.into_iter().map(Arc::new).collect())),
             inodes: Default::default(),
             ids: Default::default(),
             policy: RwLock::new(policy),
@@ -247,7 +252,7 @@ impl Overlay {
         let opaque = self.upper.is_opaque(&upper);
         let mut lowers = Vec::new();
         if !opaque {
-            for (i, l) in self.lowers.iter().enumerate() {
+            for (i, l) in self.lowers().iter().enumerate() {
                 let fd = sys::open_path(&l.root, OsStr::new("."))
                     .map_err(|e| format!("cannot open {}: {e}", l.path.display()))?;
                 lowers.push((i, crate::layer::real::RealFd::new(fd, &l.mount)));
@@ -281,6 +286,19 @@ impl Overlay {
     /// those opens to close.
     pub fn pause_writes(&self) -> gate::PauseGuard<'_> {
         self.gate.pause()
+    }
+
+    /// The lower layers as served now, topmost first.
+    pub fn lowers(&self) -> Arc<Vec<Arc<Layer>>> {
+        self.stack.read().clone()
+    }
+
+    /// Serves `lowers` (topmost first) from now on. Call with writes
+    /// paused, then re-resolve every held inode (`replace_upper_root`,
+    /// `refresh_paths(&[""])`): the indices inodes hold refer to the old
+    /// vector until then.
+    pub fn set_lowers(&self, lowers: Vec<Arc<Layer>>) {
+        *self.stack.write() = Arc::new(lowers);
     }
 
     pub fn policy(&self) -> Arc<Policy> {
@@ -352,7 +370,7 @@ impl Overlay {
 
     /// Whether any of these lower layers is on a remote filesystem.
     fn any_remote(&self, mut layers: impl Iterator<Item = usize>) -> bool {
-        self.reach.is_some() && layers.any(|i| self.lowers.get(i).is_some_and(|l| l.caps.remote))
+        self.reach.is_some() && layers.any(|i| self.lowers().get(i).is_some_and(|l| l.caps.remote))
     }
 
     /// Whether a request about object `id` may have to reach a remote

@@ -14,6 +14,7 @@ use super::{err, Ctx, Entry, Errno, Overlay, Result};
 use crate::layer::ops::is_whiteout;
 use crate::layer::reach;
 use crate::layer::real::RealFd;
+use crate::layer::stack;
 use crate::layer::sys::{self, Stat};
 use crate::layer::walk::is_dir;
 
@@ -119,6 +120,12 @@ impl Overlay {
     /// `resolve` in the directory whose real files are `preal` (a walk of
     /// a subtree resolves directories no inode stands for).
     pub fn resolve_in(&self, preal: &Real, name: &OsStr) -> Result<Option<Resolved>> {
+        // One view of the stack for the whole lookup; an index it does not
+        // have comes from a parent resolved before a live checkpoint or
+        // undo replaced the stack (`Overlay::set_lowers`): ESTALE, and the
+        // kernel looks the name up again through the refreshed parent.
+        let lowers = self.lowers();
+        let mount = |i: usize| lowers.get(i).map(|l| &l.mount).ok_or(Errno(libc::ESTALE));
         let mut real = Real::default();
         let mut st: Option<Stat> = None;
         let mut redirect: Option<String> = None;
@@ -148,14 +155,20 @@ impl Overlay {
             }
         }
         // The lower path of this name: where a directory's lower parts live.
+        let redirected = |r: &str| -> Option<LowerPath> {
+            if r.starts_with('/') {
+                Some(LowerPath::absolute(OsStr::new(r)))
+            } else {
+                preal.lower_path.as_ref().map(|p| p.child(OsStr::new(r)))
+            }
+        };
         let lower_path = match &redirect {
-            Some(r) if r.starts_with('/') => Some(LowerPath::absolute(OsStr::new(r))),
-            Some(r) => preal.lower_path.as_ref().map(|p| p.child(OsStr::new(r))),
+            Some(r) => redirected(r),
             None => preal.lower_path.as_ref().map(|p| p.child(name)),
         };
         if redirect.is_some() {
             if let Some(path) = &lower_path {
-                self.lowers_at_path(path, &mut real);
+                self.lowers_at_path(&lowers, path, 0, &mut real);
             }
         } else {
             for (i, pfd) in &preal.lowers {
@@ -182,8 +195,7 @@ impl Overlay {
                 if !is_dir(&s) {
                     if !have_object {
                         let fd = sys::open_path(pfd.as_ref(), name)?;
-                        real.lowers
-                            .push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
+                        real.lowers.push((*i, RealFd::new(fd, mount(*i)?)));
                         st = Some(s);
                     }
                     break;
@@ -192,14 +204,30 @@ impl Overlay {
                     break;
                 }
                 let fd = sys::open_path(pfd.as_ref(), name)?;
-                let last = *i + 1 == self.lowers.len();
+                let last = *i + 1 == lowers.len();
                 let opaque = !last && self.upper.is_opaque(&fd);
-                real.lowers
-                    .push((*i, RealFd::new(fd, &self.lowers[*i].mount)));
+                // A frozen layer (a checkpoint) is a former upper: a
+                // directory renamed there carries a redirect, and the
+                // layers below hold its contents at the path it names,
+                // as in a middle layer of kernel overlayfs.
+                let moved = if last || opaque {
+                    None
+                } else {
+                    self.upper.redirect(&fd)
+                };
+                real.lowers.push((*i, RealFd::new(fd, mount(*i)?)));
                 if st.is_none() {
                     st = Some(s);
                 }
                 if opaque {
+                    break;
+                }
+                if let Some(r) = moved {
+                    // `lower_path` stays the path in the topmost lower
+                    // (what a redirect made through the mount names).
+                    if let Some(path) = redirected(&r) {
+                        self.lowers_at_path(&lowers, &path, *i + 1, &mut real);
+                    }
                     break;
                 }
             }
@@ -217,36 +245,21 @@ impl Overlay {
     }
 
     /// Lower directories at an absolute lower path ("/a/b"), for a
-    /// redirected directory, walked one component at a time in each layer.
-    fn lowers_at_path(&self, path: &LowerPath, real: &mut Real) {
+    /// redirected directory, from the lower `from` down
+    /// (`layer::stack::dirs_at_path`, reading the marks in this mount's
+    /// spelling; a frozen layer's redirect or opaque mark on the way acts
+    /// as in a middle layer of kernel overlayfs).
+    fn lowers_at_path(
+        &self,
+        lowers: &[Arc<crate::layer::Layer>],
+        path: &LowerPath,
+        from: usize,
+        real: &mut Real,
+    ) {
         let path = path.to_os_string();
-        'layers: for (i, l) in self.lowers.iter().enumerate() {
-            let mut fd = match sys::open_path(&l.root, OsStr::new(".")) {
-                Ok(fd) => fd,
-                Err(_) => continue,
-            };
-            for comp in path
-                .as_bytes()
-                .split(|&b| b == b'/')
-                .filter(|c| !c.is_empty())
-            {
-                let c = OsStr::from_bytes(comp);
-                match sys::fstatat(&fd, c) {
-                    Ok(s) if is_dir(&s) => {}
-                    Ok(s) if is_whiteout(&s) => break 'layers,
-                    _ => continue 'layers,
-                }
-                fd = match sys::open_path(&fd, c) {
-                    Ok(f) => f,
-                    Err(_) => continue 'layers,
-                };
-            }
-            let last = i + 1 == self.lowers.len();
-            let opaque = !last && self.upper.is_opaque(&fd);
-            real.lowers.push((i, RealFd::new(fd, &l.mount)));
-            if opaque {
-                break;
-            }
+        let roots = lowers.iter().map(|l| &l.root);
+        for (i, fd) in stack::dirs_at_path(roots, from, &path, &self.upper) {
+            real.lowers.push((i, RealFd::new(fd, &lowers[i].mount)));
         }
     }
 

@@ -107,8 +107,13 @@ impl Overlay {
         if let Some(u) = &real.upper {
             layers.push((self.upper.layer.dev, u.clone()));
         }
+        let lowers = self.lowers();
         for (i, fd) in &real.lowers {
-            layers.push((self.lowers[*i].dev, fd.clone()));
+            // An index past the stack: `real` predates a live undo that
+            // shortened it (and is re-resolved right after); the device
+            // only picks inode numbers.
+            let dev = lowers.get(*i).map_or(self.upper.layer.dev, |l| l.dev);
+            layers.push((dev, fd.clone()));
         }
         for (n, (dev, real_fd)) in layers.iter().enumerate() {
             let from_lower = n > 0 || real.upper.is_none();

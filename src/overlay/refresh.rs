@@ -209,7 +209,7 @@ impl Overlay {
         let opaque = self.upper.is_opaque(&root);
         let mut lowers = Vec::new();
         if !opaque {
-            for (i, l) in self.lowers.iter().enumerate() {
+            for (i, l) in self.lowers().iter().enumerate() {
                 let fd = sys::open_path(&l.root, OsStr::new("."))
                     .map_err(|e| format!("cannot open {}: {e}", l.path.display()))?;
                 lowers.push((i, RealFd::new(fd, &l.mount)));

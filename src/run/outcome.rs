@@ -122,6 +122,7 @@ impl Outcome {
             "signal": signal,
             "truncated": self.truncated(),
             "output_bytes": self.output_bytes,
+            "kept_bytes": self.kept_bytes,
             "duration_ms": self.duration.as_millis() as u64,
             "upper": path(&self.upper),
             "mountpoint": path(&self.mountpoint),
@@ -184,6 +185,7 @@ mod tests {
         assert_eq!(v["signal"], 9);
         assert_eq!(v["truncated"], true);
         assert_eq!(v["output_bytes"], 10);
+        assert_eq!(v["kept_bytes"], 4);
         assert_eq!(v["duration_ms"], 1500);
         assert_eq!(v["upper"], "/u");
         assert_eq!(v["timed_out"], false);

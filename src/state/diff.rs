@@ -32,14 +32,20 @@ use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
 
-use crate::layer::ops::is_whiteout;
+use crate::layer::ops::{is_opaque, is_whiteout, mark, redirect};
+use crate::layer::stack::{
+    base_lookup, base_names, join_lower, lowers_at_path, rel_of, stat_in, Base, BaseEntry,
+};
 use crate::layer::sys::{self, Stat};
 use crate::layer::walk::{self, is_dir, Step, Walker};
 use crate::overlay::origin::Origin;
 use crate::quote::quote_os;
 use crate::state::scratch::Scratch;
+
+/// The layers `diff` reads (their home is `layer::stack`; named here too
+/// for the commands that open them to diff, reset or gc).
+pub use crate::layer::stack::Layers;
 
 /// The kind of a change, as `diff` prints it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,56 +170,6 @@ impl Change {
     }
 }
 
-/// The layers of an (unmounted or mounted) workspace, opened as fds.
-pub struct Layers {
-    pub upper: OwnedFd,
-    pub lowers: Vec<OwnedFd>,
-    /// Owners are compared only in a root-owned upper.
-    compare_owner: bool,
-}
-
-impl Layers {
-    /// Layers from fds the caller already holds (the daemon's own).
-    pub fn from_fds(upper: OwnedFd, lowers: Vec<OwnedFd>) -> io::Result<Layers> {
-        let st = sys::fstat(&upper)?;
-        Ok(Layers {
-            upper,
-            lowers,
-            compare_owner: st.st_uid == 0,
-        })
-    }
-
-    pub fn open(upper: &Path, lowers: &[PathBuf]) -> Result<Layers, String> {
-        let up = sys::open_root(upper)
-            .map_err(|e| format!("cannot open upper dir {}: {e}", upper.display()))?;
-        let st = sys::fstat(&up)
-            .map_err(|e| format!("cannot stat upper dir {}: {e}", upper.display()))?;
-        let mut ls = Vec::new();
-        for (i, l) in lowers.iter().enumerate() {
-            ls.push(
-                sys::open_root(l).map_err(|e| {
-                    format!("cannot open lower dir #{} {}: {e}", i + 1, l.display())
-                })?,
-            );
-        }
-        Ok(Layers {
-            upper: up,
-            lowers: ls,
-            compare_owner: st.st_uid == 0,
-        })
-    }
-}
-
-/// The overlay marks of an upper or lower object, in either spelling
-/// (`trusted.overlay.` as written by a root daemon, `user.overlay.` by an
-/// unprivileged one).
-pub fn mark(fd: &impl std::os::fd::AsRawFd, what: &str) -> Option<Vec<u8>> {
-    ["trusted.overlay.", "user.overlay."].iter().find_map(|p| {
-        let name = CString::new(format!("{p}{what}")).expect("no NUL");
-        sys::getxattr(fd, &name).ok()
-    })
-}
-
 /// The overlay marks of one upper directory, read with one `listxattr`
 /// (most directories have no xattrs at all: no further call).
 #[derive(Default)]
@@ -248,14 +204,6 @@ fn dir_marks(fd: &OwnedFd) -> DirMarks {
     m
 }
 
-pub fn is_opaque(fd: &impl std::os::fd::AsRawFd) -> bool {
-    mark(fd, "opaque").is_some_and(|v| v == b"y")
-}
-
-pub fn redirect(fd: &impl std::os::fd::AsRawFd) -> Option<OsString> {
-    mark(fd, "redirect").map(|v| OsStr::from_bytes(&v).to_os_string())
-}
-
 pub fn type_name(mode: u32) -> &'static str {
     match mode & libc::S_IFMT {
         libc::S_IFREG => "file",
@@ -281,156 +229,6 @@ fn mode_of_dtype(dtype: u8) -> Option<u32> {
         libc::DT_BLK => Some(libc::S_IFBLK),
         _ => None,
     }
-}
-
-fn not_found(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
-}
-
-pub fn join(dir: &OsStr, name: &OsStr) -> OsString {
-    if dir.is_empty() {
-        return name.to_os_string();
-    }
-    let mut p = dir.to_os_string();
-    p.push("/");
-    p.push(name);
-    p
-}
-
-/// Lower directories that make up the shared version of one directory,
-/// topmost first, with the layer index of each.
-pub(crate) type Base = Vec<(usize, OwnedFd)>;
-
-/// The shared version of one name.
-pub(crate) struct BaseEntry {
-    pub st: Stat,
-    pub layer: usize,
-    /// For a directory: its lower directories (merged).
-    pub dirs: Base,
-}
-
-/// Finds `name` in the shared version of a directory (as lookup does over
-/// the lowers alone: a lower whiteout ends the search, a non-directory
-/// ends it, an opaque lower directory stops the merge).
-pub(crate) fn base_lookup(
-    base: &Base,
-    nlowers: usize,
-    name: &OsStr,
-) -> io::Result<Option<BaseEntry>> {
-    let mut found: Option<BaseEntry> = None;
-    for (i, d) in base {
-        let st = match sys::fstatat(d, name) {
-            Ok(s) => s,
-            Err(e) if not_found(&e) => continue,
-            Err(e) => return Err(e),
-        };
-        if is_whiteout(&st) {
-            break;
-        }
-        if !is_dir(&st) {
-            if found.is_none() {
-                found = Some(BaseEntry {
-                    st,
-                    layer: *i,
-                    dirs: Vec::new(),
-                });
-            }
-            break;
-        }
-        if found.as_ref().is_some_and(|f| !is_dir(&f.st)) {
-            break;
-        }
-        let fd = sys::open_path(d, name)?;
-        let opaque = *i + 1 < nlowers && is_opaque(&fd);
-        match &mut found {
-            Some(f) => f.dirs.push((*i, fd)),
-            None => {
-                found = Some(BaseEntry {
-                    st,
-                    layer: *i,
-                    dirs: vec![(*i, fd)],
-                })
-            }
-        }
-        if opaque {
-            break;
-        }
-    }
-    Ok(found)
-}
-
-/// The names the shared version of a directory shows.
-pub(crate) fn base_names(base: &Base) -> io::Result<Vec<OsString>> {
-    let mut seen: HashMap<OsString, bool> = HashMap::new();
-    for (_, d) in base {
-        for e in sys::read_dir(d)? {
-            if seen.contains_key(&e.name) {
-                continue;
-            }
-            let visible = if e.dtype == libc::DT_CHR {
-                !sys::fstatat(d, &e.name).is_ok_and(|s| is_whiteout(&s))
-            } else {
-                true
-            };
-            seen.insert(e.name, visible);
-        }
-    }
-    let mut names: Vec<OsString> = seen
-        .into_iter()
-        .filter_map(|(n, v)| v.then_some(n))
-        .collect();
-    names.sort();
-    Ok(names)
-}
-
-/// Lower directories at an absolute lower path (`/a/b`), as a redirected
-/// directory finds them.
-pub(crate) fn lowers_at_path(layers: &Layers, path: &OsStr) -> Base {
-    let mut out = Vec::new();
-    'layers: for (i, l) in layers.lowers.iter().enumerate() {
-        let Ok(mut fd) = sys::open_path(l, OsStr::new(".")) else {
-            continue;
-        };
-        for comp in path
-            .as_bytes()
-            .split(|&b| b == b'/')
-            .filter(|c| !c.is_empty())
-        {
-            let c = OsStr::from_bytes(comp);
-            match sys::fstatat(&fd, c) {
-                Ok(s) if is_dir(&s) => {}
-                Ok(s) if is_whiteout(&s) => break 'layers,
-                _ => continue 'layers,
-            }
-            fd = match sys::open_path(&fd, c) {
-                Ok(f) => f,
-                Err(_) => continue 'layers,
-            };
-        }
-        let opaque = i + 1 < layers.lowers.len() && is_opaque(&fd);
-        out.push((i, fd));
-        if opaque {
-            break;
-        }
-    }
-    out
-}
-
-/// A lower path `/a/b` as a path relative to the layer root (`a/b`).
-fn rel_of(lower_path: &OsStr) -> OsString {
-    let b = lower_path.as_bytes();
-    let start = b.iter().position(|&c| c != b'/').unwrap_or(b.len());
-    OsStr::from_bytes(&b[start..]).to_os_string()
-}
-
-/// The stat of the file at `rel` in a layer, not following symlinks.
-pub(crate) fn stat_in(root: &OwnedFd, rel: &OsStr) -> io::Result<Stat> {
-    walk::stat_rel(root, rel)
-}
-
-pub(crate) fn open_read(root: &OwnedFd, rel: &OsStr) -> io::Result<OwnedFd> {
-    let fd = walk::open_rel(root, rel, libc::O_PATH)?;
-    sys::reopen(&fd, libc::O_RDONLY | libc::O_NOATIME).or_else(|_| sys::reopen(&fd, libc::O_RDONLY))
 }
 
 /// Whether two regular files (same size) have the same bytes.
@@ -925,7 +723,8 @@ impl Walk<'_> {
     fn same_meta(&self, ufd: &OwnedFd, ust: &Stat, lfd: &OwnedFd, lst: &Stat, times: bool) -> bool {
         let fmt = ust.st_mode & libc::S_IFMT;
         ust.st_mode & 0o7777 == lst.st_mode & 0o7777
-            && (!self.layers.compare_owner || (ust.st_uid, ust.st_gid) == (lst.st_uid, lst.st_gid))
+            && (!self.layers.compare_owner()
+                || (ust.st_uid, ust.st_gid) == (lst.st_uid, lst.st_gid))
             && (!times || (ust.st_mtime, ust.st_mtime_nsec) == (lst.st_mtime, lst.st_mtime_nsec))
             && (fmt == libc::S_IFLNK || user_xattrs(ufd) == user_xattrs(lfd))
     }
@@ -1069,12 +868,4 @@ fn origin_at(dir: &OwnedFd, name: &OsStr) -> Option<Origin> {
         return None;
     }
     Origin::read(&sys::open_path(dir, name).ok()?)
-}
-
-/// `dir/name` for lower paths (`/a` + `b` = `/a/b`; "" + `b` = `/b`).
-pub(crate) fn join_lower(dir: &OsStr, name: &OsStr) -> OsString {
-    let mut p = dir.to_os_string();
-    p.push("/");
-    p.push(name);
-    p
 }

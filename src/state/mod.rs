@@ -4,13 +4,17 @@
 //! snapshots and scratch paths. The daemon's side of the control socket
 //! lives in `daemon::control`.
 
+pub mod checkpoint;
 pub mod control;
 pub mod diff;
+pub mod frozen;
 pub mod journal;
 pub mod moves;
 pub mod patch;
+pub mod place;
 pub mod reset;
 pub mod scratch;
 pub mod snapshot;
 pub mod snapshot_id;
+pub mod summary;
 pub mod workspace;

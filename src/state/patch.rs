@@ -27,7 +27,8 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 
-use super::diff::{self, Change, Kind, Layers};
+use super::diff::{self, Change, Kind};
+use crate::layer::stack::{self, Layers};
 use crate::layer::sys;
 use crate::layer::walk::{self, is_dir};
 use crate::quote::{quote, quote_os};
@@ -89,7 +90,7 @@ fn change_patch(layers: &Layers, c: &Change, claimed: &Claimed) -> String {
         rel: &c.path,
         name: &c.path,
     });
-    let old_is_dir = old.is_some_and(|o| diff::stat_in(o.root, o.rel).is_ok_and(|st| is_dir(&st)));
+    let old_is_dir = old.is_some_and(|o| stack::stat_in(o.root, o.rel).is_ok_and(|st| is_dir(&st)));
     let mut out = String::new();
     if c.ftype == "dir" {
         match (c.kind, &c.from, old) {
@@ -122,8 +123,8 @@ fn tree(layers: &Layers, from: &OsStr, to: Option<&OsStr>, claimed: &Claimed, ou
     let mut stack = vec![OsString::new()];
     while let Some(sub) = stack.pop() {
         let old_dir = join(from, &sub);
-        let base = diff::lowers_at_path(layers, &lower_path(&old_dir));
-        let Ok(names) = diff::base_names(&base) else {
+        let base = stack::lowers_at_path(layers, &lower_path(&old_dir));
+        let Ok(names) = stack::base_names(&base) else {
             continue;
         };
         for n in names.iter().rev() {
@@ -132,7 +133,7 @@ fn tree(layers: &Layers, from: &OsStr, to: Option<&OsStr>, claimed: &Claimed, ou
             if claimed.0.contains(&old_rel) {
                 continue;
             }
-            let Ok(Some(b)) = diff::base_lookup(&base, nlowers, n) else {
+            let Ok(Some(b)) = stack::base_lookup(&base, nlowers, n) else {
                 continue;
             };
             if is_dir(&b.st) {
@@ -158,7 +159,7 @@ fn join(dir: &OsStr, name: &OsStr) -> OsString {
     if name.is_empty() {
         return dir.to_os_string();
     }
-    diff::join(dir, name)
+    stack::join(dir, name)
 }
 
 /// A relative path as the absolute lower path `lowers_at_path` takes.
@@ -195,7 +196,7 @@ impl Content {
                 if st.st_size as u64 > PATCH_MAX {
                     return Content::TooLarge;
                 }
-                let Ok(fd) = diff::open_read(s.root, s.rel) else {
+                let Ok(fd) = stack::open_read(s.root, s.rel) else {
                     return Content::Absent;
                 };
                 let mut buf = vec![0u8; st.st_size as usize];
@@ -233,8 +234,8 @@ fn same_large(oc: &Content, nc: &Content, old: Option<Side>, new: Option<Side>) 
         return false;
     };
     let (Ok(a), Ok(b)) = (
-        diff::open_read(o.root, o.rel),
-        diff::open_read(n.root, n.rel),
+        stack::open_read(o.root, o.rel),
+        stack::open_read(n.root, n.rel),
     ) else {
         return false;
     };
@@ -249,7 +250,7 @@ fn same_large(oc: &Content, nc: &Content, old: Option<Side>, new: Option<Side>) 
 /// files, 120000 for symlinks; `None` for anything else.
 fn git_mode(side: Option<Side>) -> Option<u32> {
     let s = side?;
-    let st = diff::stat_in(s.root, s.rel).ok()?;
+    let st = stack::stat_in(s.root, s.rel).ok()?;
     match st.st_mode & libc::S_IFMT {
         libc::S_IFREG if st.st_mode & 0o100 != 0 => Some(0o100755),
         libc::S_IFREG => Some(0o100644),

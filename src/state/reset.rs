@@ -23,8 +23,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::diff::{base_lookup, is_opaque, join_lower, lowers_at_path, redirect, Base, Layers};
-use crate::layer::ops::is_whiteout;
+use crate::layer::ops::{is_opaque, is_whiteout, redirect};
+use crate::layer::stack::{base_lookup, join, join_lower, lowers_at_path, Base, Layers};
 use crate::layer::sys;
 use crate::overlay::origin::Origin;
 
@@ -180,7 +180,7 @@ fn walk_parent(layers: &Layers, rel: &OsStr) -> Result<Option<Parent>, String> {
     let mut walked = OsString::new();
     for comp in &comps[..comps.len().saturating_sub(1)] {
         let name = OsStr::from_bytes(comp);
-        walked = super::diff::join(&walked, name);
+        walked = join(&walked, name);
         let st = match sys::fstatat(&cur.upper, name) {
             Ok(s) => s,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT)) => return Ok(None),

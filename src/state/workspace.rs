@@ -2,10 +2,12 @@
 //! directory and, when it is mounted, its mountpoint.
 //!
 //! The state directory (default `.<upper-name>.layerfs-state` beside the
-//! upper) holds `workspace.json`, written atomically at every mount, so an
-//! unmounted workspace can be found from its upper directory. A live mount
-//! is found through the daemon's registry entry (the pid file names the
-//! state directory), which is how `--state` elsewhere still resolves.
+//! upper, or wherever `--state` puts it) holds `workspace.json`, written
+//! atomically at every mount and unmount, naming the upper and the last
+//! mountpoint. A live mount is found through the daemon's registry entry
+//! (the pid file names the state directory); an unmounted workspace
+//! through the record its upper and its mountpoint carry
+//! (`state::place`), else the default state dir beside the upper.
 //!
 //! The state directory is opened once as a checked `SafeDir` (not a
 //! symlink, owned by the caller or root, not writable by others) and every
@@ -13,7 +15,7 @@
 //! `snapshots/`) is reached through that descriptor, never by its name
 //! again: see `layer::safedir`.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -36,6 +38,8 @@ pub struct Workspace {
     pub state: PathBuf,
     /// Some(..) only when a live daemon serves it.
     pub mountpoint: Option<PathBuf>,
+    /// Where it was last mounted (mounted now or not).
+    pub last_mountpoint: Option<PathBuf>,
     pub scratch: Vec<String>,
     /// The `--policy` file it was mounted with.
     pub policy: Option<PathBuf>,
@@ -74,6 +78,9 @@ pub struct Description<'a> {
     pub lowers: &'a [PathBuf],
     pub work: &'a Path,
     pub mountpoint: Option<&'a Path>,
+    /// Where it is (or was last) mounted, kept after the unmount; `None`
+    /// for a workspace only the in-process tools have opened.
+    pub last_mountpoint: Option<&'a Path>,
     pub policy: Option<&'a Path>,
     pub scratch: &'a [String],
 }
@@ -86,6 +93,7 @@ impl Description<'_> {
             "lowers": self.lowers.iter().map(|p| s(p)).collect::<Vec<_>>(),
             "work": s(self.work),
             "mountpoint": self.mountpoint.map(s),
+            "last_mountpoint": self.last_mountpoint.map(s),
             "policy": self.policy.map(s),
             "scratch": self.scratch,
         })
@@ -96,15 +104,9 @@ impl Description<'_> {
 /// over the old one, and the directory fsynced. A reader sees the old or
 /// the new description, never a partial one.
 pub fn write_description(state: &SafeDir, d: &Description<'_>) -> io::Result<()> {
-    let tmp = format!(".{WORKSPACE_FILE}.tmp");
     let mut text = serde_json::to_string_pretty(&d.to_json()).map_err(io::Error::other)?;
     text.push('\n');
-    let mut f = state.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    drop(f);
-    state.rename(&tmp, WORKSPACE_FILE, 0)?;
-    state.sync()
+    state.replace_file(WORKSPACE_FILE, text.as_bytes())
 }
 
 fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, String> {
@@ -142,6 +144,13 @@ fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, Strin
                 .collect()
         })
         .unwrap_or_default();
+    // Frozen layers (checkpoints) on top of the shared lowers: what the
+    // mount serves, and what diff and reset compare the upper with.
+    let lowers = super::frozen::frozen_paths(&state)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .chain(lowers)
+        .collect();
     Ok(Workspace {
         upper: path("upper")?,
         lowers,
@@ -149,6 +158,10 @@ fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, Strin
         state: state.path().to_path_buf(),
         mountpoint: v
             .get("mountpoint")
+            .and_then(Value::as_str)
+            .map(PathBuf::from),
+        last_mountpoint: v
+            .get("last_mountpoint")
             .and_then(Value::as_str)
             .map(PathBuf::from),
         scratch,
@@ -249,9 +262,10 @@ fn check_owner(ws: &Workspace) -> Result<(), String> {
 }
 
 impl Workspace {
-    /// A live layerfs mountpoint (asked through its daemon / registry) or an
-    /// upper directory (its default state dir's workspace.json); a state
-    /// directory itself is accepted too. Errors say what to do.
+    /// A live layerfs mountpoint (asked through its daemon / registry), an
+    /// upper directory or an unmounted mountpoint (the state dir it
+    /// records, `state::place`, else the upper's default one), or a state
+    /// directory itself. Errors say what to do.
     pub fn resolve(arg: &Path) -> Result<Workspace, String> {
         let abs = std::path::absolute(arg).map_err(|e| format!("{}: {e}", arg.display()))?;
         let canon = std::fs::canonicalize(&abs).unwrap_or(abs.clone());
@@ -298,40 +312,67 @@ impl Workspace {
             ));
         }
         // The state directory itself (it holds a workspace.json), or an
-        // upper with its default one.
+        // upper or unmounted mountpoint with the state dir it records
+        // (`state::place`), else an upper with its default one.
         // (A directory this user may not search is taken as a state dir
         // too: reading it then says whose it is.)
         let is_state_dir = match std::fs::symlink_metadata(canon.join(WORKSPACE_FILE)) {
             Ok(_) => true,
             Err(e) => e.kind() == io::ErrorKind::PermissionDenied,
         };
-        let (state, from_upper) = if is_state_dir {
-            (canon.clone(), false)
-        } else {
-            (default_state_dir(&canon), true)
+        if is_state_dir {
+            return Workspace::from_state(&canon, None);
+        }
+        match super::place::recorded(&canon) {
+            Some(state) => Workspace::from_state(&state, Some(&canon)),
+            None => Workspace::from_state(&default_state_dir(&canon), Some(&canon)),
+        }
+    }
+
+    /// `resolve` with the state dir given (`--state DIR`): `arg` must be
+    /// that workspace's upper, its mountpoint (live or last) or the state
+    /// dir itself.
+    pub fn resolve_in(arg: &Path, state: &Path) -> Result<Workspace, String> {
+        let abs = |p: &Path| {
+            std::path::absolute(p)
+                .map(|a| std::fs::canonicalize(&a).unwrap_or(a))
+                .map_err(|e| format!("{}: {e}", p.display()))
         };
+        let (canon, state) = (abs(arg)?, abs(state)?);
+        let of = (canon != state).then_some(canon.as_path());
+        Workspace::from_state(&state, of)
+    }
+
+    /// The workspace described in the state dir `state`; when it was
+    /// reached from the directory `of` (an upper or a mountpoint), the
+    /// description must name `of` as one or the other.
+    fn from_state(state: &Path, of: Option<&Path>) -> Result<Workspace, String> {
+        let shown = of.unwrap_or(state);
         let missing = || {
             format!(
                 "{} is not a layerfs mountpoint, and {} has no {WORKSPACE_FILE}: give a live \
-                 mountpoint, or the upper directory of a workspace mounted at least once \
-                 (with --state DIR, give that DIR)",
-                canon.display(),
+                 mountpoint, or the upper directory or mountpoint of a workspace mounted at \
+                 least once (with --state DIR mounts from before this layerfs version, give \
+                 --state DIR too)",
+                shown.display(),
                 state.display()
             )
         };
-        let dir = existing_state(&state, missing)?;
+        let dir = existing_state(state, missing)?;
         let mut ws = read_description(dir)?.ok_or_else(missing)?;
-        if from_upper && ws.upper != canon {
-            return Err(format!(
-                "state dir {} describes the workspace of upper {}, not {}: it was copied or \
-                 moved; remount the workspace (layerfs mount … --upper {}) to rewrite it",
-                state.display(),
-                ws.upper.display(),
-                canon.display(),
-                canon.display()
-            ));
+        if let Some(of) = of {
+            if ws.upper != of && ws.last_mountpoint.as_deref() != Some(of) {
+                return Err(format!(
+                    "state dir {} describes the workspace of upper {}, not {}: it was copied \
+                     or moved; remount the workspace (layerfs mount … --upper {}) to rewrite it",
+                    state.display(),
+                    ws.upper.display(),
+                    of.display(),
+                    of.display()
+                ));
+            }
         }
-        ws.state = state;
+        ws.state = state.to_path_buf();
         check_owner(&ws)?;
         ws.mountpoint = ws.mountpoint.take().filter(|mp| {
             mounts::find(mp).is_some_and(|m| m.is_layerfs())
@@ -387,6 +428,7 @@ mod tests {
             lowers: &lowers,
             work: Path::new("/w"),
             mountpoint: Some(Path::new("/m")),
+            last_mountpoint: Some(Path::new("/m")),
             policy: None,
             scratch: &scratch,
         };
@@ -395,6 +437,7 @@ mod tests {
         assert_eq!(ws.upper, PathBuf::from("/u"));
         assert_eq!(ws.lowers, lowers);
         assert_eq!(ws.mountpoint, Some(PathBuf::from("/m")));
+        assert_eq!(ws.last_mountpoint, Some(PathBuf::from("/m")));
         assert_eq!(ws.scratch, scratch);
         let text = std::fs::read_to_string(dir.path().join("s").join(WORKSPACE_FILE)).unwrap();
         let v: Value = serde_json::from_str(&text).unwrap();

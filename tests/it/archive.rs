@@ -989,7 +989,7 @@ fn a_tree_deeper_than_path_max_is_saved_and_restored() {
         .unwrap();
     // Room for the archive (each entry holds its whole path) and the tree.
     let mib = 64 + levels * levels * 3 / 500_000;
-    let _tmpfs = crate::snapshot::Tmpfs::mount(place.path(), &format!("{mib}M"));
+    let _tmpfs = crate::harness::Tmpfs::new(place.path(), &format!("{mib}M"));
     fs::set_permissions(place.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let w = Ws::new_in(ROOT, None, place.path());
     let up = s(&w.ws.upper);

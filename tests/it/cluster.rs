@@ -110,7 +110,7 @@ impl Gluster {
         g.created = true;
         // Without upcall invalidation a client keeps answering the old
         // name of an object another client renamed for as long as its
-        // kernel holds the object (README: Running at scale).
+        // kernel holds the object (docs/scale-out.md).
         for opt in [
             "features.cache-invalidation",
             "performance.cache-invalidation",
@@ -345,7 +345,7 @@ fn a_glusterfs_volume_as_the_shared_lower() {
             "mv knowledge/old knowledge/archive",
             // The old name is checked in the listing: a GlusterFS client
             // itself may go on resolving the old name of an object another
-            // client renamed while the new one is in use (README).
+            // client renamed while the new one is in use (docs/scale-out.md).
             Box::new(|m: &Path| {
                 let names: Vec<_> = fs::read_dir(m.join("knowledge"))
                     .unwrap()

@@ -1,5 +1,5 @@
-//! The container recipe of the README: a live workspace, mounted by root
-//! with `--allow-other`, bind-mounted into a sandbox with its own mount,
+//! The container recipe of docs/operations.md ("Containers"): a live
+//! workspace, mounted by root with `--allow-other`, bind-mounted into a sandbox with its own mount,
 //! pid and user namespaces that runs as an unprivileged uid — once with
 //! util-linux `unshare`, once with bubblewrap (`bwrap`, as container
 //! runtimes build it). Inside, the kernel enforces the files' modes

@@ -473,46 +473,6 @@ pub fn view_diff(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> 
     out
 }
 
-/// A kernel overlayfs mount (`redirect_dir=on`), unmounted on drop.
-pub struct KernelOverlay(PathBuf);
-
-impl KernelOverlay {
-    pub fn mount(lower: &Path, upper: &Path, work: &Path, mnt: &Path) -> Result<Self, String> {
-        fs::create_dir_all(work).map_err(|e| format!("create {}: {e}", work.display()))?;
-        fs::create_dir_all(mnt).map_err(|e| format!("create {}: {e}", mnt.display()))?;
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={},redirect_dir=on",
-            lower.display(),
-            upper.display(),
-            work.display()
-        );
-        let out = Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &opts])
-            .arg(mnt)
-            .output()
-            .map_err(|e| format!("run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "mount -t overlay -o {opts}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(KernelOverlay(mnt.to_path_buf()))
-    }
-}
-
-impl Drop for KernelOverlay {
-    fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(&self.0)
-            .stderr(Stdio::null())
-            .status();
-        if !matches!(ok, Ok(s) if s.success()) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-}
-
 /// The workload's shells; killed and reaped on drop.
 pub struct Workers(Vec<Child>);
 
@@ -667,7 +627,7 @@ fn round(
         bad.push(format!("work-dir temporary visible: {k}"));
     }
     drop(m);
-    match KernelOverlay::mount(ws.lower(), &ws.upper, &kwork, &kmnt) {
+    match KernelOverlay::mount(&[ws.lower()], &ws.upper, &kwork, &kmnt) {
         Ok(k) => {
             let kview = tree_view(&kmnt);
             drop(k);

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use layerfs::host::pidfile;
 
 use crate::harness::eventually;
-use crate::harness::{bin, is_mounted, policy_file, Workspace};
+use crate::harness::{bin, is_mounted, layerfs_quiet, policy_file, Workspace};
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -130,16 +130,6 @@ pub(crate) fn mount_args(ws: &Workspace, extra: &[&str]) -> Vec<String> {
     a.push(ws.mnt.display().to_string());
     a
 }
-
-fn layerfs(args: &[String]) -> Output {
-    let mut cmd = Command::new(bin());
-    cmd.args(args).stdin(Stdio::null());
-    if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "warn");
-    }
-    cmd.output().expect("run layerfs")
-}
-
 pub(crate) fn text(o: &Output) -> String {
     format!(
         "exit {:?}\nstdout: {}\nstderr: {}",
@@ -151,7 +141,7 @@ pub(crate) fn text(o: &Output) -> String {
 
 /// Mounts `ws` in the background with the raw argument list `args`.
 fn bg_mount_args(mnt: &Path, args: &[String]) -> Result<BgMount, Output> {
-    let out = layerfs(args);
+    let out = layerfs_quiet(args);
     if !out.status.success() {
         return Err(out);
     }
@@ -175,7 +165,7 @@ fn expect_refusal(mnt: &Path, args: &[String], code: i32, needles: &[&str]) {
         "{} is mounted before the test",
         mnt.display()
     );
-    let out = layerfs(args);
+    let out = layerfs_quiet(args);
     // Whatever a wrongly accepted mount left behind is cleaned up on return.
     let _leftover = BgMount {
         mnt: mnt.to_path_buf(),
@@ -239,7 +229,7 @@ fn background_mount_returns_only_when_live_and_umount_waits_for_the_daemon() {
     let pid = m.pid();
     assert!(pidfile::is_daemon_alive(pid));
 
-    let out = layerfs(&["umount".into(), ws.mnt.display().to_string()]);
+    let out = layerfs_quiet(&["umount".into(), ws.mnt.display().to_string()]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(!is_mounted(&ws.mnt));
     assert!(
@@ -280,7 +270,7 @@ fn after_umount_the_upper_filesystem_is_free_to_unmount() {
             .status()
             .unwrap();
         assert!(st.success());
-        let out = layerfs(&["umount".into(), ws.mnt.display().to_string()]);
+        let out = layerfs_quiet(&["umount".into(), ws.mnt.display().to_string()]);
         assert!(out.status.success(), "{}", text(&out));
         assert!(!pidfile::is_daemon_alive(pid));
         // No retry, no lazy unmount: busy now is the bug.
@@ -300,7 +290,7 @@ fn after_umount_the_upper_filesystem_is_free_to_unmount() {
 #[test]
 fn umount_of_something_not_mounted_fails_clearly() {
     let ws = Workspace::new();
-    let out = layerfs(&["umount".into(), ws.mnt.display().to_string()]);
+    let out = layerfs_quiet(&["umount".into(), ws.mnt.display().to_string()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not mounted"));
 }
@@ -348,7 +338,7 @@ fn mount_refuses_an_upper_inside_a_lower_and_a_mountpoint_inside_the_upper() {
 fn mount_refuses_a_busy_mountpoint() {
     let ws = Workspace::new();
     let _m = bg_mount(&ws, &[]);
-    let out = layerfs(&mount_args(&ws, &[]));
+    let out = layerfs_quiet(&mount_args(&ws, &[]));
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("mountpoint busy"),
@@ -376,16 +366,16 @@ fn mount_refuses_a_bad_policy_file_naming_the_line() {
 
 #[test]
 fn usage_errors_exit_2_and_help_exits_0_with_examples() {
-    let out = layerfs(&["mount".into()]);
+    let out = layerfs_quiet(&["mount"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let out = layerfs(&["mount".into(), "--help".into()]);
+    let out = layerfs_quiet(&["mount", "--help"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(
         help.contains("Examples") && help.contains("lowerdir="),
         "{help}"
     );
-    let out = layerfs(&["--help".into()]);
+    let out = layerfs_quiet(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
 }
 
@@ -393,13 +383,13 @@ fn usage_errors_exit_2_and_help_exits_0_with_examples() {
 fn policy_check_says_ok_or_names_the_bad_line() {
     let ws = Workspace::new();
     let good = policy_file(&ws, "hide **/.env\nreadonly skills/**\n");
-    let out = layerfs(&["policy".into(), "check".into(), good.display().to_string()]);
+    let out = layerfs_quiet(&["policy".into(), "check".into(), good.display().to_string()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
 
     let bad = ws.dir.path().join("bad-policy");
     fs::write(&bad, "hide a\n\nreadonly\n").unwrap();
-    let out = layerfs(&["policy".into(), "check".into(), bad.display().to_string()]);
+    let out = layerfs_quiet(&["policy".into(), "check".into(), bad.display().to_string()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("line 3"),
@@ -707,4 +697,159 @@ fn an_unprivileged_user_mounts_through_fusermount3() {
     assert!(out.status.success(), "unprivileged umount: {}", text(&out));
     assert!(!is_mounted(&ws.mnt));
     assert!(!pidfile::is_daemon_alive(pid));
+}
+
+// ---------------------------------------------------------------------------
+// Remount right after umount(8)
+// ---------------------------------------------------------------------------
+
+/// `umount MNT && layerfs mount … MNT`, as scripts, fstab users and
+/// `systemctl restart` do: the old daemon's mount is gone but it may still
+/// be flushing and hold the upper's lock. The new mount waits for it
+/// instead of refusing, every time, and nothing written is lost.
+#[test]
+fn remount_right_after_plain_umount_waits_for_the_old_daemon() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("base"), "lower\n").unwrap();
+    let mut m = bg_mount(&ws, &[]);
+    for i in 0..20 {
+        // Enough data that the old daemon has something to flush.
+        let body = format!("cycle {i}\n").repeat(20_000);
+        fs::write(ws.mnt.join(format!("f{i}")), &body).unwrap();
+        fs::write(ws.mnt.join("base"), format!("edited {i}\n")).unwrap();
+        let st = Command::new("umount").arg(&ws.mnt).status().unwrap();
+        assert!(st.success(), "umount failed in cycle {i}");
+        // The old daemon exits on its own now; the guard must not kill it.
+        m.pid = None;
+        drop(m);
+        m = bg_mount_args(&ws.mnt, &mount_args(&ws, &[]))
+            .unwrap_or_else(|o| panic!("remount {i} refused: {}", text(&o)));
+        for j in 0..=i {
+            let want = format!("cycle {j}\n").repeat(20_000);
+            assert_eq!(
+                fs::read_to_string(ws.mnt.join(format!("f{j}"))).unwrap(),
+                want,
+                "f{j} after remount {i}"
+            );
+        }
+        assert_eq!(
+            fs::read_to_string(ws.mnt.join("base")).unwrap(),
+            format!("edited {i}\n")
+        );
+    }
+    drop(m);
+    assert!(!is_mounted(&ws.mnt));
+}
+
+/// Mounting over a directory that holds files would hide them silently:
+/// refused, naming the option that allows it; `--nonempty` and
+/// `-o nonempty` allow it, and `--help` says so.
+#[test]
+fn mount_refuses_a_non_empty_mountpoint_unless_nonempty() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("from-lower"), "l").unwrap();
+    fs::write(ws.mnt.join("hidden"), "under the mount").unwrap();
+    expect_refusal(
+        &ws.mnt,
+        &mount_args(&ws, &[]),
+        1,
+        &["is not empty", "hidden", "--nonempty", "-o nonempty"],
+    );
+    for extra in [&["--nonempty"][..], &["-o", "nonempty"][..]] {
+        let m = bg_mount(&ws, extra);
+        assert!(ws.mnt.join("from-lower").exists(), "{extra:?}");
+        assert!(!ws.mnt.join("hidden").exists(), "{extra:?}");
+        drop(m);
+        assert!(!is_mounted(&ws.mnt));
+        assert_eq!(
+            fs::read_to_string(ws.mnt.join("hidden")).unwrap(),
+            "under the mount"
+        );
+    }
+    let help = layerfs_quiet(&["mount", "--help"]);
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("--nonempty"),
+        "{}",
+        text(&help)
+    );
+}
+
+/// `status --json` of `mnt`, parsed.
+fn status_json(mnt: &Path) -> serde_json::Value {
+    let out = layerfs_quiet(&["status".into(), "--json".into(), mnt.display().to_string()]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim())
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+}
+
+/// A policy reload that fails is visible: in the log, in `status` and
+/// in `status --json`, until a reload succeeds.
+#[test]
+fn a_failed_policy_reload_is_shown_by_status_until_one_succeeds() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("secret"), "s3cret").unwrap();
+    let p = policy_file(&ws, "hide secret\n");
+    let m = bg_mount(&ws, &["--policy", p.to_str().unwrap()]);
+    assert!(status_json(&ws.mnt)["policy_reload_failure"].is_null());
+
+    fs::write(&p, "# one\nhide secret\nthis is not a rule\n").unwrap();
+    kill(m.pid(), libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(10), || !status_json(&ws.mnt)
+            ["policy_reload_failure"]
+            .is_null()),
+        "status never showed the failed reload"
+    );
+    let v = status_json(&ws.mnt);
+    let msg = v["policy_reload_failure"]["message"].as_str().unwrap();
+    assert!(msg.starts_with("policy reload failed at "), "{msg}");
+    assert!(msg.contains("line 3"), "{msg}");
+    assert!(msg.ends_with("; serving the previous policy"), "{msg}");
+    assert!(v["policy_reload_failure"]["failed_at"].is_string(), "{v}");
+    let out = layerfs_quiet(&["status".into(), ws.mnt.display().to_string()]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(msg),
+        "{}",
+        text(&out)
+    );
+    assert!(fs::metadata(ws.mnt.join("secret")).is_err());
+
+    fs::write(&p, "hide secret\n").unwrap();
+    kill(m.pid(), libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(10), || status_json(&ws.mnt)
+            ["policy_reload_failure"]
+            .is_null()),
+        "a good reload did not clear the failure"
+    );
+}
+
+/// `status` of a mount whose daemon died says what to do.
+#[test]
+fn status_of_a_dead_mount_says_it_is_stale_and_how_to_clear_it() {
+    let ws = Workspace::new();
+    let m = bg_mount(&ws, &[]);
+    let pid = m.pid();
+    kill(pid, libc::SIGKILL);
+    assert!(eventually(Duration::from_secs(10), || {
+        !pidfile::is_daemon_alive(pid)
+    }));
+    assert!(is_mounted(&ws.mnt));
+    let canon = fs::canonicalize(ws.dir.path()).unwrap().join("mnt");
+    let want = format!("stale: run `layerfs umount {}`", canon.display());
+    let v = status_json(&ws.mnt);
+    assert_eq!(v["stale"], serde_json::json!(true), "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with(&want), "{v}");
+    for args in [vec![ws.mnt.display().to_string()], vec![]] {
+        let out = layerfs_quiet(&[vec!["status".to_string()], args].concat());
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&want),
+            "{}",
+            text(&out)
+        );
+    }
+    let out = layerfs_quiet(&["umount".into(), canon.display().to_string()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!is_mounted(&ws.mnt));
+    drop(m);
 }

@@ -271,8 +271,9 @@ fn diff_compares_a_second_deep_branch_after_a_first() {
     assert_alive(&d, &m);
 }
 
-/// A new tree deeper than PATH_MAX: every level is one `A` line, in text
-/// and `--json`, with its whole path.
+/// A new tree deeper than PATH_MAX: every level is one `A` line, in
+/// `--files` text and `--json`, with its whole path; plain `diff` folds the
+/// tree into one line that counts them.
 #[test]
 fn diff_lists_every_level_of_a_new_tree_deeper_than_path_max() {
     let d = DeepWs::new();
@@ -281,6 +282,8 @@ fn diff_lists_every_level_of_a_new_tree_deeper_than_path_max() {
     make_chain(m.path(), levels, "x\n");
     let mnt = m.path().as_os_str();
     let out = ok(&["diff".as_ref(), mnt]);
+    assert_eq!(out, format!("A {}/ ({levels} entries)\n", deep_rel(1)));
+    let out = ok(&["diff".as_ref(), "--files".as_ref(), mnt]);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), levels + 1);
     for (i, l) in lines[..levels].iter().enumerate() {

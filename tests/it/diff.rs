@@ -5,19 +5,11 @@
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use crate::basic::fsutil::write;
-use crate::harness::{bin, errno, sh, Workspace};
-
-fn layerfs(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .output()
-        .expect("run layerfs")
-}
-
+use crate::harness::{bin, errno, layerfs, sh, KernelOverlay, Workspace};
 /// Runs layerfs, requires success, returns stdout.
 fn ok(args: &[&str]) -> String {
     let out = layerfs(args);
@@ -46,20 +38,25 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
 
 /// A lower with files, nested directories and fixed modes.
 fn populate(lower: &Path) {
-    write(&lower.join("a.txt"), b"hello\n");
-    write(&lower.join("b.txt"), b"bye\n");
-    write(&lower.join("src/main.rs"), b"line1\nline2\nline3\n");
-    write(&lower.join("src/lib.rs"), b"pub fn x() {}\n");
-    write(&lower.join("docs/x.md"), b"x\n");
-    write(&lower.join("docs/sub/y.md"), b"y\n");
-    write(&lower.join("old/o.txt"), b"o\n");
-    write(&lower.join("old/inner/p.txt"), b"p\n");
-    write(&lower.join("keep/k1"), b"k1\n");
-    write(&lower.join("keep/k2"), b"k2\n");
-    write(&lower.join("mv.txt"), b"moved\n");
-    write(&lower.join("chm.txt"), b"c\n");
-    write(&lower.join("touch.txt"), b"t\n");
-    write(&lower.join("bin.dat"), b"\x00\x01\x02bin");
+    crate::harness::populate(
+        lower,
+        &[
+            ("a.txt", "hello\n"),
+            ("b.txt", "bye\n"),
+            ("src/main.rs", "line1\nline2\nline3\n"),
+            ("src/lib.rs", "pub fn x() {}\n"),
+            ("docs/x.md", "x\n"),
+            ("docs/sub/y.md", "y\n"),
+            ("old/o.txt", "o\n"),
+            ("old/inner/p.txt", "p\n"),
+            ("keep/k1", "k1\n"),
+            ("keep/k2", "k2\n"),
+            ("mv.txt", "moved\n"),
+            ("chm.txt", "c\n"),
+            ("touch.txt", "t\n"),
+            ("bin.dat", "\x00\x01\x02bin"),
+        ],
+    );
     for d in ["", "src", "docs", "docs/sub", "old", "old/inner", "keep"] {
         fs::set_permissions(lower.join(d), fs::Permissions::from_mode(0o755)).unwrap();
     }
@@ -110,6 +107,26 @@ const EXPECTED: &[&str] = &[
     "T touch.txt",
 ];
 
+/// `EXPECTED` as plain `diff` prints it: the new directory is one line.
+const FOLDED: &[&str] = &[
+    "M a.txt",
+    "D b.txt",
+    "T chm.txt",
+    "D docs",
+    "T keep",
+    "M keep/k1",
+    "D keep/k2",
+    "A link",
+    "R mv.txt -> moved.txt",
+    "A new.txt",
+    "A newdir/ (2 entries)",
+    "R old -> renamed",
+    "A renamed/inner/q.txt",
+    "A src/added.rs",
+    "M src/main.rs",
+    "T touch.txt",
+];
+
 fn check_json(out: &str) {
     let objs = json_lines(out);
     assert_eq!(objs.len(), EXPECTED.len(), "{out}");
@@ -151,7 +168,8 @@ fn diff_kinds(umask: &str) {
     let m = ws.mount();
     make_changes(m.path(), umask);
     // Live: answered from the upper while mounted.
-    assert_eq!(lines(&ok(&["diff", s(m.path())])), EXPECTED);
+    assert_eq!(lines(&ok(&["diff", "--files", s(m.path())])), EXPECTED);
+    assert_eq!(lines(&ok(&["diff", s(m.path())])), FOLDED);
     check_json(&ok(&["diff", "--json", s(m.path())]));
     // PATH… limits the output.
     assert_eq!(
@@ -160,7 +178,8 @@ fn diff_kinds(umask: &str) {
     );
     drop(m);
     // Unmounted: the upper directory names the workspace.
-    assert_eq!(lines(&ok(&["diff", s(&ws.upper)])), EXPECTED);
+    assert_eq!(lines(&ok(&["diff", "--files", s(&ws.upper)])), EXPECTED);
+    assert_eq!(lines(&ok(&["diff", s(&ws.upper)])), FOLDED);
     check_json(&ok(&["diff", "--json", s(&ws.upper)]));
 }
 
@@ -393,7 +412,10 @@ fn scratch_paths_are_left_out_of_diff_and_emptied_by_gc() {
         "mkdir -p build/x && echo o > build/x/out && echo o > src/m.o && echo c > cache/mine \
          && echo kept > keep/k1",
     );
-    assert_eq!(lines(&ok(&["diff", s(m.path())])), ["A build", "M keep/k1"]);
+    assert_eq!(
+        lines(&ok(&["diff", s(m.path())])),
+        ["A build/ (empty)", "M keep/k1"]
+    );
     let out = ok(&["gc", s(m.path())]);
     assert_eq!(
         lines(&out),
@@ -417,21 +439,6 @@ fn scratch_paths_are_left_out_of_diff_and_emptied_by_gc() {
     let out = layerfs(&["gc", s(&plain.upper)]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--scratch"));
-}
-
-/// A kernel overlayfs mount, unmounted on drop.
-struct KernelOverlay(PathBuf);
-
-impl Drop for KernelOverlay {
-    fn drop(&mut self) {
-        if !Command::new("umount")
-            .arg(&self.0)
-            .status()
-            .is_ok_and(|s| s.success())
-        {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
 }
 
 #[test]
@@ -471,21 +478,7 @@ fn origin_record_is_hidden_and_harmless_to_kernel_overlayfs() {
     // Kernel overlayfs mounts the same upper and shows the same tree.
     let kwork = ws.dir.path().join("kwork");
     let kmnt = ws.dir.path().join("kmnt");
-    fs::create_dir_all(&kwork).unwrap();
-    fs::create_dir_all(&kmnt).unwrap();
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=on",
-        s(ws.lower()),
-        s(&ws.upper),
-        s(&kwork)
-    );
-    let st = Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o", &opts])
-        .arg(&kmnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "kernel overlay mount");
-    let k = KernelOverlay(kmnt.clone());
+    let k = KernelOverlay::mount(&[ws.lower()], &ws.upper, &kwork, &kmnt).unwrap();
     assert_eq!(crate::basic::fsutil::tree_listing(&kmnt), view);
     assert_eq!(xattr::get(kmnt.join("a.txt"), name).unwrap(), None);
     drop(k);
@@ -616,9 +609,9 @@ fn diff_finds_shared_files_moved_by_rename_and_link() {
             .filter(|l| !l.starts_with("A n4/new"))
             .collect()
     };
-    assert_eq!(moved(ok(&["diff", s(m.path())])), expected);
+    assert_eq!(moved(ok(&["diff", "--files", s(m.path())])), expected);
     drop(m);
-    assert_eq!(moved(ok(&["diff", s(&ws.upper)])), expected);
+    assert_eq!(moved(ok(&["diff", "--files", s(&ws.upper)])), expected);
     // Content moved with the name: the edit made before the move is there.
     let patch = ok(&["diff", "--patch", s(&ws.upper), "n4/m4.txt"]);
     assert!(patch.contains("+edited"), "{patch}");
@@ -916,4 +909,120 @@ fn printing_commands_end_quietly_on_a_closed_pipe() {
             out.status
         );
     }
+}
+
+/// A `git init` inside the workspace is one `A .git/ (N entries)` line,
+/// with N the entries `--files` and `--json` list one by one; a shared file
+/// moved into a new directory keeps its own `R` line; naming the new
+/// directory as a PATH lists what is inside it.
+#[test]
+fn diff_folds_a_new_directory_into_one_line_with_its_count() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("README.md"), b"readme\n");
+    write(&ws.lower().join("notes.txt"), b"notes\n");
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "git init -q . && mkdir -p new/sub && echo x > new/sub/x && mv notes.txt new/notes.txt",
+    );
+    let files = ok(&["diff", "--files", s(m.path())]);
+    let git_entries = files.lines().filter(|l| l.starts_with("A .git/")).count();
+    assert!(git_entries > 10, "{files}");
+    assert!(files.lines().any(|l| l == "A .git"), "{files}");
+    let json = json_lines(&ok(&["diff", "--json", s(m.path())]));
+    assert_eq!(
+        json.len(),
+        files.lines().count(),
+        "--json keeps every entry"
+    );
+    assert_eq!(
+        lines(&ok(&["diff", s(m.path())])),
+        [
+            format!("A .git/ ({git_entries} entries)"),
+            "A new/ (2 entries)".to_string(),
+            "R notes.txt -> new/notes.txt".to_string(),
+        ]
+    );
+    // A PATH naming the new directory lists it; its new subdirectory folds.
+    let named = lines(&ok(&["diff", s(m.path()), "new"]));
+    assert_eq!(named.len(), 3, "{named:?}");
+    assert_eq!(named[0], "A new");
+    assert_eq!(named[2], "A new/sub/ (1 entry)");
+    // Through a pipe that closes early, as people page it.
+    let out = to_closed_pipe(&["diff", s(m.path())]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// `diff --stat`: counts and bytes per top-level entry and the totals, a
+/// deleted directory counted with every shared entry beneath it; `--json`
+/// gives the same numbers exactly.
+#[test]
+fn diff_stat_counts_changes_and_bytes_per_top_level_entry() {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    write(&l.join("big.txt"), &[b'b'; 1000]);
+    write(&l.join("old/a"), &[b'a'; 300]);
+    write(&l.join("old/in/b"), &[b'b'; 200]);
+    write(&l.join("src/main.rs"), b"fn main() {}\n");
+    write(&l.join("src/mode.rs"), b"m\n");
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "git init -q . && rm -rf old && head -c 4096 /dev/zero > big.txt \
+         && echo '// more' >> src/main.rs && chmod 600 src/mode.rs && mv src/mode.rs src/mode2.rs \
+         && printf 12345 > src/new.rs",
+    );
+    let text = ok(&["diff", "--stat", s(m.path())]);
+    let rows: Vec<Vec<String>> = text
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["path", "added", "modified", "deleted", "renamed", "metadata", "+bytes", "-bytes"],
+        "{text}"
+    );
+    let row = |name: &str| {
+        rows.iter()
+            .find(|r| r[0] == name)
+            .unwrap_or_else(|| panic!("no row {name} in\n{text}"))
+            .clone()
+    };
+    assert_eq!(
+        row("big.txt"),
+        ["big.txt", "0", "1", "0", "0", "0", "4.0", "KiB", "1000", "B"]
+    );
+    // `old` and the three entries beneath it, 500 bytes of files.
+    assert_eq!(
+        row("old/"),
+        ["old/", "0", "0", "4", "0", "0", "0", "B", "500", "B"]
+    );
+    // main.rs modified (21 bytes now, 13 before), mode.rs renamed, new.rs
+    // added (5 bytes).
+    assert_eq!(
+        row("src/"),
+        ["src/", "1", "1", "0", "1", "0", "26", "B", "13", "B"]
+    );
+    let git = row(".git/");
+    assert_eq!(&git[2..6], ["0", "0", "0", "0"], "{text}");
+    let json = json_lines(&ok(&["diff", "--stat", "--json", s(m.path())]));
+    let total = json.last().unwrap();
+    assert_eq!(total["total"], true, "{json:?}");
+    let git_added = json.iter().find(|o| o["path"] == ".git/").unwrap()["added"]
+        .as_u64()
+        .unwrap();
+    let files = ok(&["diff", "--files", s(m.path()), ".git"]);
+    assert_eq!(git_added as usize, files.lines().count(), "{files}");
+    assert_eq!(total["added"].as_u64().unwrap(), git_added + 1);
+    assert_eq!(total["modified"], 2);
+    assert_eq!(total["deleted"], 4);
+    assert_eq!(total["renamed"], 1);
+    assert_eq!(total["bytes_removed"], 1000 + 500 + 13);
+    let sum: u64 = json[..json.len() - 1]
+        .iter()
+        .map(|o| o["bytes_added"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total["bytes_added"].as_u64().unwrap(), sum);
+    assert!(sum >= 4096 + 21 + 5, "{json:?}");
+    assert_eq!(row("total")[1], total["added"].to_string(), "{text}");
 }

@@ -21,13 +21,12 @@ use std::io::Write;
 use std::os::fd::IntoRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, Mount, Workspace};
+use crate::harness::{self, KernelOverlay, Mount, Workspace};
 
 /// Names used at every level of the generated trees.
 const NAMES: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
@@ -1050,60 +1049,6 @@ fn first_difference(a: &Path, b: &Path) -> String {
 // ---------------------------------------------------------------------------
 // Mounts
 
-/// A kernel overlayfs mount, unmounted on drop (lazily if busy).
-struct KernelOverlay {
-    mnt: PathBuf,
-}
-
-impl KernelOverlay {
-    fn mount(lower: &Path, upper: &Path, work: &Path, mnt: &Path) -> Result<KernelOverlay, String> {
-        KernelOverlay::mount_with(lower, upper, work, mnt, "redirect_dir=on")
-    }
-
-    fn mount_with(
-        lower: &Path,
-        upper: &Path,
-        work: &Path,
-        mnt: &Path,
-        extra: &str,
-    ) -> Result<KernelOverlay, String> {
-        fs::create_dir_all(work).map_err(|e| format!("create {}: {e}", work.display()))?;
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={},{extra}",
-            lower.display(),
-            upper.display(),
-            work.display()
-        );
-        let out = Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &opts])
-            .arg(mnt)
-            .output()
-            .map_err(|e| format!("run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "mount -t overlay -o {opts} {}: {}",
-                mnt.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(KernelOverlay {
-            mnt: mnt.to_path_buf(),
-        })
-    }
-}
-
-impl Drop for KernelOverlay {
-    fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(&self.mnt)
-            .stderr(std::process::Stdio::null())
-            .status();
-        if !matches!(ok, Ok(s) if s.success()) {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-    }
-}
-
 enum Subject {
     Layerfs(Mount),
     Overlay(KernelOverlay),
@@ -1179,7 +1124,7 @@ impl Session {
         gen_lower(seed, subject_ws.lower());
         gen_lower(seed, reference_ws.lower());
         let reference = KernelOverlay::mount(
-            reference_ws.lower(),
+            &[reference_ws.lower()],
             &reference_ws.upper,
             &reference_ws.work,
             &reference_ws.mnt,
@@ -1200,7 +1145,7 @@ impl Session {
             }
             SubjectKind::Overlay | SubjectKind::OverlayNoRedirect => (
                 Subject::Overlay(KernelOverlay::mount_with(
-                    subject_ws.lower(),
+                    &[subject_ws.lower()],
                     &subject_ws.upper,
                     &subject_ws.work,
                     &subject_ws.mnt,
@@ -1228,7 +1173,7 @@ impl Session {
     }
 
     fn reference_root(&self) -> &Path {
-        &self.reference.mnt
+        self.reference.path()
     }
 
     fn apply(&self, op: &Op) -> (OpResult, OpResult) {
@@ -1284,19 +1229,19 @@ impl Session {
         };
         let work2 = self.subject_ws.dir.path().join("work2");
         let o = KernelOverlay::mount(
-            self.subject_ws.lower(),
+            &[self.subject_ws.lower()],
             &self.subject_ws.upper,
             &work2,
             &self.subject_ws.mnt,
         )
         .map_err(|e| format!("kernel overlay of {}'s upper: {e}", self.subject_name))?;
-        let v = view(&o.mnt);
+        let v = view(o.path());
         let result = if &v == shown {
             Ok(())
         } else {
             Err(format!(
                 "kernel overlay of {name}'s lower+upper differs from what {name} showed:\n{}",
-                diff_views(self.subject_name, shown, &o.mnt, "remount", &v, &o.mnt),
+                diff_views(self.subject_name, shown, o.path(), "remount", &v, o.path()),
                 name = self.subject_name
             ))
         };

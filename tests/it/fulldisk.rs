@@ -12,7 +12,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::crash::{tree_view, view_diff, KernelOverlay};
+use crate::crash::{tree_view, view_diff};
+use crate::harness::KernelOverlay;
 use crate::harness::*;
 
 /// A filesystem image of its own, loop-mounted for one test; unmounted on
@@ -185,7 +186,7 @@ fn append_byte(p: &Path) -> std::io::Result<()> {
 fn kernel_overlay_agrees(ws: &Workspace, view: &std::collections::BTreeMap<String, String>) {
     let kwork = ws.upper.with_file_name("kwork");
     let kmnt = ws.dir.path().join("kmnt");
-    let k = KernelOverlay::mount(ws.lower(), &ws.upper, &kwork, &kmnt).unwrap();
+    let k = KernelOverlay::mount(&[ws.lower()], &ws.upper, &kwork, &kmnt).unwrap();
     let kview = tree_view(&kmnt);
     drop(k);
     let d = view_diff(view, &kview);

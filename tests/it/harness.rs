@@ -362,10 +362,114 @@ impl Drop for Tmpfs {
     }
 }
 
-/// `layerfs ARGS...`, its output whatever its status.
+/// Writes a tree under `root` from a table of (relative path, content);
+/// a path ending in `/` is a directory. Parents are created as needed.
+pub fn populate(root: &Path, files: &[(&str, &str)]) {
+    for (rel, content) in files {
+        let p = root.join(rel);
+        if rel.ends_with('/') {
+            fs::create_dir_all(&p).unwrap();
+        } else {
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, content).unwrap();
+        }
+    }
+}
+
+/// A kernel overlayfs mount (the reference the tests compare layerfs
+/// with), unmounted on drop (lazily if busy).
+pub struct KernelOverlay {
+    mnt: PathBuf,
+}
+
+impl KernelOverlay {
+    /// Mounts `lowers` (topmost first) and `upper` at `mnt` with
+    /// `redirect_dir=on`; `work` and `mnt` are created if missing.
+    pub fn mount(
+        lowers: &[&Path],
+        upper: &Path,
+        work: &Path,
+        mnt: &Path,
+    ) -> Result<KernelOverlay, String> {
+        KernelOverlay::mount_with(lowers, upper, work, mnt, "redirect_dir=on")
+    }
+
+    /// The same with `extra` as the last mount options.
+    pub fn mount_with(
+        lowers: &[&Path],
+        upper: &Path,
+        work: &Path,
+        mnt: &Path,
+        extra: &str,
+    ) -> Result<KernelOverlay, String> {
+        for d in [work, mnt] {
+            fs::create_dir_all(d).map_err(|e| format!("create {}: {e}", d.display()))?;
+        }
+        let lowers: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={},{extra}",
+            lowers.join(":"),
+            upper.display(),
+            work.display()
+        );
+        let out = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(mnt)
+            .output()
+            .map_err(|e| format!("run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t overlay -o {opts} {}: {}",
+                mnt.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(KernelOverlay {
+            mnt: mnt.to_path_buf(),
+        })
+    }
+
+    /// Over all of a workspace's lowers and its upper (unmounted by the
+    /// caller first), at `kmnt` with the work dir `kwork` beside them.
+    pub fn of_workspace(ws: &Workspace) -> Result<KernelOverlay, String> {
+        let lowers: Vec<&Path> = ws.lowers.iter().map(PathBuf::as_path).collect();
+        let dir = ws.dir.path();
+        KernelOverlay::mount(&lowers, &ws.upper, &dir.join("kwork"), &dir.join("kmnt"))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.mnt
+    }
+}
+
+impl Drop for KernelOverlay {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.mnt)
+            .stderr(Stdio::null())
+            .status();
+        if !matches!(ok, Ok(s) if s.success()) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// `layerfs ARGS...`, its output whatever its status (stdin empty; logs
+/// as RUST_LOG says, `info` by default).
 pub fn layerfs<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
     Command::new(bin())
         .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run layerfs")
+}
+
+/// The same with `RUST_LOG=warn`: stderr holds only warnings and errors,
+/// for tests that read it for one message.
+pub fn layerfs_quiet<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    Command::new(bin())
+        .args(args)
+        .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .output()
         .expect("run layerfs")

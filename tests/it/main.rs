@@ -1,10 +1,17 @@
 //! Integration tests: every test mounts layerfs for real through the binary
 //! and drives it with ordinary syscalls and tools. One binary, a module per area.
+//! (`layering` alone mounts nothing: it reads the sources to keep the
+//! layering written in lib.rs true.)
 
 mod harness;
 
+mod agent_differential;
+mod agent_fs;
+mod agent_mcp;
 mod archive;
 mod basic;
+mod checkpoint;
+mod cli;
 mod cluster;
 mod container;
 mod crash;
@@ -12,8 +19,10 @@ mod daemon;
 mod deep;
 mod diff;
 mod differential;
+mod docs;
 mod fulldisk;
 mod identity;
+mod layering;
 mod manpages;
 mod modes;
 mod mount_helper;

@@ -13,11 +13,13 @@ use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::harness::{descend, errno, eventually, open_in, read_all, Mount, Workspace};
+use crate::harness::{
+    descend, errno, eventually, open_in, read_all, KernelOverlay, Mount, Workspace,
+};
 
 fn names(dir: &Path) -> Vec<OsString> {
     fs::read_dir(dir)
@@ -209,54 +211,24 @@ fn names_other_unions_use_as_whiteouts_are_ordinary_files() {
     drop(m);
 
     // Kernel overlayfs reads the upper the same way.
-    if let Some(ov) = KernelOverlay::mount(&ws) {
+    if let Some(ov) = kernel_overlay(&ws) {
         assert_eq!(
-            name_set(&ov.mnt),
+            name_set(ov.path()),
             set(&["x", "d", ".wh..wh..opq", ".wh..wh.newdir"])
         );
         assert_eq!(
-            name_set(&ov.mnt.join("d")),
+            name_set(&ov.path().join("d")),
             set(&["kept", ".wh.kept", ".wh.new", ".wh.renamed"])
         );
     }
 }
 
-/// Kernel overlayfs over a workspace's layers (redirect_dir=on), unmounted
-/// on drop; `None` where it cannot be mounted here.
-struct KernelOverlay {
-    mnt: PathBuf,
-}
-
-impl KernelOverlay {
-    fn mount(ws: &Workspace) -> Option<KernelOverlay> {
-        let mnt = ws.dir.path().join("kmnt");
-        let work = ws.dir.path().join("kwork");
-        fs::create_dir_all(&mnt).ok()?;
-        fs::create_dir_all(&work).ok()?;
-        let lowers: Vec<String> = ws.lowers.iter().map(|l| l.display().to_string()).collect();
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={},redirect_dir=on",
-            lowers.join(":"),
-            ws.upper.display(),
-            work.display()
-        );
-        let ok = Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &opts])
-            .arg(&mnt)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("kernel overlayfs not available: comparison skipped");
-            return None;
-        }
-        Some(KernelOverlay { mnt })
-    }
-}
-
-impl Drop for KernelOverlay {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-    }
+/// Kernel overlayfs over a workspace's layers; `None` (the comparison
+/// skipped, and said so) where it cannot be mounted here.
+fn kernel_overlay(ws: &Workspace) -> Option<KernelOverlay> {
+    KernelOverlay::of_workspace(ws)
+        .map_err(|e| eprintln!("kernel overlayfs not available: comparison skipped ({e})"))
+        .ok()
 }
 
 // --------------------------------------------------------- big directories
@@ -600,9 +572,9 @@ fn a_lower_directory_deleted_under_a_process_sitting_in_it() {
     let ws2 = Workspace::new();
     fs::create_dir_all(ws2.lower().join("gone/sub")).unwrap();
     fs::write(ws2.lower().join("gone/sub/f"), b"f").unwrap();
-    if let Some(ov) = KernelOverlay::mount(&ws2) {
+    if let Some(ov) = kernel_overlay(&ws2) {
         let lower = ws2.lower().to_path_buf();
-        let kernel = probe_in(&ov.mnt.join("gone/sub"), false, || {
+        let kernel = probe_in(&ov.path().join("gone/sub"), false, || {
             fs::remove_dir_all(lower.join("gone")).unwrap();
         });
         assert_eq!(report, kernel, "layerfs and kernel overlayfs differ");

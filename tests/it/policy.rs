@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::harness::eventually;
-use crate::harness::{bin, errno, is_mounted, policy_file, Mount, Workspace};
+use crate::harness::{errno, is_mounted, policy_file, populate, Mount, Workspace};
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -201,19 +201,6 @@ fn listing(dir: &Path) -> Vec<String> {
     v
 }
 
-/// Writes `files` (relative path → content) under `root`, making parents.
-fn populate(root: &Path, files: &[(&str, &str)]) {
-    for (rel, content) in files {
-        let p = root.join(rel);
-        if rel.ends_with('/') {
-            fs::create_dir_all(&p).unwrap();
-        } else {
-            fs::create_dir_all(p.parent().unwrap()).unwrap();
-            fs::write(&p, content).unwrap();
-        }
-    }
-}
-
 /// Runs a bash script; returns (success, stdout+stderr). Never panics on failure.
 fn run(dir: &Path, script: &str) -> (bool, String) {
     let out = crate::harness::bash(dir, script);
@@ -229,10 +216,7 @@ fn run(dir: &Path, script: &str) -> (bool, String) {
 
 /// Runs the layerfs binary; returns (success, stdout+stderr).
 fn layerfs(args: &[&str]) -> (bool, String) {
-    let out = Command::new(bin())
-        .args(args)
-        .output()
-        .expect("run layerfs");
+    let out = crate::harness::layerfs(args);
     (
         out.status.success(),
         format!(
@@ -2493,4 +2477,82 @@ fn mount_with_a_malformed_policy_fails_and_mounts_nothing() {
     assert!(r.is_err(), "mount with a missing policy file succeeded");
     drop(r);
     assert!(!is_mounted(&ws.mnt));
+}
+
+/// `hide secrets/**` leaves `secrets/` listing empty: `rmdir` removes it
+/// (and `rm -r` of a parent works) without showing or touching the shared
+/// files; `layerfs reset` brings the directory back, still hiding them. A
+/// hidden entry only the upper holds keeps its directory (ENOTEMPTY): it
+/// is data no other place has.
+#[test]
+fn a_directory_whose_entries_are_all_hidden_can_be_removed() {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("secrets/key", "SECRET-KEY"),
+            ("secrets/sub/deep", "SECRET-DEEP"),
+            ("proj/secrets/k2", "SECRET-K2"),
+            ("proj/readme", "hello"),
+            ("mixed/visible", "v"),
+            ("mixed/.env", "SECRET-ENV"),
+            ("mine/", ""),
+        ],
+    );
+    // A hidden file the upper alone holds (written beside the mount).
+    fs::create_dir_all(ws.upper.join("mine")).unwrap();
+    fs::write(ws.upper.join("mine/.env"), "UPPER-ONLY").unwrap();
+    let m = mount_policy(&ws, "hide secrets/**\nhide **/secrets/**\nhide **/.env\n");
+    let p = |r: &str| m.p(r);
+    assert_eq!(fs::read_dir(p("secrets")).unwrap().count(), 0);
+    fs::remove_dir(p("secrets")).expect("rmdir of a directory that lists empty");
+    assert!(fs::symlink_metadata(p("secrets")).is_err());
+    // `rm -r` of a parent holding such a directory.
+    let (ok, out) = run(m.path(), "rm -r proj && ! test -e proj");
+    assert!(ok, "rm -r proj: {out}");
+    // A directory with a visible entry is not empty, as always.
+    let e = fs::remove_dir(p("mixed")).unwrap_err();
+    assert_eq!(errno(&e), libc::ENOTEMPTY, "{e}");
+    fs::remove_file(p("mixed/visible")).unwrap();
+    fs::remove_dir(p("mixed")).expect("rmdir with only a hidden shared file left");
+    // The upper's own hidden file keeps its directory.
+    let e = fs::remove_dir(p("mine")).unwrap_err();
+    assert_eq!(errno(&e), libc::ENOTEMPTY, "{e}");
+    assert_eq!(
+        fs::read_to_string(ws.upper.join("mine/.env")).unwrap(),
+        "UPPER-ONLY"
+    );
+    // The shared files are untouched, and a new `secrets/` shows none.
+    assert_eq!(
+        fs::read_to_string(ws.lower().join("secrets/key")).unwrap(),
+        "SECRET-KEY"
+    );
+    fs::create_dir(p("secrets")).unwrap();
+    assert_eq!(fs::read_dir(p("secrets")).unwrap().count(), 0);
+    fs::remove_dir(p("secrets")).unwrap();
+    // Reset brings the shared directory back, its entries still hidden.
+    let out = crate::harness::layerfs(&["reset", m.path().to_str().unwrap(), "secrets"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(p("secrets").is_dir());
+    assert!(fs::symlink_metadata(p("secrets/key")).is_err());
+    assert_eq!(fs::read_dir(p("secrets")).unwrap().count(), 0);
+    assert!(m.unmount(), "daemon exited with failure");
+
+    // A hidden entry a protect rule also guards keeps its directory, and
+    // so does a hidden directory while any readonly or protect rule exists.
+    let m = mount_policy(
+        &ws,
+        "hide vault/**
+protect vault/keep
+hide box/**
+readonly skills/**
+",
+    );
+    populate(ws.lower(), &[("vault/keep", "K"), ("box/inner/f", "F")]);
+    // (`protect vault/keep` refuses removing `vault` as a whole: EPERM.)
+    for (d, want) in [("vault", libc::EPERM), ("box", libc::ENOTEMPTY)] {
+        let e = fs::remove_dir(m.p(d)).unwrap_err();
+        assert_eq!(errno(&e), want, "{d}: {e}");
+    }
+    assert!(m.unmount(), "daemon exited with failure");
 }

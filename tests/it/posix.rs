@@ -10,57 +10,15 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{DirEntryExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use crate::basic::fsutil::*;
 use crate::harness::eventually as poll_until;
-use crate::harness::{errno, Workspace};
+use crate::harness::{errno, KernelOverlay, Workspace};
 
 // ---------------------------------------------------------------- helpers
-
-/// A kernel overlayfs mount of a workspace's layers; unmounts on drop.
-struct KernelOverlay(PathBuf);
-
-impl Drop for KernelOverlay {
-    fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(&self.0)
-            .stderr(Stdio::null())
-            .status();
-        if !matches!(ok, Ok(s) if s.success()) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-}
-
-/// Mounts the workspace's lowers + upper with kernel overlayfs (fresh work
-/// dir on the upper's filesystem, redirect_dir=on) at a new mountpoint.
-fn mount_kernel_overlay(ws: &Workspace) -> KernelOverlay {
-    let work2 = ws.dir.path().join("kwork");
-    let mnt2 = ws.dir.path().join("kmnt");
-    fs::create_dir(&work2).unwrap();
-    fs::create_dir(&mnt2).unwrap();
-    let lowers: Vec<String> = ws.lowers.iter().map(|l| l.display().to_string()).collect();
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=on",
-        lowers.join(":"),
-        ws.upper.display(),
-        work2.display()
-    );
-    let out = Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o", &opts])
-        .arg(&mnt2)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kernel overlay mount failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    KernelOverlay(mnt2)
-}
 
 /// Unmounts layerfs, mounts the same layers with kernel overlayfs and
 /// checks it shows exactly `seen` (the listing layerfs showed).
@@ -70,8 +28,9 @@ fn assert_kernel_overlay_agrees(
     seen: &BTreeMap<String, (char, u64, Vec<u8>)>,
 ) {
     assert!(m.unmount(), "layerfs exits cleanly on unmount");
-    let k = mount_kernel_overlay(ws);
-    let kernel = tree_listing(&k.0);
+    let k = KernelOverlay::of_workspace(ws)
+        .unwrap_or_else(|e| panic!("kernel overlay mount failed: {e}"));
+    let kernel = tree_listing(k.path());
     let only_layerfs: Vec<&String> = seen.keys().filter(|n| !kernel.contains_key(*n)).collect();
     let only_kernel: Vec<&String> = kernel.keys().filter(|n| !seen.contains_key(*n)).collect();
     assert!(

@@ -30,8 +30,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::crash::{env_u64, tree_view, view_diff, KernelOverlay, Rng, Scenario, Workers};
+use crate::crash::{env_u64, tree_view, view_diff, Rng, Scenario, Workers};
 use crate::fulldisk::{run, LoopFs};
+use crate::harness::KernelOverlay;
 use crate::harness::*;
 
 /// One capture: the clone of the image and the progress seen before it.
@@ -85,7 +86,7 @@ fn check_cut(ws: &mut Workspace, sc: &Scenario, cut: &Cut, n: usize) -> Vec<Stri
         bad.push("the daemon over the capture did not exit cleanly".into());
     }
     let kmnt = ws.dir.path().join("kmnt");
-    match KernelOverlay::mount(ws.lower(), &ws.upper, &mnt.join("kwork"), &kmnt) {
+    match KernelOverlay::mount(&[ws.lower()], &ws.upper, &mnt.join("kwork"), &kmnt) {
         Ok(k) => {
             let kview = tree_view(&kmnt);
             drop(k);

@@ -9,12 +9,12 @@ use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{bin, eventually, Workspace};
+use crate::harness::{eventually, layerfs_quiet, Workspace};
 
 /// A name that would forge a whole journal line if printed raw.
 const FORGED: &str = "x\n2026-12-04T00:00:00.000000Z  unlink      y  ok  pid 1 (init)";
@@ -22,16 +22,6 @@ const FORGED: &str = "x\n2026-12-04T00:00:00.000000Z  unlink      y  ok  pid 1 (
 const ERASE: &str = "\x1b[2K\x1b[1Aclean";
 /// A right-to-left override: `a<RLO>txt.exe` shows as `aexe.txt`.
 const BIDI: &str = "a\u{202e}txt.exe";
-
-fn layerfs(args: &[&OsStr]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run layerfs")
-}
-
 fn os(s: &str) -> &OsStr {
     OsStr::new(s)
 }
@@ -94,7 +84,7 @@ fn log_diff_status_and_reset_escape_what_names_hold() {
     let mut rows = Vec::new();
     assert!(
         eventually(Duration::from_secs(20), || {
-            rows = json_lines(&layerfs(&[os("log"), os("--json"), mnt]));
+            rows = json_lines(&layerfs_quiet(&[os("log"), os("--json"), mnt]));
             rows.iter().any(|r| r["path"] == "by-evil-comm")
                 && rows.iter().any(|r| r["op"] == "rename")
                 && rows.iter().any(|r| r["path"] == FORGED)
@@ -105,7 +95,7 @@ fn log_diff_status_and_reset_escape_what_names_hold() {
     assert!(rows.iter().any(|r| r["path"] == ERASE), "{rows:#?}");
     assert!(rows.iter().any(|r| r["comm"] == "\x1b[31mgit"), "{rows:#?}");
 
-    let log = layerfs(&[os("log"), mnt]);
+    let log = layerfs_quiet(&[os("log"), mnt]);
     assert!(log.status.success());
     assert_printable("log", &log.stdout);
     let text = String::from_utf8_lossy(&log.stdout).into_owned();
@@ -121,10 +111,10 @@ fn log_diff_status_and_reset_escape_what_names_hold() {
     assert!(text.contains("\"\\033[2K\\033[1Aclean\""), "{text}");
     assert!(text.contains("(\"\\033[31mgit\")"), "{text}");
 
-    let diff = layerfs(&[os("diff"), mnt]);
+    let diff = layerfs_quiet(&[os("diff"), mnt]);
     assert!(diff.status.success());
     assert_printable("diff", &diff.stdout);
-    let diff_json = json_lines(&layerfs(&[os("diff"), os("--json"), mnt]));
+    let diff_json = json_lines(&layerfs_quiet(&[os("diff"), os("--json"), mnt]));
     let text = String::from_utf8_lossy(&diff.stdout).into_owned();
     assert_eq!(text.lines().count(), diff_json.len(), "{text}");
     assert!(text.contains("A \"bad\\377\""), "{text}");
@@ -142,17 +132,17 @@ fn log_diff_status_and_reset_escape_what_names_hold() {
         "--json keeps the name: {diff_json:#?}"
     );
 
-    let patch = layerfs(&[os("diff"), os("--patch"), mnt]);
+    let patch = layerfs_quiet(&[os("diff"), os("--patch"), mnt]);
     assert!(patch.status.success());
     assert_printable("diff --patch", &patch.stdout);
 
-    let status = layerfs(&[os("status"), mnt]);
+    let status = layerfs_quiet(&[os("status"), mnt]);
     assert!(status.status.success());
     assert_printable("status", &status.stdout);
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(text.contains("m\\033[2Knt"), "{text}");
 
-    let reset = layerfs(&[os("reset"), mnt, OsStr::from_bytes(ERASE.as_bytes())]);
+    let reset = layerfs_quiet(&[os("reset"), mnt, OsStr::from_bytes(ERASE.as_bytes())]);
     assert!(reset.status.success(), "{reset:?}");
     assert_printable("reset", &reset.stdout);
     assert!(
@@ -162,7 +152,7 @@ fn log_diff_status_and_reset_escape_what_names_hold() {
     assert!(!m.path().join(ERASE).exists());
 
     // Errors name paths too: escaped on stderr.
-    let missing = layerfs(&[os("diff"), os("/nonexistent/\x1b[2Kgone")]);
+    let missing = layerfs_quiet(&[os("diff"), os("/nonexistent/\x1b[2Kgone")]);
     assert!(!missing.status.success());
     assert_printable("an error", &missing.stderr);
     assert!(
@@ -209,7 +199,7 @@ fn a_patch_with_odd_names_applies_to_the_exact_bytes() {
     fs::remove_file(m.p("gone\x1bx")).unwrap();
     fs::write(m.path().join(OsStr::from_bytes(b"lat\xe9n1")), "L\n").unwrap();
 
-    let patch = layerfs(&[os("diff"), os("--patch"), m.path().as_os_str()]);
+    let patch = layerfs_quiet(&[os("diff"), os("--patch"), m.path().as_os_str()]);
     assert!(patch.status.success(), "{patch:?}");
     assert_printable("diff --patch", &patch.stdout);
 

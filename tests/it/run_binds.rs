@@ -282,7 +282,7 @@ fn allow_host_is_refused_for_a_live_mount() {
     assert!(m.unmount());
 }
 
-/// README, "Running as another user over a shared lower": git refuses a
+/// docs/run.md, "Running as another user over a shared lower": git refuses a
 /// root-owned repository to the user `tests`, and `safe.directory` through
 /// `GIT_CONFIG_*` lets it in without a writable home.
 #[test]

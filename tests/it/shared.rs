@@ -14,8 +14,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+use crate::harness::layerfs_quiet;
 use crate::harness::{eventually, Mount, Workspace};
-use crate::state::{layerfs, log_rows, poll_log, state_dir, status_json, stderr, stdout, Control};
+use crate::state::{log_rows, poll_log, state_dir, status_json, stderr, stdout, Control};
 
 const TESTS_UID: u64 = 1001;
 
@@ -94,7 +95,7 @@ fn journal_rows_carry_the_callers_uid_and_gid_whatever_the_process_calls_itself(
     }
 
     // Text output: one line a row, the uid (and its name) on it.
-    let out = layerfs(&[
+    let out = layerfs_quiet(&[
         "log",
         "--path",
         "pub/theirs.txt",
@@ -121,7 +122,7 @@ fn journal_rows_carry_the_callers_uid_and_gid_whatever_the_process_calls_itself(
     let root_rows = log_rows(mnt, &["--uid", "root"]);
     assert!(!rows_of(&root_rows, "create", "mine.txt").is_empty());
     assert!(rows_of(&root_rows, "create", "pub/theirs.txt").is_empty());
-    let out = layerfs(&["log", "--uid", "no-such-user-here", mnt.to_str().unwrap()]);
+    let out = layerfs_quiet(&["log", "--uid", "no-such-user-here", mnt.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("no-such-user-here"),
@@ -185,7 +186,7 @@ fn an_old_journal_without_uid_columns_is_read_and_migrated() {
     let rows = log_rows(&ws.upper, &[]);
     assert_eq!(rows.len(), 1, "{rows:#?}");
     assert!(rows[0]["uid"].is_null(), "{rows:#?}");
-    let out = layerfs(&["log", ws.upper.to_str().unwrap()]);
+    let out = layerfs_quiet(&["log", ws.upper.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("pid 42 (vim)"), "{}", stdout(&out));
 
@@ -284,7 +285,7 @@ fn trimming_by_size_leaves_a_row_saying_how_many_rows_of_what_time_went() {
         assert_eq!(t["uid"], json!(0), "{t}");
     }
     // The text line says it in words.
-    let out = layerfs(&["log", "--op", "journal-trimmed", m.path().to_str().unwrap()]);
+    let out = layerfs_quiet(&["log", "--op", "journal-trimmed", m.path().to_str().unwrap()]);
     let text = stdout(&out);
     assert!(
         text.lines().all(|l| l.contains(" rows trimmed, from ")),
@@ -486,7 +487,7 @@ fn a_walk_by_another_user_stays_within_the_watch_cap_and_the_rest_revalidates() 
     let counts = {
         let mnt = mnt.clone();
         Sampler::start(Duration::from_millis(20), move || {
-            let out = layerfs(&["status", "--json", &mnt]);
+            let out = layerfs_quiet(&["status", "--json", &mnt]);
             serde_json::from_str::<Value>(stdout(&out).trim())
                 .ok()
                 .and_then(|v| v["watches"]["used"].as_u64())
@@ -563,7 +564,7 @@ fn the_default_watch_cap_is_a_share_of_the_host_limit() {
     let w = watch_status(&m);
     assert_eq!(w["cap"], json!((host / 16).min(65_536)), "{w}");
     // The text form says it too.
-    let out = layerfs(&["status", m.path().to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", m.path().to_str().unwrap()]);
     let text = stdout(&out);
     assert!(
         text.lines()

@@ -11,16 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::harness::{bin, eventually, sh, Workspace};
-
-fn layerfs(args: &[&OsStr]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run layerfs")
-}
-
+use crate::harness::{bin, eventually, layerfs, sh, Tmpfs, Workspace};
 fn snap(args: &[&str]) -> Output {
     let mut a: Vec<&OsStr> = vec![OsStr::new("snapshot")];
     a.extend(args.iter().map(OsStr::new));
@@ -403,39 +394,11 @@ fn snapshot_kill9_during_save_leaves_nothing_partial() {
     assert_eq!(json.lines().count(), 2, "{json}");
 }
 
-/// A small tmpfs mounted on a path, unmounted on drop.
-pub(crate) struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    pub(crate) fn mount(path: &Path, size: &str) -> Tmpfs {
-        fs::create_dir_all(path).unwrap();
-        let st = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(path)
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount tmpfs on {}", path.display());
-        Tmpfs(path.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn snapshot_full_state_dir_leaves_no_partial_snapshot() {
     let ws = Workspace::new();
     register(&ws);
-    let _full = Tmpfs::mount(&state_dir(&ws).join("snapshots"), "1m");
+    let _full = Tmpfs::new(&state_dir(&ws).join("snapshots"), "1m");
     let chunk: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
     fs::write(ws.upper.join("big"), &chunk).unwrap();
     let upper = ws.upper.to_str().unwrap();
@@ -833,7 +796,10 @@ fn snapshot_save_leaves_out_the_policy_scratch_paths() {
          && echo t > src/tmp/t && echo k > keep.txt && echo s2 >> shared.txt",
     );
     let diff = ok(&layerfs(&[OsStr::new("diff"), m.path().as_os_str()]));
-    assert_eq!(diff, "A build\nA keep.txt\nM shared.txt\nA src\n");
+    assert_eq!(
+        diff,
+        "A build/ (empty)\nA keep.txt\nM shared.txt\nA src/ (empty)\n"
+    );
     ok(&snap(&["save", m.path().to_str().unwrap(), "s1"]));
     let tar = state_dir(&ws).join("snapshots/s1.tar");
     let listing = crate::harness::sh(ws.dir.path(), &format!("tar -tf {}", tar.display()));

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::harness::{bin, eventually, Tmpfs, Workspace};
+use crate::harness::{bin, eventually, layerfs_quiet, Tmpfs, Workspace};
 
 const NOBODY: u32 = 65534;
 
@@ -21,16 +21,6 @@ const NOBODY: u32 = 65534;
 pub(crate) fn state_dir(ws: &Workspace) -> PathBuf {
     ws.dir.path().join(".upper.layerfs-state")
 }
-
-pub(crate) fn layerfs(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run layerfs")
-}
-
 pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -160,19 +150,26 @@ fn state_dir_elsewhere_is_found_from_the_mountpoint() {
     let m = ws.mount_with(&["--state", state.to_str().unwrap()]);
     assert!(state.join("workspace.json").is_file());
     assert!(!state_dir(&ws).exists());
-    let out = layerfs(&["status", "--json", m.path().to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", "--json", m.path().to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(
         v["state"],
         json!(fs::canonicalize(&state).unwrap().to_string_lossy())
     );
-    // The upper alone does not lead there: the message says what to give.
-    let out = layerfs(&["status", ws.upper.to_str().unwrap()]);
+    // The upper leads there too: it records where its state is (this
+    // used to fail asking for --state; `state::place` made it work). An
+    // upper without the record (copied without xattrs) still says what to
+    // give.
+    let out = layerfs_quiet(&["status", "--json", ws.upper.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let copy = ws.dir.path().join("copied-upper");
+    fs::create_dir(&copy).unwrap();
+    let out = layerfs_quiet(&["status", copy.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--state"), "{}", stderr(&out));
     // The state dir itself does.
-    let out = layerfs(&["status", "--json", state.to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", "--json", state.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     drop(m);
 }
@@ -255,7 +252,7 @@ fn status_of_a_mount_and_of_an_unmounted_upper() {
     let ws = Workspace::new();
     let m = ws.mount();
     for arg in [m.path().to_path_buf(), ws.upper.clone()] {
-        let out = layerfs(&["status", "--json", arg.to_str().unwrap()]);
+        let out = layerfs_quiet(&["status", "--json", arg.to_str().unwrap()]);
         assert!(out.status.success(), "{}", stderr(&out));
         let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
         assert_eq!(v["mounted"], json!(true));
@@ -267,7 +264,7 @@ fn status_of_a_mount_and_of_an_unmounted_upper() {
         assert!(v["uptime_seconds"].as_f64().unwrap() >= 0.0);
     }
     // Every mount: this one is listed.
-    let out = layerfs(&["status"]);
+    let out = layerfs_quiet(&["status"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     let canon = fs::canonicalize(&ws.mnt).unwrap();
@@ -277,13 +274,13 @@ fn status_of_a_mount_and_of_an_unmounted_upper() {
         "{text}"
     );
     assert!(m.unmount());
-    let out = layerfs(&["status", "--json", ws.upper.to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", "--json", ws.upper.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(v["mounted"], json!(false));
     assert!(v["mountpoint"].is_null());
     // Not a workspace at all: the message says what to give.
-    let out = layerfs(&["status", ws.lower().to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", ws.lower().to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("not a layerfs mountpoint"),
@@ -309,7 +306,7 @@ fn status_reports_a_stopped_daemon_instead_of_waiting_for_it() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let _resume = Stopped(pid);
     let started = std::time::Instant::now();
-    let out = layerfs(&["status", ws.upper.to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", ws.upper.to_str().unwrap()]);
     let took = started.elapsed();
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(
@@ -319,7 +316,7 @@ fn status_reports_a_stopped_daemon_instead_of_waiting_for_it() {
     );
     assert!(took < Duration::from_secs(60), "status took {took:?}");
     // The list of every mount names it with the same reason and goes on.
-    let out = layerfs(&["status", "--json"]);
+    let out = layerfs_quiet(&["status", "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let canon = fs::canonicalize(&ws.mnt).unwrap();
     let mine = stdout(&out)
@@ -554,7 +551,7 @@ pub(crate) fn try_log_rows(ws: &Path, extra: &[&str]) -> Result<Vec<Value>, Stri
     args.extend_from_slice(extra);
     let w = ws.to_str().unwrap();
     args.push(w);
-    let out = layerfs(&args);
+    let out = layerfs_quiet(&args);
     if !out.status.success() {
         return Err(stderr(&out));
     }
@@ -577,7 +574,7 @@ pub(crate) fn poll_log(ws: &Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value>
 }
 
 pub(crate) fn status_json(ws: &Path) -> Value {
-    let out = layerfs(&["status", "--json", ws.to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", "--json", ws.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     serde_json::from_str(stdout(&out).trim()).unwrap()
 }
@@ -683,7 +680,7 @@ fn journal_records_every_operation_kind_with_its_fields() {
     // Readable after unmount too, from the upper directory.
     assert!(m.unmount());
     assert_eq!(log_rows(&ws.upper, &["--op", "symlink"]).len(), 1);
-    let text = layerfs(&["log", "--op", "rename", ws.upper.to_str().unwrap()]);
+    let text = layerfs_quiet(&["log", "--op", "rename", ws.upper.to_str().unwrap()]);
     assert!(
         stdout(&text).contains("new.txt -> d/moved.txt  ok"),
         "{}",
@@ -764,7 +761,7 @@ fn status_reports_usage_counters_and_journal_health() {
     assert_eq!(j["dropped"], json!(0));
     assert!(j["last_error"].is_null());
     // The text form names the same things.
-    let out = layerfs(&["status", m.path().to_str().unwrap()]);
+    let out = layerfs_quiet(&["status", m.path().to_str().unwrap()]);
     let text = stdout(&out);
     for word in [
         "upper use",
@@ -1139,4 +1136,195 @@ fn journal_writer_runs_only_while_there_is_work() {
     }
     let st = status_json(m.path());
     assert_eq!(st["journal"]["dropped"], json!(0), "{st}");
+}
+
+/// Every state command on a workspace whose state dir is elsewhere
+/// (`--state DIR`), given its mountpoint, its upper or its state dir,
+/// mounted and unmounted; and with `--state DIR` when the upper lost the
+/// record of where its state is (copied without xattrs).
+#[test]
+fn every_state_command_finds_a_state_dir_elsewhere_from_any_of_its_paths() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("base"), "lower\n").unwrap();
+    let state = ws.dir.path().join("elsewhere");
+    let st = state.to_str().unwrap();
+    let m = ws.mount_with(&["--state", st, "--scratch", "tmp/**"]);
+    let canon_state = fs::canonicalize(&state).unwrap();
+    // Nothing of the record shows through the mount.
+    assert_eq!(
+        xattr::list(m.path()).unwrap().count(),
+        0,
+        "the mount root shows xattrs"
+    );
+    let mut round = 0;
+    let mut check_all = |mounted: bool, extra: &[&str]| {
+        for arg in [&ws.mnt, &ws.upper, &state] {
+            round += 1;
+            let a = arg.to_str().unwrap();
+            let run = |args: &[&str]| {
+                let mut all: Vec<&str> = args.to_vec();
+                all.extend(extra);
+                let out = layerfs_quiet(&all);
+                assert!(
+                    out.status.success(),
+                    "{all:?} (mounted {mounted}): {}",
+                    stderr(&out)
+                );
+                stdout(&out)
+            };
+            if mounted {
+                fs::write(ws.mnt.join(format!("new{round}")), "x").unwrap();
+                fs::create_dir_all(ws.mnt.join("tmp")).unwrap();
+                fs::write(ws.mnt.join("tmp/o"), "o").unwrap();
+            }
+            let v: Value = serde_json::from_str(run(&["status", "--json", a]).trim()).unwrap();
+            assert_eq!(v["state"], json!(canon_state.to_string_lossy()), "{a}");
+            assert_eq!(v["mounted"], json!(mounted), "{a}");
+            let diff = run(&["diff", a]);
+            assert!(diff.contains("new1"), "diff of {a}: {diff}");
+            run(&["log", a]);
+            let id = format!("s{round}");
+            run(&["snapshot", "save", a, &id]);
+            assert!(run(&["snapshot", "list", a]).contains(&id), "{a}");
+            run(&["snapshot", "rm", a, &id]);
+            run(&["gc", a]);
+            run(&["reset", a, "base"]);
+        }
+    };
+    check_all(true, &[]);
+    assert!(m.unmount());
+    check_all(false, &[]);
+    // An upper copied without its xattrs: found with --state DIR.
+    for name in [
+        "trusted.overlay.layerfs.state",
+        "user.overlay.layerfs.state",
+    ] {
+        let _ = xattr::remove(&ws.upper, name);
+        let _ = xattr::remove(&ws.mnt, name);
+    }
+    let out = layerfs_quiet(&["diff", ws.upper.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--state"), "{}", stderr(&out));
+    check_all(false, &["--state", st]);
+    // --state naming another workspace's state dir is refused.
+    let other = Workspace::new();
+    drop(other.mount());
+    let out = layerfs_quiet(&[
+        "status",
+        "--state",
+        state_dir(&other).to_str().unwrap(),
+        ws.upper.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("describes the workspace of upper"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The doc's "Moving a workspace to another host" recipe, run as written:
+/// two `--instance alice` workspaces over one lower stand for the two
+/// hosts (their roots replace `/var/lib/layerfs` and `/run/layerfs`), a
+/// directory for the object store (`rclone copy` becomes `cp`).
+#[test]
+fn the_recipe_for_moving_a_workspace_to_another_host_works_as_written() {
+    // The section's heading, at whatever level the doc puts it.
+    let heading = "# Moving a workspace to another host\n";
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs = vec![root.join("README.md")];
+    if let Ok(rd) = fs::read_dir(root.join("docs")) {
+        docs.extend(rd.flatten().map(|e| e.path()));
+    }
+    let text = docs
+        .iter()
+        .filter_map(|p| fs::read_to_string(p).ok())
+        .find(|t| t.contains(heading))
+        .expect("the recipe's section in README.md or docs/");
+    let after = &text[text.find(heading).unwrap()..];
+    let block = after.split("```sh\n").nth(1).unwrap();
+    let block = &block[..block.find("```").unwrap()];
+
+    let t = tempfile::Builder::new()
+        .prefix("layerfs-test.")
+        .tempdir()
+        .unwrap();
+    let lower = t.path().join("lower");
+    fs::create_dir(&lower).unwrap();
+    fs::write(lower.join("shared"), "shared\n").unwrap();
+    let remote = t.path().join("remote");
+    let host = |h: &str| (t.path().join(h).join("lib"), t.path().join(h).join("run"));
+    let mut guards = vec![];
+    for h in ["a", "b"] {
+        let (lib, run) = host(h);
+        let out = layerfs_quiet(&[
+            "mount",
+            "--instance",
+            "alice",
+            "--upper-root",
+            lib.to_str().unwrap(),
+            "--mount-root",
+            run.to_str().unwrap(),
+            "--lower",
+            lower.to_str().unwrap(),
+        ]);
+        let mnt = run.join("alice/mnt");
+        guards.push(crate::daemon::BgMount {
+            pid: fs::canonicalize(&mnt)
+                .ok()
+                .and_then(|c| layerfs::host::pidfile::find_daemon(&c, None)),
+            mnt,
+        });
+        assert!(out.status.success(), "mount on host {h}: {}", stderr(&out));
+    }
+    fs::write(host("a").1.join("alice/mnt/handover-note"), "from A\n").unwrap();
+
+    let mut current = None;
+    for line in block.lines().map(str::trim) {
+        if line.starts_with("# host A") {
+            current = Some(host("a"));
+        } else if line.starts_with("# host B") {
+            current = Some(host("b"));
+        }
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (lib, run) = current.as_ref().expect("a command before `# host …`");
+        let mut cmd = line
+            .replace("/var/lib/layerfs", lib.to_str().unwrap())
+            .replace("/run/layerfs", run.to_str().unwrap())
+            .replace("remote:bucket", remote.to_str().unwrap());
+        if let Some(rest) = cmd.strip_prefix("rclone copy ") {
+            let dest = rest.split_whitespace().last().unwrap().to_string();
+            cmd = format!("mkdir -p {dest} && cp {rest}");
+        }
+        if let Some(rest) = cmd.strip_prefix("layerfs ") {
+            cmd = format!("{} {rest}", bin().display());
+        }
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "`{line}` (as `{cmd}`): {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(
+        fs::read_to_string(host("b").1.join("alice/mnt/handover-note")).unwrap(),
+        "from A\n"
+    );
+    // Host B's state commands find alice's state from her upper too.
+    let out = layerfs_quiet(&[
+        "snapshot",
+        "list",
+        host("b").0.join("alice/upper").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("handover"), "{}", stdout(&out));
+    drop(guards);
 }

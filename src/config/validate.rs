@@ -1,0 +1,130 @@
+//! `validate`: raw arguments to a checked `Config`, every check in the
+//! order it must run (options first, then the layers, the work dir, the
+//! mountpoint, the policy, the state dir).
+
+use std::fs;
+
+use super::dirs::{resolve_state, resolve_work};
+use super::mountpoint::{check_dev_fuse, check_empty, resolve_mountpoint};
+use super::options::apply_mount_options;
+use super::paths::{absolute, existing_dir, is_within};
+use super::{
+    default_threads, invalid, usage, Config, ConfigError, MountArgs, DEFAULT_LOWER_TIMEOUT,
+};
+use crate::policy::Policy;
+
+/// Turns raw arguments into a checked `Config`. May create the work
+/// directory and detach a stale layerfs mount on the mountpoint.
+pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
+    apply_mount_options(&mut args)?;
+    if args.lowers.is_empty() {
+        return Err(usage(
+            "no lower layer: give --lower DIR (repeatable, first is topmost) or -o lowerdir=A:B",
+        ));
+    }
+    let upper_raw = args
+        .upper
+        .clone()
+        .ok_or_else(|| usage("no upper layer: give --upper DIR or -o upperdir=DIR"))?;
+    if let Some(0) = args.threads {
+        return Err(usage("--threads must be at least 1"));
+    }
+    check_dev_fuse()?;
+
+    let mut lowers = Vec::with_capacity(args.lowers.len());
+    for (i, l) in args.lowers.iter().enumerate() {
+        let l = existing_dir(l, &format!("lower layer #{}", i + 1), "--lower (lowerdir=)")?;
+        if lowers.contains(&l) {
+            return Err(usage(format!("lower layer {} is given twice", l.display())));
+        }
+        lowers.push(l);
+    }
+    let upper = existing_dir(&upper_raw, "upper", "--upper (upperdir=)")?;
+    for l in &lowers {
+        if is_within(&upper, l) {
+            return Err(invalid(format!(
+                "upper {} is inside lower {}: the upper must be outside every lower",
+                upper.display(),
+                l.display()
+            )));
+        }
+        if is_within(l, &upper) {
+            return Err(invalid(format!(
+                "lower {} is inside upper {}: the lower must be outside the upper",
+                l.display(),
+                upper.display()
+            )));
+        }
+    }
+
+    let (work, created_work) = resolve_work(args.work.as_deref(), &upper, &lowers)?;
+    let mountpoint = resolve_mountpoint(&args.mountpoint)?;
+    if !args.nonempty {
+        check_empty(&mountpoint)?;
+    }
+    if is_within(&mountpoint, &upper) || is_within(&mountpoint, &work) {
+        return Err(invalid(format!(
+            "mountpoint {} is inside the upper or work dir; mount somewhere outside {} and {}",
+            mountpoint.display(),
+            upper.display(),
+            work.display()
+        )));
+    }
+    for l in &lowers {
+        // Mounting over a lower root is allowed (the daemon opens its layers
+        // first), but a mountpoint below a lower would make the union
+        // contain itself.
+        if mountpoint != *l && is_within(&mountpoint, l) {
+            return Err(invalid(format!(
+                "mountpoint {} is inside lower {}: the mount would contain itself",
+                mountpoint.display(),
+                l.display()
+            )));
+        }
+    }
+
+    let policy_file = match &args.policy_file {
+        Some(p) => Some(
+            fs::canonicalize(p)
+                .map_err(|e| invalid(format!("policy file {}: {e}", p.display())))?,
+        ),
+        None => None,
+    };
+    let policy = match &policy_file {
+        Some(p) => Policy::load(p).map_err(|e| invalid(format!("bad policy: {e}")))?,
+        None => Policy::default(),
+    };
+    let state = resolve_state(args.state.as_deref(), &upper, &lowers, &work, &mountpoint)?;
+    let layers = crate::state::checkpoint::mount_layers(&state, &upper, &work)
+        .map_err(|e| invalid(e.to_string()))?;
+    let log_file = match &args.log_file {
+        Some(p) => Some(absolute(p)?),
+        None => None,
+    };
+    for g in &args.scratch {
+        crate::policy::pattern::Pattern::parse(g).map_err(|e| usage(format!("--scratch: {e}")))?;
+    }
+
+    Ok(Config {
+        lowers,
+        layers,
+        upper,
+        work,
+        state,
+        journal: args.journal.clone(),
+        mountpoint,
+        foreground: args.foreground,
+        allow_other: args.allow_other,
+        read_only: args.read_only,
+        no_exec: args.no_exec,
+        policy_file,
+        policy,
+        threads: args.threads.unwrap_or_else(default_threads),
+        io_uring: args.io_uring,
+        lower_timeout: args.lower_timeout.unwrap_or(DEFAULT_LOWER_TIMEOUT),
+        max_watches: args.max_watches,
+        log_file,
+        created_work: created_work.keep(),
+        scratch: args.scratch,
+    })
+}

@@ -1,0 +1,155 @@
+//! The control socket's `checkpoint` and `undo`: the daemon's half of
+//! `layerfs checkpoint` and `layerfs undo` on a live mount.
+//!
+//! The steps on disk are `state::checkpoint`'s, the very ones an
+//! unmounted workspace goes through, in the same crash-safe order (a
+//! kill -9 of the daemon at any step leaves the old view or the new one
+//! for the next mount). The daemon runs them with writes paused and
+//! every file open for writing through the mount closed (`restore::
+//! quiesce`; for a checkpoint, every user's: a write after it would land
+//! in the frozen layer), and adds its part through `checkpoint::Live`:
+//! - before the view changes on disk, it opens what it will serve: the
+//!   empty directory that becomes the upper (and locks it as the mount's
+//!   upper, `exclusive`) and, for a checkpoint, the served upper as the
+//!   new frozen layer (the same directory, about to be renamed into the
+//!   layer store: nothing is copied);
+//! - right after, it serves the new stack (`Overlay::set_lowers`) over
+//!   the new upper root (`replace_upper_root`) and re-resolves every inode
+//!   the kernel holds (`refresh_paths`).
+//!
+//! Then, writes resumed, the kernel's caches are dropped as after a live
+//! restore (`restore::invalidate_swapped`). Files open for reading keep
+//! reading what they opened; every new lookup and open sees the new view.
+//!
+//! Refused on a read-only mount and on a mount with a network lower
+//! (whose probes name lowers by their index in the stack).
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::restore::{held_dirs, invalidate_swapped, quiesce};
+use super::served::Daemon;
+use crate::layer::{sys, Layer};
+use crate::state::checkpoint::{self, Live};
+use crate::state::workspace::Workspace;
+
+/// `{"cmd":"checkpoint","name":N?,"layers":DIR?}` (`undo` false) or
+/// `{"cmd":"undo","to":N?}`: see the module comment.
+pub fn serve(daemon: &Daemon, req: &Value, undo: bool) -> Result<Value, String> {
+    let ov = daemon.fs.overlay();
+    let what = if undo { "an undo" } else { "a checkpoint" };
+    if ov.read_only {
+        return Err(format!(
+            "the workspace is mounted read-only: {what} changes its upper; unmount it \
+             (layerfs umount {}), then retry",
+            daemon.mountpoint.display()
+        ));
+    }
+    if ov.reach.is_some() {
+        return Err(format!(
+            "a lower of this mount is on a network filesystem: {what} of such a live mount \
+             is not supported; unmount it (layerfs umount {}), retry, and mount it again",
+            daemon.mountpoint.display()
+        ));
+    }
+    let ws = Workspace::resolve_in(&daemon.upper, &daemon.state)?;
+    let (Some(parent_path), Some(upper_name)) = (daemon.upper.parent(), daemon.upper.file_name())
+    else {
+        return Err(format!(
+            "upper dir {} has no parent",
+            daemon.upper.display()
+        ));
+    };
+    let parent = sys::open_root(parent_path)
+        .map_err(|e| format!("cannot open {}: {e}", parent_path.display()))?;
+    let pause = quiesce(daemon, &parent, upper_name, !undo)?;
+    let dirs_before = held_dirs(ov);
+    let mut swap = Swap {
+        daemon,
+        root: None,
+        claim: None,
+        frozen: None,
+        checkpoint: !undo,
+    };
+    let out = if undo {
+        let to = req.get("to").and_then(Value::as_str);
+        checkpoint::undo(&ws, to, Some(&mut swap))
+            .map(|(at, dropped)| json!({"at": at, "dropped": dropped}))
+    } else {
+        let name = req.get("name").and_then(Value::as_str);
+        let layers = req.get("layers").and_then(Value::as_str).map(Path::new);
+        checkpoint::checkpoint(&ws, name, layers, Some(&mut swap)).map(|n| json!({"name": n}))
+    };
+    drop(pause);
+    let mut out = out.map_err(String::from)?;
+    let inv = invalidate_swapped(daemon, &dirs_before);
+    out["invalidated"] = inv["invalidated"].clone();
+    out["pending"] = inv["pending"].clone();
+    tracing::info!("{what} of the live mount: {out}");
+    Ok(out)
+}
+
+/// The daemon's part of the steps (`checkpoint::Live`).
+struct Swap<'a> {
+    daemon: &'a Daemon,
+    /// The new upper root, opened before the exchange.
+    root: Option<OwnedFd>,
+    /// Its lock, as the mount's upper.
+    claim: Option<std::fs::File>,
+    /// A checkpoint's new layer: the served upper, opened by its path
+    /// before the exchange moves it into the store.
+    frozen: Option<Layer>,
+    checkpoint: bool,
+}
+
+impl Live for Swap<'_> {
+    fn prepare(&mut self, fresh: OwnedFd) -> Result<(), String> {
+        let dir = std::fs::File::from(
+            sys::open_dir(&fresh).map_err(|e| format!("cannot open the new upper dir: {e}"))?,
+        );
+        crate::sys::flock(&dir, libc::LOCK_EX | libc::LOCK_NB)
+            .map_err(|e| format!("cannot lock the new upper dir: {e}"))?;
+        if self.checkpoint {
+            // Still the served upper: the exchange moves it into the store.
+            self.frozen = Some(Layer::open(&self.daemon.upper, "checkpoint layer")?);
+        }
+        self.claim = Some(dir);
+        self.root = Some(fresh);
+        Ok(())
+    }
+
+    fn commit(&mut self, frozen: Option<&Path>, dropped: usize) -> Result<(), String> {
+        let ov = self.daemon.fs.overlay();
+        let old = ov.lowers();
+        let new: Vec<Arc<Layer>> = match frozen {
+            Some(path) => {
+                let mut layer = match self.frozen.take() {
+                    Some(l) => l,
+                    None => Layer::open(path, "checkpoint layer")?,
+                };
+                layer.path = path.to_path_buf();
+                std::iter::once(Arc::new(layer))
+                    .chain(old.iter().cloned())
+                    .collect()
+            }
+            None => old.iter().skip(dropped).cloned().collect(),
+        };
+        let root = self
+            .root
+            .take()
+            .ok_or("the new upper dir was not opened before the exchange")?;
+        ov.set_lowers(new);
+        if let Err(e) = ov.replace_upper_root(root) {
+            ov.set_lowers(old.to_vec());
+            return Err(e);
+        }
+        ov.refresh_paths(&[std::ffi::OsString::new()]);
+        if let Some(c) = self.claim.take() {
+            self.daemon.upper_claims.lock().push(c);
+        }
+        Ok(())
+    }
+}

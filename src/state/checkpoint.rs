@@ -1,0 +1,560 @@
+//! Checkpoints, undo and forks of an unmounted workspace (DESIGN.md §5,
+//! "Checkpoints, forks and undo"). The format of stacks and stores is
+//! `state::frozen`; this file owns the steps that change them, in an order
+//! a kill -9 at any moment cannot turn into a view that was never there.
+
+use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use super::frozen::{self, io_ctx, Record, Stack, StackError, Store};
+use super::workspace::Workspace;
+use crate::layer::safedir::SafeDir;
+use crate::layer::sys;
+
+/// A workspace's stack and store, as the commands here use them.
+pub struct Layers {
+    pub store: Store,
+    pub stack: Stack,
+}
+
+/// Opens the store of the workspace whose state dir is `state`: the one
+/// its stack names, else `given` (`--layers DIR`), else `STATE/layers`
+/// (created when `create`). A `given` store other than the stack's is
+/// refused: one workspace stands on one store.
+pub fn open(state: &SafeDir, given: Option<&Path>, create: bool) -> Result<Layers, StackError> {
+    let current = frozen::read(state)?;
+    if let (Some(s), Some(g)) = (&current, given) {
+        let g = std::fs::canonicalize(g).unwrap_or_else(|_| g.to_path_buf());
+        if g != s.store {
+            return Err(StackError::Refused(format!(
+                "this workspace stacks on layers in {}, not {}: leave out --layers (a \
+                 workspace uses one layer store)",
+                s.store.display(),
+                g.display()
+            )));
+        }
+    }
+    let path = match (&current, given) {
+        (Some(s), _) => s.store.clone(),
+        (None, Some(g)) => g.to_path_buf(),
+        (None, None) => state.path().join(frozen::STORE_DIR),
+    };
+    let store = Store::open(&path, create)?;
+    let stack = current.unwrap_or_else(|| Stack {
+        store: std::fs::canonicalize(store.path()).unwrap_or_else(|_| path.clone()),
+        layers: Vec::new(),
+        pending_undo: None,
+    });
+    Ok(Layers { store, stack })
+}
+
+/// What the daemon of a mounted workspace does around the steps on disk
+/// of a checkpoint or an undo (`daemon::layers`), with its writes paused;
+/// an unmounted workspace is locked instead (`lock_upper`).
+pub trait Live {
+    /// Before the step that changes the view on disk: `fresh` is the
+    /// empty directory that will be the upper. An error leaves the
+    /// workspace as it was.
+    fn prepare(&mut self, fresh: OwnedFd) -> Result<(), String>;
+    /// Right after the view changed on disk: serve it. `frozen`: the new
+    /// layer's path (a checkpoint); `dropped`: how many frozen layers an
+    /// undo took off the top. An error after a checkpoint's exchange puts
+    /// the old upper back.
+    fn commit(&mut self, frozen: Option<&Path>, dropped: usize) -> Result<(), String>;
+}
+
+/// Locks an unmounted workspace's upper, or, mounted, requires the
+/// daemon's half (`live`): the CLI sends a mounted workspace's request to
+/// its daemon, which calls back here with `live`.
+fn guard(
+    ws: &Workspace,
+    live: &Option<&mut dyn Live>,
+    what: &str,
+) -> Result<Option<std::fs::File>, StackError> {
+    match (&ws.mountpoint, live) {
+        (_, Some(_)) => Ok(None),
+        (Some(mp), None) => Err(StackError::Refused(format!(
+            "{} is mounted: {what} of a live mount goes through its daemon (give the              mountpoint or the upper to layerfs, not this library call)",
+            mp.display()
+        ))),
+        (None, None) => lock_upper(&ws.upper).map(Some),
+    }
+}
+
+/// The upper's parent (open) and its name in it.
+fn upper_at(upper: &Path) -> Result<(OwnedFd, &OsStr), StackError> {
+    let (Some(parent), Some(name)) = (upper.parent(), upper.file_name()) else {
+        return Err(StackError::Refused(format!(
+            "upper {} has no parent",
+            upper.display()
+        )));
+    };
+    let fd = sys::open_root(parent).map_err(io_ctx(format!("cannot open {}", parent.display())))?;
+    Ok((fd, name))
+}
+
+/// Locks the upper as a mount does (`daemon::exclusive`), so no mount
+/// starts on it while the stack changes; released when dropped.
+fn lock_upper(upper: &Path) -> Result<std::fs::File, StackError> {
+    let f =
+        std::fs::File::open(upper).map_err(io_ctx(format!("cannot open {}", upper.display())))?;
+    crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).map_err(|e| {
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            StackError::Refused(format!(
+                "upper {} is in use by a layerfs mount; unmount it first",
+                upper.display()
+            ))
+        } else {
+            io_ctx(format!("cannot lock {}", upper.display()))(e)
+        }
+    })?;
+    Ok(f)
+}
+
+/// Makes the empty directory `name` in `dir` with the mode and owner of
+/// `like` (the upper root it will stand in for).
+fn fresh_dir(dir: &impl std::os::fd::AsFd, name: &OsStr, like: &sys::Stat) -> std::io::Result<()> {
+    sys::mkdirat(dir, name, 0o700)?;
+    let fd = sys::open_beneath(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    let res = sys::fchown(&fd, Some(like.st_uid), Some(like.st_gid))
+        .and_then(|()| sys::fchmod(&fd, like.st_mode & 0o7777));
+    if res.is_err() {
+        let _ = sys::unlinkat(dir, name, true);
+    }
+    res
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// `layerfs checkpoint`: freezes the upper of the unmounted workspace
+/// `ws` into the layer `name` (generated when `None`) and returns the
+/// name. The steps (each crash point shows the same view):
+/// 1. the record `NAME.json`;
+/// 2. `NAME/`, empty, with the upper root's mode and owner;
+/// 3. the stack with `NAME` on top (an empty layer: same view);
+/// 4. the upper exchanged with `NAME/`, both parents synced (the old
+///    upper is the layer, the upper is empty: same view).
+///
+/// A mounted workspace's daemon passes `live`: between steps 2 and 3 it
+/// opens what it will serve (`Live::prepare`), right after step 4 it
+/// serves the new stack over the fresh upper (`Live::commit`); if that
+/// fails, the exchange is undone and the old stack written back.
+pub fn checkpoint(
+    ws: &Workspace,
+    name: Option<&str>,
+    layers: Option<&Path>,
+    mut live: Option<&mut dyn Live>,
+) -> Result<String, StackError> {
+    crate::failpoint::init();
+    let _lock = guard(ws, &live, "a checkpoint")?;
+    finish_pending(&ws.dir, &ws.upper, &ws.work)?;
+    let Layers { store, mut stack } = open(&ws.dir, layers, true)?;
+    let name = match name {
+        Some(n) => {
+            let n = crate::state::snapshot_id::validate(OsStr::new(n))
+                .map_err(|e| StackError::Refused(e.replace("snapshot ID", "checkpoint name")))?;
+            if store.taken(n) {
+                return Err(StackError::Refused(format!(
+                    "checkpoint {n} exists already in {}; choose another name",
+                    store.path().display()
+                )));
+            }
+            n.to_string()
+        }
+        None => crate::state::snapshot_id::generate(|n| store.taken(n)),
+    };
+    let (parent, upper_name) = upper_at(&ws.upper)?;
+    let root = sys::fstatat(&parent, upper_name)
+        .map_err(io_ctx(format!("cannot stat {}", ws.upper.display())))?;
+    if root.st_dev != store.dir.id().0 {
+        return Err(StackError::Refused(format!(
+            "layer store {} is not on the filesystem of upper {}: a checkpoint moves the \
+             upper into the store without copying it; give --layers DIR on the upper's \
+             filesystem",
+            store.path().display(),
+            ws.upper.display()
+        )));
+    }
+    let shared = shared_lowers(ws, &stack);
+    store.write_record(&Record {
+        name: name.clone(),
+        below: stack.layers.clone(),
+        lowers: shared,
+        created: now(),
+        upper: ws.upper.clone(),
+    })?;
+    crate::failpoint::crash("checkpoint", "record");
+    fresh_dir(&store.dir, OsStr::new(&name), &root).map_err(io_ctx(format!(
+        "cannot create {}",
+        store.dir.shown(&name).display()
+    )))?;
+    crate::failpoint::crash("checkpoint", "layer");
+    if let Some(l) = live.as_deref_mut() {
+        let fresh = sys::open_path(&store.dir, OsStr::new(&name)).map_err(io_ctx(format!(
+            "cannot open {}",
+            store.dir.shown(&name).display()
+        )));
+        if let Err(e) = fresh.map_err(String::from).and_then(|fd| l.prepare(fd)) {
+            let _ = store.remove(&name);
+            return Err(StackError::Refused(e));
+        }
+    }
+    let below = stack.clone();
+    stack.layers.insert(0, name.clone());
+    store.hold(&name, &ws.dir)?;
+    frozen::write(&ws.dir, &stack)?;
+    crate::failpoint::crash("checkpoint", "stack");
+    sys::renameat2(
+        &parent,
+        upper_name,
+        &store.dir,
+        OsStr::new(&name),
+        sys::RENAME_EXCHANGE,
+    )
+    .map_err(io_ctx(format!(
+        "cannot exchange upper {} with {}",
+        ws.upper.display(),
+        store.dir.shown(&name).display()
+    )))?;
+    crate::failpoint::crash("checkpoint", "exchange");
+    if let Some(l) = live {
+        let frozen = store.path().join(&name);
+        if let Err(e) = l.commit(Some(&frozen), 0) {
+            let back = sys::renameat2(
+                &parent,
+                upper_name,
+                &store.dir,
+                OsStr::new(&name),
+                sys::RENAME_EXCHANGE,
+            );
+            return Err(StackError::Refused(match back {
+                Ok(()) => {
+                    let _ = frozen::write(&ws.dir, &below);
+                    format!("{e}; the checkpoint was taken back, the workspace is unchanged")
+                }
+                Err(b) => format!(
+                    "{e}; and the upper cannot be put back ({b}): unmount the workspace and \
+                     mount it again (it then stands on checkpoint {name})"
+                ),
+            }));
+        }
+    }
+    sync_dir(&parent);
+    sync_dir(&store.dir);
+    Ok(name)
+}
+
+/// The shared lowers of `ws`: its lowers without the frozen layers
+/// (`Workspace::resolve` puts the stack's on top).
+pub fn shared_lowers(ws: &Workspace, stack: &Stack) -> Vec<PathBuf> {
+    let frozen: Vec<PathBuf> = stack
+        .effective()
+        .iter()
+        .map(|n| stack.store.join(n))
+        .collect();
+    ws.lowers
+        .iter()
+        .filter(|l| !frozen.contains(l))
+        .cloned()
+        .collect()
+}
+
+/// fsync of a directory whose entries changed; a failure is a warning
+/// (the change is made, only its durability before the next sync is in
+/// doubt).
+fn sync_dir(d: &impl std::os::fd::AsFd) {
+    if let Err(e) = sys::open_dir(d).and_then(|fd| std::fs::File::from(fd).sync_all()) {
+        tracing::warn!("checkpoint: cannot sync a directory: {e}");
+    }
+}
+
+/// Where the workspace goes back to: the checkpoint `to`, or the latest
+/// one, or, when nothing changed since the latest (an empty upper), the
+/// one below it. Returns the new stack (`to` on top).
+fn undo_target(stack: &Stack, to: Option<&str>, upper_empty: bool) -> Result<Vec<String>, String> {
+    let layers = &stack.layers;
+    let at = match to {
+        Some(n) => layers.iter().position(|l| l == n).ok_or_else(|| {
+            format!(
+                "this workspace stands on no checkpoint {n} (it has: {}); see layerfs \
+                 checkpoint list",
+                if layers.is_empty() {
+                    "none".to_string()
+                } else {
+                    layers.join(", ")
+                }
+            )
+        })?,
+        None if layers.is_empty() => {
+            return Err("this workspace has no checkpoint to go back to".into())
+        }
+        None if upper_empty && layers.len() > 1 => 1,
+        None if upper_empty => {
+            return Err(format!(
+                "nothing changed since checkpoint {}, the oldest: nothing to undo",
+                layers[0]
+            ))
+        }
+        None => 0,
+    };
+    Ok(layers[at..].to_vec())
+}
+
+/// `layerfs undo` of an unmounted workspace: decides the stack to go back
+/// to, writes it as pending (the decision is durable before anything
+/// changes), then finishes it (`finish_pending`). Returns the checkpoint
+/// the workspace now stands on and how many checkpoints it took off.
+/// A mounted workspace's daemon passes `live` (see `finish_pending_live`).
+pub fn undo(
+    ws: &Workspace,
+    to: Option<&str>,
+    live: Option<&mut dyn Live>,
+) -> Result<(String, usize), StackError> {
+    crate::failpoint::init();
+    let _lock = guard(ws, &live, "an undo")?;
+    finish_pending(&ws.dir, &ws.upper, &ws.work)?;
+    let Layers { store, mut stack } = open(&ws.dir, None, false).map_err(|e| match e {
+        StackError::Refused(_) => StackError::Refused("this workspace has no checkpoint".into()),
+        e => e,
+    })?;
+    let upper =
+        sys::open_root(&ws.upper).map_err(io_ctx(format!("cannot open {}", ws.upper.display())))?;
+    let empty = sys::read_dir(&upper)
+        .map_err(io_ctx(format!("cannot list {}", ws.upper.display())))?
+        .is_empty();
+    let target = undo_target(&stack, to, empty).map_err(StackError::Refused)?;
+    let dropped: Vec<String> = stack.layers[..stack.layers.len() - target.len()].to_vec();
+    let landed = target[0].clone();
+    stack.pending_undo = Some(target);
+    frozen::write(&ws.dir, &stack)?;
+    crate::failpoint::crash("undo", "pending");
+    finish_pending_live(&ws.dir, &ws.upper, &ws.work, live)?;
+    for d in &dropped {
+        if store.users(d, Some(&ws.dir))?.is_empty() {
+            store.remove(d)?;
+        }
+    }
+    Ok((landed, dropped.len()))
+}
+
+/// Finishes an undo that was decided (`pending` in the stack): empties
+/// the upper (exchanged with an empty directory in the work dir, the old
+/// tree then removed from there) and writes the stack without `pending`.
+/// Idempotent: a crash anywhere is finished by the next call (every
+/// command that reads a stack, and every mount, calls it first).
+pub fn finish_pending(state: &SafeDir, upper: &Path, work: &Path) -> Result<(), StackError> {
+    finish_pending_live(state, upper, work, None)
+}
+
+/// `finish_pending` on a mounted workspace: `live` opens the empty
+/// directory before the exchange (`Live::prepare`) and serves the shorter
+/// stack over it once the stack is written (`Live::commit`), before the
+/// undone tree is removed (files open in it read on).
+pub fn finish_pending_live(
+    state: &SafeDir,
+    upper: &Path,
+    work: &Path,
+    mut live: Option<&mut dyn Live>,
+) -> Result<(), StackError> {
+    let Some(mut stack) = frozen::read(state)? else {
+        return Ok(());
+    };
+    let Some(target) = stack.pending_undo.take() else {
+        return Ok(());
+    };
+    let work = SafeDir::open(work, crate::layer::safedir::Role::Work)
+        .map_err(StackError::Refused)?
+        .ok_or_else(|| {
+            StackError::Refused(format!(
+                "work dir {} does not exist; mount the workspace once to create it",
+                work.display()
+            ))
+        })?;
+    let (parent, upper_name) = upper_at(upper)?;
+    let root = sys::fstatat(&parent, upper_name)
+        .map_err(io_ctx(format!("cannot stat {}", upper.display())))?;
+    let tmp = format!(".layerfs-undo.{}", std::process::id());
+    let tmp = OsStr::new(&tmp);
+    if work.stat(tmp).is_ok() {
+        crate::layer::walk::remove_tree(&work, tmp).map_err(io_ctx(format!(
+            "cannot remove {}",
+            work.shown(tmp).display()
+        )))?;
+    }
+    fresh_dir(&work, tmp, &root).map_err(io_ctx(format!(
+        "cannot create {}",
+        work.shown(tmp).display()
+    )))?;
+    if let Some(l) = live.as_deref_mut() {
+        let fd = sys::open_path(&work, tmp)
+            .map_err(io_ctx(format!("cannot open {}", work.shown(tmp).display())))?;
+        if let Err(e) = l.prepare(fd) {
+            let _ = sys::unlinkat(&work, tmp, true);
+            return Err(StackError::Refused(e));
+        }
+    }
+    let dropped = stack.layers.len().saturating_sub(target.len());
+    sys::renameat2(&parent, upper_name, &work, tmp, sys::RENAME_EXCHANGE).map_err(io_ctx(
+        format!(
+            "cannot exchange upper {} with an empty directory",
+            upper.display()
+        ),
+    ))?;
+    sync_dir(&parent);
+    sync_dir(&work);
+    crate::failpoint::crash("undo", "exchange");
+    stack.layers = target;
+    frozen::write(state, &stack)?;
+    crate::failpoint::crash("undo", "stack");
+    if let Some(l) = live {
+        l.commit(None, dropped).map_err(|e| {
+            StackError::Refused(format!(
+                "{e}; the undo is done on disk but the mount cannot serve it: unmount the \
+                 workspace and mount it again"
+            ))
+        })?;
+    }
+    crate::layer::walk::remove_tree(&work, tmp).map_err(io_ctx(format!(
+        "cannot remove the undone upper {}",
+        work.shown(tmp).display()
+    )))
+}
+
+/// The frozen layers a mount of the workspace with state dir `state`
+/// serves above its shared lowers, topmost first, after finishing a
+/// pending undo; each must be a directory.
+pub fn mount_layers(state: &Path, upper: &Path, work: &Path) -> Result<Vec<PathBuf>, StackError> {
+    let Some(dir) =
+        SafeDir::open(state, crate::layer::safedir::Role::State).map_err(StackError::Refused)?
+    else {
+        return Ok(Vec::new());
+    };
+    finish_pending(&dir, upper, work)?;
+    let layers = frozen::frozen_paths(&dir)?;
+    for l in &layers {
+        if !l.is_dir() {
+            return Err(StackError::Refused(format!(
+                "checkpoint layer {} of this workspace's stack ({}) is missing; restore it,                  or remove {} to mount without the checkpoints",
+                l.display(),
+                dir.shown(frozen::STACK_FILE).display(),
+                dir.shown(frozen::STACK_FILE).display()
+            )));
+        }
+    }
+    Ok(layers)
+}
+
+/// `layerfs checkpoint rm`: removes the layer `name` from the store of
+/// `ws`, refused while any workspace (this one included) or checkpoint
+/// stacks on it.
+pub fn remove(ws: &Workspace, name: &str) -> Result<(), StackError> {
+    let Layers { store, .. } = open(&ws.dir, None, false)?;
+    if !store.taken(name) {
+        return Err(StackError::Refused(format!(
+            "no checkpoint {name} in {}",
+            store.path().display()
+        )));
+    }
+    let users = store.users(name, None)?;
+    if !users.is_empty() {
+        return Err(StackError::Refused(format!(
+            "checkpoint {name} is in use by {}; undo past it (layerfs undo --to) or remove \
+             what stands on it first",
+            users.join(", ")
+        )));
+    }
+    store.remove(name)
+}
+
+/// The checkpoints `ws` stands on, topmost first.
+pub fn list(ws: &Workspace) -> Result<Vec<Record>, StackError> {
+    let Some(stack) = frozen::read(&ws.dir)? else {
+        return Ok(Vec::new());
+    };
+    let store = Store::open(&stack.store, false)?;
+    stack
+        .effective()
+        .iter()
+        .map(|n| {
+            Ok(store.record(n)?.unwrap_or_else(|| Record {
+                name: n.clone(),
+                below: Vec::new(),
+                lowers: Vec::new(),
+                created: 0,
+                upper: PathBuf::new(),
+            }))
+        })
+        .collect()
+}
+
+/// Prepares a fork of the checkpoint `name` of `ws`: the new workspace's
+/// state dir (`new_state`) gets the checkpoint's stack and a hold on each
+/// layer. Returns the shared lowers to mount the fork with. No tree is
+/// read or copied.
+pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathBuf>, StackError> {
+    let Layers { store, stack } = open(&ws.dir, None, false)?;
+    let record = store
+        .record(name)?
+        .filter(|_| store.has_layer(name))
+        .ok_or_else(|| {
+            StackError::Refused(format!(
+                "no checkpoint {name} in {}; see layerfs checkpoint list",
+                store.path().display()
+            ))
+        })?;
+    if frozen::read(new_state)?.is_some() {
+        return Err(StackError::Refused(format!(
+            "{} belongs to a workspace that stacks on layers already; give a new --upper",
+            new_state.path().display()
+        )));
+    }
+    let layers = record.stack();
+    for l in &layers {
+        if !store.has_layer(l) {
+            return Err(StackError::Refused(format!(
+                "checkpoint {name} stands on {l}, which is missing from {}",
+                store.path().display()
+            )));
+        }
+        store.hold(l, new_state)?;
+    }
+    frozen::write(
+        new_state,
+        &Stack {
+            store: stack.store.clone(),
+            layers,
+            pending_undo: None,
+        },
+    )?;
+    Ok(record.lowers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack(l: &[&str]) -> Stack {
+        Stack {
+            store: PathBuf::from("/s"),
+            layers: l.iter().map(|s| s.to_string()).collect(),
+            pending_undo: None,
+        }
+    }
+
+    #[test]
+    fn undo_goes_to_the_latest_then_steps_back() {
+        let s = stack(&["c", "b", "a"]);
+        assert_eq!(undo_target(&s, None, false).unwrap(), ["c", "b", "a"]);
+        assert_eq!(undo_target(&s, None, true).unwrap(), ["b", "a"]);
+        assert_eq!(undo_target(&s, Some("a"), false).unwrap(), ["a"]);
+        assert!(undo_target(&s, Some("x"), false).is_err());
+        assert!(undo_target(&stack(&["a"]), None, true).is_err());
+        assert!(undo_target(&stack(&[]), None, false).is_err());
+    }
+}

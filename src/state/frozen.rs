@@ -1,0 +1,478 @@
+//! The stack of frozen layers a workspace stands on, and the layer store
+//! that holds them (DESIGN.md §5, "Checkpoints, forks and undo").
+//!
+//! This file owns the on-disk format: a workspace's `layers.json` in its
+//! state dir (the store's path, the frozen layers' names top first, and a
+//! pending undo), and in a store each layer's directory `NAME/`, its
+//! record `NAME.json` and its holds `NAME.holds/DEV-INO` (a symlink to the
+//! state dir of each workspace that stacks on it). What is done with them
+//! (checkpoint, undo, fork) is `state::checkpoint`.
+//!
+//! Invariants:
+//! - A layer directory in a store never changes after it is frozen:
+//!   nothing writes through a lower, and `Store::remove` is called only
+//!   for a layer nothing stacks on (`Store::users`).
+//! - Every file here is replaced atomically (`SafeDir::replace_file`): a
+//!   reader sees the old stack or the new one.
+//! - Layer names passed `snapshot_id::validate`: one safe path segment,
+//!   never starting with `.` (so never a temporary name of this module).
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::layer::safedir::{Role, SafeDir};
+
+/// A workspace's stack, in its state dir.
+pub const STACK_FILE: &str = "layers.json";
+/// The default layer store, in the state dir.
+pub const STORE_DIR: &str = "layers";
+
+/// Why a stack or store operation failed: what was being done, and why.
+#[derive(Debug)]
+pub enum StackError {
+    /// A system call on a named file failed.
+    Io { what: String, source: io::Error },
+    /// A file of the stack or store does not say what it must.
+    Corrupt { file: PathBuf, why: String },
+    /// The operation is refused; the text says why and what to do.
+    Refused(String),
+}
+
+impl fmt::Display for StackError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StackError::Io { what, source } => write!(f, "{what}: {source}"),
+            StackError::Corrupt { file, why } => write!(f, "{}: {why}", file.display()),
+            StackError::Refused(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for StackError {}
+
+impl From<StackError> for String {
+    fn from(e: StackError) -> String {
+        e.to_string()
+    }
+}
+
+/// `map_err` helper: an io error with what was being done.
+pub fn io_ctx(what: impl fmt::Display) -> impl FnOnce(io::Error) -> StackError {
+    move |source| StackError::Io {
+        what: what.to_string(),
+        source,
+    }
+}
+
+/// What `layers.json` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stack {
+    /// The layer store (absolute).
+    pub store: PathBuf,
+    /// Frozen layers, topmost first.
+    pub layers: Vec<String>,
+    /// An undo decided but maybe not finished: the stack it leaves
+    /// (`state::checkpoint::finish_pending`).
+    pub pending_undo: Option<Vec<String>>,
+}
+
+impl Stack {
+    fn to_json(&self) -> Value {
+        json!({
+            "store": self.store.to_string_lossy(),
+            "layers": self.layers,
+            "pending": self.pending_undo.as_ref().map(|l| json!({ "undo": l })),
+        })
+    }
+
+    /// The layers a reader should use: a pending undo's, which is decided.
+    pub fn effective(&self) -> &[String] {
+        self.pending_undo.as_deref().unwrap_or(&self.layers)
+    }
+}
+
+fn names(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?
+        .iter()
+        .map(|n| n.as_str().map(String::from))
+        .collect()
+}
+
+/// Reads the stack of the workspace whose state dir is `state`; `None`
+/// when it has none (no checkpoint was ever taken or forked from).
+pub fn read(state: &SafeDir) -> Result<Option<Stack>, StackError> {
+    let Some(j) = read_json(state, STACK_FILE)? else {
+        return Ok(None);
+    };
+    let (v, bad) = (&j.value, |why: &str| j.bad(why));
+    let store = v["store"].as_str().ok_or_else(|| bad("no \"store\""))?;
+    let layers = names(&v["layers"]).ok_or_else(|| bad("no \"layers\" list of names"))?;
+    let pending_undo = match &v["pending"] {
+        Value::Null => None,
+        p => Some(names(&p["undo"]).ok_or_else(|| bad("a \"pending\" without an undo list"))?),
+    };
+    for n in layers.iter().chain(pending_undo.iter().flatten()) {
+        crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e))?;
+    }
+    Ok(Some(Stack {
+        store: PathBuf::from(store),
+        layers,
+        pending_undo,
+    }))
+}
+
+/// Writes the stack atomically (see the module comment).
+pub fn write(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
+    let mut text = serde_json::to_string_pretty(&stack.to_json()).unwrap_or_default();
+    text.push('\n');
+    state
+        .replace_file(STACK_FILE, text.as_bytes())
+        .map_err(io_ctx(format!(
+            "cannot write {}",
+            state.shown(STACK_FILE).display()
+        )))
+}
+
+/// A JSON file of the stack or store, read, and where it came from (for
+/// the error that says it is corrupt).
+struct Json {
+    value: Value,
+    file: PathBuf,
+}
+
+impl Json {
+    fn bad(&self, why: &str) -> StackError {
+        StackError::Corrupt {
+            file: self.file.clone(),
+            why: why.into(),
+        }
+    }
+}
+
+/// The JSON in the file `name` of `dir`; `None` when there is no such file.
+fn read_json(dir: &SafeDir, name: &str) -> Result<Option<Json>, StackError> {
+    let file = dir.shown(name);
+    let text = match read_text(dir, name) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_ctx(format!("cannot read {}", file.display()))(e)),
+    };
+    match serde_json::from_str(&text) {
+        Ok(value) => Ok(Some(Json { value, file })),
+        Err(e) => Err(StackError::Corrupt {
+            file,
+            why: format!("not JSON ({e})"),
+        }),
+    }
+}
+
+fn read_text(dir: &SafeDir, name: &str) -> io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    dir.open_file(name, libc::O_RDONLY, 0)?
+        .read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// The frozen layers' paths of the workspace whose state dir is `state`,
+/// topmost first (a pending undo's stack when one is pending); empty
+/// without a stack.
+pub fn frozen_paths(state: &SafeDir) -> Result<Vec<PathBuf>, StackError> {
+    Ok(match read(state)? {
+        Some(s) => s.effective().iter().map(|n| s.store.join(n)).collect(),
+        None => Vec::new(),
+    })
+}
+
+/// A checkpoint's record, `NAME.json` in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub name: String,
+    /// The layers below it, topmost first: its stack is itself and these.
+    pub below: Vec<String>,
+    /// The shared lowers it was taken over, topmost first.
+    pub lowers: Vec<PathBuf>,
+    /// Unix time it was taken.
+    pub created: i64,
+    /// The upper it was frozen from.
+    pub upper: PathBuf,
+}
+
+impl Record {
+    /// Its stack: itself and the layers below it, topmost first.
+    pub fn stack(&self) -> Vec<String> {
+        std::iter::once(self.name.clone())
+            .chain(self.below.iter().cloned())
+            .collect()
+    }
+}
+
+/// A layer store, opened checked (`SafeDir`, role `Layers`).
+pub struct Store {
+    pub dir: SafeDir,
+}
+
+fn record_file(name: &str) -> String {
+    format!("{name}.json")
+}
+
+fn holds_dir(name: &str) -> String {
+    format!("{name}.holds")
+}
+
+impl Store {
+    /// Opens the store at `path`, creating it (0700) when `create`.
+    pub fn open(path: &Path, create: bool) -> Result<Store, StackError> {
+        let dir = if create {
+            SafeDir::create(path, Role::Layers, 0o700).map(|(d, _)| d)
+        } else {
+            SafeDir::open(path, Role::Layers).and_then(|d| {
+                d.ok_or_else(|| format!("layer store {} does not exist", path.display()))
+            })
+        };
+        dir.map(|dir| Store { dir }).map_err(StackError::Refused)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Whether `name` is taken (a layer, or a record of one).
+    pub fn taken(&self, name: &str) -> bool {
+        self.dir.stat(name).is_ok() || self.dir.stat(record_file(name)).is_ok()
+    }
+
+    /// Whether the layer directory `name` exists.
+    pub fn has_layer(&self, name: &str) -> bool {
+        self.dir
+            .stat(name)
+            .is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR)
+    }
+
+    /// The record of `name`; `None` when it has none.
+    pub fn record(&self, name: &str) -> Result<Option<Record>, StackError> {
+        let Some(j) = read_json(&self.dir, &record_file(name))? else {
+            return Ok(None);
+        };
+        let (v, bad) = (&j.value, |why: &str| j.bad(why));
+        let below = names(&v["below"]).ok_or_else(|| bad("no \"below\" list"))?;
+        for n in &below {
+            crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e))?;
+        }
+        Ok(Some(Record {
+            name: name.to_string(),
+            below,
+            lowers: names(&v["lowers"])
+                .ok_or_else(|| bad("no \"lowers\" list"))?
+                .into_iter()
+                .map(PathBuf::from)
+                .collect(),
+            created: v["created"].as_i64().unwrap_or(0),
+            upper: PathBuf::from(v["upper"].as_str().unwrap_or_default()),
+        }))
+    }
+
+    /// Writes the record of a layer (atomically).
+    pub fn write_record(&self, r: &Record) -> Result<(), StackError> {
+        let s = |p: &Path| p.to_string_lossy().into_owned();
+        let v = json!({
+            "name": r.name,
+            "below": r.below,
+            "lowers": r.lowers.iter().map(|p| s(p)).collect::<Vec<_>>(),
+            "created": r.created,
+            "upper": s(&r.upper),
+        });
+        let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
+        text.push('\n');
+        let file = record_file(&r.name);
+        self.dir
+            .replace_file(&file, text.as_bytes())
+            .map_err(io_ctx(format!(
+                "cannot write {}",
+                self.dir.shown(&file).display()
+            )))
+    }
+
+    /// Notes that the workspace whose state dir is `state` stacks on
+    /// `name` (a symlink `NAME.holds/DEV-INO` to the state dir).
+    pub fn hold(&self, name: &str, state: &SafeDir) -> Result<(), StackError> {
+        let holds = self
+            .dir
+            .subdir(&holds_dir(name), Role::Layers, Some(0o700))
+            .map_err(StackError::Refused)?
+            .ok_or_else(|| StackError::Refused(format!("cannot create holds of {name}")))?;
+        let (dev, ino) = state.id();
+        let link = format!("{dev:x}-{ino:x}");
+        match crate::layer::sys::symlinkat(state.path().as_os_str(), &holds, OsStr::new(&link)) {
+            Ok(()) => holds
+                .sync()
+                .map_err(io_ctx(format!("cannot sync {}", holds.path().display()))),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(io_ctx(format!(
+                "cannot record a hold in {}",
+                holds.path().display()
+            ))(e)),
+        }
+    }
+
+    /// Who stacks on `name`: the state dirs of the workspaces whose stack
+    /// holds it (a hold whose workspace no longer stacks on it is
+    /// removed), and the layers whose base holds it. `except` (a state
+    /// dir) is not counted.
+    pub fn users(&self, name: &str, except: Option<&SafeDir>) -> Result<Vec<String>, StackError> {
+        let mut users = Vec::new();
+        if let Ok(Some(holds)) = self.dir.subdir(&holds_dir(name), Role::Layers, None) {
+            for e in holds.read_dir().unwrap_or_default() {
+                let Ok(target) = std::fs::read_link(holds.fd_path(&e.name)) else {
+                    continue;
+                };
+                let live = match SafeDir::open(&target, Role::State) {
+                    Ok(Some(d)) => {
+                        if except.is_some_and(|x| *x == d) {
+                            continue;
+                        }
+                        match read(&d) {
+                            Ok(Some(s)) => {
+                                s.store == self.path()
+                                    && (s.layers.iter().any(|l| l == name)
+                                        || s.effective().iter().any(|l| l == name))
+                            }
+                            Ok(None) => false,
+                            Err(_) => true,
+                        }
+                    }
+                    Ok(None) => false,
+                    // Another user's workspace: it may stack on it.
+                    Err(_) => true,
+                };
+                if live {
+                    users.push(format!("workspace {}", target.display()));
+                } else {
+                    let _ = holds.remove_file(&e.name);
+                }
+            }
+        }
+        for e in self.dir.read_dir().map_err(io_ctx(format!(
+            "cannot list layer store {}",
+            self.path().display()
+        )))? {
+            let n = e.name.to_string_lossy();
+            let Some(layer) = n.strip_suffix(".json") else {
+                continue;
+            };
+            if layer.starts_with('.') || layer == name || !self.has_layer(layer) {
+                continue;
+            }
+            if let Ok(Some(r)) = self.record(layer) {
+                if r.below.iter().any(|b| b == name) {
+                    users.push(format!("checkpoint {layer}"));
+                }
+            }
+        }
+        Ok(users)
+    }
+
+    /// Removes the layer `name`: its directory, record and holds (the
+    /// caller made sure nothing stacks on it). The record goes last, so
+    /// an interrupted removal leaves the name taken and `rm` can finish it.
+    pub fn remove(&self, name: &str) -> Result<(), StackError> {
+        let gone = |r: io::Result<()>| match r {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+        let what = || format!("cannot remove layer {}", self.dir.shown(name).display());
+        for n in [name.to_string(), holds_dir(name)] {
+            gone(crate::layer::walk::remove_tree(&self.dir, OsStr::new(&n)))
+                .map_err(io_ctx(what()))?;
+        }
+        gone(self.dir.remove_file(record_file(name))).map_err(io_ctx(what()))?;
+        self.dir.sync().map_err(io_ctx(what()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_round_trip_and_pending() {
+        let t = tempfile::tempdir().unwrap();
+        let (state, _) = SafeDir::create(&t.path().join("s"), Role::State, 0o700).unwrap();
+        assert_eq!(read(&state).unwrap(), None);
+        let mut s = Stack {
+            store: t.path().join("store"),
+            layers: vec!["b".into(), "a".into()],
+            pending_undo: None,
+        };
+        write(&state, &s).unwrap();
+        assert_eq!(read(&state).unwrap().as_ref(), Some(&s));
+        s.pending_undo = Some(vec!["a".into()]);
+        write(&state, &s).unwrap();
+        let back = read(&state).unwrap().unwrap();
+        assert_eq!(back.effective(), ["a".to_string()]);
+        assert_eq!(
+            frozen_paths(&state).unwrap(),
+            vec![t.path().join("store").join("a")]
+        );
+    }
+
+    #[test]
+    fn a_name_that_is_not_one_segment_is_corrupt() {
+        let t = tempfile::tempdir().unwrap();
+        let (state, _) = SafeDir::create(&t.path().join("s"), Role::State, 0o700).unwrap();
+        state
+            .replace_file(STACK_FILE, br#"{"store":"/x","layers":["../up"]}"#)
+            .unwrap();
+        assert!(matches!(read(&state), Err(StackError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn users_count_holds_and_bases() {
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::open(&t.path().join("store"), true).unwrap();
+        let (state, _) = SafeDir::create(&t.path().join("s"), Role::State, 0o700).unwrap();
+        for (name, below) in [("a", vec![]), ("b", vec!["a".to_string()])] {
+            store.dir.mkdir(name, 0o755).unwrap();
+            store
+                .write_record(&Record {
+                    name: name.into(),
+                    below,
+                    lowers: vec![],
+                    created: 0,
+                    upper: PathBuf::from("/u"),
+                })
+                .unwrap();
+        }
+        assert_eq!(store.users("a", None).unwrap(), vec!["checkpoint b"]);
+        assert!(store.users("b", None).unwrap().is_empty());
+        write(
+            &state,
+            &Stack {
+                store: store.path().to_path_buf(),
+                layers: vec!["b".into(), "a".into()],
+                pending_undo: None,
+            },
+        )
+        .unwrap();
+        store.hold("b", &state).unwrap();
+        assert_eq!(store.users("b", None).unwrap().len(), 1);
+        assert!(store.users("b", Some(&state)).unwrap().is_empty());
+        // A workspace that no longer stacks on it: the hold is stale.
+        write(
+            &state,
+            &Stack {
+                store: store.path().to_path_buf(),
+                layers: vec!["a".into()],
+                pending_undo: None,
+            },
+        )
+        .unwrap();
+        assert!(store.users("b", None).unwrap().is_empty());
+        store.remove("b").unwrap();
+        assert!(!store.taken("b"));
+    }
+}

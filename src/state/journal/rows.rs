@@ -1,0 +1,115 @@
+//! Rows written outside the writer thread (undo operations of the
+//! state commands) and read back for `status` of an unmounted workspace,
+//! with the encodings every row shares.
+
+use std::fs;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rusqlite::params;
+use serde_json::{json, Value};
+
+use super::schema::disk_bytes;
+use super::schema::{open_ro, open_rw, shown};
+use crate::overlay::events::EvOp;
+
+/// The daemon itself, as rows it writes about the journal name it.
+pub(super) fn daemon_ids() -> (u32, u32, u32) {
+    (
+        std::process::id(),
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    )
+}
+
+/// Records an undo operation (`reset`, `gc`, `snapshot save`/`restore`)
+/// as one row of the journal at `db`, written by the command that ran it:
+/// `what` names the paths or the snapshot, `entries` how many entries it
+/// changed or archived; the caller is this process (uid, gid, pid, comm).
+/// A workspace whose journal is off (no database) gets no row.
+pub fn record_undo(db: &Path, op: EvOp, what: &str, entries: u64) -> Result<(), String> {
+    let comm = fs::read_to_string("/proc/self/comm")
+        .map(|c| c.trim_end().to_string())
+        .unwrap_or_else(|_| "layerfs".into());
+    record_as(db, op, what, entries, &comm)
+}
+
+/// As `record_undo`, naming the caller `comm` (the agent tools name
+/// themselves `CLIENT:TOOL`, as their other rows do).
+pub fn record_as(db: &Path, op: EvOp, what: &str, entries: u64, comm: &str) -> Result<(), String> {
+    if !db.exists() {
+        return Ok(());
+    }
+    let (pid, uid, gid) = daemon_ids();
+    let conn = open_rw(db).map_err(|e| format!("journal {}: {e}", db.display()))?;
+    conn.execute(
+        "INSERT INTO events (time, op, path, result, bytes, pid, comm, uid, gid)
+         VALUES (?1, ?2, ?3, 'ok', ?4, ?5, ?6, ?7, ?8)",
+        params![
+            micros(SystemTime::now()),
+            op.name(),
+            what,
+            entries as i64,
+            pid,
+            comm,
+            uid,
+            gid
+        ],
+    )
+    .map_err(|e| format!("journal {}: {e}", db.display()))?;
+    Ok(())
+}
+
+/// Microseconds since the epoch.
+pub(super) fn micros(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// The symbolic name of an errno ("ENOENT"), or its number.
+pub fn errno_name(e: i32) -> String {
+    if e == 0 {
+        return "ok".into();
+    }
+    nix::errno::Errno::from_raw(e)
+        .to_string()
+        .split(':')
+        .next()
+        .filter(|n| n.starts_with('E'))
+        .map(String::from)
+        .unwrap_or_else(|| format!("errno {e}"))
+}
+
+/// Journal health of an unmounted workspace, read from the database:
+/// its rows, the events its `journal-dropped` rows say were lost
+/// (`dropped_recorded`; a live mount's `dropped` counts since the mount)
+/// and the rows retention deleted, as its newest `journal-trimmed` rows
+/// say (`trimmed_recorded`: the older ones are folded into them).
+pub fn offline_health(db: &Path) -> Value {
+    match open_ro(db).and_then(|c| {
+        c.query_row(
+            "SELECT count(*), coalesce(sum(CASE WHEN op = 'journal-dropped' THEN bytes END), 0),
+                    coalesce(sum(CASE WHEN op = 'journal-trimmed' THEN bytes END), 0)
+             FROM events",
+            [],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            },
+        )
+        .map_err(|e| format!("{}: {e}", shown(db).display()))
+    }) {
+        Ok((rows, lost, trimmed)) => json!({
+            "path": shown(db).to_string_lossy(),
+            "rows": rows,
+            "dropped_recorded": lost,
+            "trimmed_recorded": trimmed,
+            "bytes": disk_bytes(db),
+        }),
+        Err(e) => json!({"path": shown(db).to_string_lossy(), "rows": null, "last_error": e}),
+    }
+}

@@ -1,0 +1,321 @@
+//! What `diff` prints for people: a new directory as one line with the
+//! number of entries it holds, and `--stat`, the counts and bytes of the
+//! changes per top-level entry with their totals. `--json` and `--files`
+//! keep every entry (`state::diff` computes them; this module only folds
+//! them).
+//!
+//! The folding rules, the one home for both views:
+//! - an added directory (`A`) is *collapsed*: its line stands for every
+//!   added entry beneath it, which are counted, not printed; a change of
+//!   another kind beneath it (a shared file renamed into it, `R`) keeps its
+//!   own line, since it also says where something went;
+//! - a directory the user named as a PATH is not collapsed (its entries are
+//!   what was asked for; added directories inside it still are);
+//! - `--stat` counts what `--files` lists, except that a deleted directory
+//!   counts itself and every shared entry beneath it (its single `D` line
+//!   hides them as an added directory's line does); bytes are the sizes of
+//!   regular files: `+` the new versions of added and modified files, `-`
+//!   the shared versions of modified and deleted ones; a rename moves its
+//!   bytes, it adds or removes none.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+
+use crate::layer::stack::{base_lookup, base_names, lowers_at_path, stat_in, Layers};
+use crate::layer::walk::is_dir;
+use crate::quote::quote_os;
+use crate::state::diff::{Change, Kind};
+
+/// One line of the folded view.
+pub enum Line<'a> {
+    /// A change printed as `diff --files` prints it.
+    One(&'a Change),
+    /// An added directory and the number of added entries beneath it.
+    Tree(&'a Change, usize),
+}
+
+impl Line<'_> {
+    /// `A path/ (N entries)` for a collapsed directory, else the change's
+    /// own line.
+    pub fn text(&self) -> String {
+        match self {
+            Line::One(c) => c.text_line(),
+            Line::Tree(c, 0) => format!("A {}/ (empty)", quote_os(&c.path)),
+            Line::Tree(c, 1) => format!("A {}/ (1 entry)", quote_os(&c.path)),
+            Line::Tree(c, n) => format!("A {}/ ({n} entries)", quote_os(&c.path)),
+        }
+    }
+}
+
+/// The ancestors of a relative path, nearest first (`a/b/c` → `a/b`, `a`).
+fn ancestors(p: &OsStr) -> impl Iterator<Item = &OsStr> {
+    let b = p.as_bytes();
+    (0..b.len())
+        .rev()
+        .filter(move |&i| b[i] == b'/')
+        .map(move |i| OsStr::from_bytes(&b[..i]))
+}
+
+/// Folds `changes` (sorted by path, as `diff::diff` returns them): each
+/// added directory not named in `named` becomes one `Tree` line for
+/// itself and the added entries beneath it.
+pub fn fold<'a>(changes: &'a [Change], named: &[OsString]) -> Vec<Line<'a>> {
+    // The outermost collapsed directory holding each path.
+    let mut trees: HashMap<&OsStr, usize> = HashMap::new();
+    let mut under = vec![None; changes.len()];
+    for (i, c) in changes.iter().enumerate() {
+        // Parents sort before their children (a prefix sorts first), so a
+        // directory's tree is known before its entries are seen.
+        let outer = ancestors(&c.path)
+            .filter_map(|a| trees.get(a).copied())
+            .last();
+        if c.kind == Kind::Added {
+            under[i] = outer;
+        }
+        if outer.is_none()
+            && c.kind == Kind::Added
+            && c.ftype == "dir"
+            && !named.iter().any(|n| n == &c.path)
+        {
+            trees.insert(c.path.as_os_str(), i);
+        }
+    }
+    let mut counts = vec![0usize; changes.len()];
+    for t in under.iter().flatten() {
+        counts[*t] += 1;
+    }
+    changes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| under[*i].is_none())
+        .map(|(i, c)| {
+            if trees.get(c.path.as_os_str()) == Some(&i) {
+                Line::Tree(c, counts[i])
+            } else {
+                Line::One(c)
+            }
+        })
+        .collect()
+}
+
+/// Counts of one group of `--stat` (a top-level entry, or the total).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub added: u64,
+    pub modified: u64,
+    pub deleted: u64,
+    pub renamed: u64,
+    pub metadata: u64,
+    /// Bytes of the new versions of added and modified regular files.
+    pub bytes_added: u64,
+    /// Bytes of the shared versions of modified and deleted regular files.
+    pub bytes_removed: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.added += o.added;
+        self.modified += o.modified;
+        self.deleted += o.deleted;
+        self.renamed += o.renamed;
+        self.metadata += o.metadata;
+        self.bytes_added += o.bytes_added;
+        self.bytes_removed += o.bytes_removed;
+    }
+
+    /// One `--stat --json` line: `path` names the group; the totals' line
+    /// has `"total": true` and no path.
+    pub fn json(&self, name: Option<&str>) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "added": self.added,
+            "modified": self.modified,
+            "deleted": self.deleted,
+            "renamed": self.renamed,
+            "metadata": self.metadata,
+            "bytes_added": self.bytes_added,
+            "bytes_removed": self.bytes_removed,
+        });
+        match name {
+            Some(n) => v["path"] = n.into(),
+            None => v["total"] = true.into(),
+        }
+        v
+    }
+}
+
+/// `--stat`: the counts per top-level entry (`dir/` for a directory,
+/// sorted) and their total.
+pub struct Stat {
+    pub groups: BTreeMap<String, Counts>,
+    pub total: Counts,
+}
+
+/// The size of a regular file at `rel` in a layer, 0 for anything else
+/// or anything gone since the diff.
+fn file_size(root: &std::os::fd::OwnedFd, rel: &OsStr) -> u64 {
+    match stat_in(root, rel) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG => st.st_size as u64,
+        _ => 0,
+    }
+}
+
+/// The entries and regular-file bytes of the shared tree at lower path
+/// `rel` (a deleted directory), merged across the lowers as the mount
+/// shows them, the directory itself included.
+fn shared_tree(layers: &Layers, rel: &OsStr) -> (u64, u64) {
+    let mut root = OsString::from("/");
+    root.push(rel);
+    let nlowers = layers.lowers.len();
+    let mut stack = vec![lowers_at_path(layers, &root)];
+    let (mut entries, mut bytes) = (1u64, 0u64);
+    while let Some(base) = stack.pop() {
+        let Ok(names) = base_names(&base) else {
+            continue;
+        };
+        for n in names {
+            let Ok(Some(e)) = base_lookup(&base, nlowers, &n) else {
+                continue;
+            };
+            entries += 1;
+            if is_dir(&e.st) {
+                stack.push(e.dirs);
+            } else if e.st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                bytes += e.st.st_size as u64;
+            }
+        }
+    }
+    (entries, bytes)
+}
+
+/// The group of a path: its first component, with `/` when that is a
+/// directory of the workspace (the entry itself a directory, or deeper).
+fn group_of(c: &Change) -> String {
+    let b = c.path.as_bytes();
+    match b.iter().position(|&x| x == b'/') {
+        Some(i) => format!("{}/", quote_os(OsStr::from_bytes(&b[..i]))),
+        None if c.ftype == "dir" => format!("{}/", quote_os(&c.path)),
+        None => quote_os(&c.path).to_string(),
+    }
+}
+
+/// Counts `changes` (every entry, as `--files` lists them) per top-level
+/// entry; sizes are read from the layers.
+pub fn stat(layers: &Layers, changes: &[Change]) -> Stat {
+    let mut groups: BTreeMap<String, Counts> = BTreeMap::new();
+    for c in changes {
+        let mut n = Counts::default();
+        let new_size = || {
+            if c.is_new() && c.ftype == "file" {
+                file_size(&layers.upper, &c.path)
+            } else {
+                0
+            }
+        };
+        let old_size = || match c.old() {
+            Some((l, p)) => file_size(&layers.lowers[l], p),
+            None => 0,
+        };
+        match c.kind {
+            Kind::Added => {
+                n.added = 1;
+                n.bytes_added = new_size();
+            }
+            Kind::Modified => {
+                n.modified = 1;
+                n.bytes_added = new_size();
+                n.bytes_removed = old_size();
+            }
+            Kind::Deleted if c.ftype == "dir" => {
+                let (entries, bytes) = match c.old() {
+                    Some((_, p)) => shared_tree(layers, p),
+                    None => (1, 0),
+                };
+                n.deleted = entries;
+                n.bytes_removed = bytes;
+            }
+            Kind::Deleted => {
+                n.deleted = 1;
+                n.bytes_removed = old_size();
+            }
+            Kind::Renamed => n.renamed = 1,
+            Kind::Metadata => n.metadata = 1,
+        }
+        groups.entry(group_of(c)).or_default().add(&n);
+    }
+    let mut total = Counts::default();
+    for g in groups.values() {
+        total.add(g);
+    }
+    Stat { groups, total }
+}
+
+/// Bytes for people: `512 B`, `12.3 KiB`, `4.0 MiB`.
+pub fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+impl Stat {
+    /// The table: one row per group, then `total`.
+    pub fn text(&self) -> String {
+        let width = self
+            .groups
+            .keys()
+            .map(|k| k.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(5);
+        let mut s = format!(
+            "{:<width$}  {:>7} {:>8} {:>7} {:>7} {:>8} {:>11} {:>11}\n",
+            "path", "added", "modified", "deleted", "renamed", "metadata", "+bytes", "-bytes"
+        );
+        let row = |name: &str, c: &Counts| {
+            format!(
+                "{name:<width$}  {:>7} {:>8} {:>7} {:>7} {:>8} {:>11} {:>11}\n",
+                c.added,
+                c.modified,
+                c.deleted,
+                c.renamed,
+                c.metadata,
+                human(c.bytes_added),
+                human(c.bytes_removed)
+            )
+        };
+        for (k, c) in &self.groups {
+            s.push_str(&row(k, c));
+        }
+        s.push_str(&row("total", &self.total));
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ancestors_nearest_first() {
+        let a: Vec<&OsStr> = ancestors(OsStr::new("a/b/c")).collect();
+        assert_eq!(a, [OsStr::new("a/b"), OsStr::new("a")]);
+        assert_eq!(ancestors(OsStr::new("top")).count(), 0);
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(0), "0 B");
+        assert_eq!(human(1023), "1023 B");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(3 * 1024 * 1024), "3.0 MiB");
+    }
+}

@@ -1,0 +1,606 @@
+//! Checkpoints, forks and undo (DESIGN.md §5, "Checkpoints, forks and
+//! undo"), through real mounts: the view a checkpoint freezes is the view
+//! after it and after a remount, kernel overlayfs given the same stack
+//! shows the same tree, forks are isolated, undo goes back exactly.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::crash::{tree_view, view_diff};
+use crate::harness::*;
+
+/// Runs `layerfs ARGS`, which must succeed; returns its stdout.
+fn ok(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+    let out = layerfs(&args);
+    assert!(
+        out.status.success(),
+        "layerfs {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `layerfs ARGS`, which must fail; returns its stderr.
+fn refused(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+    let out = layerfs(&args);
+    assert!(!out.status.success(), "layerfs {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn layer(ws: &Workspace, name: &str) -> PathBuf {
+    ws.dir
+        .path()
+        .join(".upper.layerfs-state")
+        .join("layers")
+        .join(name)
+}
+
+fn is_empty(dir: &Path) -> bool {
+    fs::read_dir(dir).unwrap().next().is_none()
+}
+
+/// The tree kernel overlayfs shows for `layers` (topmost first) over the
+/// shared lower, with the workspace's upper on top.
+fn kernel_view(ws: &Workspace, layers: &[&str]) -> std::collections::BTreeMap<String, String> {
+    let lowerdirs: Vec<PathBuf> = layers
+        .iter()
+        .map(|n| layer(ws, n))
+        .chain([ws.lower().to_path_buf()])
+        .collect();
+    let lowers: Vec<&Path> = lowerdirs.iter().map(|p| p.as_path()).collect();
+    let kmnt = ws.dir.path().join("kmnt");
+    let k = KernelOverlay::mount(&lowers, &ws.upper, &ws.dir.path().join("kwork"), &kmnt).unwrap();
+    let view = tree_view(&kmnt);
+    drop(k);
+    view
+}
+
+fn assert_same(
+    a: &std::collections::BTreeMap<String, String>,
+    b: &std::collections::BTreeMap<String, String>,
+    what: &str,
+) {
+    let d = view_diff(a, b);
+    assert!(d.is_empty(), "{what}: views differ: {d:#?}");
+}
+
+/// `view` with every link count left out: a hard link made in the upper
+/// shows one link per name once a checkpoint moved it into a lower.
+fn links_aside(
+    view: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    view.iter()
+        .map(|(k, v)| {
+            let v: Vec<&str> = v.split(' ').collect();
+            let kept: Vec<&str> = v
+                .iter()
+                .enumerate()
+                .filter(|(i, w)| **w != "nlink" && (*i == 0 || v[i - 1] != "nlink"))
+                .map(|(_, w)| *w)
+                .collect();
+            (k.clone(), kept.join(" "))
+        })
+        .collect()
+}
+
+/// A mounted fork, unmounted (and its daemon waited for) on drop.
+struct Fork(PathBuf);
+
+impl Drop for Fork {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let ok = Command::new(bin())
+                .arg("umount")
+                .arg(&self.0)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if !matches!(ok, Ok(s) if s.success()) {
+                let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+            }
+        }
+    }
+}
+
+fn fork(ws: &Workspace, name: &str, n: usize) -> Fork {
+    let base = ws.dir.path().join(format!("fork{n}"));
+    let mnt = base.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let guard = Fork(mnt.clone());
+    ok(&[
+        &"fork",
+        &ws.upper,
+        &name,
+        &"--upper",
+        &base.join("upper"),
+        &mnt,
+    ]);
+    assert!(is_mounted(&mnt), "fork {n} is not mounted");
+    guard
+}
+
+#[test]
+fn a_checkpoint_keeps_the_view_across_remounts_and_kernel_overlay_agrees() {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    fs::create_dir_all(l.join("d/sub")).unwrap();
+    fs::create_dir_all(l.join("o")).unwrap();
+    fs::create_dir_all(l.join("keep")).unwrap();
+    fs::write(l.join("a"), "a\n").unwrap();
+    fs::write(l.join("gone"), "gone\n").unwrap();
+    fs::write(l.join("d/sub/x"), "x\n").unwrap();
+    fs::write(l.join("o/y"), "y\n").unwrap();
+    fs::write(l.join("keep/k"), "k\n").unwrap();
+
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "echo new > new && echo more >> a && rm gone && mv d d2 && rm -r o && mkdir o \
+         && echo z > o/z && chmod 600 keep/k && ln -s a link",
+    );
+    let first = tree_view(m.path());
+    assert!(m.unmount());
+
+    assert_eq!(ok(&[&"checkpoint", &ws.upper, &"c1"]).trim(), "c1");
+    assert!(
+        is_empty(&ws.upper),
+        "the upper is not fresh after a checkpoint"
+    );
+    assert!(
+        layer(&ws, "c1").join("new").is_file(),
+        "the upper did not become the layer"
+    );
+
+    let m = ws.mount();
+    assert_same(&first, &tree_view(m.path()), "after checkpoint c1");
+    // A second layer: a rename through a frozen layer's redirect, a
+    // whiteout over a frozen file, an edit of a shared file reached
+    // through the redirect.
+    sh(
+        m.path(),
+        "rm new && mv d2 d3 && echo w > o/w && echo more >> d3/sub/x && echo again >> a",
+    );
+    let second = tree_view(m.path());
+    assert_eq!(fs::read_to_string(m.p("d3/sub/x")).unwrap(), "x\nmore\n");
+    assert!(m.unmount());
+
+    assert_eq!(ok(&[&"checkpoint", &ws.upper, &"c2"]).trim(), "c2");
+    let m = ws.mount();
+    assert_same(&second, &tree_view(m.path()), "after checkpoint c2");
+    assert!(m.unmount());
+    assert_same(
+        &second,
+        &kernel_view(&ws, &["c2", "c1"]),
+        "kernel overlayfs",
+    );
+
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&[&"checkpoint", &"list", &"--json", &ws.upper])).unwrap();
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["c2", "c1"]);
+    let e = refused(&[&"checkpoint", &"rm", &ws.upper, &"c1"]);
+    assert!(e.contains("in use"), "{e}");
+    let e = refused(&[&"checkpoint", &ws.upper, &"c1"]);
+    assert!(e.contains("exists already"), "{e}");
+}
+
+#[test]
+fn a_live_checkpoint_is_refused_while_a_file_is_open_for_writing_and_left_as_it_was() {
+    let ws = Workspace::new();
+    let m = ws.mount();
+    fs::write(m.p("f"), "f").unwrap();
+    let w = fs::OpenOptions::new().append(true).open(m.p("f")).unwrap();
+    let e = refused(&[&"checkpoint", &m.path(), &"c"]);
+    assert!(
+        e.contains("open for writing") && e.contains("f (uid"),
+        "{e}"
+    );
+    assert_eq!(fs::read_to_string(m.p("f")).unwrap(), "f");
+    assert!(ws.upper.join("f").is_file());
+    assert!(
+        !layer(&ws, "c").exists(),
+        "a refused checkpoint left its layer"
+    );
+    drop(w);
+    // Closed: the same checkpoint is taken.
+    assert_eq!(ok(&[&"checkpoint", &ws.upper, &"c"]).trim(), "c");
+    assert!(is_empty(&ws.upper));
+    assert_eq!(fs::read_to_string(m.p("f")).unwrap(), "f");
+}
+
+#[test]
+fn live_checkpoint_and_undo_go_back_exactly_while_a_reader_holds_a_file() {
+    use std::io::{Read, Seek};
+    let ws = Workspace::new();
+    let l = ws.lower();
+    fs::create_dir_all(l.join("d/sub")).unwrap();
+    fs::write(l.join("d/sub/x"), "x\n").unwrap();
+    fs::write(l.join("e"), "e\n").unwrap();
+    fs::write(l.join("gone"), "gone\n").unwrap();
+    fs::write(l.join("m"), "m\n").unwrap();
+    fs::set_permissions(l.join("m"), fs::Permissions::from_mode(0o644)).unwrap();
+
+    let m = ws.mount();
+    fs::write(m.p("c0"), "before c1\n").unwrap();
+    let at_c1 = tree_view(m.path());
+    assert_eq!(ok(&[&"checkpoint", &m.path(), &"c1"]).trim(), "c1");
+    assert!(is_empty(&ws.upper), "the upper is not fresh");
+    assert!(
+        layer(&ws, "c1").join("c0").is_file(),
+        "the upper did not become the layer"
+    );
+    assert_same(
+        &at_c1,
+        &tree_view(m.path()),
+        "right after a live checkpoint",
+    );
+
+    sh(
+        m.path(),
+        "echo created > new && echo edited > c0 && echo appended >> e && rm gone && mv d d2 \
+         && chmod 600 m && ln c0 hard && ln -s e sym && echo deep >> d2/sub/x",
+    );
+    let changed = tree_view(m.path());
+    assert_eq!(fs::read_to_string(m.p("d2/sub/x")).unwrap(), "x\ndeep\n");
+    assert!(!is_empty(&ws.upper));
+    assert_eq!(
+        fs::read_to_string(layer(&ws, "c1").join("c0")).unwrap(),
+        "before c1\n",
+        "a write after the checkpoint reached its layer"
+    );
+
+    // A second live checkpoint keeps the view (a hard link, now in a
+    // lower, shows one link per name: DESIGN.md, "Hard links in a
+    // lower"), the very view a remount shows; kernel overlayfs given the
+    // same stack shows the same tree.
+    assert_eq!(ok(&[&"checkpoint", &m.path(), &"c2"]).trim(), "c2");
+    let at_c2 = tree_view(m.path());
+    assert_same(
+        &links_aside(&changed),
+        &links_aside(&at_c2),
+        "after live checkpoint c2",
+    );
+    assert!(m.unmount());
+    assert_same(
+        &links_aside(&changed),
+        &links_aside(&kernel_view(&ws, &["c2", "c1"])),
+        "kernel overlayfs",
+    );
+
+    let m = ws.mount();
+    assert_same(&at_c2, &tree_view(m.path()), "remounted on c2");
+    let mut reader = fs::File::open(m.p("new")).unwrap();
+    sh(m.path(), "echo later > later && rm c0");
+    assert_eq!(ok(&[&"undo", &m.path(), &"--to", &"c1"]).trim(), "at c1");
+    assert!(is_empty(&ws.upper), "the upper was not emptied");
+    assert_same(&at_c1, &tree_view(m.path()), "after a live undo to c1");
+    assert!(!m.p("new").exists(), "a new lookup sees the undone file");
+    let mut back = String::new();
+    reader.rewind().unwrap();
+    reader.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "created\n", "the reader lost what it opened");
+    // The workspace goes on writing after the undo, into its upper.
+    fs::write(m.p("after"), "after\n").unwrap();
+    assert!(ws.upper.join("after").is_file());
+    assert!(!layer(&ws, "c1").join("after").exists());
+    drop(reader);
+    assert!(m.unmount());
+    assert!(
+        !layer(&ws, "c2").exists(),
+        "the undone checkpoint is still in the store"
+    );
+    let m = ws.mount();
+    assert_eq!(fs::read_to_string(m.p("c0")).unwrap(), "before c1\n");
+    assert_eq!(fs::read_to_string(m.p("after")).unwrap(), "after\n");
+    assert!(m.unmount());
+    fs::remove_file(ws.upper.join("after")).unwrap();
+    assert_same(
+        &at_c1,
+        &kernel_view(&ws, &["c1"]),
+        "kernel overlayfs after undo",
+    );
+}
+
+#[test]
+fn a_crash_of_the_daemon_at_any_step_of_a_live_checkpoint_or_undo_leaves_a_whole_view() {
+    for (op, step) in [
+        ("checkpoint", "record"),
+        ("checkpoint", "layer"),
+        ("checkpoint", "stack"),
+        ("checkpoint", "exchange"),
+        ("undo", "pending"),
+        ("undo", "exchange"),
+        ("undo", "stack"),
+    ] {
+        let (ws, view) = changed_workspace();
+        if op == "undo" {
+            ok(&[&"checkpoint", &ws.upper, &"c"]);
+        }
+        let m = ws.mount_env(&[], &[("LAYERFS_FAILPOINT", &format!("abort:{op}:{step}"))]);
+        if op == "undo" {
+            sh(m.path(), "rm -r d2 && echo later > n && echo l > later");
+        }
+        let args: Vec<&dyn AsRef<std::ffi::OsStr>> = if op == "undo" {
+            vec![&"undo", &ws.upper]
+        } else {
+            vec![&"checkpoint", &ws.upper, &"c2"]
+        };
+        let out = layerfs(&args.iter().map(|a| a.as_ref()).collect::<Vec<_>>());
+        assert!(!out.status.success(), "{op} survived a crash at {step}");
+        drop(m);
+        let m = ws.mount();
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("daemon killed in a live {op} at {step}"),
+        );
+        // The workspace goes on: a live checkpoint keeps the view.
+        ok(&[&"checkpoint", &m.path(), &"next"]);
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("live checkpoint after a crash in {op} at {step}"),
+        );
+        assert!(m.unmount());
+    }
+}
+
+#[test]
+fn forks_are_isolated_from_each_other_and_from_the_checkpoint() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("shared"), "shared\n").unwrap();
+    let m = ws.mount();
+    fs::write(m.p("b"), "base\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"base"]);
+
+    let f1 = fork(&ws, "base", 1);
+    let f2 = fork(&ws, "base", 2);
+    fs::write(f1.0.join("b"), "one\n").unwrap();
+    fs::write(f1.0.join("n1"), "n1\n").unwrap();
+    fs::remove_file(f2.0.join("b")).unwrap();
+    fs::write(f2.0.join("n2"), "n2\n").unwrap();
+    fs::write(f2.0.join("shared"), "two\n").unwrap();
+
+    assert_eq!(fs::read_to_string(f1.0.join("b")).unwrap(), "one\n");
+    assert_eq!(fs::read_to_string(f1.0.join("shared")).unwrap(), "shared\n");
+    assert!(!f1.0.join("n2").exists());
+    assert!(!f2.0.join("b").exists());
+    assert!(!f2.0.join("n1").exists());
+    assert_eq!(fs::read_to_string(f2.0.join("shared")).unwrap(), "two\n");
+    assert_eq!(
+        fs::read_to_string(layer(&ws, "base").join("b")).unwrap(),
+        "base\n",
+        "a fork wrote into the checkpoint"
+    );
+
+    // diff of a fork is against its checkpoint.
+    let d = ok(&[&"diff", &f1.0]);
+    let lines: Vec<&str> = d.lines().collect();
+    assert!(lines.contains(&"M b"), "{d}");
+    assert!(lines.contains(&"A n1"), "{d}");
+    assert_eq!(lines.len(), 2, "{d}");
+    let d = ok(&[&"diff", &f2.0]);
+    let lines: Vec<&str> = d.lines().collect();
+    assert!(lines.contains(&"D b"), "{d}");
+    assert!(lines.contains(&"M shared"), "{d}");
+
+    let e = refused(&[&"checkpoint", &"rm", &ws.upper, &"base"]);
+    assert!(
+        e.contains("fork1"),
+        "the refusal does not name the fork: {e}"
+    );
+    drop(f1);
+    drop(f2);
+
+    let m = ws.mount();
+    assert_eq!(fs::read_to_string(m.p("b")).unwrap(), "base\n");
+    assert!(!m.p("n1").exists() && !m.p("n2").exists());
+    assert_eq!(fs::read_to_string(m.p("shared")).unwrap(), "shared\n");
+}
+
+#[test]
+fn undo_returns_the_upper_to_the_checkpoint_exactly_and_steps_back() {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    fs::create_dir_all(l.join("d")).unwrap();
+    fs::write(l.join("d/x"), "x\n").unwrap();
+    fs::write(l.join("e"), "e\n").unwrap();
+    fs::write(l.join("gone"), "gone\n").unwrap();
+    fs::write(l.join("m"), "m\n").unwrap();
+    fs::set_permissions(l.join("m"), fs::Permissions::from_mode(0o644)).unwrap();
+
+    let m = ws.mount();
+    fs::write(m.p("c0"), "before c0\n").unwrap();
+    let at_c0 = tree_view(m.path());
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c0"]);
+
+    let m = ws.mount();
+    fs::write(m.p("c1"), "before c1\n").unwrap();
+    sh(m.path(), "echo edit > e");
+    let at_c1 = tree_view(m.path());
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c1"]);
+
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "echo created > new && echo edited > c0 && echo appended >> e && rm gone && mv d d2 \
+         && chmod 600 m && ln c1 hard && ln -s e sym",
+    );
+    assert!(m.unmount());
+
+    assert_eq!(ok(&[&"undo", &ws.upper]).trim(), "at c1");
+    assert!(is_empty(&ws.upper));
+    let m = ws.mount();
+    assert_same(&at_c1, &tree_view(m.path()), "after undo to c1");
+    assert!(m.unmount());
+
+    // Nothing changed since c1: the next undo steps back to c0.
+    assert_eq!(ok(&[&"undo", &ws.upper]).trim(), "at c0");
+    let m = ws.mount();
+    assert_same(&at_c0, &tree_view(m.path()), "after undo to c0");
+    assert!(m.unmount());
+    assert!(
+        !layer(&ws, "c1").exists(),
+        "the undone checkpoint is still in the store"
+    );
+    let e = refused(&[&"undo", &ws.upper]);
+    assert!(e.contains("nothing to undo"), "{e}");
+    let e = refused(&[&"undo", &ws.upper, &"--to", &"c1"]);
+    assert!(e.contains("no checkpoint c1"), "{e}");
+
+    // `log` shows the checkpoints and the undos.
+    let log = ok(&[&"log", &ws.upper]);
+    let ops: Vec<String> = log
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1).map(String::from))
+        .filter(|op| op == "checkpoint" || op == "undo")
+        .collect();
+    assert_eq!(ops, ["checkpoint", "checkpoint", "undo", "undo"], "{log}");
+    assert!(log.contains("1 checkpoint taken off"), "{log}");
+}
+
+/// `layerfs ARGS` with a crash armed at `op`'s `step`: it must die there.
+fn crash_at(op: &str, step: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) {
+    let out = Command::new(bin())
+        .args(args.iter().map(|a| a.as_ref()))
+        .env("LAYERFS_FAILPOINT", format!("abort:{op}:{step}"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGABRT),
+        "{op} did not stop at {step}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A shared tree and a workspace with changes of every kind.
+fn changed_workspace() -> (Workspace, std::collections::BTreeMap<String, String>) {
+    let ws = Workspace::new();
+    fs::create_dir_all(ws.lower().join("d/sub")).unwrap();
+    fs::write(ws.lower().join("d/sub/x"), "x\n").unwrap();
+    fs::write(ws.lower().join("a"), "a\n").unwrap();
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "echo n > n && echo more >> a && mv d d2 && mkdir o && echo o > o/o",
+    );
+    let view = tree_view(m.path());
+    assert!(m.unmount());
+    (ws, view)
+}
+
+#[test]
+fn a_crash_at_any_step_of_a_checkpoint_leaves_the_view_unchanged() {
+    for step in ["record", "layer", "stack", "exchange"] {
+        let (ws, view) = changed_workspace();
+        crash_at("checkpoint", step, &[&"checkpoint", &ws.upper, &"c"]);
+        let m = ws.mount();
+        assert_same(&view, &tree_view(m.path()), &format!("crash at {step}"));
+        assert!(m.unmount());
+        // The workspace goes on: the next checkpoint works and keeps it.
+        ok(&[&"checkpoint", &ws.upper, &"next"]);
+        assert!(is_empty(&ws.upper));
+        let m = ws.mount();
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("checkpoint after a crash at {step}"),
+        );
+    }
+}
+
+#[test]
+fn a_crash_during_undo_is_finished_by_the_next_mount() {
+    for step in ["pending", "exchange", "stack"] {
+        let (ws, view) = changed_workspace();
+        ok(&[&"checkpoint", &ws.upper, &"c"]);
+        let m = ws.mount();
+        sh(m.path(), "rm -r d2 && echo later > n && echo l > later");
+        assert!(m.unmount());
+        crash_at("undo", step, &[&"undo", &ws.upper]);
+        let m = ws.mount();
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("undo crashed at {step}"),
+        );
+        assert!(m.unmount());
+        assert!(
+            is_empty(&ws.upper),
+            "crash at {step}: the upper was not emptied"
+        );
+        let e = refused(&[&"undo", &ws.upper]);
+        assert!(e.contains("nothing to undo"), "crash at {step}: {e}");
+    }
+}
+
+#[test]
+fn another_user_cannot_checkpoint_fork_or_undo_a_workspace_through_allow_other() {
+    let ws = Workspace::new();
+    fs::set_permissions(ws.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let m = ws.mount();
+    fs::write(m.p("f"), "f\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c"]);
+    let m = ws.mount_with(&["--allow-other"]);
+    fs::write(m.p("g"), "g\n").unwrap();
+    let other = ws.dir.path().join("other");
+    fs::create_dir(&other).unwrap();
+    std::os::unix::fs::chown(
+        &other,
+        Some(crate::daemon::NOBODY),
+        Some(crate::daemon::NOBODY),
+    )
+    .unwrap();
+    let bin = bin();
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    for target in [s(m.path()), s(&ws.upper)] {
+        for args in [
+            vec!["checkpoint".to_string(), target.clone(), "theirs".into()],
+            vec!["undo".to_string(), target.clone()],
+            vec![
+                "fork".to_string(),
+                target.clone(),
+                "c".into(),
+                "--upper".into(),
+                s(&other.join("upper")),
+                s(&other.join("mnt")),
+            ],
+            vec![
+                "checkpoint".to_string(),
+                "rm".into(),
+                target.clone(),
+                "c".into(),
+            ],
+        ] {
+            let out = crate::daemon::as_nobody(&bin, &args);
+            assert!(
+                !out.status.success(),
+                "{args:?} was allowed to another user"
+            );
+            assert!(!is_mounted(&other.join("mnt")));
+        }
+    }
+    assert_eq!(fs::read_to_string(m.p("g")).unwrap(), "g\n");
+    assert!(ws.upper.join("g").is_file(), "the upper changed");
+    assert!(
+        layer(&ws, "c").join("f").is_file(),
+        "the checkpoint changed"
+    );
+    assert!(!layer(&ws, "theirs").exists());
+}
