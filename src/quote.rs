@@ -136,6 +136,23 @@ pub fn visible(text: &str) -> Cow<'_, str> {
     }
 }
 
+/// A number of bytes for people: `512 B`, `12.3 KiB`, `4.0 MiB` (binary
+/// units, one decimal). The one formatter of sizes in text output.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -121,21 +121,6 @@ impl SnapshotCmd {
     }
 }
 
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 fn save(ws_arg: &Path, st: &StateArg, id: Option<&OsStr>, force: bool) -> Result<(), String> {
     // Invariant: a bad ID is refused before anything is read or written.
     let given = id.map(snapshot_id::validate).transpose()?;
@@ -199,7 +184,7 @@ fn save(ws_arg: &Path, st: &StateArg, id: Option<&OsStr>, force: bool) -> Result
     outln!(
         "saved snapshot {} ({}, {} entries) to {}",
         info.id,
-        human(info.size),
+        crate::quote::bytes(info.size),
         info.entries.unwrap_or(0),
         snapshot::path(&ws.state, &info.id).display()
     );
@@ -243,7 +228,7 @@ fn restore(ws_arg: &Path, st: &StateArg, id: &OsStr, json: bool) -> Result<(), S
         outln!(
             "restored snapshot {} ({}) into {}",
             info.id,
-            human(info.size),
+            crate::quote::bytes(info.size),
             ws.upper.display()
         );
     }
@@ -343,7 +328,7 @@ fn list(ws_arg: &Path, st: &StateArg, json: bool) -> Result<(), String> {
         outln!(
             "{:<w$}  {:>10}  {:<20}  {:>8}",
             i.id,
-            human(i.size),
+            crate::quote::bytes(i.size),
             snapshot_id::rfc3339(i.time),
             i.entries.map_or("?".to_string(), |n| n.to_string())
         );

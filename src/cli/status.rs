@@ -166,22 +166,6 @@ fn field(v: &Value, k: &str) -> String {
     }
 }
 
-/// A whole number of bytes as B, KiB, MiB or GiB.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 fn duration(secs: f64) -> String {
     let s = secs as u64;
     match s {
@@ -361,11 +345,15 @@ fn render(v: &Value) -> String {
     }
     if let Some(u) = v.get("upper_usage") {
         let bytes = u.get("bytes").and_then(Value::as_u64).unwrap_or(0);
-        let mut s = format!("{}, {} inodes", human_bytes(bytes), field(u, "inodes"));
+        let mut s = format!(
+            "{}, {} inodes",
+            crate::quote::bytes(bytes),
+            field(u, "inodes")
+        );
         if let Some(q) = u.get("quota_bytes").and_then(Value::as_u64) {
             s.push_str(&format!(
                 " (quota {} bytes: {:.0}%)",
-                human_bytes(q),
+                crate::quote::bytes(q),
                 100.0 * bytes as f64 / q.max(1) as f64
             ));
         }
@@ -428,7 +416,11 @@ fn render(v: &Value) -> String {
                         j.get("bytes").and_then(Value::as_u64),
                         j.get("max_bytes").and_then(Value::as_u64),
                     ) {
-                        s.push_str(&format!(" ({} of {})", human_bytes(b), human_bytes(cap)));
+                        s.push_str(&format!(
+                            " ({} of {})",
+                            crate::quote::bytes(b),
+                            crate::quote::bytes(cap)
+                        ));
                     }
                     s.push_str(&format!(", {} dropped", field(j, "dropped")));
                     if let Some(t) = j.get("trimmed").and_then(Value::as_u64).filter(|t| *t > 0) {

@@ -57,34 +57,13 @@ impl PidFile {
     /// Records this process as the daemon of `mountpoint`, with the
     /// workspace's state directory.
     pub fn create(mountpoint: &Path, state: &Path) -> io::Result<PidFile> {
-        let uid = nix::unistd::geteuid().as_raw();
-        let mut last = io::Error::other("no pid directory");
-        for path in dirs_for_uid(uid) {
-            match private_dir(&path, uid) {
-                Ok(dir) => {
-                    let name = file_name(mountpoint);
-                    let text = format!(
-                        "{}\n{}\n{}\n",
-                        std::process::id(),
-                        mountpoint.display(),
-                        state.display()
-                    );
-                    let mut f = dir.open_file(
-                        &name,
-                        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
-                        0o644,
-                    )?;
-                    f.write_all(text.as_bytes())?;
-                    return Ok(PidFile {
-                        path: dir.shown(&name),
-                        dir,
-                        name,
-                    });
-                }
-                Err(e) => last = io::Error::new(e.kind(), format!("{}: {e}", path.display())),
-            }
-        }
-        Err(last)
+        let text = format!(
+            "{}\n{}\n{}\n",
+            std::process::id(),
+            mountpoint.display(),
+            state.display()
+        );
+        PidFile::write(file_name(mountpoint), &text)
     }
 
     /// Records this process as holding the workspace of `upper` in
@@ -94,13 +73,17 @@ impl PidFile {
     /// stopping. The name (`=in-process-PID.pid`) is one `file_name` never
     /// makes (it escapes `=`), so it cannot shadow a mount's entry.
     pub fn in_process(upper: &Path) -> io::Result<PidFile> {
+        let text = format!("{}\n\n{}\n", std::process::id(), upper.display());
+        PidFile::write(format!("{IN_PROCESS}{}.pid", std::process::id()), &text)
+    }
+
+    /// Writes the entry `name` in this user's first usable pid directory.
+    fn write(name: String, text: &str) -> io::Result<PidFile> {
         let uid = nix::unistd::geteuid().as_raw();
         let mut last = io::Error::other("no pid directory");
         for path in dirs_for_uid(uid) {
             match private_dir(&path, uid) {
                 Ok(dir) => {
-                    let name = format!("{IN_PROCESS}{}.pid", std::process::id());
-                    let text = format!("{}\n\n{}\n", std::process::id(), upper.display());
                     let mut f = dir.open_file(
                         &name,
                         libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,

@@ -250,22 +250,6 @@ pub fn stat(layers: &Layers, changes: &[Change]) -> Stat {
     Stat { groups, total }
 }
 
-/// Bytes for people: `512 B`, `12.3 KiB`, `4.0 MiB`.
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 impl Stat {
     /// The table: one row per group, then `total`.
     pub fn text(&self) -> String {
@@ -288,8 +272,8 @@ impl Stat {
                 c.deleted,
                 c.renamed,
                 c.metadata,
-                human(c.bytes_added),
-                human(c.bytes_removed)
+                crate::quote::bytes(c.bytes_added),
+                crate::quote::bytes(c.bytes_removed)
             )
         };
         for (k, c) in &self.groups {
@@ -313,9 +297,9 @@ mod tests {
 
     #[test]
     fn human_sizes() {
-        assert_eq!(human(0), "0 B");
-        assert_eq!(human(1023), "1023 B");
-        assert_eq!(human(1536), "1.5 KiB");
-        assert_eq!(human(3 * 1024 * 1024), "3.0 MiB");
+        assert_eq!(crate::quote::bytes(0), "0 B");
+        assert_eq!(crate::quote::bytes(1023), "1023 B");
+        assert_eq!(crate::quote::bytes(1536), "1.5 KiB");
+        assert_eq!(crate::quote::bytes(3 * 1024 * 1024), "3.0 MiB");
     }
 }
