@@ -13,6 +13,10 @@ use super::reply::errno;
 use super::shared::{LayerFs, Shared};
 use super::uring;
 
+/// `fuse_getattr_in.getattr_flags`: `fh` names the handle the request
+/// comes through (the kernel's `FUSE_GETATTR_FH`).
+const FUSE_GETATTR_FH: u32 = 1;
+
 /// A queue thread's answers for one mount (`FsHandle::queue_answers`).
 pub struct QueueAnswers {
     fs: Contained<LayerFs>,
@@ -47,10 +51,18 @@ impl uring::Fast for QueueAnswers {
             return None;
         }
         let r = match req.opcode {
-            uring::FUSE_GETATTR => self
-                .fs
-                .answer("getattr", req.nodeid, |fs| fs.attr_of(req.nodeid, None))
-                .map(|(ttl, st)| convert::attr_out(&ttl, &st, out)),
+            uring::FUSE_GETATTR => {
+                // fuse_getattr_in: getattr_flags (u32), dummy (u32), fh
+                // (u64), the handle valid when the flags say so. An object
+                // a live reset or undo emptied answers through the handle
+                // that holds it (`Overlay::getattr`), as through fuser.
+                let flags = u32::from_ne_bytes(arg.get(0..4)?.try_into().ok()?);
+                let fh = u64::from_ne_bytes(arg.get(8..16)?.try_into().ok()?);
+                let fh = (flags & FUSE_GETATTR_FH != 0).then_some(fh);
+                self.fs
+                    .answer("getattr", req.nodeid, |fs| fs.attr_of(req.nodeid, fh))
+                    .map(|(ttl, st)| convert::attr_out(&ttl, &st, out))
+            }
             uring::FUSE_GETXATTR => {
                 // fuse_getxattr_in: size (u32), padding; then the name.
                 let size = u32::from_ne_bytes(arg.get(0..4)?.try_into().ok()?);

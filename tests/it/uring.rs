@@ -453,3 +453,44 @@ fn io_uring_is_a_mount_option_too() {
     );
     assert!(m.unmount());
 }
+
+/// A file held open while a live reset removes it goes on reading what it
+/// opened. The kernel asks for its size with the handle (GETATTR with
+/// `FUSE_GETATTR_FH`, e.g. for `lseek(SEEK_END)` once the reset dropped the
+/// cached attributes); a queue thread answering that itself must use the
+/// handle as fuser's path does, or the held file fails with EIO.
+#[test]
+fn a_file_held_open_through_a_live_reset_keeps_its_size_on_the_queues() {
+    use std::io::{Read, Seek, SeekFrom};
+    let ws = Workspace::new();
+    let Some(m) = mount_uring(&ws, &[]) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    fs::write(m.p("new"), "created\n").unwrap();
+    let mut reader = File::open(m.p("new")).unwrap();
+    let reset = [
+        std::ffi::OsStr::new("reset"),
+        m.path().as_os_str(),
+        "new".as_ref(),
+    ];
+    let out = layerfs(&reset);
+    assert!(
+        out.status.success(),
+        "reset: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!m.p("new").exists(), "the reset did not remove the file");
+    let end = reader.seek(SeekFrom::End(0));
+    assert_eq!(
+        end.as_ref().ok(),
+        Some(&8),
+        "lseek(SEEK_END) on the held file: {end:?}\n{}",
+        ws.daemon_log()
+    );
+    let mut back = String::new();
+    reader.rewind().unwrap();
+    reader.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "created\n");
+    drop(reader);
+    assert!(m.unmount());
+}
