@@ -67,14 +67,17 @@ pub struct Options {
 }
 
 /// The default `--tmp-size`: a quarter of the machine's memory (`MemTotal`),
-/// or 1 GiB when that cannot be read.
+/// rounded down to whole MiB, or 1 GiB when that cannot be read. Whole MiB:
+/// tmpfs rounds a size up to whole pages, so an unaligned quarter (most
+/// `MemTotal`s) would show in `df` as a little more than layerfs asked for.
 pub fn default_tmp_size() -> u64 {
+    const MIB: u64 = 1 << 20;
     fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
             let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
             let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024 / 4)
+            Some(kib * 1024 / 4 / MIB * MIB)
         })
         .filter(|b| *b > 0)
         .unwrap_or(1 << 30)
