@@ -402,11 +402,16 @@ impl Overlay {
             if layers > 1 {
                 st.st_nlink = 1;
             }
-            // A merged directory whose lowers are not watched reports the
-            // newest mtime of its layers: an outside change to a lower then
-            // shows as a new mtime, which makes the kernel drop its cached
-            // listing (it compares mtimes when a listing is read again).
-            if !real.lowers.is_empty() && !self.trusted(inode) {
+            // A merged directory reports the newest mtime of its layers: an
+            // outside change to a lower then shows as a new mtime, which
+            // makes the kernel drop its cached listing (it compares mtimes
+            // when a listing is read again). Watched directories too: the
+            // watch invalidates this mount's kernel cache, but a client
+            // stacked on this mount (another layerfs whose lower it is, an
+            // NFS export, `make`) sees only the mtime; with the upper's
+            // alone a rename in a shared directory left such a client's
+            // cached listing stale for good.
+            if !real.lowers.is_empty() {
                 for (_, l) in &real.lowers {
                     let Some(ls) = l.get().ok().and_then(|fd| sys::fstat(fd.as_ref()).ok()) else {
                         continue;

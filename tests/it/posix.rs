@@ -1470,6 +1470,37 @@ fn outside_lower_changes_show_at_once_even_with_a_long_cache_timeout() {
     assert_eq!(fs::read(m.p("newdir/inside")).unwrap(), b"i");
 }
 
+/// A merged directory's mtime follows an outside change to its lower even
+/// while the lower is watched: the watch keeps this mount's kernel cache
+/// right, but a client stacked on the mount (another layerfs whose lower
+/// it is, an NFS export, `make`) knows a directory changed only by its
+/// mtime. With the upper's mtime alone, such a client kept a listing that
+/// still showed a directory renamed in the shared tree.
+#[test]
+fn a_watched_merged_directory_shows_its_lowers_newest_mtime() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("docs/guide"), b"g");
+    let m = ws.mount();
+    // The root is merged: upper and lower both have it. Written now, the
+    // upper's root is newer than the lower's.
+    fs::write(m.p("mine"), "m").unwrap();
+    let before = fs::metadata(m.path()).unwrap();
+    assert_eq!(list_names(m.path()), set(&["docs", "mine"]));
+    std::thread::sleep(Duration::from_millis(20));
+    fs::rename(ws.lower().join("docs"), ws.lower().join("manual")).unwrap();
+    let lower = fs::metadata(ws.lower()).unwrap();
+    let t = LOWER_CHANGE_TIMEOUT;
+    let mtime = |md: &fs::Metadata| (md.mtime(), md.mtime_nsec());
+    assert!(
+        poll_until(t, || fs::metadata(m.path())
+            .is_ok_and(|md| mtime(&md) == mtime(&lower))),
+        "the root's mtime stayed {:?} (the lower's is {:?})",
+        mtime(&before),
+        mtime(&lower)
+    );
+    assert_eq!(list_names(m.path()), set(&["manual", "mine"]));
+}
+
 /// A lower directory replaced from outside (removed and made again) ends
 /// its watch; the new one is watched from its next lookup on.
 #[test]
