@@ -423,6 +423,14 @@ impl ServerHandler for Server {
     }
 }
 
+/// Structured content must be an object: a list is wrapped.
+fn wrap(v: Value) -> Value {
+    match v {
+        Value::Object(_) => v,
+        other => json!({ "entries": other }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -433,13 +441,5 @@ mod tests {
         assert_eq!(super::base64(b"foo"), "Zm9v");
         assert_eq!(super::base64(b"foobar"), "Zm9vYmFy");
         assert_eq!(super::base64(&[0, 0xff, 0x10]), "AP8Q");
-    }
-}
-
-/// Structured content must be an object: a list is wrapped.
-fn wrap(v: Value) -> Value {
-    match v {
-        Value::Object(_) => v,
-        other => json!({ "entries": other }),
     }
 }
