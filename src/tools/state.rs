@@ -394,8 +394,23 @@ impl Workspace {
     }
 
     /// Replaces the workspace's changes by snapshot `id`'s, checked
-    /// against the policy (what it keeps out is listed). See
-    /// `snapshot_save` for an example.
+    /// against the policy (what it keeps out is listed); an unknown ID
+    /// is an error saying so.
+    ///
+    /// ```
+    /// # let d = tempfile::tempdir()?;
+    /// # let (lower, upper) = (d.path().join("lower"), d.path().join("upper"));
+    /// # std::fs::create_dir(&lower)?;
+    /// # std::fs::create_dir(&upper)?;
+    /// use layerfs::tools::{Layers, OpenOptions, WriteRequest};
+    /// let ws = layerfs::Workspace::open_layers(&Layers::new(vec![lower], upper), &OpenOptions::default())?;
+    /// ws.snapshot_save(Some("empty"), false)?;
+    /// ws.write(&WriteRequest { path: "a.txt".into(), content: "a\n".into(), overwrite: false })?;
+    /// assert!(ws.snapshot_restore("nope").is_err());
+    /// assert_eq!(ws.snapshot_restore("empty")?.snapshot.id, "empty");
+    /// assert!(!ws.exists("a.txt")?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn snapshot_restore(&self, id: &str) -> Result<RestoreResult> {
         self.writable("snapshot_restore")?;
         let ws = self.described("snapshot_restore")?;
@@ -411,8 +426,20 @@ impl Workspace {
         })
     }
 
-    /// The snapshots of the workspace, in ID order. See `snapshot_save`
-    /// for an example.
+    /// The snapshots of the workspace.
+    ///
+    /// ```
+    /// # let d = tempfile::tempdir()?;
+    /// # let (lower, upper) = (d.path().join("lower"), d.path().join("upper"));
+    /// # std::fs::create_dir(&lower)?;
+    /// # std::fs::create_dir(&upper)?;
+    /// use layerfs::tools::{Layers, OpenOptions, WriteRequest};
+    /// let ws = layerfs::Workspace::open_layers(&Layers::new(vec![lower], upper), &OpenOptions::default())?;
+    /// assert!(ws.snapshot_list()?.is_empty());
+    /// ws.snapshot_save(Some("one"), false)?;
+    /// assert_eq!(ws.snapshot_list()?[0].id, "one");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn snapshot_list(&self) -> Result<Vec<SnapshotInfo>> {
         let ws = self.described("snapshot_list")?;
         let all = snapshot::list(&ws.dir, true).map_err(failed("snapshot_list"))?;
@@ -450,8 +477,21 @@ impl Workspace {
         Ok(done.value)
     }
 
-    /// The checkpoints the workspace stands on, the latest first. See
-    /// `checkpoint` for an example.
+    /// The checkpoints the workspace stands on, the latest first.
+    ///
+    /// ```
+    /// # let d = tempfile::tempdir()?;
+    /// # let (lower, upper) = (d.path().join("lower"), d.path().join("upper"));
+    /// # std::fs::create_dir(&lower)?;
+    /// # std::fs::create_dir(&upper)?;
+    /// use layerfs::tools::{Layers, OpenOptions, WriteRequest};
+    /// let ws = layerfs::Workspace::open_layers(&Layers::new(vec![lower], upper), &OpenOptions::default())?;
+    /// ws.checkpoint(Some("first"))?;
+    /// ws.checkpoint(Some("second"))?;
+    /// let names: Vec<_> = ws.checkpoint_list()?.into_iter().map(|c| c.name).collect();
+    /// assert_eq!(names, ["second", "first"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn checkpoint_list(&self) -> Result<Vec<CheckpointInfo>> {
         let ws = self.described("checkpoint_list")?;
         let all = ops::checkpoints(&ws).map_err(failed("checkpoint_list"))?;
@@ -465,8 +505,22 @@ impl Workspace {
     }
 
     /// Goes back to checkpoint `to`, or the latest (when nothing changed
-    /// since it, the one before): the changes since are dropped. See
-    /// `checkpoint` for an example.
+    /// since it, the one before): the changes since are dropped.
+    ///
+    /// ```
+    /// # let d = tempfile::tempdir()?;
+    /// # let (lower, upper) = (d.path().join("lower"), d.path().join("upper"));
+    /// # std::fs::create_dir(&lower)?;
+    /// # std::fs::create_dir(&upper)?;
+    /// use layerfs::tools::{Layers, OpenOptions, WriteRequest};
+    /// let ws = layerfs::Workspace::open_layers(&Layers::new(vec![lower], upper), &OpenOptions::default())?;
+    /// ws.checkpoint(Some("base"))?;
+    /// ws.write(&WriteRequest { path: "a.txt".into(), content: "a\n".into(), overwrite: false })?;
+    /// assert_eq!(ws.undo(None)?.at, "base");
+    /// assert!(!ws.exists("a.txt")?);
+    /// assert!(ws.undo(Some("unknown")).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn undo(&self, to: Option<&str>) -> Result<UndoResult> {
         self.writable("undo")?;
         let ws = self.described("undo")?;
