@@ -5,7 +5,8 @@ and check the error cases. Driven by tests/it/agent_mcp.rs.
 usage: mcp_client.py MODE [--expect NAME=CONTENT] -- LAYERFS SERVE-ARGS...
 MODE: full (every file tool and error case), state (diff, log, reset,
 snapshots, checkpoints, undo, raw reads), readonly (only the reading
-tools are offered) or execute (commands in the workspace's sandbox).
+tools are offered), execute (commands in the workspace's sandbox) or
+list (only the tools line).
 The workspace holds a.txt = "alpha\nbeta\nalpha\n", src/main.rs and
 bin.dat (bytes 0..=255 twice), and its policy makes src/** read-only. Prints a transcript
 (one JSON object a line) and OK at the end; any failed check raises.
@@ -281,6 +282,8 @@ async def main():
             if mode == "full":
                 assert names == ALL, names
                 await full(session, expect)
+            elif mode == "list":
+                pass  # the tools line is the answer
             elif mode == "state":
                 assert STATE_READING | STATE_CHANGING <= names, names
                 await state(session)

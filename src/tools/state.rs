@@ -384,13 +384,16 @@ impl Workspace {
             .lent(|| ops::snapshot_save(&ws, id.map(OsStr::new), force, false, Some(&who)))
             .map_err(failed(id.unwrap_or("snapshot_save")))?;
         Workspace::warn("snapshot_save", &done.warnings);
-        // With its entries counted, as `snapshot_list` gives it.
-        let listed = snapshot::list(&ws.dir, true).map_err(failed("snapshot_save"))?;
-        let info = listed
-            .iter()
-            .find(|i| i.id == done.value.id)
-            .unwrap_or(&done.value);
-        Ok(SnapshotInfo::of(info))
+        // As `snapshot_list` gives it: the time is the archive's.
+        let saved = done.value;
+        let info = match snapshot::info_of(&ws.dir, &saved.id) {
+            Ok(i) => snapshot::Info {
+                entries: saved.entries,
+                ..i
+            },
+            Err(_) => saved,
+        };
+        Ok(SnapshotInfo::of(&info))
     }
 
     /// Replaces the workspace's changes by snapshot `id`'s, checked

@@ -188,6 +188,51 @@ fn read_only_offers_only_the_reading_tools_and_changes_nothing() {
     passed(&client("readonly", &[], &args));
 }
 
+/// The names on the client's `tools` line.
+fn offered(out: &str) -> Vec<String> {
+    let line = out
+        .lines()
+        .find(|l| l.contains(r#""kind": "tools""#))
+        .unwrap_or_else(|| panic!("no tools line in {out}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    v["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn the_allow_list_and_read_only_filter_the_state_tools() {
+    let ws = Workspace::new();
+    let policy = populate(&ws);
+    let mut args = layer_args(&ws, &policy);
+    args.extend(["--tools".into(), "read,diff,undo,snapshot_list".into()]);
+    let out = passed(&client("list", &[], &args));
+    assert_eq!(offered(&out), ["diff", "read", "snapshot_list", "undo"]);
+    // Read-only keeps the ones that change nothing.
+    args.push("--read-only".into());
+    let out = passed(&client("list", &[], &args));
+    assert_eq!(offered(&out), ["diff", "read", "snapshot_list"]);
+    let mut args = layer_args(&ws, &policy);
+    args.push("--read-only".into());
+    let out = passed(&client("list", &[], &args));
+    let names = offered(&out);
+    for kept in ["diff", "log", "snapshot_list", "checkpoint_list"] {
+        assert!(names.iter().any(|n| n == kept), "{kept} not in {names:?}");
+    }
+    for gone in [
+        "reset",
+        "snapshot_save",
+        "snapshot_restore",
+        "checkpoint",
+        "undo",
+    ] {
+        assert!(!names.iter().any(|n| n == gone), "{gone} in {names:?}");
+    }
+}
+
 #[test]
 fn an_unknown_tool_in_the_allow_list_is_a_usage_error_naming_it() {
     let ws = Workspace::new();
