@@ -115,7 +115,15 @@ impl LogCmd {
     }
 
     fn rows(&self) -> Result<Vec<Row>, String> {
-        let since = self.since.as_deref().map(query::parse_since).transpose()?;
+        // Bad options are refused before the workspace is looked up.
+        let since = self
+            .since
+            .as_deref()
+            .map(|s| query::parse_since(s).map_err(|e| format!("--{e}")))
+            .transpose()?;
+        if let Some(g) = &self.path {
+            query::path_glob(g).map_err(|e| format!("--path {e}"))?;
+        }
         let uid = self.uid.as_deref().map(parse_uid).transpose()?;
         let ws = self.state.resolve(&self.workspace)?;
         let q = Query {

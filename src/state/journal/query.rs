@@ -190,16 +190,20 @@ impl Row {
     }
 }
 
+/// The matcher of `Query::path` (`**` crosses directories, `*` does
+/// not); the error names the glob.
+pub fn path_glob(g: &str) -> Result<GlobMatcher, String> {
+    Ok(globset::GlobBuilder::new(g.trim_start_matches('/'))
+        .literal_separator(true)
+        .build()
+        .map_err(|e| format!("{g}: {e}"))?
+        .compile_matcher())
+}
+
 /// The rows of the journal at `db` that `q` selects, oldest first.
 pub fn query(db: &Path, q: &Query) -> Result<Vec<Row>, String> {
-    let glob: Option<GlobMatcher> = match &q.path {
-        Some(g) => Some(
-            globset::GlobBuilder::new(g.trim_start_matches('/'))
-                .literal_separator(true)
-                .build()
-                .map_err(|e| format!("path glob {g}: {e}"))?
-                .compile_matcher(),
-        ),
+    let glob = match &q.path {
+        Some(g) => Some(path_glob(g).map_err(|e| format!("path {e}"))?),
         None => None,
     };
     let conn = open_ro(db)?;
