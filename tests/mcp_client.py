@@ -3,13 +3,17 @@
 and check the error cases. Driven by tests/it/agent_mcp.rs.
 
 usage: mcp_client.py MODE [--expect NAME=CONTENT] -- LAYERFS SERVE-ARGS...
-MODE: full (every tool and error case), readonly (only the reading
-tools are offered) or execute (commands in the workspace's sandbox). The workspace holds a.txt = "alpha\nbeta\nalpha\n",
-src/main.rs, and its policy makes src/** read-only. Prints a transcript
+MODE: full (every file tool and error case), state (diff, log, reset,
+snapshots, checkpoints, undo, raw reads), readonly (only the reading
+tools are offered), execute (commands in the workspace's sandbox) or
+list (only the tools line).
+The workspace holds a.txt = "alpha\nbeta\nalpha\n", src/main.rs and
+bin.dat (bytes 0..=255 twice), and its policy makes src/** read-only. Prints a transcript
 (one JSON object a line) and OK at the end; any failed check raises.
 """
 
 import asyncio
+import base64
 import json
 import sys
 import time
@@ -17,7 +21,9 @@ import time
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 READING = {"ls", "read", "grep", "glob", "stat"}
-ALL = READING | {"write", "edit", "delete", "rename", "mkdir", "execute"}
+STATE_READING = {"diff", "log", "snapshot_list", "checkpoint_list"}
+STATE_CHANGING = {"reset", "snapshot_save", "snapshot_restore", "checkpoint", "undo"}
+ALL = READING | STATE_READING | STATE_CHANGING | {"write", "edit", "delete", "rename", "mkdir", "execute"}
 
 
 def show(kind, **fields):
@@ -29,6 +35,14 @@ def text_of(result):
 
 
 async def call(session, name, args, ok=True):
+    """One call; ok None: a protocol error is expected (bad arguments)."""
+    if ok is None:
+        try:
+            result = await session.call_tool(name, args)
+        except Exception as e:  # the SDK raises on a protocol error
+            show("call", tool=name, arguments=args, protocol_error=str(e)[:300])
+            return None, str(e)
+        raise AssertionError(f"{name} {args}: answered {text_of(result)}")
     result = await session.call_tool(name, args)
     text = text_of(result)
     show("call", tool=name, arguments=args, is_error=result.is_error, text=text[:300])
@@ -104,6 +118,83 @@ async def full(session, expect):
     show("timing", calls=n, stat_round_trip_ms=round((time.perf_counter() - start) * 1000 / n, 3))
 
 
+async def state(session):
+    # Raw bytes: base64, byte offset and limit.
+    r, t = await call(session, "read", {"path": "bin.dat"})
+    assert r.structured_content["binary"] is True, r.structured_content
+    r, t = await call(session, "read", {"path": "bin.dat", "encoding": "base64"})
+    sc = r.structured_content
+    assert base64.b64decode(sc["data"]) == bytes(range(256)) * 2, sc
+    assert sc["eof"] is True and sc["size"] == 512 and sc["bytes"] == 512, sc
+    r, t = await call(session, "read", {"path": "bin.dat", "encoding": "base64", "offset": 250, "limit": 10})
+    sc = r.structured_content
+    assert base64.b64decode(sc["data"]) == bytes([250, 251, 252, 253, 254, 255, 0, 1, 2, 3]), sc
+    assert sc["eof"] is False and sc["offset"] == 250, sc
+    r, t = await call(session, "read", {"path": "bin.dat", "encoding": "rot13"}, ok=None)
+
+    # An edit, a denied write with its rule, and the diff that shows them.
+    await call(session, "edit", {"path": "a.txt", "old_string": "beta", "new_string": "gamma"})
+    await call(session, "write", {"path": "new.txt", "content": "new\n"})
+    r, t = await call(session, "write", {"path": "src/evil.rs", "content": "x"}, ok=False)
+    assert "readonly src/**" in t, t
+    r, t = await call(session, "diff", {})
+    changes = [(c["path"], c["kind"]) for c in r.structured_content["changes"]]
+    assert changes == [("a.txt", "M"), ("new.txt", "A")], r.structured_content
+    assert t == "M a.txt\nA new.txt\n", t
+    r, t = await call(session, "diff", {"paths": ["a.txt"], "patch": True})
+    (c,) = r.structured_content["changes"]
+    assert "-beta" in c["patch"] and "+gamma" in c["patch"], c
+
+    # reset: a read-only path is refused with its rule; a path goes back.
+    r, t = await call(session, "reset", {"paths": ["src/main.rs"]}, ok=False)
+    assert "readonly src/**" in t and r.structured_content["error"]["kind"] == "denied", t
+    r, t = await call(session, "reset", {"paths": ["../etc"]}, ok=False)
+    assert r.structured_content["error"]["kind"] == "bad_path", t
+    r, t = await call(session, "reset", {"paths": ["new.txt"]})
+    assert r.structured_content["reset"] == ["new.txt"], r.structured_content
+    r, t = await call(session, "stat", {"path": "new.txt"}, ok=False)
+
+    # Snapshots: save, change, restore; an unknown one is refused.
+    r, t = await call(session, "snapshot_save", {"id": "s1"})
+    assert r.structured_content["id"] == "s1", r.structured_content
+    await call(session, "write", {"path": "a.txt", "content": "changed\n", "overwrite": True})
+    r, t = await call(session, "snapshot_restore", {"id": "nope"}, ok=False)
+    assert "no snapshot `nope`" in t and r.structured_content["error"]["kind"] == "state", t
+    r, t = await call(session, "snapshot_restore", {"id": "s1"})
+    assert r.structured_content["snapshot"]["id"] == "s1", r.structured_content
+    r, t = await call(session, "read", {"path": "a.txt"})
+    assert t == "     1\talpha\n     2\tgamma\n     3\talpha", t
+    r, t = await call(session, "snapshot_list", {})
+    assert [s["id"] for s in r.structured_content["entries"]] == ["s1"], r.structured_content
+
+    # A checkpoint, a change after it, and undo back to it.
+    r, t = await call(session, "checkpoint", {"name": "c1"})
+    assert r.structured_content["name"] == "c1", r.structured_content
+    await call(session, "write", {"path": "later.txt", "content": "later\n"})
+    r, t = await call(session, "diff", {})
+    assert [c["path"] for c in r.structured_content["changes"]] == ["later.txt"], r.structured_content
+    r, t = await call(session, "undo", {})
+    assert r.structured_content == {"at": "c1", "dropped": 0}, r.structured_content
+    r, t = await call(session, "stat", {"path": "later.txt"}, ok=False)
+    assert "no such file" in t, t
+    r, t = await call(session, "checkpoint_list", {})
+    assert [c["name"] for c in r.structured_content["entries"]] == ["c1"], r.structured_content
+    r, t = await call(session, "undo", {"to": "nothing"}, ok=False)
+    assert "no checkpoint nothing" in t, t
+
+    # The journal has each operation, naming the client and tool.
+    r, t = await call(session, "log", {"op": "reset"})
+    (row,) = r.structured_content["entries"]
+    assert row["comm"] == "mcp:reset" and row["path"] == "new.txt", row
+    r, t = await call(session, "log", {"op": "deny"})
+    assert any("readonly src/**" in (e["rule"] or "") for e in r.structured_content["entries"]), r.structured_content
+    r, t = await call(session, "log", {"limit": 2})
+    rows = r.structured_content["entries"]
+    assert len(rows) == 2 and rows[-1]["op"] == "undo" and rows[-1]["comm"] == "mcp:undo", rows
+    r, t = await call(session, "log", {"op": "frobnicate"}, ok=False)
+    assert "unknown journal op" in t, t
+
+
 async def execute(session):
     r, t = await call(session, "execute", {"command": "echo out; echo err >&2; exit 3"})
     sc = r.structured_content
@@ -157,12 +248,15 @@ async def execute(session):
 async def readonly(session):
     r, t = await call(session, "read", {"path": "a.txt"})
     assert t.startswith("     1\talpha"), t
-    try:
-        result = await session.call_tool("write", {"path": "x", "content": "x"})
-        assert result.is_error, "write answered on a read-only server"
-        show("call", tool="write", is_error=True, text=text_of(result)[:300])
-    except Exception as e:  # the SDK raises on a protocol error
-        show("call", tool="write", protocol_error=str(e)[:300])
+    for name, args in [("write", {"path": "x", "content": "x"}), ("reset", {"all": True}),
+                       ("snapshot_save", {}), ("checkpoint", {}), ("undo", {})]:
+        try:
+            result = await session.call_tool(name, args)
+            assert result.is_error, f"{name} answered on a read-only server"
+            show("call", tool=name, is_error=True, text=text_of(result)[:300])
+        except Exception as e:  # the SDK raises on a protocol error
+            assert "no tool" in str(e), e
+            show("call", tool=name, protocol_error=str(e)[:300])
 
 
 async def main():
@@ -188,11 +282,18 @@ async def main():
             if mode == "full":
                 assert names == ALL, names
                 await full(session, expect)
+            elif mode == "list":
+                pass  # the tools line is the answer
+            elif mode == "state":
+                assert STATE_READING | STATE_CHANGING <= names, names
+                await state(session)
             elif mode == "execute":
                 assert "execute" in names, names
                 await execute(session)
             else:
-                assert names == READING, names
+                # --read-only offers the reading tools, the state's too;
+                # an allow list may offer fewer.
+                assert READING <= names <= READING | STATE_READING, names
                 await readonly(session)
     print("OK", flush=True)
 

@@ -8,9 +8,8 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use crate::overlay::events::EvOp;
-use crate::state::checkpoint;
 use crate::state::workspace::{self, Workspace};
+use crate::state::{checkpoint, ops};
 
 const CHECKPOINT_HELP: &str = "\
 WORKSPACE is a layerfs mountpoint, an upper directory or a state dir. A
@@ -81,29 +80,10 @@ impl CheckpointCmd {
                     ))
                 }
                 Some(w) => Workspace::resolve(w).and_then(|ws| {
-                    let name = match ws.client() {
-                        // Mounted: the daemon takes it (`daemon::layers`).
-                        Some(client) => {
-                            let layers = self
-                                .layers
-                                .as_deref()
-                                .map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf()));
-                            let v = client?.request(&json!({
-                                "cmd": "checkpoint",
-                                "name": self.name,
-                                "layers": layers.map(|p| p.to_string_lossy().into_owned()),
-                            }))?;
-                            v["name"].as_str().unwrap_or_default().to_string()
-                        }
-                        None => checkpoint::checkpoint(
-                            &ws,
-                            self.name.as_deref(),
-                            self.layers.as_deref(),
-                            None,
-                        )?,
-                    };
-                    super::journal_undo("checkpoint", &ws, EvOp::Checkpoint, &name, 1);
-                    outln!("{name}");
+                    let done =
+                        ops::checkpoint(&ws, self.name.as_deref(), self.layers.as_deref(), None)?;
+                    super::warn_all("checkpoint", &done.warnings);
+                    outln!("{}", done.value);
                     Ok(())
                 }),
             },
@@ -114,27 +94,25 @@ impl CheckpointCmd {
 
 fn list(w: &std::path::Path, as_json: bool) -> Result<(), String> {
     let ws = Workspace::resolve(w)?;
-    let records = checkpoint::list(&ws)?;
-    let store = crate::state::frozen::read(&ws.dir)?.map(|s| s.store);
-    let path = |n: &str| store.as_ref().map(|s| s.join(n));
+    let all = ops::checkpoints(&ws)?;
     if as_json {
-        let v: Vec<_> = records
+        let v: Vec<_> = all
             .iter()
-            .map(|r| {
+            .map(|c| {
                 json!({
-                    "name": r.name,
-                    "created": r.created,
-                    "path": path(&r.name).map(|p| p.to_string_lossy().into_owned()),
+                    "name": c.name,
+                    "created": c.created,
+                    "path": c.path.as_ref().map(|p| p.to_string_lossy().into_owned()),
                 })
             })
             .collect();
         outln!("{}", serde_json::Value::Array(v));
     } else {
-        for r in &records {
+        for c in &all {
             outln!(
                 "{}  {}",
-                crate::state::snapshot_id::rfc3339(r.created),
-                r.name
+                crate::state::snapshot_id::rfc3339(c.created),
+                c.name
             );
         }
     }
@@ -239,20 +217,9 @@ pub struct UndoCmd {
 impl UndoCmd {
     pub fn run(self) -> Result<(), CliError> {
         let ws = Workspace::resolve(&self.workspace).or_fail("undo")?;
-        let (name, dropped) = match ws.client() {
-            // Mounted: the daemon goes back (`daemon::layers`).
-            Some(client) => {
-                let v = client
-                    .and_then(|mut c| c.request(&json!({"cmd": "undo", "to": self.to})))
-                    .or_fail("undo")?;
-                (
-                    v["at"].as_str().unwrap_or_default().to_string(),
-                    v["dropped"].as_u64().unwrap_or(0) as usize,
-                )
-            }
-            None => checkpoint::undo(&ws, self.to.as_deref(), None).or_fail("undo")?,
-        };
-        super::journal_undo("undo", &ws, EvOp::Undo, &name, dropped as u64);
+        let done = ops::undo(&ws, self.to.as_deref(), None).or_fail("undo")?;
+        super::warn_all("undo", &done.warnings);
+        let (name, _) = done.value;
         outln!("at {name}");
         Ok(())
     }

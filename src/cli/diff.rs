@@ -6,9 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::state::diff::{self, Filter, Layers};
-use crate::state::moves::Moves;
-use crate::state::{patch, reset, scratch, summary};
+use crate::state::{ops, patch, reset, summary};
 
 const DIFF_HELP: &str = "\
 Output: one line per changed path, `A` added, `M` modified (content or type),
@@ -67,13 +65,7 @@ impl DiffCmd {
     fn diff(&self) -> Result<(), String> {
         let ws = self.state.resolve(&self.workspace)?;
         let paths = reset::normalize_all(&ws, &self.paths)?;
-        let filter = Filter {
-            scratch: scratch::of_workspace(&ws)?,
-            paths: paths.clone(),
-            moves: Some(Moves::from_journal(&ws.journal_path())),
-        };
-        let layers = Layers::open(&ws.upper, &ws.lowers)?;
-        let changes = diff::diff(&layers, &filter)?;
+        let (layers, changes) = ops::changes(&ws, &paths)?;
         if self.stat {
             return print_stat(&summary::stat(&layers, &changes), self.json);
         }

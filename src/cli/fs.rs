@@ -274,7 +274,7 @@ impl FsCmd {
             } => {
                 let (ws, a) = t.open(&args, 1, 1)?;
                 if !number && !json {
-                    let data = ws.read_raw(&a[0])?;
+                    let data = ws.read_raw(&a[0], 0, None)?;
                     let mut out = std::io::stdout().lock();
                     if let Err(e) = out.write_all(&data).and_then(|()| out.flush()) {
                         if e.kind() != std::io::ErrorKind::BrokenPipe {

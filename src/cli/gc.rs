@@ -46,14 +46,14 @@ impl GcCmd {
             ));
         }
         let record = |done: &[std::ffi::OsString]| {
-            let what: Vec<String> = done.iter().map(|p| super::reset::shown(p)).collect();
+            let what: Vec<String> = done.iter().map(|p| crate::state::ops::shown(p)).collect();
             super::journal_undo("gc", &ws, EvOp::Gc, &what.join(" "), done.len() as u64);
         };
         if let Some(client) = ws.client() {
-            let done = super::reset::live(client?, &serde_json::json!({"cmd": "gc"}))?;
+            let done = crate::state::ops::ask_changed(client?, &serde_json::json!({"cmd": "gc"}))?;
             record(&done);
             for p in done {
-                outln!("emptied {}", super::reset::shown(&p));
+                outln!("emptied {}", crate::state::ops::shown(&p));
             }
             return Ok(());
         }
@@ -63,7 +63,7 @@ impl GcCmd {
         let r = reset::gc(&layers, &work, &sc, &mut done);
         record(&done.changed);
         for p in &done.changed {
-            outln!("emptied {}", super::reset::shown(p));
+            outln!("emptied {}", crate::state::ops::shown(p));
         }
         r.and(crate::state::reset::remove_moved_away(
             &work,

@@ -204,6 +204,14 @@ pub(crate) fn journal_undo(
     }
 }
 
+/// Prints what a state operation warns of after it was done
+/// (`state::ops::Done`): each line `layerfs CMD: WARNING` on stderr.
+pub(crate) fn warn_all(cmd: &str, warnings: &[String]) {
+    for w in warnings {
+        print_error(cmd, w);
+    }
+}
+
 /// Writes one line of a command's output to stdout. A reader that went
 /// away (EPIPE: `| head`) ends the process quietly with status 0: what was
 /// wanted has been read. Any other write error ends it with status 1 and a

@@ -1,15 +1,11 @@
 //! `layerfs reset`: discard a workspace's changes under some paths.
 
 use super::exit::{CliError, Context};
-use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::overlay::events::EvOp;
-
-use crate::state::diff::Layers;
-use crate::state::{reset, workspace::Workspace};
+use crate::state::{ops, reset};
 
 const RESET_HELP: &str = "\
 Each PATH (relative to the workspace root; `.` = everything) goes back to the
@@ -46,65 +42,11 @@ impl ResetCmd {
     fn reset(&self) -> Result<(), String> {
         let ws = self.state.resolve(&self.workspace)?;
         let paths = reset::normalize_all(&ws, &self.paths)?;
-        let changed = match ws.client() {
-            Some(client) => {
-                let req = serde_json::json!({
-                    "cmd": "reset",
-                    "paths": paths.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
-                });
-                live(client?, &req)?
-            }
-            None => offline(&ws, &paths)?,
-        };
-        let what: Vec<String> = paths.iter().map(|p| shown(p)).collect();
-        super::journal_undo(
-            "reset",
-            &ws,
-            EvOp::Reset,
-            &what.join(" "),
-            changed.len() as u64,
-        );
-        for p in changed {
-            outln!("reset {}", shown(&p));
+        let done = ops::reset(&ws, &paths, None)?;
+        super::warn_all("reset", &done.warnings);
+        for p in done.value {
+            outln!("reset {}", ops::shown(&p));
         }
         Ok(())
     }
-}
-
-/// Asks a live mount's daemon to change its upper itself (its inode table
-/// holds the real files); returns the paths whose view changed.
-pub fn live(
-    mut client: crate::state::control::Client,
-    req: &serde_json::Value,
-) -> Result<Vec<OsString>, String> {
-    let resp = client.request(req)?;
-    Ok(resp["changed"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p.as_str())
-                .map(OsString::from)
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
-pub fn shown(p: &std::ffi::OsStr) -> String {
-    if p.is_empty() {
-        ".".into()
-    } else {
-        crate::quote::quote_os(p).into_owned()
-    }
-}
-
-/// Resets `paths` of an unmounted workspace directly in its upper.
-pub fn offline(ws: &Workspace, paths: &[OsString]) -> Result<Vec<OsString>, String> {
-    let layers = Layers::open(&ws.upper, &ws.lowers)?;
-    let work = ws.work_dir()?.into_fd();
-    let mut out = reset::Outcome::default();
-    let r = paths
-        .iter()
-        .try_for_each(|p| reset::reset_path(&layers, &work, p, &mut out));
-    reset::remove_moved_away(&work, &out.moved_away)?;
-    r.map(|()| out.changed)
 }

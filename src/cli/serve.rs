@@ -32,10 +32,15 @@ pub struct ServeCmd {
     /// The policy file, with --upper.
     #[arg(long, value_name = "FILE", requires = "upper")]
     policy: Option<PathBuf>,
-    /// Offer only the tools that read; every change is refused.
+    /// Offer only the tools that change nothing (ls, read, grep, glob,
+    /// stat, diff, log, snapshot_list, checkpoint_list); every change is
+    /// refused.
     #[arg(long)]
     read_only: bool,
-    /// Offer only these tools (comma-separated, e.g. read,grep,glob).
+    /// Offer only these tools (comma-separated, e.g. read,grep,glob,diff):
+    /// ls read write edit grep glob delete rename mkdir stat execute diff
+    /// log reset snapshot_save snapshot_restore snapshot_list checkpoint
+    /// checkpoint_list undo.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     tools: Option<Vec<String>>,
     /// Listen on a Unix socket instead of stdio: unix:PATH.

@@ -9,12 +9,8 @@ use std::path::{Path, PathBuf};
 use clap::Subcommand;
 
 use super::state_arg::StateArg;
-use crate::overlay::events::EvOp;
-use crate::policy::Policy;
-use crate::state::scratch;
-use crate::state::snapshot::{self, SaveOptions};
-use crate::state::snapshot_id;
-use crate::state::workspace::Workspace;
+use crate::state::snapshot;
+use crate::state::{ops, snapshot_id};
 
 const SNAPSHOT_HELP: &str = "\
 WORKSPACE is a live layerfs mountpoint or, for an unmounted workspace, its
@@ -123,64 +119,12 @@ impl SnapshotCmd {
 
 fn save(ws_arg: &Path, st: &StateArg, id: Option<&OsStr>, force: bool) -> Result<(), String> {
     // Invariant: a bad ID is refused before anything is read or written.
-    let given = id.map(snapshot_id::validate).transpose()?;
+    id.map(snapshot_id::validate).transpose()?;
     let ws = st.resolve(ws_arg)?;
-    let id = match given {
-        Some(id) => id.to_string(),
-        None => snapshot_id::generate(|c| snapshot::exists(&ws.dir, c)),
-    };
-    let opts = SaveOptions {
-        exclude: scratch::of_workspace(&ws)?,
-        force,
-        progress: std::io::stderr().is_terminal(),
-    };
-    // On a live mount, hold the daemon's write pause for the capture:
-    // writes in flight complete first, later ones wait; closing the
-    // connection (also when this process dies) ends the pause.
-    let pause = match ws.client() {
-        None => None,
-        Some(client) => {
-            let mut c = client?;
-            let r = c.request(&serde_json::json!({"cmd": "pause"}))?;
-            if r["ok"] != serde_json::Value::Bool(true) {
-                return Err(format!(
-                    "the daemon of {} refused to pause writes: {}",
-                    ws_arg.display(),
-                    r["error"].as_str().unwrap_or("no reason given")
-                ));
-            }
-            if let Some(busy) = r["busy"].as_array().filter(|b| !b.is_empty()) {
-                // Each with the uid holding it (`holders`), where the
-                // daemon says.
-                let named: Vec<String> = match r["holders"].as_array() {
-                    Some(h) if !h.is_empty() => h
-                        .iter()
-                        .map(|h| {
-                            format!("{} (uid {})", h["path"].as_str().unwrap_or("?"), h["uid"])
-                        })
-                        .collect(),
-                    _ => busy
-                        .iter()
-                        .filter_map(|p| p.as_str())
-                        .map(String::from)
-                        .collect(),
-                };
-                return Err(format!(
-                    "files are open for writing through passthrough, whose writes cannot be \
-                     paused: {}; close them and retry",
-                    named.join(", ")
-                ));
-            }
-            Some(c)
-        }
-    };
-    let info = snapshot::save(&ws.upper, &ws.dir, &id, &opts)?;
-    if let Some(mut c) = pause {
-        // Dropping the connection also resumes; asking says so explicitly.
-        let _ = c.request(&serde_json::json!({"cmd": "resume"}));
-    }
-    let entries = info.entries.unwrap_or(0);
-    super::journal_undo("snapshot save", &ws, EvOp::SnapshotSave, &info.id, entries);
+    let progress = std::io::stderr().is_terminal();
+    let done = ops::snapshot_save(&ws, id, force, progress, None)?;
+    super::warn_all("snapshot save", &done.warnings);
+    let info = done.value;
     outln!(
         "saved snapshot {} ({}, {} entries) to {}",
         info.id,
@@ -192,32 +136,12 @@ fn save(ws_arg: &Path, st: &StateArg, id: Option<&OsStr>, force: bool) -> Result
 }
 
 fn restore(ws_arg: &Path, st: &StateArg, id: &OsStr, json: bool) -> Result<(), String> {
-    let id = snapshot_id::validate(id)?;
+    snapshot_id::validate(id)?;
     let ws = st.resolve(ws_arg)?;
-    let policy = workspace_policy(&ws)?;
     let progress = std::io::stderr().is_terminal() && !json;
-    let (info, report) = match ws.client() {
-        None => snapshot::restore(&ws.upper, Some(&ws.work), &ws.dir, id, &policy, progress)?,
-        Some(client) => live_restore(&ws, client?, id, &policy, progress)?,
-    };
-    // The restored upper is a new directory: it records again where its
-    // state is (`state::place`).
-    if let Err(e) = crate::state::place::record(&ws.upper, &ws.state) {
-        eprintln!(
-            "layerfs snapshot restore: cannot record the state dir on {}: {e}; once \
-             unmounted, give state commands --state {}",
-            ws.upper.display(),
-            ws.state.display()
-        );
-    }
-    let entries = info.entries.unwrap_or(0);
-    super::journal_undo(
-        "snapshot restore",
-        &ws,
-        EvOp::SnapshotRestore,
-        &info.id,
-        entries,
-    );
+    let done = ops::snapshot_restore(&ws, id, progress, None)?;
+    super::warn_all("snapshot restore", &done.warnings);
+    let (info, report) = done.value;
     if json {
         let mut v = report.to_json();
         v["restored"] = serde_json::json!(info.id);
@@ -242,65 +166,6 @@ fn restore(ws_arg: &Path, st: &StateArg, id: &OsStr, json: bool) -> Result<(), S
         }
     }
     Ok(())
-}
-
-/// The policy a restore checks the archive against: the workspace's
-/// policy file (named in its workspace.json), else the defaults.
-fn workspace_policy(ws: &Workspace) -> Result<Policy, String> {
-    match &ws.policy {
-        Some(p) => Policy::load(p).map_err(|e| {
-            format!(
-                "{e}: a restore checks the snapshot against the workspace's policy; fix the \
-                 policy file (or remount without it) and retry"
-            )
-        }),
-        None => Ok(Policy::default()),
-    }
-}
-
-/// Restores on a live mount: the snapshot is extracted into a staging dir
-/// in the work dir while the mount goes on serving, then the daemon
-/// exchanges it with the upper, writes paused (see `daemon::restore`), and
-/// the old tree is removed.
-fn live_restore(
-    ws: &Workspace,
-    mut client: crate::state::control::Client,
-    id: &str,
-    policy: &Policy,
-    progress: bool,
-) -> Result<(snapshot::Info, snapshot::Report), String> {
-    let staged = snapshot::stage(&ws.upper, Some(&ws.work), &ws.dir, id, policy, progress)?;
-    if !staged.in_work {
-        let _ = staged.remove();
-        return Err(format!(
-            "work dir {} is not on the upper's filesystem: a live restore needs it there",
-            ws.work.display()
-        ));
-    }
-    let req = serde_json::json!({
-        "cmd": "restore",
-        "staging": staged.name.to_string_lossy(),
-    });
-    let answer = client.request(&req);
-    // Either way the staging dir is to go: on success it holds the old
-    // upper, else the unused restored tree. (Killed here, it stays in the
-    // work dir, which the next mount cleans.)
-    let removed = staged.remove();
-    let answer = answer.map_err(|e| format!("the mount was not changed: {e}"))?;
-    if answer["pending"] == serde_json::Value::Bool(true) {
-        eprintln!(
-            "layerfs snapshot restore: warning: the kernel's caches are still being \
-             invalidated; the mount may show old attributes for a moment"
-        );
-    }
-    if let Err(e) = removed {
-        eprintln!(
-            "layerfs snapshot restore: warning: restored, but cannot remove the old upper \
-             (now {}): {e}; remove it by hand (or it goes at the next mount)",
-            staged.path().display()
-        );
-    }
-    Ok((staged.info, staged.report))
 }
 
 fn list(ws_arg: &Path, st: &StateArg, json: bool) -> Result<(), String> {

@@ -26,8 +26,8 @@ use serde_json::{json, Value};
 pub use schema::{ToolDef, TOOLS};
 
 use crate::tools::{
-    EditRequest, ExecuteRequest, GlobRequest, GrepRequest, ReadRequest, ToolError, Workspace,
-    WriteRequest,
+    DiffRequest, EditRequest, ExecuteRequest, GlobRequest, GrepRequest, LogRequest, ReadRequest,
+    ResetRequest, ToolError, Workspace, WriteRequest,
 };
 
 /// The server: one open workspace and the tools it offers.
@@ -120,8 +120,99 @@ struct MkdirArgs {
     parents: bool,
 }
 
+#[derive(Deserialize)]
+struct EncodingArg {
+    #[serde(default)]
+    encoding: Option<String>,
+}
+
+/// `read` with `encoding: "base64"`: bytes, not lines.
+#[derive(Deserialize)]
+struct RawReadArgs {
+    path: String,
+    #[serde(default)]
+    offset: u64,
+    #[serde(default = "raw_limit")]
+    limit: u64,
+}
+
+/// Bytes a raw `read` returns when no limit is given.
+const RAW_LIMIT: u64 = 1 << 20;
+
+fn raw_limit() -> u64 {
+    RAW_LIMIT
+}
+
+#[derive(Deserialize)]
+struct SnapshotSaveArgs {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    force: bool,
+}
+
+#[derive(Deserialize)]
+struct IdArg {
+    id: String,
+}
+
+#[derive(Deserialize)]
+struct CheckpointArgs {
+    #[serde(default)]
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct UndoArgs {
+    #[serde(default)]
+    to: Option<String>,
+}
+
 fn root() -> String {
     "/".into()
+}
+
+/// Standard base64 (RFC 4648, with padding): raw bytes in a JSON string.
+fn base64(data: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// `read` with `encoding: "base64"`: `limit` bytes from byte `offset`.
+fn read_raw(ws: &Workspace, a: RawReadArgs) -> Answer {
+    let size = ws.stat(&a.path)?.size;
+    let data = ws.read_raw(&a.path, a.offset, Some(a.limit))?;
+    let n = data.len() as u64;
+    let eof = a.offset + n >= size;
+    let encoded = base64(&data);
+    let text = format!(
+        "{}: bytes {}-{} of {size}{}, base64:\n{encoded}",
+        a.path,
+        a.offset,
+        a.offset + n,
+        if eof { "" } else { " (more follow)" }
+    );
+    let v = json!({
+        "path": a.path, "encoding": "base64", "offset": a.offset, "bytes": n,
+        "size": size, "eof": eof, "data": encoded,
+    });
+    Ok((text, v))
 }
 
 /// A tool's answer: its text for the model and the typed result.
@@ -140,6 +231,17 @@ fn call(ws: &Workspace, name: &str, a: Value) -> Result<Answer, ErrorData> {
             ws.ls(&a.path).and_then(typed)
         }
         "read" => {
+            let enc: EncodingArg = args(name, a.clone())?;
+            match enc.encoding.as_deref() {
+                None | Some("text") => {}
+                Some("base64") => return Ok(read_raw(ws, args(name, a)?)),
+                Some(e) => {
+                    return Err(ErrorData::invalid_params(
+                        format!("read: encoding {e:?}: give text or base64"),
+                        None,
+                    ))
+                }
+            }
             let r: ReadRequest = args(name, a)?;
             ws.read(&r).map(|res| {
                 let text = if res.binary {
@@ -201,6 +303,63 @@ fn call(ws: &Workspace, name: &str, a: Value) -> Result<Answer, ErrorData> {
                 text.push_str(&format!("[exit code {}]", res.exit_code));
                 (text, serde_json::to_value(&res).unwrap_or(Value::Null))
             })
+        }
+        "diff" => {
+            let r: DiffRequest = args(name, a)?;
+            ws.diff(&r).map(|res| {
+                let mut text = String::new();
+                for c in &res.changes {
+                    let kind = serde_json::to_value(c.kind).unwrap_or(Value::Null);
+                    let kind = kind.as_str().unwrap_or("?");
+                    match &c.from {
+                        Some(f) => text.push_str(&format!("{kind} {f} -> {}", c.path)),
+                        None => text.push_str(&format!("{kind} {}", c.path)),
+                    }
+                    if c.conflict {
+                        text.push_str(" (conflict)");
+                    }
+                    text.push('\n');
+                    if let Some(p) = &c.patch {
+                        text.push_str(p);
+                    }
+                }
+                if res.changes.is_empty() {
+                    text.push_str("no changes\n");
+                }
+                (text, serde_json::to_value(&res).unwrap_or(Value::Null))
+            })
+        }
+        "log" => {
+            let r: LogRequest = args(name, a)?;
+            ws.log(&r).map(|rows| {
+                let text: Vec<&str> = rows.iter().map(|r| r.text.as_str()).collect();
+                let text = if text.is_empty() {
+                    "no rows".to_string()
+                } else {
+                    text.join("\n")
+                };
+                (text, json!({ "entries": rows }))
+            })
+        }
+        "reset" => ws.reset(&args::<ResetRequest>(name, a)?).and_then(typed),
+        "snapshot_save" => {
+            let a: SnapshotSaveArgs = args(name, a)?;
+            ws.snapshot_save(a.id.as_deref(), a.force).and_then(typed)
+        }
+        "snapshot_restore" => {
+            let a: IdArg = args(name, a)?;
+            ws.snapshot_restore(&a.id).and_then(typed)
+        }
+        "snapshot_list" => ws.snapshot_list().and_then(typed),
+        "checkpoint" => {
+            let a: CheckpointArgs = args(name, a)?;
+            ws.checkpoint(a.name.as_deref())
+                .and_then(|n| typed(json!({ "name": n })))
+        }
+        "checkpoint_list" => ws.checkpoint_list().and_then(typed),
+        "undo" => {
+            let a: UndoArgs = args(name, a)?;
+            ws.undo(a.to.as_deref()).and_then(typed)
         }
         _ => return Err(ErrorData::invalid_params(format!("no tool `{name}`"), None)),
     })
@@ -269,5 +428,18 @@ fn wrap(v: Value) -> Value {
     match v {
         Value::Object(_) => v,
         other => json!({ "entries": other }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_pads_and_encodes_every_byte() {
+        assert_eq!(super::base64(b""), "");
+        assert_eq!(super::base64(b"f"), "Zg==");
+        assert_eq!(super::base64(b"fo"), "Zm8=");
+        assert_eq!(super::base64(b"foo"), "Zm9v");
+        assert_eq!(super::base64(b"foobar"), "Zm9vYmFy");
+        assert_eq!(super::base64(&[0, 0xff, 0x10]), "AP8Q");
     }
 }

@@ -26,6 +26,12 @@ impl ToolDef {
             if *name == "output_mode" {
                 p["enum"] = json!(["content", "files", "count"]);
             }
+            if *name == "encoding" {
+                p["enum"] = json!(["text", "base64"]);
+            }
+            if *ty == "array" {
+                p["items"] = json!({"type": "string"});
+            }
             props.insert(name.to_string(), p);
             if *req {
                 required.push(*name);
@@ -42,7 +48,7 @@ const PATH: (&str, &str, &str, bool) = (
     true,
 );
 
-pub static TOOLS: [ToolDef; 11] = [
+pub static TOOLS: [ToolDef; 20] = [
     ToolDef {
         name: "ls",
         description: "List a directory of the workspace: each entry's path, kind (file, dir, \
@@ -60,7 +66,9 @@ pub static TOOLS: [ToolDef; 11] = [
         name: "read",
         description: "Read a text file as numbered lines (`     1<TAB>line`). offset skips that \
                       many lines, limit caps the lines returned (default 2000); the result says \
-                      when more lines follow. Binary files are reported, not shown.",
+                      when more lines follow. Binary files are reported, not shown: read them \
+                      with encoding base64, where offset and limit count bytes and the result's \
+                      data is the bytes in base64 (eof true when nothing follows).",
         changes: false,
         destroys: false,
         args: &[
@@ -68,13 +76,20 @@ pub static TOOLS: [ToolDef; 11] = [
             (
                 "offset",
                 "integer",
-                "Lines to skip from the start (default 0).",
+                "Lines to skip from the start (default 0); bytes with encoding base64.",
                 false,
             ),
             (
                 "limit",
                 "integer",
-                "Most lines to return (default 2000).",
+                "Most lines to return (default 2000); bytes with encoding base64 (default \
+                 1048576).",
+                false,
+            ),
+            (
+                "encoding",
+                "string",
+                "text (default: numbered lines) or base64 (raw bytes, for binary files).",
                 false,
             ),
         ],
@@ -284,5 +299,159 @@ pub static TOOLS: [ToolDef; 11] = [
                 false,
             ),
         ],
+    },
+    ToolDef {
+        name: "diff",
+        description: "What the workspace changed against the shared files it started from: one \
+                      entry per changed path with kind A (added), M (modified), D (deleted), R \
+                      (renamed, with from), T (metadata only), its type, and conflict true when \
+                      the shared original changed after this workspace copied it. With patch \
+                      true, each entry's unified diff. Use it to review work before finishing.",
+        changes: false,
+        destroys: false,
+        args: &[
+            (
+                "paths",
+                "array",
+                "Only these paths and what lies beneath them (default: everything).",
+                false,
+            ),
+            (
+                "patch",
+                "boolean",
+                "Include each entry's unified diff (default false).",
+                false,
+            ),
+        ],
+    },
+    ToolDef {
+        name: "log",
+        description: "The workspace's change journal, oldest first: each row's time, op \
+                      (create, write, rename, unlink, mkdir, reset, checkpoint, …), path, \
+                      result, the caller (comm: CLIENT:TOOL for these tools) and, for a policy \
+                      denial, the rule. Filter by since, path glob and op (deny: the denials); \
+                      limit keeps the last N.",
+        changes: false,
+        destroys: false,
+        args: &[
+            (
+                "since",
+                "string",
+                "Only rows from this time on: RFC 3339 (2026-12-03T15:00:00Z) or an age (10m, \
+                 2h).",
+                false,
+            ),
+            ("limit", "integer", "Only the last N matching rows.", false),
+            (
+                "path",
+                "string",
+                "Only rows whose path matches this glob (** crosses directories).",
+                false,
+            ),
+            (
+                "op",
+                "string",
+                "Only rows of this operation (deny: policy denials).",
+                false,
+            ),
+        ],
+    },
+    ToolDef {
+        name: "reset",
+        description: "Discard the workspace's changes to paths (or everything, with all true): \
+                      each goes back to the shared version; a file only the workspace has is \
+                      removed. Returns the paths whose view changed. Paths the policy hides, \
+                      makes read-only or protects are refused with the rule.",
+        changes: true,
+        destroys: true,
+        args: &[
+            (
+                "paths",
+                "array",
+                "Paths to reset, relative to the workspace root.",
+                false,
+            ),
+            ("all", "boolean", "Reset everything (default false).", false),
+        ],
+    },
+    ToolDef {
+        name: "snapshot_save",
+        description: "Save the workspace's current changes as a snapshot, to come back to with \
+                      snapshot_restore. Returns its id, size, time and entries.",
+        changes: true,
+        destroys: false,
+        args: &[
+            (
+                "id",
+                "string",
+                "Snapshot id: 1-128 of A-Z a-z 0-9 . _ -, not starting with . (default: the \
+                 UTC time).",
+                false,
+            ),
+            (
+                "force",
+                "boolean",
+                "Replace an existing snapshot of this id (default false).",
+                false,
+            ),
+        ],
+    },
+    ToolDef {
+        name: "snapshot_restore",
+        description: "Replace the workspace's changes by those saved in snapshot id: everything \
+                      changed since is lost. Returns the snapshot and what of it the policy kept \
+                      out (left_out).",
+        changes: true,
+        destroys: true,
+        args: &[(
+            "id",
+            "string",
+            "The snapshot to restore (see snapshot_list).",
+            true,
+        )],
+    },
+    ToolDef {
+        name: "snapshot_list",
+        description: "List the workspace's snapshots: id, size, time, entries.",
+        changes: false,
+        destroys: false,
+        args: &[],
+    },
+    ToolDef {
+        name: "checkpoint",
+        description: "Freeze the workspace's changes into a named checkpoint (instant: nothing \
+                      is copied) and go on from it; undo comes back to it. Returns its name.",
+        changes: true,
+        destroys: false,
+        args: &[(
+            "name",
+            "string",
+            "Checkpoint name: 1-128 of A-Z a-z 0-9 . _ -, not starting with . (default: the \
+             UTC time).",
+            false,
+        )],
+    },
+    ToolDef {
+        name: "checkpoint_list",
+        description: "List the checkpoints the workspace stands on, the latest first: name, \
+                      created.",
+        changes: false,
+        destroys: false,
+        args: &[],
+    },
+    ToolDef {
+        name: "undo",
+        description: "Go back to the latest checkpoint, dropping every change made since (when \
+                      nothing changed since it, to the one before); with to, back to that \
+                      checkpoint. Returns the checkpoint now stood on (at) and how many were \
+                      taken off (dropped).",
+        changes: true,
+        destroys: true,
+        args: &[(
+            "to",
+            "string",
+            "The checkpoint to go back to (default: the latest).",
+            false,
+        )],
     },
 ];

@@ -1,7 +1,8 @@
 //! Workspace state beside the upper: the state directory (checked and
 //! reached through its descriptor, `layer::safedir`) and its `workspace.json`,
 //! the control protocol's client, the change journal, diff and its patch output, reset,
-//! snapshots and scratch paths. The daemon's side of the control socket
+//! snapshots and scratch paths, and the state operations over them as the
+//! command line and the agent tools run them (`ops`). The daemon's side of the control socket
 //! lives in `daemon::control`.
 
 pub mod checkpoint;
@@ -10,6 +11,7 @@ pub mod diff;
 pub mod frozen;
 pub mod journal;
 pub mod moves;
+pub mod ops;
 pub mod patch;
 pub mod place;
 pub mod reset;

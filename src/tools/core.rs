@@ -217,7 +217,7 @@ impl Store for CoreStore {
         Ok(out)
     }
 
-    fn read(&self, p: &RelPath) -> Result<Vec<u8>> {
+    fn read_range(&self, p: &RelPath, offset: u64, limit: u64) -> Result<Vec<u8>> {
         let f = self.walk(p)?;
         if f.is(libc::S_IFLNK) {
             return Err(ToolError::new(p, What::Symlink));
@@ -229,9 +229,14 @@ impl Store for CoreStore {
             .ov
             .open(&self.ctx, f.id, libc::O_RDONLY)
             .map_err(|e| fail(p, e, None))?;
-        let mut data = Vec::with_capacity(f.st.st_size.max(0) as usize);
+        let left = (f.st.st_size.max(0) as u64).saturating_sub(offset);
+        let mut data = Vec::with_capacity(left.min(limit) as usize);
         let r = loop {
-            match self.ov.read(o.fh, data.len() as u64, CHUNK as u32) {
+            let want = (limit - data.len() as u64).min(CHUNK as u64) as u32;
+            if want == 0 {
+                break Ok(());
+            }
+            match self.ov.read(o.fh, offset + data.len() as u64, want) {
                 Ok(b) if b.is_empty() => break Ok(()),
                 Ok(b) => data.extend_from_slice(&b),
                 Err(e) => break Err(fail(p, e, None)),

@@ -36,6 +36,9 @@ pub enum What {
     /// `execute` could not run the command (no mount, no sandbox): the
     /// message says why and what to do.
     Exec(String),
+    /// A state operation (diff, reset, snapshots, checkpoints, undo)
+    /// failed: the message says why and what to do.
+    State(String),
     /// Any other system error.
     Io(i32),
 }
@@ -97,6 +100,7 @@ impl ToolError {
             What::Pattern(_) => "pattern",
             What::Open(_) => "open",
             What::Exec(_) => "exec",
+            What::State(_) => "state",
             What::Io(_) => "io",
         }
     }
@@ -140,7 +144,7 @@ impl fmt::Display for ToolError {
             What::Binary => write!(f, "{p}: binary file (use the raw read)"),
             What::ReadOnly => write!(f, "{p}: the workspace is open read-only"),
             What::Pattern(m) => write!(f, "bad pattern {p:?}: {m}"),
-            What::Open(m) | What::Exec(m) => write!(f, "{p}: {m}"),
+            What::Open(m) | What::Exec(m) | What::State(m) => write!(f, "{p}: {m}"),
             What::Io(e) => write!(f, "{p}: {}", std::io::Error::from_raw_os_error(*e)),
         }
     }

@@ -24,6 +24,7 @@ mod mounted;
 pub mod path;
 pub mod request;
 mod search;
+pub mod state;
 pub mod store;
 mod text;
 
@@ -37,6 +38,7 @@ pub use error::{ToolError, What};
 pub use exec::{ExecuteRequest, ExecuteResult};
 pub use path::RelPath;
 pub use request::*;
+pub use state::*;
 use store::{Kind, Store};
 
 use crate::layer::safedir::{Role, SafeDir};
@@ -98,6 +100,12 @@ pub struct Workspace {
     scratch: PathSet,
     /// Where the calls go when a daemon serves the workspace.
     mountpoint: Option<PathBuf>,
+    /// The policy, for the state operations' checks (the core and the
+    /// mount apply it to every change themselves).
+    policy: Policy,
+    /// The upper and the state dir, to read the workspace's description
+    /// for the state operations (`state`).
+    state_at: Option<(PathBuf, PathBuf)>,
     locks: Vec<Mutex<()>>,
 }
 
@@ -107,6 +115,8 @@ fn open_err(what: impl std::fmt::Display, msg: impl Into<String>) -> ToolError {
 
 /// Where the calls of one workspace run, before it is claimed.
 struct Plan<'a> {
+    /// The shared lowers (the checkpoints' layers go on top of them when
+    /// the core starts, `Reclaim::start`).
     lowers: &'a [PathBuf],
     upper: &'a Path,
     work: &'a Path,
@@ -120,6 +130,7 @@ struct Plan<'a> {
 /// What starting the core again takes (after `execute` lent the
 /// workspace to `layerfs run`).
 struct Reclaim {
+    /// The shared lowers.
     lowers: Vec<PathBuf>,
     upper: PathBuf,
     work: PathBuf,
@@ -136,7 +147,9 @@ enum NotStarted {
 }
 
 impl Reclaim {
-    /// Takes the upper and work dir as a mount would and starts the core.
+    /// Takes the upper and work dir as a mount would and starts the core
+    /// on the workspace's checkpoints (an undo left pending is finished
+    /// first) above the shared lowers, as a mount does.
     fn start(&self, client: &str) -> std::result::Result<Box<dyn Store>, NotStarted> {
         let claim = match crate::daemon::exclusive::claim_dirs(&self.upper, &self.work) {
             Ok(c) => c,
@@ -150,8 +163,20 @@ impl Reclaim {
                 )));
             }
         };
+        let frozen = match &self.state {
+            Some(dir) => {
+                crate::state::checkpoint::mount_layers(dir.path(), &self.upper, &self.work)
+                    .map_err(|e| {
+                        NotStarted::Failed(open_err(self.upper.display(), e.to_string()))
+                    })?
+            }
+            None => Vec::new(),
+        };
         let ov = crate::overlay::Overlay::new(&crate::overlay::Options {
-            lowers: self.lowers.clone(),
+            lowers: frozen
+                .into_iter()
+                .chain(self.lowers.iter().cloned())
+                .collect(),
             upper: self.upper.clone(),
             work: self.work.clone(),
             policy: self.policy.clone(),
@@ -178,7 +203,7 @@ impl Store for Lost {
     fn list(&self, _: &RelPath) -> Result<Vec<(String, store::Meta)>> {
         Err(self.0.clone())
     }
-    fn read(&self, _: &RelPath) -> Result<Vec<u8>> {
+    fn read_range(&self, _: &RelPath, _: u64, _: u64) -> Result<Vec<u8>> {
         Err(self.0.clone())
     }
     fn create(&self, _: &str, _: &RelPath, _: &[u8], _: u32) -> Result<()> {
@@ -219,8 +244,13 @@ impl Workspace {
             Some(f) => Policy::load(f).map_err(|m| open_err(arg.display(), m))?,
             None => Policy::default(),
         };
+        // The description's lowers have the checkpoints' layers on top.
+        let shared = match crate::state::frozen::read(&ws.dir) {
+            Ok(Some(stack)) => crate::state::checkpoint::shared_lowers(&ws, &stack),
+            _ => ws.lowers.clone(),
+        };
         let plan = Plan {
-            lowers: &ws.lowers,
+            lowers: &shared,
             upper: &ws.upper,
             work: &ws.work,
             state: Some(ws.dir.clone()),
@@ -327,7 +357,7 @@ impl Workspace {
             None,
             Workspace::target(&plan, false, opts),
             Some(reclaim),
-            plan.state.as_ref(),
+            &plan,
         ))
     }
 
@@ -354,7 +384,7 @@ impl Workspace {
             Some(mp.to_path_buf()),
             target,
             None,
-            plan.state.as_ref(),
+            &plan,
         ))
     }
 
@@ -365,8 +395,9 @@ impl Workspace {
         mountpoint: Option<PathBuf>,
         target: exec::Target,
         reclaim: Option<Reclaim>,
-        state: Option<&Arc<SafeDir>>,
+        plan: &Plan<'_>,
     ) -> Workspace {
+        let state = plan.state.as_ref();
         Workspace {
             store: RwLock::new(store),
             read_only: opts.read_only,
@@ -376,6 +407,8 @@ impl Workspace {
             client: opts.client.clone().unwrap_or_else(|| "lib".into()),
             scratch,
             mountpoint,
+            policy: plan.policy.clone(),
+            state_at: state.map(|d| (plan.upper.to_path_buf(), d.path().to_path_buf())),
             locks: (0..STRIPES).map(|_| Mutex::new(())).collect(),
         }
     }
@@ -409,6 +442,42 @@ impl Workspace {
     /// Serializes changes to one path (and to whatever shares its stripe).
     fn lock(&self, p: &RelPath) -> MutexGuard<'_, ()> {
         self.locks[self.lock_index(p)].lock()
+    }
+
+    /// Refuses the state operation `tool` on a read-only workspace.
+    fn writable(&self, tool: &str) -> Result<()> {
+        match self.read_only {
+            true => Err(ToolError::new(tool, What::ReadOnly)),
+            false => Ok(()),
+        }
+    }
+
+    /// Runs `f` with an unmounted workspace's core stopped (its locks
+    /// released, its journal flushed: `f` may change the upper and the
+    /// stack as the command line would, or mount it), the other calls
+    /// waiting meanwhile; then starts the core again on what `f` left.
+    /// A workspace a daemon serves just runs `f`.
+    fn lent<T>(&self, f: impl FnOnce() -> T) -> T {
+        let Some(reclaim) = &self.reclaim else {
+            return f();
+        };
+        let mut store = self.store.write();
+        // Dropping the core releases the upper's and work dir's locks and
+        // ends its journal writer.
+        *store = Box::new(Lost(ToolError::new(
+            "workspace",
+            What::Exec("the workspace is lent to another operation".into()),
+        )));
+        let r = f();
+        *store = match reclaim.start(&self.client) {
+            Ok(s) => s,
+            Err(NotStarted::Served(mp)) => Box::new(Lost(open_err(
+                mp.display(),
+                "a mount took the workspace meanwhile; open it again by that mountpoint",
+            ))),
+            Err(NotStarted::Failed(e)) => Box::new(Lost(e)),
+        };
+        r
     }
 
     /// Checks `raw` for a change: the path rule, and the read-only mode.
@@ -498,7 +567,8 @@ impl Workspace {
         })
     }
 
-    /// The raw bytes of a file.
+    /// The raw bytes of a file: at most `limit` bytes (all when `None`)
+    /// from byte `offset` on; none past its end.
     ///
     /// ```
     /// # let d = tempfile::tempdir()?;
@@ -510,11 +580,15 @@ impl Workspace {
     /// # std::fs::write(lower.join("src/main.rs"), "fn main() {}\n")?;
     /// use layerfs::tools::{Layers, OpenOptions};
     /// let ws = layerfs::Workspace::open_layers(&Layers::new(vec![lower], upper), &OpenOptions::default())?;
-    /// assert_eq!(ws.read_raw("src/main.rs")?, b"fn main() {}\n");
+    /// assert_eq!(ws.read_raw("src/main.rs", 0, None)?, b"fn main() {}\n");
+    /// assert_eq!(ws.read_raw("src/main.rs", 3, Some(4))?, b"main");
+    /// assert_eq!(ws.read_raw("src/main.rs", 100, None)?, b"");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn read_raw(&self, path: &str) -> Result<Vec<u8>> {
-        self.store().read(&RelPath::parse(path)?)
+    pub fn read_raw(&self, path: &str, offset: u64, limit: Option<u64>) -> Result<Vec<u8>> {
+        let p = RelPath::parse(path)?;
+        self.store()
+            .read_range(&p, offset, limit.unwrap_or(u64::MAX))
     }
 
     /// Creates a file; an existing one is an error naming it unless
@@ -840,29 +914,7 @@ impl Workspace {
             return Err(ToolError::new("execute", What::ReadOnly));
         }
         exec::check(req)?;
-        let result = match &self.reclaim {
-            None => exec::run(&self.target, req),
-            Some(reclaim) => {
-                let mut store = self.store.write();
-                // Dropping the core releases the upper's and work dir's
-                // locks and ends its journal writer, so `run` may mount.
-                *store = Box::new(Lost(ToolError::new(
-                    "execute",
-                    What::Exec("the workspace is lent to a command".into()),
-                )));
-                let result = exec::run(&self.target, req);
-                *store = match reclaim.start(&self.client) {
-                    Ok(s) => s,
-                    Err(NotStarted::Served(mp)) => Box::new(Lost(open_err(
-                        mp.display(),
-                        "a mount took the workspace while execute ran; open it again by \
-                         that mountpoint",
-                    ))),
-                    Err(NotStarted::Failed(e)) => Box::new(Lost(e)),
-                };
-                result
-            }
-        };
+        let result = self.lent(|| exec::run(&self.target, req));
         if let (Ok(r), Some(db)) = (&result, &self.journal_db) {
             let comm = format!("{}:execute", self.client);
             let what = exec::shown(&req.command);

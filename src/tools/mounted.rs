@@ -11,7 +11,7 @@
 //! path (the daemon's journal has the rule it applied).
 
 use std::ffi::OsStr;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
@@ -87,11 +87,17 @@ impl Store for MountStore {
             .collect())
     }
 
-    fn read(&self, p: &RelPath) -> Result<Vec<u8>> {
+    fn read_range(&self, p: &RelPath, offset: u64, limit: u64) -> Result<Vec<u8>> {
         let fd = self.open(p, libc::O_RDONLY, 0)?;
         let mut f = std::fs::File::from(fd);
+        if offset > 0 {
+            f.seek(SeekFrom::Start(offset))
+                .map_err(|e| self.fail(p, e))?;
+        }
         let mut data = Vec::new();
-        f.read_to_end(&mut data).map_err(|e| self.fail(p, e))?;
+        f.take(limit)
+            .read_to_end(&mut data)
+            .map_err(|e| self.fail(p, e))?;
         Ok(data)
     }
 

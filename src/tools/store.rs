@@ -61,7 +61,12 @@ pub(crate) trait Store: Send + Sync {
     /// The visible entries of a directory, unsorted, each with its meta.
     fn list(&self, p: &RelPath) -> Result<Vec<(String, Meta)>>;
     /// The whole content of a file.
-    fn read(&self, p: &RelPath) -> Result<Vec<u8>>;
+    fn read(&self, p: &RelPath) -> Result<Vec<u8>> {
+        self.read_range(p, 0, u64::MAX)
+    }
+    /// At most `limit` bytes of a file from byte `offset` on (none past
+    /// its end).
+    fn read_range(&self, p: &RelPath, offset: u64, limit: u64) -> Result<Vec<u8>>;
     /// Creates `p` (which must not exist: `O_EXCL`) holding `data`.
     fn create(&self, tool: &str, p: &RelPath, data: &[u8], mode: u32) -> Result<()>;
     /// Removes a file (`dir` false) or an empty directory.

@@ -249,3 +249,246 @@ fn unmounted_use_needs_no_dev_fuse() {
     assert_eq!(ok(&o), "ok");
     assert_eq!(fs::read_to_string(ws.upper.join("made.txt")).unwrap(), "ok");
 }
+
+/// The state operations of the library (`Workspace::diff`, `log`,
+/// `reset`, `snapshot_*`, `checkpoint*`, `undo`) on `lib`, a workspace
+/// whose lower holds a.txt and src/main.rs and whose policy makes src/**
+/// read-only; `view` reads a path as the workspace shows it.
+fn state_operations(lib: &layerfs::Workspace, view: &dyn Fn(&str) -> Option<String>) {
+    use layerfs::tools::{
+        ChangeKind, DiffRequest, EditRequest, LogRequest, ResetRequest, What, WriteRequest,
+    };
+    let write = |p: &str, c: &str| {
+        lib.write(&WriteRequest {
+            path: p.into(),
+            content: c.into(),
+            overwrite: true,
+        })
+        .unwrap();
+    };
+    lib.edit(&EditRequest {
+        path: "a.txt".into(),
+        old_string: "beta".into(),
+        new_string: "gamma".into(),
+        replace_all: false,
+    })
+    .unwrap();
+    write("new.txt", "new\n");
+
+    // diff: typed entries, with patches on request, limited to paths.
+    let d = lib.diff(&DiffRequest::default()).unwrap();
+    let kinds: Vec<_> = d
+        .changes
+        .iter()
+        .map(|c| (c.path.as_str(), c.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        [("a.txt", ChangeKind::M), ("new.txt", ChangeKind::A)]
+    );
+    assert!(d.changes.iter().all(|c| c.patch.is_none() && !c.conflict));
+    let d = lib
+        .diff(&DiffRequest {
+            paths: vec!["/a.txt".into()],
+            patch: true,
+        })
+        .unwrap();
+    assert_eq!(d.changes.len(), 1);
+    let p = d.changes[0].patch.as_deref().unwrap();
+    assert!(p.contains("-beta") && p.contains("+gamma"), "{p}");
+    assert!(lib
+        .diff(&DiffRequest {
+            paths: vec!["../x".into()],
+            patch: false
+        })
+        .is_err());
+
+    // reset: a path, refused on a read-only path with the rule.
+    let e = lib
+        .reset(&ResetRequest {
+            paths: vec!["src/main.rs".into()],
+            all: false,
+        })
+        .unwrap_err();
+    assert!(
+        matches!(&e.what, What::Denied { rule: Some(r), .. } if r.contains("readonly src/**")),
+        "{e}"
+    );
+    let e = lib.reset(&ResetRequest::default()).unwrap_err();
+    assert!(e.to_string().contains("pass all"), "{e}");
+    let r = lib
+        .reset(&ResetRequest {
+            paths: vec!["new.txt".into()],
+            all: false,
+        })
+        .unwrap();
+    assert_eq!(r.reset, ["new.txt"]);
+    assert_eq!(view("new.txt"), None);
+    assert_eq!(view("a.txt").unwrap(), "alpha\ngamma\nalpha\n");
+
+    // Snapshots: save, change, restore, list; an unknown one is refused.
+    let saved = lib.snapshot_save(Some("s1"), false).unwrap();
+    assert_eq!(saved.id, "s1");
+    write("a.txt", "changed\n");
+    let e = lib.snapshot_restore("nope").unwrap_err();
+    assert!(e.to_string().contains("no snapshot `nope`"), "{e}");
+    let e = lib.snapshot_save(Some("s1"), false).unwrap_err();
+    assert!(e.to_string().contains("s1"), "{e}");
+    lib.snapshot_restore("s1").unwrap();
+    assert_eq!(view("a.txt").unwrap(), "alpha\ngamma\nalpha\n");
+    assert_eq!(lib.snapshot_list().unwrap(), [saved]);
+
+    // Checkpoint and undo: back to the checkpoint, then past it.
+    assert_eq!(lib.checkpoint(Some("c1")).unwrap(), "c1");
+    write("later.txt", "later\n");
+    assert_eq!(view("later.txt").unwrap(), "later\n");
+    let u = lib.undo(None).unwrap();
+    assert_eq!((u.at.as_str(), u.dropped), ("c1", 0));
+    assert_eq!(view("later.txt"), None);
+    assert_eq!(view("a.txt").unwrap(), "alpha\ngamma\nalpha\n");
+    let names: Vec<_> = lib
+        .checkpoint_list()
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(names, ["c1"]);
+    // The diff of a checkpointed workspace is against the checkpoint.
+    assert!(lib
+        .diff(&DiffRequest::default())
+        .unwrap()
+        .changes
+        .is_empty());
+    let e = lib.undo(Some("nothing")).unwrap_err();
+    assert!(e.to_string().contains("no checkpoint nothing"), "{e}");
+
+    // log: every operation above left its row, naming the tool.
+    let rows = lib.log(&LogRequest::default()).unwrap();
+    let ops: Vec<_> = rows.iter().map(|r| r.op.as_str()).collect();
+    for op in [
+        "reset",
+        "snapshot-save",
+        "snapshot-restore",
+        "checkpoint",
+        "undo",
+    ] {
+        assert!(ops.contains(&op), "{op} not in {ops:?}");
+    }
+    let resets = lib
+        .log(&LogRequest {
+            op: Some("reset".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(resets.len(), 1);
+    assert_eq!(resets[0].comm.as_deref(), Some("t:reset"));
+    assert_eq!(resets[0].path, "new.txt");
+    let last = lib
+        .log(&LogRequest {
+            limit: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(last.len(), 1);
+    assert!(lib
+        .log(&LogRequest {
+            op: Some("frobnicate".into()),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string()
+        .contains("unknown journal op"));
+}
+
+fn lib_open(arg: &Path, read_only: bool) -> layerfs::Workspace {
+    let opts = layerfs::tools::OpenOptions {
+        read_only,
+        client: Some("t".into()),
+        ..Default::default()
+    };
+    layerfs::Workspace::open(arg, &opts).unwrap()
+}
+
+#[test]
+fn library_state_operations_on_an_unmounted_workspace() {
+    let ws = Workspace::new();
+    populate(&ws);
+    let policy = policy_file(&ws, "readonly src/**\n");
+    let mut layers = layerfs::tools::Layers::new(ws.lowers.clone(), ws.upper.clone());
+    layers.policy = Some(policy);
+    let opts = layerfs::tools::OpenOptions {
+        client: Some("t".into()),
+        ..Default::default()
+    };
+    let lib = layerfs::Workspace::open_layers(&layers, &opts).unwrap();
+    assert!(lib.mountpoint().is_none());
+    let read = |p: &str| {
+        lib.read_raw(p, 0, None)
+            .ok()
+            .map(|b| String::from_utf8(b).unwrap())
+    };
+    state_operations(&lib, &read);
+    // The core is the workspace's after the checkpoint: a mount of it
+    // is refused while the library holds it, and sees the same tree after.
+    assert!(ws.try_mount_with(&[]).is_err());
+    drop(lib);
+    let m = ws.mount();
+    assert_eq!(
+        fs::read_to_string(m.p("a.txt")).unwrap(),
+        "alpha\ngamma\nalpha\n"
+    );
+    assert!(!m.p("later.txt").exists());
+}
+
+#[test]
+fn library_state_operations_beside_a_live_mount() {
+    let ws = Workspace::new();
+    populate(&ws);
+    let policy = policy_file(&ws, "readonly src/**\n");
+    let m = ws.mount_with(&["--policy", &policy.to_string_lossy()]);
+    let lib = lib_open(&m.path, false);
+    assert_eq!(lib.mountpoint(), Some(m.path.as_path()));
+    let read = |p: &str| fs::read_to_string(m.p(p)).ok();
+    state_operations(&lib, &read);
+    // The daemon did them: its mount shows the result at once.
+    assert!(!m.p("later.txt").exists());
+    drop(lib);
+    assert!(m.unmount());
+}
+
+#[test]
+fn library_read_raw_takes_byte_offsets_and_read_only_refuses_state_changes() {
+    let ws = Workspace::new();
+    populate(&ws);
+    fs::write(ws.lower().join("bin.dat"), [0u8, 1, 2, 255, 254, 0, 7]).unwrap();
+    let layers = layerfs::tools::Layers::new(ws.lowers.clone(), ws.upper.clone());
+    let lib = layerfs::Workspace::open_layers(&layers, &Default::default()).unwrap();
+    assert_eq!(
+        lib.read_raw("bin.dat", 0, None).unwrap(),
+        [0, 1, 2, 255, 254, 0, 7]
+    );
+    assert_eq!(lib.read_raw("bin.dat", 3, Some(2)).unwrap(), [255, 254]);
+    assert_eq!(lib.read_raw("bin.dat", 6, Some(100)).unwrap(), [7]);
+    assert!(lib.read_raw("bin.dat", 99, None).unwrap().is_empty());
+    assert!(lib.read_raw("src", 0, None).is_err());
+    drop(lib);
+    let ro = lib_open(&ws.upper, true);
+    use layerfs::tools::{ResetRequest, What};
+    for e in [
+        ro.reset(&ResetRequest {
+            paths: vec![],
+            all: true,
+        })
+        .unwrap_err(),
+        ro.snapshot_save(None, false).unwrap_err(),
+        ro.snapshot_restore("x").unwrap_err(),
+        ro.checkpoint(None).unwrap_err(),
+        ro.undo(None).unwrap_err(),
+    ] {
+        assert_eq!(e.what, What::ReadOnly, "{e}");
+    }
+    // Reading the state is no change.
+    assert!(ro.snapshot_list().unwrap().is_empty());
+    assert!(ro.checkpoint_list().unwrap().is_empty());
+    assert!(ro.diff(&Default::default()).unwrap().changes.is_empty());
+}

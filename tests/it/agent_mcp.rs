@@ -59,6 +59,8 @@ fn populate(ws: &Workspace) -> String {
     fs::write(ws.lower().join("a.txt"), "alpha\nbeta\nalpha\n").unwrap();
     fs::create_dir(ws.lower().join("src")).unwrap();
     fs::write(ws.lower().join("src/main.rs"), "fn main() {}\n").unwrap();
+    let bytes: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
+    fs::write(ws.lower().join("bin.dat"), bytes).unwrap();
     policy_file(ws, "readonly src/**\n")
         .to_string_lossy()
         .into_owned()
@@ -129,6 +131,49 @@ fn a_real_mcp_client_beside_a_live_mount_sees_and_is_seen_at_once() {
     );
 }
 
+/// The state tools (diff, log, reset, snapshot_*, checkpoint*, undo) and
+/// raw reads through the real client (tests/mcp_client.py state) on an
+/// unmounted workspace: the server's in-process core is lent to each
+/// changing one and taken back.
+#[test]
+fn a_real_mcp_client_calls_the_state_tools_on_an_unmounted_workspace() {
+    let ws = Workspace::new();
+    let policy = populate(&ws);
+    passed(&client("state", &[], &layer_args(&ws, &policy)));
+    // What the session left: at checkpoint c1, which holds the restored
+    // edit; the upper above it is empty.
+    assert_eq!(fs::read_dir(&ws.upper).unwrap().count(), 0);
+    let cps = layerfs(&["checkpoint".as_ref(), "list".as_ref(), ws.upper.as_os_str()]);
+    assert!(String::from_utf8_lossy(&cps.stdout).contains("c1"));
+    let m = ws.mount_with(&["--policy", &policy]);
+    assert_eq!(
+        fs::read_to_string(m.p("a.txt")).unwrap(),
+        "alpha\ngamma\nalpha\n"
+    );
+    assert!(!m.p("new.txt").exists() && !m.p("later.txt").exists());
+    assert!(m.unmount());
+}
+
+/// The same beside a live mount: the daemon does the changing ones
+/// through its control socket, and its mount shows them at once.
+#[test]
+fn a_real_mcp_client_calls_the_state_tools_beside_a_live_mount() {
+    let ws = Workspace::new();
+    let policy = populate(&ws);
+    let m = ws.mount_with(&["--policy", &policy]);
+    let serve = [m.path.to_string_lossy().into_owned()];
+    passed(&client("state", &[], &serve));
+    assert_eq!(
+        fs::read_to_string(m.p("a.txt")).unwrap(),
+        "alpha\ngamma\nalpha\n"
+    );
+    assert!(!m.p("later.txt").exists());
+    let log = layerfs(&["log".as_ref(), m.path.as_os_str()]);
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(log.contains("(mcp:checkpoint)"), "{log}");
+    assert!(m.unmount());
+}
+
 #[test]
 fn read_only_offers_only_the_reading_tools_and_changes_nothing() {
     let ws = Workspace::new();
@@ -141,6 +186,51 @@ fn read_only_offers_only_the_reading_tools_and_changes_nothing() {
     let mut args = layer_args(&ws, &policy);
     args.extend(["--tools".into(), "ls,read,grep,glob,stat".into()]);
     passed(&client("readonly", &[], &args));
+}
+
+/// The names on the client's `tools` line.
+fn offered(out: &str) -> Vec<String> {
+    let line = out
+        .lines()
+        .find(|l| l.contains(r#""kind": "tools""#))
+        .unwrap_or_else(|| panic!("no tools line in {out}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    v["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn the_allow_list_and_read_only_filter_the_state_tools() {
+    let ws = Workspace::new();
+    let policy = populate(&ws);
+    let mut args = layer_args(&ws, &policy);
+    args.extend(["--tools".into(), "read,diff,undo,snapshot_list".into()]);
+    let out = passed(&client("list", &[], &args));
+    assert_eq!(offered(&out), ["diff", "read", "snapshot_list", "undo"]);
+    // Read-only keeps the ones that change nothing.
+    args.push("--read-only".into());
+    let out = passed(&client("list", &[], &args));
+    assert_eq!(offered(&out), ["diff", "read", "snapshot_list"]);
+    let mut args = layer_args(&ws, &policy);
+    args.push("--read-only".into());
+    let out = passed(&client("list", &[], &args));
+    let names = offered(&out);
+    for kept in ["diff", "log", "snapshot_list", "checkpoint_list"] {
+        assert!(names.iter().any(|n| n == kept), "{kept} not in {names:?}");
+    }
+    for gone in [
+        "reset",
+        "snapshot_save",
+        "snapshot_restore",
+        "checkpoint",
+        "undo",
+    ] {
+        assert!(!names.iter().any(|n| n == gone), "{gone} in {names:?}");
+    }
 }
 
 #[test]

@@ -28,13 +28,14 @@
 //! `Budget`.
 //!
 //! The parts, each using only those after it: `handle` (the `Journal`
-//! the mount records through), `writer` (the writer thread: its messages,
-//! health counters, idle parking and batches), `retention` (the size
-//! budget and trimming), `rows` (rows written and read outside the
-//! writer) and `schema` (the database: its files, opening and migrating
-//! it).
+//! the mount records through), `query` (rows read back for `log`),
+//! `writer` (the writer thread: its messages, health counters, idle
+//! parking and batches), `retention` (the size budget and trimming),
+//! `rows` (rows written and read outside the writer) and `schema` (the
+//! database: its files, opening and migrating it).
 
 mod handle;
+pub mod query;
 mod retention;
 mod rows;
 mod schema;

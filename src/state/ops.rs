@@ -1,0 +1,373 @@
+//! The state operations of a workspace, each as one sequence, for the
+//! command line (`cli::{diff,reset,snapshot,checkpoint}`) and the agent
+//! tools (`tools::Workspace`): on a workspace a live daemon serves, the
+//! changing ones go through its control socket (the daemon's inode table
+//! holds the real files); on an unmounted one they work on the upper
+//! directly. Each that changes the upper leaves its row in the journal
+//! (`journal::record_undo`), naming the caller.
+//!
+//! Invariant: the caller of an unmounted workspace holds no overlay core
+//! on it meanwhile (the tools lend theirs, as for `execute`).
+
+use std::ffi::{OsStr, OsString};
+
+use serde_json::json;
+
+use super::diff::{self, Change, Filter, Layers};
+use super::moves::Moves;
+use super::snapshot::{self, Info, Report, SaveOptions};
+use super::workspace::Workspace;
+use super::{checkpoint, journal, reset, scratch, snapshot_id};
+use crate::overlay::events::EvOp;
+use crate::policy::Policy;
+
+/// Who a journal row names as the caller: this process by its command
+/// name (`None`, the command line), or `CLIENT:TOOL` (the agent tools).
+pub type Caller<'a> = Option<&'a str>;
+
+/// An operation's result and what went wrong after it was done (a
+/// journal row not written, a leftover not removed): warnings, never a
+/// failure of what is done.
+#[derive(Debug)]
+pub struct Done<T> {
+    pub value: T,
+    pub warnings: Vec<String>,
+}
+
+impl<T> Done<T> {
+    fn new(value: T) -> Done<T> {
+        Done {
+            value,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Writes the journal's row of the operation; a failure is a warning.
+    fn record(mut self, ws: &Workspace, who: Caller<'_>, op: EvOp, what: &str, n: u64) -> Self {
+        let db = ws.journal_path();
+        let r = match who {
+            None => journal::record_undo(&db, op, what, n),
+            Some(comm) => journal::record_as(&db, op, what, n, comm),
+        };
+        if let Err(e) = r {
+            self.warnings
+                .push(format!("warning: not recorded in the journal: {e}"));
+        }
+        self
+    }
+}
+
+/// A path relative to the workspace root as shown (`.` the root).
+pub fn shown(p: &OsStr) -> String {
+    if p.is_empty() {
+        ".".into()
+    } else {
+        crate::quote::quote_os(p).into_owned()
+    }
+}
+
+/// The changes of the upper against the lowers under `paths` (relative,
+/// `reset::normalize_all`; none: everything), scratch paths left out,
+/// renames labelled from the journal's moves; with the layers, for
+/// patches and counts.
+pub fn changes(ws: &Workspace, paths: &[OsString]) -> Result<(Layers, Vec<Change>), String> {
+    let filter = Filter {
+        scratch: scratch::of_workspace(ws)?,
+        paths: paths.to_vec(),
+        moves: Some(Moves::from_journal(&ws.journal_path())),
+    };
+    let layers = Layers::open(&ws.upper, &ws.lowers)?;
+    let changes = diff::diff(&layers, &filter)?;
+    Ok((layers, changes))
+}
+
+/// Resets `paths` (relative; "" = everything): on a live mount its
+/// daemon does it, else it is done in the upper. Returns the paths whose
+/// view changed.
+pub fn reset(
+    ws: &Workspace,
+    paths: &[OsString],
+    who: Caller<'_>,
+) -> Result<Done<Vec<OsString>>, String> {
+    let changed = match ws.client() {
+        Some(client) => {
+            let req = json!({
+                "cmd": "reset",
+                "paths": paths.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
+            });
+            ask_changed(client?, &req)?
+        }
+        None => reset_offline(ws, paths)?,
+    };
+    let what: Vec<String> = paths.iter().map(|p| shown(p)).collect();
+    let n = changed.len() as u64;
+    Ok(Done::new(changed).record(ws, who, EvOp::Reset, &what.join(" "), n))
+}
+
+/// Asks a live mount's daemon to change its upper itself (`reset`,
+/// `gc`: its inode table holds the real files); returns the paths whose
+/// view changed.
+pub fn ask_changed(
+    mut client: super::control::Client,
+    req: &serde_json::Value,
+) -> Result<Vec<OsString>, String> {
+    let resp = client.request(req)?;
+    Ok(resp["changed"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p.as_str())
+                .map(OsString::from)
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// Resets `paths` of an unmounted workspace directly in its upper.
+fn reset_offline(ws: &Workspace, paths: &[OsString]) -> Result<Vec<OsString>, String> {
+    let layers = Layers::open(&ws.upper, &ws.lowers)?;
+    let work = ws.work_dir()?.into_fd();
+    let mut out = reset::Outcome::default();
+    let r = paths
+        .iter()
+        .try_for_each(|p| reset::reset_path(&layers, &work, p, &mut out));
+    reset::remove_moved_away(&work, &out.moved_away)?;
+    r.map(|()| out.changed)
+}
+
+/// Saves the upper as snapshot `id` (validated first; generated from the
+/// time when `None`). On a live mount the daemon's writes are paused for
+/// the capture: writes in flight complete first, later ones wait;
+/// closing the connection (also when this process dies) ends the pause.
+pub fn snapshot_save(
+    ws: &Workspace,
+    id: Option<&OsStr>,
+    force: bool,
+    progress: bool,
+    who: Caller<'_>,
+) -> Result<Done<Info>, String> {
+    // Invariant: a bad ID is refused before anything is read or written.
+    let given = id.map(snapshot_id::validate).transpose()?;
+    let id = match given {
+        Some(id) => id.to_string(),
+        None => snapshot_id::generate(|c| snapshot::exists(&ws.dir, c)),
+    };
+    let opts = SaveOptions {
+        exclude: scratch::of_workspace(ws)?,
+        force,
+        progress,
+    };
+    let pause = match ws.client() {
+        None => None,
+        Some(client) => Some(pause(ws, client?)?),
+    };
+    let info = snapshot::save(&ws.upper, &ws.dir, &id, &opts)?;
+    if let Some(mut c) = pause {
+        // Dropping the connection also resumes; asking says so explicitly.
+        let _ = c.request(&json!({"cmd": "resume"}));
+    }
+    let entries = info.entries.unwrap_or(0);
+    let what = info.id.clone();
+    Ok(Done::new(info).record(ws, who, EvOp::SnapshotSave, &what, entries))
+}
+
+/// Holds the daemon's write pause on `c` (refused, naming them, while
+/// files are open for writing through passthrough).
+fn pause(ws: &Workspace, mut c: super::control::Client) -> Result<super::control::Client, String> {
+    let r = c.request(&json!({"cmd": "pause"}))?;
+    if r["ok"] != serde_json::Value::Bool(true) {
+        return Err(format!(
+            "the daemon of {} refused to pause writes: {}",
+            ws.mountpoint.as_deref().unwrap_or(&ws.upper).display(),
+            r["error"].as_str().unwrap_or("no reason given")
+        ));
+    }
+    if let Some(busy) = r["busy"].as_array().filter(|b| !b.is_empty()) {
+        // Each with the uid holding it (`holders`), where the daemon says.
+        let named: Vec<String> = match r["holders"].as_array() {
+            Some(h) if !h.is_empty() => h
+                .iter()
+                .map(|h| format!("{} (uid {})", h["path"].as_str().unwrap_or("?"), h["uid"]))
+                .collect(),
+            _ => busy
+                .iter()
+                .filter_map(|p| p.as_str())
+                .map(String::from)
+                .collect(),
+        };
+        return Err(format!(
+            "files are open for writing through passthrough, whose writes cannot be \
+             paused: {}; close them and retry",
+            named.join(", ")
+        ));
+    }
+    Ok(c)
+}
+
+/// Replaces the upper by snapshot `id`, checked against the workspace's
+/// policy (`Report`: what was left out or changed). On a live mount the
+/// mount shows the restored state at once.
+pub fn snapshot_restore(
+    ws: &Workspace,
+    id: &OsStr,
+    progress: bool,
+    who: Caller<'_>,
+) -> Result<Done<(Info, Report)>, String> {
+    let id = snapshot_id::validate(id)?;
+    let policy = workspace_policy(ws)?;
+    let mut warnings = Vec::new();
+    let (info, report) = match ws.client() {
+        None => snapshot::restore(&ws.upper, Some(&ws.work), &ws.dir, id, &policy, progress)?,
+        Some(client) => live_restore(ws, client?, id, &policy, progress, &mut warnings)?,
+    };
+    // The restored upper is a new directory: it records again where its
+    // state is (`state::place`).
+    if let Err(e) = super::place::record(&ws.upper, &ws.state) {
+        warnings.push(format!(
+            "cannot record the state dir on {}: {e}; once unmounted, give state commands \
+             --state {}",
+            ws.upper.display(),
+            ws.state.display()
+        ));
+    }
+    let entries = info.entries.unwrap_or(0);
+    let what = info.id.clone();
+    let mut done = Done::new((info, report)).record(ws, who, EvOp::SnapshotRestore, &what, entries);
+    warnings.append(&mut done.warnings);
+    done.warnings = warnings;
+    Ok(done)
+}
+
+/// The policy a restore checks the archive against: the workspace's
+/// policy file (named in its workspace.json), else the defaults.
+fn workspace_policy(ws: &Workspace) -> Result<Policy, String> {
+    match &ws.policy {
+        Some(p) => Policy::load(p).map_err(|e| {
+            format!(
+                "{e}: a restore checks the snapshot against the workspace's policy; fix the \
+                 policy file (or remount without it) and retry"
+            )
+        }),
+        None => Ok(Policy::default()),
+    }
+}
+
+/// Restores on a live mount: the snapshot is extracted into a staging dir
+/// in the work dir while the mount goes on serving, then the daemon
+/// exchanges it with the upper, writes paused (see `daemon::restore`), and
+/// the old tree is removed.
+fn live_restore(
+    ws: &Workspace,
+    mut client: super::control::Client,
+    id: &str,
+    policy: &Policy,
+    progress: bool,
+    warnings: &mut Vec<String>,
+) -> Result<(Info, Report), String> {
+    let staged = snapshot::stage(&ws.upper, Some(&ws.work), &ws.dir, id, policy, progress)?;
+    if !staged.in_work {
+        let _ = staged.remove();
+        return Err(format!(
+            "work dir {} is not on the upper's filesystem: a live restore needs it there",
+            ws.work.display()
+        ));
+    }
+    let req = json!({
+        "cmd": "restore",
+        "staging": staged.name.to_string_lossy(),
+    });
+    let answer = client.request(&req);
+    // Either way the staging dir is to go: on success it holds the old
+    // upper, else the unused restored tree. (Killed here, it stays in the
+    // work dir, which the next mount cleans.)
+    let removed = staged.remove();
+    let answer = answer.map_err(|e| format!("the mount was not changed: {e}"))?;
+    if answer["pending"] == serde_json::Value::Bool(true) {
+        warnings.push(
+            "warning: the kernel's caches are still being invalidated; the mount may show \
+             old attributes for a moment"
+                .into(),
+        );
+    }
+    if let Err(e) = removed {
+        warnings.push(format!(
+            "warning: restored, but cannot remove the old upper (now {}): {e}; remove it by \
+             hand (or it goes at the next mount)",
+            staged.path().display()
+        ));
+    }
+    Ok((staged.info, staged.report))
+}
+
+/// Freezes the upper into the checkpoint `name` (generated when `None`),
+/// in the layer store `layers` for a first checkpoint (default
+/// STATE/layers). A mounted workspace's daemon takes it live
+/// (`daemon::layers`). Returns the checkpoint's name.
+pub fn checkpoint(
+    ws: &Workspace,
+    name: Option<&str>,
+    layers: Option<&std::path::Path>,
+    who: Caller<'_>,
+) -> Result<Done<String>, String> {
+    let name = match ws.client() {
+        Some(client) => {
+            let layers = layers.map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf()));
+            let v = client?.request(&json!({
+                "cmd": "checkpoint",
+                "name": name,
+                "layers": layers.map(|p| p.to_string_lossy().into_owned()),
+            }))?;
+            v["name"].as_str().unwrap_or_default().to_string()
+        }
+        None => checkpoint::checkpoint(ws, name, layers, None)?,
+    };
+    let what = name.clone();
+    Ok(Done::new(name).record(ws, who, EvOp::Checkpoint, &what, 1))
+}
+
+/// Goes back to the checkpoint `to` (default: the latest; when nothing
+/// changed since it, the one before). A mounted workspace's daemon goes
+/// back live. Returns the checkpoint it stands on and how many
+/// checkpoints were taken off.
+pub fn undo(
+    ws: &Workspace,
+    to: Option<&str>,
+    who: Caller<'_>,
+) -> Result<Done<(String, usize)>, String> {
+    let (name, dropped) = match ws.client() {
+        Some(client) => {
+            let v = client?.request(&json!({"cmd": "undo", "to": to}))?;
+            (
+                v["at"].as_str().unwrap_or_default().to_string(),
+                v["dropped"].as_u64().unwrap_or(0) as usize,
+            )
+        }
+        None => checkpoint::undo(ws, to, None)?,
+    };
+    let what = name.clone();
+    Ok(Done::new((name, dropped)).record(ws, who, EvOp::Undo, &what, dropped as u64))
+}
+
+/// One checkpoint a workspace stands on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    pub name: String,
+    /// Unix seconds.
+    pub created: i64,
+    /// Its layer, where the store is known.
+    pub path: Option<std::path::PathBuf>,
+}
+
+/// The checkpoints `ws` stands on, the latest first.
+pub fn checkpoints(ws: &Workspace) -> Result<Vec<CheckpointInfo>, String> {
+    let records = checkpoint::list(ws)?;
+    let store = super::frozen::read(&ws.dir)?.map(|s| s.store);
+    Ok(records
+        .into_iter()
+        .map(|r| CheckpointInfo {
+            path: store.as_ref().map(|s| s.join(&r.name)),
+            name: r.name,
+            created: r.created,
+        })
+        .collect())
+}
