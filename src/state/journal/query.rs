@@ -201,6 +201,12 @@ pub fn path_glob(g: &str) -> Result<GlobMatcher, String> {
 }
 
 /// The rows of the journal at `db` that `q` selects, oldest first.
+///
+/// In the order things happened, not the order rows were written: a live
+/// mount's daemon writes its rows in batches, so a state command's row (a
+/// reset or an undo, written by the command's own process) can land
+/// before the rows of the writes that came before it. `events_time`'s
+/// entries are ordered by (time, id), so the scan needs no sort.
 pub fn query(db: &Path, q: &Query) -> Result<Vec<Row>, String> {
     let glob = match &q.path {
         Some(g) => Some(path_glob(g).map_err(|e| format!("path {e}"))?),
@@ -242,7 +248,7 @@ pub fn query(db: &Path, q: &Query) -> Result<Vec<Row>, String> {
     let sql = format!(
         "SELECT time, op, path, \"to\", result, bytes, pid, comm, rule, {}, {}, {}, {}
          FROM events
-         WHERE time >= ?1 AND {op_sql} AND (?2 = ?2) AND {uid_sql} ORDER BY id DESC",
+         WHERE time >= ?1 AND {op_sql} AND (?2 = ?2) AND {uid_sql} ORDER BY time DESC, id DESC",
         col("uid"),
         col("gid"),
         col("oldest"),
