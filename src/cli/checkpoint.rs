@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::overlay::events::EvOp;
 use crate::state::checkpoint;
-use crate::state::workspace::{self, Workspace};
+use crate::state::workspace::Workspace;
 
 const CHECKPOINT_HELP: &str = "\
 WORKSPACE is a layerfs mountpoint, an upper directory or a state dir. A
@@ -81,27 +81,7 @@ impl CheckpointCmd {
                     ))
                 }
                 Some(w) => Workspace::resolve(w).and_then(|ws| {
-                    let name = match ws.client() {
-                        // Mounted: the daemon takes it (`daemon::layers`).
-                        Some(client) => {
-                            let layers = self
-                                .layers
-                                .as_deref()
-                                .map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf()));
-                            let v = client?.request(&json!({
-                                "cmd": "checkpoint",
-                                "name": self.name,
-                                "layers": layers.map(|p| p.to_string_lossy().into_owned()),
-                            }))?;
-                            v["name"].as_str().unwrap_or_default().to_string()
-                        }
-                        None => checkpoint::checkpoint(
-                            &ws,
-                            self.name.as_deref(),
-                            self.layers.as_deref(),
-                            None,
-                        )?,
-                    };
+                    let name = checkpoint::take(&ws, self.name.as_deref(), self.layers.as_deref())?;
                     super::journal_undo("checkpoint", &ws, EvOp::Checkpoint, &name, 1);
                     outln!("{name}");
                     Ok(())
@@ -186,23 +166,7 @@ impl ForkCmd {
     /// Writes the fork's stack and validates its mount.
     fn prepare(&self) -> Result<crate::config::Config, String> {
         let ws = Workspace::resolve(&self.workspace)?;
-        match std::fs::create_dir_all(&self.upper).and_then(|()| {
-            let mut entries = std::fs::read_dir(&self.upper)?;
-            Ok(entries.next().is_none())
-        }) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(format!(
-                    "{} is not empty: a fork starts from an empty upper",
-                    self.upper.display()
-                ))
-            }
-            Err(e) => return Err(format!("cannot create {}: {e}", self.upper.display())),
-        }
-        let upper = std::fs::canonicalize(&self.upper)
-            .map_err(|e| format!("{}: {e}", self.upper.display()))?;
-        let state = workspace::create_state_dir(&workspace::default_state_dir(&upper))?;
-        let lowers = checkpoint::fork(&ws, &self.name, &state)?;
+        let (upper, lowers, _) = checkpoint::fork_at(&ws, &self.name, &self.upper)?;
         let args = crate::config::MountArgs {
             lowers,
             upper: Some(upper),

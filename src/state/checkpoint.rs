@@ -250,6 +250,32 @@ pub fn checkpoint(
     Ok(name)
 }
 
+/// `layerfs checkpoint` of `ws` whether it is mounted or not: a mounted
+/// workspace's daemon takes it live (`daemon::layers`), an unmounted one
+/// is checkpointed here. Returns the checkpoint's name.
+pub fn take(ws: &Workspace, name: Option<&str>, layers: Option<&Path>) -> Result<String, String> {
+    match ws.client() {
+        Some(client) => {
+            let layers = layers.map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf()));
+            let v = client?.request(&serde_json::json!({
+                "cmd": "checkpoint",
+                "name": name,
+                "layers": layers.map(|p| p.to_string_lossy().into_owned()),
+            }))?;
+            Ok(v["name"].as_str().unwrap_or_default().to_string())
+        }
+        None => checkpoint(ws, name, layers, None).map_err(String::from),
+    }
+}
+
+/// The shared lowers of `ws` (its lowers without its frozen layers).
+pub fn shared_of(ws: &Workspace) -> Result<Vec<PathBuf>, StackError> {
+    Ok(match frozen::read(&ws.dir)? {
+        Some(stack) => shared_lowers(ws, &stack),
+        None => ws.lowers.clone(),
+    })
+}
+
 /// The shared lowers of `ws`: its lowers without the frozen layers
 /// (`Workspace::resolve` puts the stack's on top).
 pub fn shared_lowers(ws: &Workspace, stack: &Stack) -> Vec<PathBuf> {
@@ -533,6 +559,35 @@ pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathB
         },
     )?;
     Ok(record.lowers)
+}
+
+/// A new workspace at `upper` (missing or empty; created) forked from
+/// checkpoint `name` of `ws`: its default state dir gets the stack
+/// (`fork`). Returns the canonical upper, the shared lowers to mount it
+/// with and the frozen layers' paths (topmost first).
+pub fn fork_at(
+    ws: &Workspace,
+    name: &str,
+    upper: &Path,
+) -> Result<(PathBuf, Vec<PathBuf>, Vec<PathBuf>), String> {
+    match std::fs::create_dir_all(upper).and_then(|()| {
+        let mut entries = std::fs::read_dir(upper)?;
+        Ok(entries.next().is_none())
+    }) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(format!(
+                "{} is not empty: a fork starts from an empty upper; give a new directory",
+                upper.display()
+            ))
+        }
+        Err(e) => return Err(format!("cannot create {}: {e}", upper.display())),
+    }
+    let upper = std::fs::canonicalize(upper).map_err(|e| format!("{}: {e}", upper.display()))?;
+    let state = super::workspace::create_state_dir(&super::workspace::default_state_dir(&upper))?;
+    let lowers = fork(ws, name, &state)?;
+    let layers = frozen::frozen_paths(&state)?;
+    Ok((upper, lowers, layers))
 }
 
 #[cfg(test)]

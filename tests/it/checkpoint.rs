@@ -604,3 +604,190 @@ fn another_user_cannot_checkpoint_fork_or_undo_a_workspace_through_allow_other()
     );
     assert!(!layer(&ws, "theirs").exists());
 }
+
+/// `layerfs run ARGS` as root (the workspace outside /tmp); must exit 0.
+fn run_ok(args: &[&str]) -> std::process::Output {
+    let out = crate::run::run_as(crate::run::Caller::Root, args);
+    assert!(
+        out.status.success(),
+        "layerfs run {args:?} failed: {}",
+        crate::run::text(&out)
+    );
+    out
+}
+
+/// The tree a fresh mount of `ws` shows.
+fn view_of(ws: &Workspace) -> std::collections::BTreeMap<String, String> {
+    let m = ws.mount();
+    let v = tree_view(m.path());
+    assert!(m.unmount());
+    v
+}
+
+#[test]
+fn run_checkpoint_lets_undo_take_back_exactly_that_command_mounted_or_not() {
+    let ws = crate::run::workspace_for(crate::run::Caller::Root);
+    let l = ws.lower();
+    fs::create_dir_all(l.join("d")).unwrap();
+    fs::write(l.join("d/x"), "x\n").unwrap();
+    fs::write(l.join("a"), "a\n").unwrap();
+    fs::write(l.join("gone"), "gone\n").unwrap();
+    let (lower, upper) = (l.to_str().unwrap(), ws.upper.to_str().unwrap());
+    let run = |script: &str| {
+        run_ok(&[
+            "--lower",
+            lower,
+            "--upper",
+            upper,
+            "--checkpoint",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+    };
+
+    // Unmounted: the run mounts, checkpoints, runs, unmounts.
+    let first = run("echo one > one");
+    let name = crate::run::json_of(&first)["checkpoint"]
+        .as_str()
+        .expect("no checkpoint in --json")
+        .to_string();
+    assert!(
+        crate::run::stderr(&first).contains(&format!("checkpoint {name}")),
+        "{}",
+        crate::run::text(&first)
+    );
+    let before = view_of(&ws);
+    run("echo new > a && rm gone && echo more >> d/x && mkdir n && mv d d2 && ln -s a s");
+    assert!(
+        !is_empty(&ws.upper),
+        "the command's changes are not in the upper"
+    );
+    assert_ne!(before, view_of(&ws));
+    ok(&[&"undo", &ws.upper]);
+    assert_same(&before, &view_of(&ws), "undo after run --checkpoint");
+    assert!(is_empty(&ws.upper));
+
+    // Live: the run reuses the mount and its daemon takes the checkpoint;
+    // the undo goes back on the live mount.
+    let m = ws.mount();
+    fs::write(m.p("live"), "live\n").unwrap();
+    let before = tree_view(m.path());
+    run("echo changed > a && rm live && mkdir -p n && echo n > n/f");
+    assert_eq!(fs::read_to_string(m.p("a")).unwrap(), "changed\n");
+    ok(&[&"undo", &m.path()]);
+    assert_same(
+        &before,
+        &tree_view(m.path()),
+        "live undo after run --checkpoint",
+    );
+    assert!(m.unmount());
+
+    // `log` shows the runs' checkpoints and the undos.
+    let log = ok(&[&"log", &ws.upper]);
+    let ops: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|op| *op == "checkpoint" || *op == "undo")
+        .collect();
+    assert_eq!(
+        ops,
+        ["checkpoint", "checkpoint", "undo", "checkpoint", "undo"],
+        "{log}"
+    );
+    assert!(log.contains(&name), "{log}");
+}
+
+#[test]
+fn run_fork_runs_in_a_fresh_fork_of_a_checkpoint() {
+    let ws = crate::run::workspace_for(crate::run::Caller::Root);
+    fs::write(ws.lower().join("shared"), "shared\n").unwrap();
+    let m = ws.mount();
+    fs::write(m.p("base"), "base\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"start"]);
+    let source = view_of(&ws);
+    let fork = format!("{}:start", ws.upper.display());
+
+    // Ephemeral: the command sees the checkpoint; nothing stays.
+    let out = run_ok(&[
+        "--fork",
+        &fork,
+        "--ephemeral",
+        "--",
+        "sh",
+        "-c",
+        "cat base shared && echo x > new && rm base",
+    ]);
+    assert_eq!(crate::run::stdout(&out), "base\nshared\n");
+    assert_same(&source, &view_of(&ws), "the source after an ephemeral fork");
+
+    // With --upper: the fork stays, and diffs against the checkpoint.
+    let u2 = ws.dir.path().join("fork-upper");
+    run_ok(&[
+        "--fork",
+        &fork,
+        "--upper",
+        u2.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "echo y > y && rm base",
+    ]);
+    assert!(u2.join("y").is_file());
+    let diff = ok(&[&"diff", &u2]);
+    let mut lines: Vec<&str> = diff.lines().collect();
+    lines.sort();
+    assert_eq!(lines, ["A y", "D base"], "{diff}");
+    assert_same(&source, &view_of(&ws), "the source after a kept fork");
+
+    // A second run in that upper continues the fork (its stack is kept).
+    let out = run_ok(&[
+        "--lower",
+        ws.lower().to_str().unwrap(),
+        "--upper",
+        u2.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "ls",
+    ]);
+    assert_eq!(crate::run::stdout(&out), "shared\ny\n");
+
+    // A fork into a non-empty upper, or of no such checkpoint: refused.
+    let out = crate::run::run_as(
+        crate::run::Caller::Root,
+        &[
+            "--fork",
+            &fork,
+            "--upper",
+            u2.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        crate::run::stderr(&out).contains("not empty"),
+        "{}",
+        crate::run::text(&out)
+    );
+    let out = crate::run::run_as(
+        crate::run::Caller::Root,
+        &[
+            "--fork",
+            &format!("{}:nope", ws.upper.display()),
+            "--ephemeral",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        crate::run::stderr(&out).contains("no checkpoint nope"),
+        "{}",
+        crate::run::text(&out)
+    );
+}
