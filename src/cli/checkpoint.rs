@@ -221,3 +221,43 @@ impl UndoCmd {
         Ok(())
     }
 }
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Merges the checkpoint layers of WORKSPACE below its --keep newest into
+one layer (hard links, nothing copied), so a lookup visits a bounded
+number of layers however many checkpoints were taken: whiteouts, opaque
+directories and redirects apply as kernel overlayfs applies them. The
+view does not change. The merged checkpoints' names are gone afterwards
+(undo --to and fork use the new layer's name, printed). The merged layer
+is built aside and switched to with one write of the stack; a crash at
+any point leaves the old stack or the new one. Refused while the
+workspace is mounted (unmount, squash, mount again) and when another
+workspace or checkpoint stacks on a layer to merge.
+
+Example:
+  layerfs squash ~/ws/upper --keep 5")]
+pub struct SquashCmd {
+    /// The workspace.
+    #[arg(value_name = "WORKSPACE")]
+    workspace: PathBuf,
+    /// How many of the newest checkpoints to keep as they are.
+    #[arg(long = "keep", value_name = "N", default_value_t = 0)]
+    keep: usize,
+}
+
+impl SquashCmd {
+    pub fn run(self) -> Result<(), CliError> {
+        let ws = Workspace::resolve(&self.workspace).or_fail("squash")?;
+        match crate::state::squash::squash(&ws, self.keep).or_fail("squash")? {
+            Some(s) => outln!(
+                "{}  (merged {} checkpoints: {})",
+                s.name,
+                s.merged.len(),
+                s.merged.join(", ")
+            ),
+            None => outln!("nothing to squash (fewer than 2 checkpoints below --keep)"),
+        }
+        Ok(())
+    }
+}

@@ -96,7 +96,7 @@ fn upper_at(upper: &Path) -> Result<(OwnedFd, &OsStr), StackError> {
 
 /// Locks the upper as a mount does (`daemon::exclusive`), so no mount
 /// starts on it while the stack changes; released when dropped.
-fn lock_upper(upper: &Path) -> Result<std::fs::File, StackError> {
+pub fn lock_upper(upper: &Path) -> Result<std::fs::File, StackError> {
     let f =
         std::fs::File::open(upper).map_err(io_ctx(format!("cannot open {}", upper.display())))?;
     crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).map_err(|e| {
@@ -188,6 +188,7 @@ pub fn checkpoint(
         lowers: shared,
         created: now(),
         upper: ws.upper.clone(),
+        squashed: Vec::new(),
     })?;
     crate::failpoint::crash("checkpoint", "record");
     fresh_dir(&store.dir, OsStr::new(&name), &root).map_err(io_ctx(format!(
@@ -514,6 +515,7 @@ pub fn list(ws: &Workspace) -> Result<Vec<Record>, StackError> {
                 lowers: Vec::new(),
                 created: 0,
                 upper: PathBuf::new(),
+                squashed: Vec::new(),
             }))
         })
         .collect()

@@ -791,3 +791,158 @@ fn run_fork_runs_in_a_fresh_fork_of_a_checkpoint() {
         crate::run::text(&out)
     );
 }
+
+/// A workspace with three checkpoints holding changes of every kind
+/// (whiteouts over frozen files, an opaque directory over a frozen one,
+/// a chain of directory renames, hard links, symlinks, modes) and more
+/// changes in its upper; its view.
+fn layered() -> (Workspace, std::collections::BTreeMap<String, String>) {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    fs::create_dir_all(l.join("d/sub")).unwrap();
+    fs::create_dir_all(l.join("o")).unwrap();
+    fs::create_dir_all(l.join("keep")).unwrap();
+    fs::write(l.join("a"), "a\n").unwrap();
+    fs::write(l.join("gone"), "gone\n").unwrap();
+    fs::write(l.join("d/sub/x"), "x\n").unwrap();
+    fs::write(l.join("o/y"), "y\n").unwrap();
+    fs::write(l.join("keep/k"), "k\n").unwrap();
+    for (name, script) in [
+        (
+            "c1",
+            "echo new > new && echo more >> a && rm gone && mv d d2 && rm -r o && mkdir o \
+             && echo z > o/z && chmod 600 keep/k && ln -s a link && echo h > h && ln h h2",
+        ),
+        (
+            "c2",
+            "rm new && mv d2 d3 && echo w > o/w && echo more >> d3/sub/x && echo again >> a \
+             && mkdir n && echo 1 > n/1 && echo 1 > n/old",
+        ),
+        (
+            "c3",
+            "rm -r n && mkdir n && echo 2 > n/2 && echo 3 > three && rm o/z && chmod 700 o",
+        ),
+    ] {
+        let m = ws.mount();
+        sh(m.path(), script);
+        assert!(m.unmount());
+        ok(&[&"checkpoint", &ws.upper, &name]);
+    }
+    let m = ws.mount();
+    sh(m.path(), "echo top > top && echo top >> three");
+    let view = tree_view(m.path());
+    assert!(m.unmount());
+    (ws, view)
+}
+
+/// The layer names of `ws`'s stack, topmost first.
+fn stack_of(ws: &Workspace) -> Vec<String> {
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&[&"checkpoint", &"list", &"--json", &ws.upper])).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn squash_merges_layers_into_one_with_the_same_tree_as_kernel_overlay() {
+    let (ws, view) = layered();
+    assert_same(
+        &links_aside(&view),
+        &links_aside(&kernel_view(&ws, &["c3", "c2", "c1"])),
+        "kernel overlayfs before the squash",
+    );
+    let out = ok(&[&"squash", &ws.upper]);
+    let name = out.split_whitespace().next().unwrap().to_string();
+    assert!(out.contains("merged 3 checkpoints"), "{out}");
+    assert_eq!(stack_of(&ws), [name.clone()]);
+    for c in ["c1", "c2", "c3"] {
+        assert!(!layer(&ws, c).exists(), "{c} is still in the store");
+    }
+    assert_same(&view, &view_of(&ws), "layerfs after the squash");
+    assert_same(
+        &links_aside(&view),
+        &links_aside(&kernel_view(&ws, &[&name])),
+        "kernel overlayfs over the squashed layer",
+    );
+    // The workspace goes on: a checkpoint over the squashed layer, undo.
+    ok(&[&"checkpoint", &ws.upper, &"c4"]);
+    let m = ws.mount();
+    sh(m.path(), "rm -r d3 && echo later > a");
+    assert!(m.unmount());
+    assert_eq!(ok(&[&"undo", &ws.upper]).trim(), "at c4");
+    assert_same(&view, &view_of(&ws), "after checkpoint and undo");
+    let out = ok(&[&"squash", &ws.upper, &"--keep", &"1"]);
+    assert!(out.contains("nothing to squash"), "{out}");
+}
+
+#[test]
+fn squash_keeps_the_newest_layers_and_forks_of_them() {
+    let (ws, view) = layered();
+    let m = ws.mount();
+    let at_c3 = {
+        let f = fork(&ws, "c3", 1);
+        let v = tree_view(&f.0);
+        drop(f);
+        v
+    };
+    assert!(m.unmount());
+    // A fork on c3 stands on c2 and c1 too: they cannot be squashed away.
+    let f = fork(&ws, "c3", 2);
+    let e = refused(&[&"squash", &ws.upper, &"--keep", &"1"]);
+    assert!(e.contains("also stood on by workspace"), "{e}");
+    drop(f);
+    let m = ws.mount();
+    let e = refused(&[&"squash", &ws.upper]);
+    assert!(e.contains("is mounted"), "{e}");
+    assert!(m.unmount());
+    // The forks are gone (their state dirs with them): nothing else
+    // stands on the layers.
+    for n in ["fork1", "fork2"] {
+        fs::remove_dir_all(ws.dir.path().join(n)).unwrap();
+    }
+
+    let out = ok(&[&"squash", &ws.upper, &"--keep", &"1"]);
+    let name = out.split_whitespace().next().unwrap().to_string();
+    assert_eq!(stack_of(&ws), ["c3".to_string(), name.clone()]);
+    assert_same(&view, &view_of(&ws), "after squash --keep 1");
+    assert_same(
+        &links_aside(&view),
+        &links_aside(&kernel_view(&ws, &["c3", &name])),
+        "kernel overlayfs after squash --keep 1",
+    );
+    // A fork of the kept checkpoint stands on the squashed layer.
+    let f = fork(&ws, "c3", 3);
+    assert_same(&at_c3, &tree_view(&f.0), "a fork of c3 after the squash");
+}
+
+#[test]
+fn a_crash_at_any_step_of_a_squash_leaves_the_old_stack_or_the_new_one() {
+    for step in ["built", "layer", "records", "stack", "remove"] {
+        let (ws, view) = layered();
+        crash_at("squash", step, &[&"squash", &ws.upper]);
+        assert_same(&view, &view_of(&ws), &format!("squash crashed at {step}"));
+        let stack = stack_of(&ws);
+        assert!(
+            stack == ["c3", "c2", "c1"] || (stack.len() == 1 && !stack[0].starts_with('c')),
+            "crash at {step}: a mixed stack {stack:?}"
+        );
+        // The next squash finishes or redoes it, and cleans up.
+        ok(&[&"squash", &ws.upper]);
+        assert_eq!(stack_of(&ws).len(), 1, "crash at {step}");
+        assert_same(
+            &view,
+            &view_of(&ws),
+            &format!("squash after a crash at {step}"),
+        );
+        let store = ws.dir.path().join(".upper.layerfs-state").join("layers");
+        let left: Vec<String> = fs::read_dir(&store)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".json") && !n.ends_with(".holds"))
+            .collect();
+        assert_eq!(left.len(), 1, "crash at {step}: the store keeps {left:?}");
+    }
+}
