@@ -232,11 +232,12 @@ view does not change. The merged checkpoints' names are gone afterwards
 (undo --to and fork use the new layer's name, printed). The merged layer
 is built aside and switched to with one write of the stack; a crash at
 any point leaves the old stack or the new one. Refused while the
-workspace is mounted (unmount, squash, mount again) and when another
-workspace or checkpoint stacks on a layer to merge.
+workspace is mounted (unmount, squash, mount again), while its upper
+holds changes since the latest checkpoint (take one first), and when
+another workspace or checkpoint stacks on a layer to merge.
 
 Example:
-  layerfs squash ~/ws/upper --keep 5")]
+  layerfs checkpoint ~/ws/upper && layerfs squash ~/ws/upper --keep 5")]
 pub struct SquashCmd {
     /// The workspace.
     #[arg(value_name = "WORKSPACE")]

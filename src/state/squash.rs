@@ -64,6 +64,22 @@ pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackErro
     let Layers { store, mut stack } = checkpoint::open(&ws.dir, None, false)
         .map_err(|_| StackError::Refused("this workspace has no checkpoint".into()))?;
     sweep(&store, &ws.dir, &ws.upper);
+    // Origin records in the upper name lowers by their index in the
+    // stack (DESIGN.md §5): the stack changes only under an empty upper.
+    let upper =
+        sys::open_root(&ws.upper).map_err(io_ctx(format!("cannot open {}", ws.upper.display())))?;
+    if !sys::read_dir(&upper)
+        .map_err(io_ctx(format!("cannot list {}", ws.upper.display())))?
+        .is_empty()
+    {
+        return Err(StackError::Refused(format!(
+            "upper {} holds changes since the latest checkpoint: squash changes the stack \
+             under an empty upper only; take a checkpoint first (layerfs checkpoint {}), \
+             then squash",
+            ws.upper.display(),
+            ws.upper.display()
+        )));
+    }
     if stack.layers.len() < keep + 2 {
         return Ok(None);
     }

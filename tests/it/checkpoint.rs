@@ -794,8 +794,8 @@ fn run_fork_runs_in_a_fresh_fork_of_a_checkpoint() {
 
 /// A workspace with three checkpoints holding changes of every kind
 /// (whiteouts over frozen files, an opaque directory over a frozen one,
-/// a chain of directory renames, hard links, symlinks, modes) and more
-/// changes in its upper; its view.
+/// a chain of directory renames, hard links, symlinks, modes) and an
+/// empty upper; its view.
 fn layered() -> (Workspace, std::collections::BTreeMap<String, String>) {
     let ws = Workspace::new();
     let l = ws.lower();
@@ -828,10 +828,7 @@ fn layered() -> (Workspace, std::collections::BTreeMap<String, String>) {
         assert!(m.unmount());
         ok(&[&"checkpoint", &ws.upper, &name]);
     }
-    let m = ws.mount();
-    sh(m.path(), "echo top > top && echo top >> three");
-    let view = tree_view(m.path());
-    assert!(m.unmount());
+    let view = view_of(&ws);
     (ws, view)
 }
 
@@ -854,11 +851,20 @@ fn squash_merges_layers_into_one_with_the_same_tree_as_kernel_overlay() {
         &links_aside(&kernel_view(&ws, &["c3", "c2", "c1"])),
         "kernel overlayfs before the squash",
     );
+    // Changes since the latest checkpoint: refused (their origin records
+    // index the stack), until they are checkpointed too.
+    let m = ws.mount();
+    sh(m.path(), "echo top > top && echo top >> three");
+    let view = tree_view(m.path());
+    assert!(m.unmount());
+    let e = refused(&[&"squash", &ws.upper]);
+    assert!(e.contains("take a checkpoint first"), "{e}");
+    ok(&[&"checkpoint", &ws.upper, &"c4"]);
     let out = ok(&[&"squash", &ws.upper]);
     let name = out.split_whitespace().next().unwrap().to_string();
-    assert!(out.contains("merged 3 checkpoints"), "{out}");
-    assert_eq!(stack_of(&ws), [name.clone()]);
-    for c in ["c1", "c2", "c3"] {
+    assert!(out.contains("merged 4 checkpoints"), "{out}");
+    assert_eq!(stack_of(&ws), std::slice::from_ref(&name));
+    for c in ["c1", "c2", "c3", "c4"] {
         assert!(!layer(&ws, c).exists(), "{c} is still in the store");
     }
     assert_same(&view, &view_of(&ws), "layerfs after the squash");
@@ -868,11 +874,11 @@ fn squash_merges_layers_into_one_with_the_same_tree_as_kernel_overlay() {
         "kernel overlayfs over the squashed layer",
     );
     // The workspace goes on: a checkpoint over the squashed layer, undo.
-    ok(&[&"checkpoint", &ws.upper, &"c4"]);
+    ok(&[&"checkpoint", &ws.upper, &"c5"]);
     let m = ws.mount();
     sh(m.path(), "rm -r d3 && echo later > a");
     assert!(m.unmount());
-    assert_eq!(ok(&[&"undo", &ws.upper]).trim(), "at c4");
+    assert_eq!(ok(&[&"undo", &ws.upper]).trim(), "at c5");
     assert_same(&view, &view_of(&ws), "after checkpoint and undo");
     let out = ok(&[&"squash", &ws.upper, &"--keep", &"1"]);
     assert!(out.contains("nothing to squash"), "{out}");
