@@ -873,8 +873,16 @@ fn squash_merges_layers_into_one_with_the_same_tree_as_kernel_overlay() {
         &links_aside(&kernel_view(&ws, &[&name])),
         "kernel overlayfs over the squashed layer",
     );
-    // The workspace goes on: a checkpoint over the squashed layer, undo.
-    ok(&[&"checkpoint", &ws.upper, &"c5"]);
+    // The workspace goes on: a checkpoint over the squashed layer (taken
+    // live: `status` lists it), undo.
+    let m = ws.mount();
+    ok(&[&"checkpoint", &m.path(), &"c5"]);
+    let st: serde_json::Value =
+        serde_json::from_str(&ok(&[&"status", &"--json", &m.path()])).unwrap();
+    assert_eq!(st["checkpoints"], serde_json::json!(["c5", name]), "{st}");
+    let text = ok(&[&"status", &m.path()]);
+    assert!(text.contains(&format!("c5, {name} (top first")), "{text}");
+    assert!(m.unmount());
     let m = ws.mount();
     sh(m.path(), "rm -r d3 && echo later > a");
     assert!(m.unmount());
