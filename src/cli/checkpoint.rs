@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use crate::state::workspace::{self, Workspace};
+use crate::state::workspace::Workspace;
 use crate::state::{checkpoint, ops};
 
 const CHECKPOINT_HELP: &str = "\
@@ -164,23 +164,7 @@ impl ForkCmd {
     /// Writes the fork's stack and validates its mount.
     fn prepare(&self) -> Result<crate::config::Config, String> {
         let ws = Workspace::resolve(&self.workspace)?;
-        match std::fs::create_dir_all(&self.upper).and_then(|()| {
-            let mut entries = std::fs::read_dir(&self.upper)?;
-            Ok(entries.next().is_none())
-        }) {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(format!(
-                    "{} is not empty: a fork starts from an empty upper",
-                    self.upper.display()
-                ))
-            }
-            Err(e) => return Err(format!("cannot create {}: {e}", self.upper.display())),
-        }
-        let upper = std::fs::canonicalize(&self.upper)
-            .map_err(|e| format!("{}: {e}", self.upper.display()))?;
-        let state = workspace::create_state_dir(&workspace::default_state_dir(&upper))?;
-        let lowers = checkpoint::fork(&ws, &self.name, &state)?;
+        let (upper, lowers, _) = checkpoint::fork_at(&ws, &self.name, &self.upper)?;
         let args = crate::config::MountArgs {
             lowers,
             upper: Some(upper),
@@ -221,6 +205,47 @@ impl UndoCmd {
         super::warn_all("undo", &done.warnings);
         let (name, _) = done.value;
         outln!("at {name}");
+        Ok(())
+    }
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Merges the checkpoint layers of WORKSPACE below its --keep newest into
+one layer (hard links, nothing copied), so a lookup visits a bounded
+number of layers however many checkpoints were taken: whiteouts, opaque
+directories and redirects apply as kernel overlayfs applies them. The
+view does not change. The merged checkpoints' names are gone afterwards
+(undo --to and fork use the new layer's name, printed). The merged layer
+is built aside and switched to with one write of the stack; a crash at
+any point leaves the old stack or the new one. Refused while the
+workspace is mounted (unmount, squash, mount again), while its upper
+holds changes since the latest checkpoint (take one first), and when
+another workspace or checkpoint stacks on a layer to merge.
+
+Example:
+  layerfs checkpoint ~/ws/upper && layerfs squash ~/ws/upper --keep 5")]
+pub struct SquashCmd {
+    /// The workspace.
+    #[arg(value_name = "WORKSPACE")]
+    workspace: PathBuf,
+    /// How many of the newest checkpoints to keep as they are.
+    #[arg(long = "keep", value_name = "N", default_value_t = 0)]
+    keep: usize,
+}
+
+impl SquashCmd {
+    pub fn run(self) -> Result<(), CliError> {
+        let ws = Workspace::resolve(&self.workspace).or_fail("squash")?;
+        match crate::state::squash::squash(&ws, self.keep).or_fail("squash")? {
+            Some(s) => outln!(
+                "{}  (merged {} checkpoints: {})",
+                s.name,
+                s.merged.len(),
+                s.merged.join(", ")
+            ),
+            None => outln!("nothing to squash (fewer than 2 checkpoints below --keep)"),
+        }
         Ok(())
     }
 }

@@ -109,6 +109,8 @@ enum Command {
     Fork(checkpoint::ForkCmd),
     /// Take a workspace back to a checkpoint.
     Undo(checkpoint::UndoCmd),
+    /// Merge a workspace's oldest checkpoint layers into one.
+    Squash(checkpoint::SquashCmd),
     /// Show live mounts: layers, state dir, daemon, usage, journal health.
     Status(status::StatusCmd),
     /// Link /sbin/mount.fuse.layerfs to this binary, for mount(8) and fstab.
@@ -172,6 +174,7 @@ pub fn run() -> i32 {
         Command::Checkpoint(c) => c.run(),
         Command::Fork(f) => f.run(),
         Command::Undo(u) => exit::done(u.run()),
+        Command::Squash(s) => exit::done(s.run()),
         Command::InstallHelpers(i) => exit::done(i.run()),
         Command::Man(m) => exit::done(m.run()),
         Command::Run(r) => Ok(r.run()),

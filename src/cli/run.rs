@@ -20,6 +20,13 @@ Examples:
               --max-output 64K --timeout 5m --memory 2G --pids 512 \\
               --json -- cargo build
 
+  # undo per command: a checkpoint before it, `layerfs undo` takes it back
+  layerfs run --lower /srv/shared --upper ~/ws/upper --checkpoint -- make fmt
+  layerfs undo ~/ws/upper
+
+  # a throwaway fork of checkpoint `start` of ~/ws/upper
+  layerfs run --fork ~/ws/upper:start --ephemeral -- make test
+
   # offline, with staged inputs read-only and a kept package cache
   layerfs run --lower /srv/shared --upper ~/ws/upper --no-network \\
               --ro-bind /tmp/inputs:/inputs --home ~/agent-home \\
@@ -62,8 +69,27 @@ usage error (a --cwd outside the workspace too).";
 #[command(after_help = RUN_HELP)]
 pub struct RunCmd {
     /// Read-only lower layer; repeat for more, the first given is topmost.
-    #[arg(long = "lower", value_name = "DIR", required = true)]
+    #[arg(
+        long = "lower",
+        value_name = "DIR",
+        required_unless_present = "fork",
+        conflicts_with = "fork"
+    )]
     lowers: Vec<PathBuf>,
+
+    /// Run in a new fork of checkpoint NAME of WORKSPACE (a mountpoint,
+    /// upper or state dir): its lowers are the checkpoint's layers over
+    /// WORKSPACE's shared lowers, its upper the --upper given (missing or
+    /// empty; kept afterwards) or, with --ephemeral, a temporary one.
+    #[arg(long, value_name = "WORKSPACE:NAME", value_parser = parse_fork)]
+    fork: Option<(PathBuf, String)>,
+
+    /// Take a checkpoint of the workspace (live, on the mount the command
+    /// runs in) right before the command: `layerfs undo UPPER` afterwards
+    /// goes back to the state before it. Recorded in `layerfs log`; its
+    /// name is printed on stderr (and is `checkpoint` in --json).
+    #[arg(long, requires = "upper")]
+    checkpoint: bool,
 
     /// Persistent upper directory: the command's changes land and stay
     /// here. A live mount of it is reused (with the same lowers).
@@ -190,8 +216,8 @@ pub struct RunCmd {
     /// At the end, print one JSON object on stdout: exit_code, signal,
     /// truncated, output_bytes, kept_bytes, duration_ms, upper, mountpoint, timed_out,
     /// output_stopped, resources (with --memory/--pids/--cpus: peak
-    /// memory, CPU time, limits hit, OOM kills; else null), and error when
-    /// layerfs run failed.
+    /// memory, CPU time, limits hit, OOM kills; else null), checkpoint
+    /// (with --checkpoint: its name), and error when layerfs run failed.
     #[arg(long)]
     json: bool,
 
@@ -214,6 +240,17 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
         return Err(format!("invalid duration `{s}`: must be more than zero"));
     }
     Ok(d)
+}
+
+/// Parses `--fork WORKSPACE:NAME` (a checkpoint's name has no `:`).
+fn parse_fork(s: &str) -> Result<(PathBuf, String), String> {
+    match s.rsplit_once(':') {
+        Some((w, n)) if !w.is_empty() && !n.is_empty() => Ok((PathBuf::from(w), n.to_string())),
+        _ => Err(format!(
+            "invalid --fork `{s}`: give WORKSPACE:NAME, a workspace and one of its \
+             checkpoints (layerfs checkpoint list WORKSPACE)"
+        )),
+    }
 }
 
 fn parse_env(s: &str) -> Result<(OsString, OsString), String> {
@@ -239,6 +276,8 @@ impl RunCmd {
     pub fn run(self) -> i32 {
         crate::run::execute(Options {
             lowers: self.lowers,
+            fork: self.fork,
+            checkpoint: self.checkpoint,
             upper: self.upper,
             keep: self.keep,
             policy: self.policy,
@@ -293,6 +332,17 @@ mod tests {
         assert_eq!(parse_timeout("1.5").unwrap(), Duration::from_millis(1500));
         assert!(parse_timeout("0").is_err());
         assert!(parse_timeout("soon").is_err());
+    }
+
+    #[test]
+    fn a_fork_is_a_workspace_and_a_checkpoint_name() {
+        assert_eq!(
+            parse_fork("/w/a:b:start").unwrap(),
+            (PathBuf::from("/w/a:b"), "start".to_string())
+        );
+        for bad in ["start", ":start", "/w:", ""] {
+            assert!(parse_fork(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

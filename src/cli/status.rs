@@ -88,10 +88,17 @@ fn one(arg: &Path, state: &super::state_arg::StateArg) -> Result<Value, String> 
         }
     }
     let ws = state.resolve(arg)?;
-    match ws.client() {
-        Some(_) => ask(&ws.state),
-        None => Ok(unmounted(&ws)),
+    let mut v = match ws.client() {
+        Some(_) => ask(&ws.state)?,
+        None => unmounted(&ws),
+    };
+    // The stack as the state dir has it now (live checkpoints and undos
+    // included): the checkpoint layers over the shared lowers.
+    if let Ok(Some(stack)) = crate::state::frozen::read(&ws.dir) {
+        v["checkpoints"] = json!(stack.effective());
+        v["layer_store"] = json!(stack.store.to_string_lossy());
     }
+    Ok(v)
 }
 
 /// What the state directory says about a workspace nobody serves.
@@ -284,6 +291,17 @@ fn render(v: &Value) -> String {
             .filter_map(|l| l.as_str().map(String::from))
             .collect();
         line("lowers", ls.join(", "));
+    }
+    if let Some(cs) = v.get("checkpoints").and_then(Value::as_array) {
+        let cs: Vec<&str> = cs.iter().filter_map(Value::as_str).collect();
+        line(
+            "checkpoints",
+            format!(
+                "{} (top first, over the shared lowers; store {})",
+                cs.join(", "),
+                field(v, "layer_store")
+            ),
+        );
     }
     if let Some(ls) = v.pointer("/layers/lowers").and_then(Value::as_array) {
         for (i, l) in ls.iter().enumerate() {

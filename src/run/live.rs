@@ -21,6 +21,8 @@ use super::outcome::Failure;
 pub struct LiveMount {
     pub mountpoint: PathBuf,
     pub pid: u32,
+    /// All its lowers: its checkpoints' layers, then the shared lowers.
+    pub lowers: Vec<PathBuf>,
 }
 
 /// How long a daemon that holds the upper may take to register and mount.
@@ -61,13 +63,16 @@ pub fn find(
         }
     };
     let ws = Workspace::resolve(&mountpoint).map_err(Failure::Runtime)?;
-    if ws.lowers != lowers {
+    // The checkpoints it stands on are its own; the shared lowers must match.
+    let shared = crate::state::checkpoint::shared_of(&ws)
+        .map_err(|e| Failure::Runtime(format!("{}: {e}", mountpoint.display())))?;
+    if shared != lowers {
         return Err(Failure::Runtime(format!(
             "upper {} is mounted at {} with lower(s) {}, not {}: give the same --lower list, \
              or unmount it first (layerfs umount {})",
             upper.display(),
             mountpoint.display(),
-            shown(&ws.lowers),
+            shown(&shared),
             shown(lowers),
             mountpoint.display()
         )));
@@ -90,7 +95,11 @@ pub fn find(
             )));
         }
     }
-    Ok(Some(LiveMount { mountpoint, pid }))
+    Ok(Some(LiveMount {
+        mountpoint,
+        pid,
+        lowers: ws.lowers,
+    }))
 }
 
 fn shown(dirs: &[PathBuf]) -> String {

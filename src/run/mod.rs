@@ -39,7 +39,12 @@ use signals::StopSignals;
 /// What `layerfs run` was asked to do.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// Empty with `fork`.
     pub lowers: Vec<PathBuf>,
+    /// `--fork WORKSPACE:NAME`: run in a new fork of that checkpoint.
+    pub fork: Option<(PathBuf, String)>,
+    /// `--checkpoint`: checkpoint the workspace before the command.
+    pub checkpoint: bool,
     /// `None` with `--ephemeral`.
     pub upper: Option<PathBuf>,
     pub keep: bool,
@@ -126,7 +131,21 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
             ..Outcome::failed(Failure::Runtime(String::new()))
         },
         Ok(mut ws) => {
-            let (ran, resources) = launch(opts, &ws, &rundir, (&at, &cwd), &mut relay, stop);
+            let checkpoint = if opts.checkpoint {
+                ws.checkpoint().map(Some)
+            } else {
+                Ok(None)
+            };
+            let (ran, resources) = match &checkpoint {
+                Ok(_) => launch(opts, &ws, &rundir, (&at, &cwd), &mut relay, stop),
+                Err(m) => (
+                    supervise::Ran {
+                        end: End::Failed(Failure::Runtime(m.clone())),
+                        duration: Duration::ZERO,
+                    },
+                    None,
+                ),
+            };
             for w in ws.release() {
                 say!("layerfs run: warning: {w}");
             }
@@ -137,6 +156,7 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
                 duration: ran.duration,
                 upper: Some(ws.upper.clone()),
                 mountpoint: Some(ws.mountpoint.clone()),
+                checkpoint: checkpoint.ok().flatten(),
                 resources,
             }
         }
@@ -181,7 +201,7 @@ fn launch(
     private.push(ws.mountpoint.clone());
     let fence = binds::Fence {
         private: &private,
-        lowers: &opts.lowers,
+        lowers: &ws.lowers,
         at,
     };
     let binds = match checked_binds(opts, &fence) {
@@ -365,6 +385,8 @@ enum Held {
 
 struct Workspace {
     upper: PathBuf,
+    /// Its lowers: the shared ones, and for a fork its frozen layers.
+    lowers: Vec<PathBuf>,
     mountpoint: PathBuf,
     held: Held,
     /// A persistent upper's mountpoint directory, removed again if empty.
@@ -374,13 +396,28 @@ struct Workspace {
 impl Workspace {
     fn acquire(opts: &Options, rundir: &RunDir, stop: &StopSignals) -> Result<Workspace, End> {
         let runtime = |m: String| End::Failed(Failure::Runtime(m));
-        let lowers: Vec<PathBuf> = opts.lowers.iter().map(|l| canonical(l)).collect();
-        let policy = opts.policy.as_deref().map(canonical);
+        let mut lowers: Vec<PathBuf> = opts.lowers.iter().map(|l| canonical(l)).collect();
+        let mut policy = opts.policy.as_deref().map(canonical);
+        // A fork's upper is made here, with its stack; then it mounts like
+        // any upper (the mount adds the stack's layers to the lowers).
+        let mut frozen = Vec::new();
+        if let Some((source, name)) = &opts.fork {
+            let upper = opts
+                .upper
+                .clone()
+                .unwrap_or_else(|| rundir.ephemeral_upper());
+            let src = crate::state::workspace::Workspace::resolve(source).map_err(runtime)?;
+            let (_, shared, layers) =
+                crate::state::checkpoint::fork_at(&src, name, &upper).map_err(runtime)?;
+            lowers = shared;
+            frozen = layers;
+            policy = policy.or(src.policy);
+        }
         let (upper, mountpoint) = match &opts.upper {
             None => {
                 let (u, m) = (rundir.ephemeral_upper(), rundir.ephemeral_mountpoint());
                 for d in [&u, &m] {
-                    fs::create_dir(d)
+                    daemon::ensure_dir(d)
                         .map_err(|e| runtime(format!("creating {}: {e}", d.display())))?;
                 }
                 (u, m)
@@ -436,6 +473,7 @@ impl Workspace {
         match daemon::start(&plan, rundir, stop) {
             Ok(own) => Ok(Workspace {
                 upper,
+                lowers: lowers.into_iter().chain(frozen).collect(),
                 mountpoint,
                 held: Held::Own(own),
                 made_mountpoint: made,
@@ -463,6 +501,7 @@ impl Workspace {
         );
         Workspace {
             upper,
+            lowers: live.lowers,
             mountpoint: live.mountpoint.clone(),
             held: Held::Live,
             made_mountpoint: None,
@@ -484,6 +523,34 @@ impl Workspace {
             dirs.push(work);
         }
         dirs
+    }
+
+    /// `--checkpoint`: checkpoints the mounted workspace through its
+    /// daemon and records it in the journal; returns its name.
+    fn checkpoint(&self) -> Result<String, String> {
+        // By its upper: a daemon this run started is not registered under
+        // the name `layerfs` (it runs as /proc/self/exe), so its mountpoint
+        // does not lead to its state dir.
+        let ws = crate::state::workspace::Workspace::resolve(&self.upper)?;
+        if ws.mountpoint.is_none() {
+            return Err(format!(
+                "--checkpoint: the workspace of {} is not served at {}",
+                self.upper.display(),
+                self.mountpoint.display()
+            ));
+        }
+        let done = crate::state::ops::checkpoint(&ws, None, None, None)
+            .map_err(|e| format!("--checkpoint: {e}"))?;
+        for w in &done.warnings {
+            say!("layerfs run: warning: {w}");
+        }
+        let name = done.value;
+        say!(
+            "layerfs run: checkpoint {name} taken before the command (`layerfs undo {}` goes \
+             back to it)",
+            self.upper.display()
+        );
+        Ok(name)
     }
 
     /// Unmounts what this run mounted; returns warnings.

@@ -78,6 +78,8 @@ pub struct Outcome {
     pub duration: Duration,
     pub upper: Option<PathBuf>,
     pub mountpoint: Option<PathBuf>,
+    /// The checkpoint `--checkpoint` took before the command.
+    pub checkpoint: Option<String>,
     /// With a limit asked for: what the run used, and how long making its
     /// cgroup took.
     pub resources: Option<(Usage, Duration)>,
@@ -92,6 +94,7 @@ impl Outcome {
             duration: Duration::ZERO,
             upper: None,
             mountpoint: None,
+            checkpoint: None,
             resources: None,
         }
     }
@@ -130,6 +133,9 @@ impl Outcome {
             "output_stopped": self.end == End::OutputStopped,
             "resources": self.resources.as_ref().map(|(u, setup)| u.to_json(*setup)),
         });
+        if let Some(c) = &self.checkpoint {
+            v["checkpoint"] = Value::String(c.clone());
+        }
         if let End::Failed(f) = &self.end {
             v["error"] = Value::String(f.message().to_string());
         }
@@ -149,6 +155,7 @@ mod tests {
             duration: Duration::from_millis(1500),
             upper: Some(PathBuf::from("/u")),
             mountpoint: None,
+            checkpoint: None,
             resources: None,
         }
     }

@@ -96,7 +96,7 @@ fn upper_at(upper: &Path) -> Result<(OwnedFd, &OsStr), StackError> {
 
 /// Locks the upper as a mount does (`daemon::exclusive`), so no mount
 /// starts on it while the stack changes; released when dropped.
-fn lock_upper(upper: &Path) -> Result<std::fs::File, StackError> {
+pub fn lock_upper(upper: &Path) -> Result<std::fs::File, StackError> {
     let f =
         std::fs::File::open(upper).map_err(io_ctx(format!("cannot open {}", upper.display())))?;
     crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).map_err(|e| {
@@ -188,6 +188,7 @@ pub fn checkpoint(
         lowers: shared,
         created: now(),
         upper: ws.upper.clone(),
+        squashed: Vec::new(),
     })?;
     crate::failpoint::crash("checkpoint", "record");
     fresh_dir(&store.dir, OsStr::new(&name), &root).map_err(io_ctx(format!(
@@ -248,6 +249,32 @@ pub fn checkpoint(
     sync_dir(&parent);
     sync_dir(&store.dir);
     Ok(name)
+}
+
+/// `layerfs checkpoint` of `ws` whether it is mounted or not: a mounted
+/// workspace's daemon takes it live (`daemon::layers`), an unmounted one
+/// is checkpointed here. Returns the checkpoint's name.
+pub fn take(ws: &Workspace, name: Option<&str>, layers: Option<&Path>) -> Result<String, String> {
+    match ws.client() {
+        Some(client) => {
+            let layers = layers.map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf()));
+            let v = client?.request(&serde_json::json!({
+                "cmd": "checkpoint",
+                "name": name,
+                "layers": layers.map(|p| p.to_string_lossy().into_owned()),
+            }))?;
+            Ok(v["name"].as_str().unwrap_or_default().to_string())
+        }
+        None => checkpoint(ws, name, layers, None).map_err(String::from),
+    }
+}
+
+/// The shared lowers of `ws` (its lowers without its frozen layers).
+pub fn shared_of(ws: &Workspace) -> Result<Vec<PathBuf>, StackError> {
+    Ok(match frozen::read(&ws.dir)? {
+        Some(stack) => shared_lowers(ws, &stack),
+        None => ws.lowers.clone(),
+    })
 }
 
 /// The shared lowers of `ws`: its lowers without the frozen layers
@@ -488,6 +515,7 @@ pub fn list(ws: &Workspace) -> Result<Vec<Record>, StackError> {
                 lowers: Vec::new(),
                 created: 0,
                 upper: PathBuf::new(),
+                squashed: Vec::new(),
             }))
         })
         .collect()
@@ -533,6 +561,35 @@ pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathB
         },
     )?;
     Ok(record.lowers)
+}
+
+/// A new workspace at `upper` (missing or empty; created) forked from
+/// checkpoint `name` of `ws`: its default state dir gets the stack
+/// (`fork`). Returns the canonical upper, the shared lowers to mount it
+/// with and the frozen layers' paths (topmost first).
+pub fn fork_at(
+    ws: &Workspace,
+    name: &str,
+    upper: &Path,
+) -> Result<(PathBuf, Vec<PathBuf>, Vec<PathBuf>), String> {
+    match std::fs::create_dir_all(upper).and_then(|()| {
+        let mut entries = std::fs::read_dir(upper)?;
+        Ok(entries.next().is_none())
+    }) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(format!(
+                "{} is not empty: a fork starts from an empty upper; give a new directory",
+                upper.display()
+            ))
+        }
+        Err(e) => return Err(format!("cannot create {}: {e}", upper.display())),
+    }
+    let upper = std::fs::canonicalize(upper).map_err(|e| format!("{}: {e}", upper.display()))?;
+    let state = super::workspace::create_state_dir(&super::workspace::default_state_dir(&upper))?;
+    let lowers = fork(ws, name, &state)?;
+    let layers = frozen::frozen_paths(&state)?;
+    Ok((upper, lowers, layers))
 }
 
 #[cfg(test)]

@@ -200,6 +200,9 @@ pub struct Record {
     pub created: i64,
     /// The upper it was frozen from.
     pub upper: PathBuf,
+    /// For a layer `layerfs squash` made: the layers it replaced (removed
+    /// after the switch; `state::squash`).
+    pub squashed: Vec<String>,
 }
 
 impl Record {
@@ -273,6 +276,11 @@ impl Store {
                 .collect(),
             created: v["created"].as_i64().unwrap_or(0),
             upper: PathBuf::from(v["upper"].as_str().unwrap_or_default()),
+            squashed: names(&v["squashed"])
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|n| crate::state::snapshot_id::validate(OsStr::new(n)).is_ok())
+                .collect(),
         }))
     }
 
@@ -286,6 +294,10 @@ impl Store {
             "created": r.created,
             "upper": s(&r.upper),
         });
+        let mut v = v;
+        if !r.squashed.is_empty() {
+            v["squashed"] = json!(r.squashed);
+        }
         let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
         text.push('\n');
         let file = record_file(&r.name);
@@ -444,6 +456,7 @@ mod tests {
                     lowers: vec![],
                     created: 0,
                     upper: PathBuf::from("/u"),
+                    squashed: Vec::new(),
                 })
                 .unwrap();
         }

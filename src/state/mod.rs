@@ -18,5 +18,6 @@ pub mod reset;
 pub mod scratch;
 pub mod snapshot;
 pub mod snapshot_id;
+pub mod squash;
 pub mod summary;
 pub mod workspace;

@@ -309,18 +309,7 @@ pub fn checkpoint(
     layers: Option<&std::path::Path>,
     who: Caller<'_>,
 ) -> Result<Done<String>, String> {
-    let name = match ws.client() {
-        Some(client) => {
-            let layers = layers.map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf()));
-            let v = client?.request(&json!({
-                "cmd": "checkpoint",
-                "name": name,
-                "layers": layers.map(|p| p.to_string_lossy().into_owned()),
-            }))?;
-            v["name"].as_str().unwrap_or_default().to_string()
-        }
-        None => checkpoint::checkpoint(ws, name, layers, None)?,
-    };
+    let name = checkpoint::take(ws, name, layers)?;
     let what = name.clone();
     Ok(Done::new(name).record(ws, who, EvOp::Checkpoint, &what, 1))
 }

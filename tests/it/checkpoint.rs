@@ -604,3 +604,359 @@ fn another_user_cannot_checkpoint_fork_or_undo_a_workspace_through_allow_other()
     );
     assert!(!layer(&ws, "theirs").exists());
 }
+
+/// `layerfs run ARGS` as root (the workspace outside /tmp); must exit 0.
+fn run_ok(args: &[&str]) -> std::process::Output {
+    let out = crate::run::run_as(crate::run::Caller::Root, args);
+    assert!(
+        out.status.success(),
+        "layerfs run {args:?} failed: {}",
+        crate::run::text(&out)
+    );
+    out
+}
+
+/// The tree a fresh mount of `ws` shows.
+fn view_of(ws: &Workspace) -> std::collections::BTreeMap<String, String> {
+    let m = ws.mount();
+    let v = tree_view(m.path());
+    assert!(m.unmount());
+    v
+}
+
+#[test]
+fn run_checkpoint_lets_undo_take_back_exactly_that_command_mounted_or_not() {
+    let ws = crate::run::workspace_for(crate::run::Caller::Root);
+    let l = ws.lower();
+    fs::create_dir_all(l.join("d")).unwrap();
+    fs::write(l.join("d/x"), "x\n").unwrap();
+    fs::write(l.join("a"), "a\n").unwrap();
+    fs::write(l.join("gone"), "gone\n").unwrap();
+    let (lower, upper) = (l.to_str().unwrap(), ws.upper.to_str().unwrap());
+    let run = |script: &str| {
+        run_ok(&[
+            "--lower",
+            lower,
+            "--upper",
+            upper,
+            "--checkpoint",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+    };
+
+    // Unmounted: the run mounts, checkpoints, runs, unmounts.
+    let first = run("echo one > one");
+    let name = crate::run::json_of(&first)["checkpoint"]
+        .as_str()
+        .expect("no checkpoint in --json")
+        .to_string();
+    assert!(
+        crate::run::stderr(&first).contains(&format!("checkpoint {name}")),
+        "{}",
+        crate::run::text(&first)
+    );
+    let before = view_of(&ws);
+    run("echo new > a && rm gone && echo more >> d/x && mkdir n && mv d d2 && ln -s a s");
+    assert!(
+        !is_empty(&ws.upper),
+        "the command's changes are not in the upper"
+    );
+    assert_ne!(before, view_of(&ws));
+    ok(&[&"undo", &ws.upper]);
+    assert_same(&before, &view_of(&ws), "undo after run --checkpoint");
+    assert!(is_empty(&ws.upper));
+
+    // Live: the run reuses the mount and its daemon takes the checkpoint;
+    // the undo goes back on the live mount.
+    let m = ws.mount();
+    fs::write(m.p("live"), "live\n").unwrap();
+    let before = tree_view(m.path());
+    run("echo changed > a && rm live && mkdir -p n && echo n > n/f");
+    assert_eq!(fs::read_to_string(m.p("a")).unwrap(), "changed\n");
+    ok(&[&"undo", &m.path()]);
+    assert_same(
+        &before,
+        &tree_view(m.path()),
+        "live undo after run --checkpoint",
+    );
+    assert!(m.unmount());
+
+    // `log` shows the runs' checkpoints and the undos.
+    let log = ok(&[&"log", &ws.upper]);
+    let ops: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|op| *op == "checkpoint" || *op == "undo")
+        .collect();
+    assert_eq!(
+        ops,
+        ["checkpoint", "checkpoint", "undo", "checkpoint", "undo"],
+        "{log}"
+    );
+    assert!(log.contains(&name), "{log}");
+}
+
+#[test]
+fn run_fork_runs_in_a_fresh_fork_of_a_checkpoint() {
+    let ws = crate::run::workspace_for(crate::run::Caller::Root);
+    fs::write(ws.lower().join("shared"), "shared\n").unwrap();
+    let m = ws.mount();
+    fs::write(m.p("base"), "base\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"start"]);
+    let source = view_of(&ws);
+    let fork = format!("{}:start", ws.upper.display());
+
+    // Ephemeral: the command sees the checkpoint; nothing stays.
+    let out = run_ok(&[
+        "--fork",
+        &fork,
+        "--ephemeral",
+        "--",
+        "sh",
+        "-c",
+        "cat base shared && echo x > new && rm base",
+    ]);
+    assert_eq!(crate::run::stdout(&out), "base\nshared\n");
+    assert_same(&source, &view_of(&ws), "the source after an ephemeral fork");
+
+    // With --upper: the fork stays, and diffs against the checkpoint.
+    let u2 = ws.dir.path().join("fork-upper");
+    run_ok(&[
+        "--fork",
+        &fork,
+        "--upper",
+        u2.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "echo y > y && rm base",
+    ]);
+    assert!(u2.join("y").is_file());
+    let diff = ok(&[&"diff", &u2]);
+    let mut lines: Vec<&str> = diff.lines().collect();
+    lines.sort();
+    assert_eq!(lines, ["A y", "D base"], "{diff}");
+    assert_same(&source, &view_of(&ws), "the source after a kept fork");
+
+    // A second run in that upper continues the fork (its stack is kept).
+    let out = run_ok(&[
+        "--lower",
+        ws.lower().to_str().unwrap(),
+        "--upper",
+        u2.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "ls",
+    ]);
+    assert_eq!(crate::run::stdout(&out), "shared\ny\n");
+
+    // A fork into a non-empty upper, or of no such checkpoint: refused.
+    let out = crate::run::run_as(
+        crate::run::Caller::Root,
+        &[
+            "--fork",
+            &fork,
+            "--upper",
+            u2.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        crate::run::stderr(&out).contains("not empty"),
+        "{}",
+        crate::run::text(&out)
+    );
+    let out = crate::run::run_as(
+        crate::run::Caller::Root,
+        &[
+            "--fork",
+            &format!("{}:nope", ws.upper.display()),
+            "--ephemeral",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        crate::run::stderr(&out).contains("no checkpoint nope"),
+        "{}",
+        crate::run::text(&out)
+    );
+}
+
+/// A workspace with three checkpoints holding changes of every kind
+/// (whiteouts over frozen files, an opaque directory over a frozen one,
+/// a chain of directory renames, hard links, symlinks, modes) and an
+/// empty upper; its view.
+fn layered() -> (Workspace, std::collections::BTreeMap<String, String>) {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    fs::create_dir_all(l.join("d/sub")).unwrap();
+    fs::create_dir_all(l.join("o")).unwrap();
+    fs::create_dir_all(l.join("keep")).unwrap();
+    fs::write(l.join("a"), "a\n").unwrap();
+    fs::write(l.join("gone"), "gone\n").unwrap();
+    fs::write(l.join("d/sub/x"), "x\n").unwrap();
+    fs::write(l.join("o/y"), "y\n").unwrap();
+    fs::write(l.join("keep/k"), "k\n").unwrap();
+    for (name, script) in [
+        (
+            "c1",
+            "echo new > new && echo more >> a && rm gone && mv d d2 && rm -r o && mkdir o \
+             && echo z > o/z && chmod 600 keep/k && ln -s a link && echo h > h && ln h h2",
+        ),
+        (
+            "c2",
+            "rm new && mv d2 d3 && echo w > o/w && echo more >> d3/sub/x && echo again >> a \
+             && mkdir n && echo 1 > n/1 && echo 1 > n/old",
+        ),
+        (
+            "c3",
+            "rm -r n && mkdir n && echo 2 > n/2 && echo 3 > three && rm o/z && chmod 700 o",
+        ),
+    ] {
+        let m = ws.mount();
+        sh(m.path(), script);
+        assert!(m.unmount());
+        ok(&[&"checkpoint", &ws.upper, &name]);
+    }
+    let view = view_of(&ws);
+    (ws, view)
+}
+
+/// The layer names of `ws`'s stack, topmost first.
+fn stack_of(ws: &Workspace) -> Vec<String> {
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&[&"checkpoint", &"list", &"--json", &ws.upper])).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn squash_merges_layers_into_one_with_the_same_tree_as_kernel_overlay() {
+    let (ws, view) = layered();
+    assert_same(
+        &links_aside(&view),
+        &links_aside(&kernel_view(&ws, &["c3", "c2", "c1"])),
+        "kernel overlayfs before the squash",
+    );
+    // Changes since the latest checkpoint: refused (their origin records
+    // index the stack), until they are checkpointed too.
+    let m = ws.mount();
+    sh(m.path(), "echo top > top && echo top >> three");
+    let view = tree_view(m.path());
+    assert!(m.unmount());
+    let e = refused(&[&"squash", &ws.upper]);
+    assert!(e.contains("take a checkpoint first"), "{e}");
+    ok(&[&"checkpoint", &ws.upper, &"c4"]);
+    let out = ok(&[&"squash", &ws.upper]);
+    let name = out.split_whitespace().next().unwrap().to_string();
+    assert!(out.contains("merged 4 checkpoints"), "{out}");
+    assert_eq!(stack_of(&ws), std::slice::from_ref(&name));
+    for c in ["c1", "c2", "c3", "c4"] {
+        assert!(!layer(&ws, c).exists(), "{c} is still in the store");
+    }
+    assert_same(&view, &view_of(&ws), "layerfs after the squash");
+    assert_same(
+        &links_aside(&view),
+        &links_aside(&kernel_view(&ws, &[&name])),
+        "kernel overlayfs over the squashed layer",
+    );
+    // The workspace goes on: a checkpoint over the squashed layer (taken
+    // live: `status` lists it), undo.
+    let m = ws.mount();
+    ok(&[&"checkpoint", &m.path(), &"c5"]);
+    let st: serde_json::Value =
+        serde_json::from_str(&ok(&[&"status", &"--json", &m.path()])).unwrap();
+    assert_eq!(st["checkpoints"], serde_json::json!(["c5", name]), "{st}");
+    let text = ok(&[&"status", &m.path()]);
+    assert!(text.contains(&format!("c5, {name} (top first")), "{text}");
+    assert!(m.unmount());
+    let m = ws.mount();
+    sh(m.path(), "rm -r d3 && echo later > a");
+    assert!(m.unmount());
+    assert_eq!(ok(&[&"undo", &ws.upper]).trim(), "at c5");
+    assert_same(&view, &view_of(&ws), "after checkpoint and undo");
+    let out = ok(&[&"squash", &ws.upper, &"--keep", &"1"]);
+    assert!(out.contains("nothing to squash"), "{out}");
+}
+
+#[test]
+fn squash_keeps_the_newest_layers_and_forks_of_them() {
+    let (ws, view) = layered();
+    let m = ws.mount();
+    let at_c3 = {
+        let f = fork(&ws, "c3", 1);
+        let v = tree_view(&f.0);
+        drop(f);
+        v
+    };
+    assert!(m.unmount());
+    // A fork on c3 stands on c2 and c1 too: they cannot be squashed away.
+    let f = fork(&ws, "c3", 2);
+    let e = refused(&[&"squash", &ws.upper, &"--keep", &"1"]);
+    assert!(e.contains("also stood on by workspace"), "{e}");
+    drop(f);
+    let m = ws.mount();
+    let e = refused(&[&"squash", &ws.upper]);
+    assert!(e.contains("is mounted"), "{e}");
+    assert!(m.unmount());
+    // The forks are gone (their state dirs with them): nothing else
+    // stands on the layers.
+    for n in ["fork1", "fork2"] {
+        fs::remove_dir_all(ws.dir.path().join(n)).unwrap();
+    }
+
+    let out = ok(&[&"squash", &ws.upper, &"--keep", &"1"]);
+    let name = out.split_whitespace().next().unwrap().to_string();
+    assert_eq!(stack_of(&ws), ["c3".to_string(), name.clone()]);
+    assert_same(&view, &view_of(&ws), "after squash --keep 1");
+    assert_same(
+        &links_aside(&view),
+        &links_aside(&kernel_view(&ws, &["c3", &name])),
+        "kernel overlayfs after squash --keep 1",
+    );
+    // A fork of the kept checkpoint stands on the squashed layer.
+    let f = fork(&ws, "c3", 3);
+    assert_same(&at_c3, &tree_view(&f.0), "a fork of c3 after the squash");
+}
+
+#[test]
+fn a_crash_at_any_step_of_a_squash_leaves_the_old_stack_or_the_new_one() {
+    for step in ["built", "layer", "records", "stack", "remove"] {
+        let (ws, view) = layered();
+        crash_at("squash", step, &[&"squash", &ws.upper]);
+        assert_same(&view, &view_of(&ws), &format!("squash crashed at {step}"));
+        let stack = stack_of(&ws);
+        assert!(
+            stack == ["c3", "c2", "c1"] || (stack.len() == 1 && !stack[0].starts_with('c')),
+            "crash at {step}: a mixed stack {stack:?}"
+        );
+        // The next squash finishes or redoes it, and cleans up.
+        ok(&[&"squash", &ws.upper]);
+        assert_eq!(stack_of(&ws).len(), 1, "crash at {step}");
+        assert_same(
+            &view,
+            &view_of(&ws),
+            &format!("squash after a crash at {step}"),
+        );
+        let store = ws.dir.path().join(".upper.layerfs-state").join("layers");
+        let left: Vec<String> = fs::read_dir(&store)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".json") && !n.ends_with(".holds"))
+            .collect();
+        assert_eq!(left.len(), 1, "crash at {step}: the store keeps {left:?}");
+    }
+}

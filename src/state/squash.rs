@@ -1,0 +1,423 @@
+//! `layerfs squash`: merges a workspace's oldest checkpoint layers into
+//! one, so a name is looked up in a bounded number of layers however many
+//! checkpoints were taken (DESIGN.md §5, "Checkpoints, forks and undo").
+//!
+//! The merged layer is built aside (`.NAME.squash` in the store) from the
+//! layers it replaces, topmost first, as kernel overlayfs would show them
+//! over whatever lies below: the topmost entry of a name wins; a whiteout
+//! or any other non-directory hides the name in the older layers (it is
+//! kept, so it still hides the shared lowers); a directory merges with
+//! the directories of that name below it until one is opaque or hidden
+//! (the merged directory is then opaque), following redirects (the merged
+//! directory then carries the redirect that applies below the merged
+//! layers). Files are hard links to the frozen ones: nothing is copied,
+//! and a frozen layer never changes (`state::frozen`).
+//!
+//! The steps, each crash point leaving the old stack or the new one:
+//! 1. the merged tree in `.NAME.squash`, synced (`syncfs`);
+//! 2. its record `NAME.json`, then the rename to `NAME` (an unused layer);
+//! 3. the records of the kept layers above it, naming `NAME` below them
+//!    (a fork of one of them shows the same tree either way);
+//! 4. the stack with `NAME` in place of the merged layers: the switch;
+//! 5. the merged layers removed (nothing stacks on them any more).
+//!
+//! A crash before 4 leaves the old stack and, at worst, an unused layer
+//! or a `.squash` directory, which the next squash removes; after 4 the
+//! old layers are unused and the next squash removes them too.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use super::checkpoint::{self, Layers};
+use super::frozen::{self, io_ctx, Record, StackError};
+use super::workspace::Workspace;
+use crate::layer::ops;
+use crate::layer::safedir::SafeDir;
+use crate::layer::sys;
+
+/// What a squash did.
+pub struct Squashed {
+    /// The new layer.
+    pub name: String,
+    /// The layers it replaced, topmost first.
+    pub merged: Vec<String>,
+}
+
+/// `layerfs squash`: merges every layer of `ws`'s stack below its `keep`
+/// newest into one. `Ok(None)` when fewer than two would be merged.
+/// Refused for a mounted workspace and when a layer to merge is stood on
+/// by anything but this workspace's own stack.
+pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackError> {
+    crate::failpoint::init();
+    if let Some(mp) = &ws.mountpoint {
+        return Err(StackError::Refused(format!(
+            "{} is mounted: squash works on an unmounted workspace; unmount it (layerfs \
+             umount {}), squash, and mount it again",
+            mp.display(),
+            mp.display()
+        )));
+    }
+    let _lock = checkpoint::lock_upper(&ws.upper)?;
+    checkpoint::finish_pending(&ws.dir, &ws.upper, &ws.work)?;
+    let Layers { store, mut stack } = checkpoint::open(&ws.dir, None, false)
+        .map_err(|_| StackError::Refused("this workspace has no checkpoint".into()))?;
+    sweep(&store, &ws.dir, &ws.upper);
+    // Origin records in the upper name lowers by their index in the
+    // stack (DESIGN.md §5): the stack changes only under an empty upper.
+    let upper =
+        sys::open_root(&ws.upper).map_err(io_ctx(format!("cannot open {}", ws.upper.display())))?;
+    if !sys::read_dir(&upper)
+        .map_err(io_ctx(format!("cannot list {}", ws.upper.display())))?
+        .is_empty()
+    {
+        return Err(StackError::Refused(format!(
+            "upper {} holds changes since the latest checkpoint: squash changes the stack \
+             under an empty upper only; take a checkpoint first (layerfs checkpoint {}), \
+             then squash",
+            ws.upper.display(),
+            ws.upper.display()
+        )));
+    }
+    if stack.layers.len() < keep + 2 {
+        return Ok(None);
+    }
+    let kept: Vec<String> = stack.layers[..keep].to_vec();
+    let merged: Vec<String> = stack.layers[keep..].to_vec();
+    for l in &merged {
+        let others: Vec<String> = store
+            .users(l, Some(&ws.dir))?
+            .into_iter()
+            .filter(|u| !stack.layers.iter().any(|k| *u == format!("checkpoint {k}")))
+            .collect();
+        if !others.is_empty() {
+            return Err(StackError::Refused(format!(
+                "checkpoint {l} is also stood on by {}: squashing it would take it from \
+                 them; squash fewer layers (--keep) or remove those first",
+                others.join(", ")
+            )));
+        }
+    }
+    let name = crate::state::snapshot_id::generate(|n| {
+        store.taken(n) || store.dir.stat(tmp_name(n, &ws.dir)).is_ok()
+    });
+    let tmp = tmp_name(&name, &ws.dir);
+    let roots: Vec<OwnedFd> = merged
+        .iter()
+        .map(|l| {
+            sys::open_path(&store.dir, OsStr::new(l)).map_err(io_ctx(format!(
+                "cannot open layer {}",
+                store.dir.shown(l).display()
+            )))
+        })
+        .collect::<Result<_, _>>()?;
+    let like = sys::fstat(&roots[0]).map_err(io_ctx("cannot stat the top merged layer"))?;
+    let what = || format!("cannot build {}", store.dir.shown(&tmp).display());
+    sys::mkdirat(&store.dir, OsStr::new(&tmp), 0o700).map_err(io_ctx(what()))?;
+    let out = sys::open_path(&store.dir, OsStr::new(&tmp)).map_err(io_ctx(what()))?;
+    let merge = Merge { roots: &roots };
+    merge
+        .dir(&out, &like, &roots[..1], &roots, b"/", false)
+        .map_err(io_ctx(what()))?;
+    crate::sys::syncfs(sys::open_dir(&out).map_err(io_ctx(what()))?).map_err(io_ctx(what()))?;
+    crate::failpoint::crash("squash", "built");
+    let top = store.record(&merged[0])?;
+    let shared = checkpoint::shared_lowers(ws, &stack);
+    store.write_record(&Record {
+        name: name.clone(),
+        below: Vec::new(),
+        lowers: shared,
+        created: top.as_ref().map_or(0, |r| r.created),
+        upper: ws.upper.clone(),
+        squashed: merged.clone(),
+    })?;
+    sys::renameat2(
+        &store.dir,
+        OsStr::new(&tmp),
+        &store.dir,
+        OsStr::new(&name),
+        sys::RENAME_NOREPLACE,
+    )
+    .map_err(io_ctx(what()))?;
+    store.dir.sync().map_err(io_ctx(what()))?;
+    crate::failpoint::crash("squash", "layer");
+    store.hold(&name, &ws.dir)?;
+    for (i, k) in kept.iter().enumerate() {
+        if let Some(mut r) = store.record(k)? {
+            r.below = kept[i + 1..]
+                .iter()
+                .cloned()
+                .chain([name.clone()])
+                .collect();
+            store.write_record(&r)?;
+        }
+    }
+    crate::failpoint::crash("squash", "records");
+    stack.layers = kept.into_iter().chain([name.clone()]).collect();
+    frozen::write(&ws.dir, &stack)?;
+    crate::failpoint::crash("squash", "stack");
+    for l in &merged {
+        store.remove(l)?;
+        crate::failpoint::crash("squash", "remove");
+    }
+    Ok(Some(Squashed { name, merged }))
+}
+
+/// Where the layer `name` is built for the workspace whose state dir is
+/// `state` (`.NAME.DEV-INO.squash`: a squash sweeps only its own).
+fn tmp_name(name: &str, state: &SafeDir) -> String {
+    format!(".{name}.{}.squash", tmp_tag(state))
+}
+
+fn tmp_tag(state: &SafeDir) -> String {
+    let (dev, ino) = state.id();
+    format!("{dev:x}-{ino:x}")
+}
+
+/// Removes what an interrupted squash of this workspace (state dir
+/// `state`, upper `upper`) left in the store: its `.squash` directories;
+/// layers a squash of it made that nothing stacks on (a crash before the
+/// switch); and the layers a squash merged that nothing stacks on any
+/// more (a crash after it). Best effort: what cannot be removed now is
+/// left for the next squash.
+fn sweep(store: &frozen::Store, state: &SafeDir, upper: &Path) {
+    let Ok(entries) = store.dir.read_dir() else {
+        return;
+    };
+    let ours = format!(".{}.squash", tmp_tag(state));
+    let mut records = Vec::new();
+    for e in &entries {
+        let n = e.name.to_string_lossy();
+        if n.starts_with('.') && n.ends_with(&ours) {
+            let _ = crate::layer::walk::remove_tree(&store.dir, &e.name);
+        } else if let Some(layer) = n.strip_suffix(".json") {
+            if let Ok(Some(r)) = store.record(layer) {
+                if r.upper == upper && !r.squashed.is_empty() {
+                    records.push(r);
+                }
+            }
+        }
+    }
+    let unused = |l: &str| store.taken(l) && store.users(l, None).is_ok_and(|u| u.is_empty());
+    for r in records {
+        if unused(&r.name) {
+            let _ = store.remove(&r.name);
+        }
+        for gone in &r.squashed {
+            if unused(gone) {
+                let _ = store.remove(gone);
+            }
+        }
+    }
+}
+
+/// The layers being merged, topmost first.
+struct Merge<'a> {
+    roots: &'a [OwnedFd],
+}
+
+/// Whether `st` is a directory.
+fn is_dir(st: &sys::Stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+impl Merge<'_> {
+    /// Fills `out` (empty, made for the directory whose layers' parts are
+    /// `dirs`, topmost first) and gives it the metadata of `like` (the
+    /// topmost part) and of `meta` (its parts, for the xattrs). `path`:
+    /// the directory's path in the layers below the merged ones; `closed`:
+    /// nothing below the merged layers shows in it (it or a parent is
+    /// opaque), so a whiteout in it hides nothing and is left out (kernel
+    /// overlayfs lists a lone lower directory as it is, whiteouts too).
+    fn dir(
+        &self,
+        out: &OwnedFd,
+        like: &sys::Stat,
+        meta: &[OwnedFd],
+        dirs: &[OwnedFd],
+        path: &[u8],
+        closed: bool,
+    ) -> std::io::Result<()> {
+        let mut names: Vec<OsString> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for d in dirs {
+            for e in sys::read_dir(d)? {
+                if seen.insert(e.name.clone()) {
+                    names.push(e.name);
+                }
+            }
+        }
+        for name in names {
+            self.entry(out, dirs, &name, path, closed)?;
+        }
+        let top = sys::open_dir(&meta[0])?;
+        let dst = sys::open_dir(out)?;
+        copy_dir_xattrs(&top, &dst)?;
+        sys::fchown(&dst, Some(like.st_uid), Some(like.st_gid))?;
+        sys::fchmod(&dst, like.st_mode & 0o7777)?;
+        let times = [
+            libc::timespec {
+                tv_sec: like.st_atime,
+                tv_nsec: like.st_atime_nsec,
+            },
+            libc::timespec {
+                tv_sec: like.st_mtime,
+                tv_nsec: like.st_mtime_nsec,
+            },
+        ];
+        sys::futimens(&dst, &times)
+    }
+
+    /// The merged entry `name` of the directory whose parts are `dirs`.
+    fn entry(
+        &self,
+        out: &OwnedFd,
+        dirs: &[OwnedFd],
+        name: &OsStr,
+        parent_path: &[u8],
+        parent_closed: bool,
+    ) -> std::io::Result<()> {
+        let natural = child_path(parent_path, name.as_bytes());
+        let mut path = natural.clone();
+        let mut parts: Vec<OwnedFd> = Vec::new();
+        let mut top: Option<sys::Stat> = None;
+        let mut closed = false;
+        let mut i = 0;
+        let mut redirected_below: Option<usize> = None;
+        while i < dirs.len() {
+            let found = match redirected_below {
+                // Below a redirect: the layer's directory at the path it names.
+                Some(_) => self.at_path(i, &path)?,
+                None => match sys::fstatat(&dirs[i], name) {
+                    Ok(st) => Some((sys::open_path(&dirs[i], name)?, st)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(e),
+                },
+            };
+            i += 1;
+            let Some((fd, st)) = found else { continue };
+            if !is_dir(&st) {
+                if top.is_none() {
+                    // The topmost is a file, symlink, device or whiteout:
+                    // it hides the older layers' (and the shared lowers').
+                    if parent_closed && ops::is_whiteout(&st) {
+                        return Ok(());
+                    }
+                    return sys::linkat(&dirs[i - 1], name, out, name);
+                }
+                // A non-directory below the directory: hidden by it.
+                closed = true;
+                break;
+            }
+            if top.is_none() {
+                top = Some(st);
+            }
+            let rd = sys::open_dir(&fd)?;
+            let opaque = ops::is_opaque(&rd);
+            let redirect = if opaque { None } else { ops::redirect(&rd) };
+            parts.push(fd);
+            if opaque {
+                closed = true;
+                break;
+            }
+            if let Some(r) = redirect {
+                let r = r.as_bytes();
+                path = if r.first() == Some(&b'/') {
+                    r.to_vec()
+                } else {
+                    child_path(parent_path, r)
+                };
+                redirected_below = Some(i);
+            }
+        }
+        let Some(top) = top else { return Ok(()) };
+        sys::mkdirat(out, name, 0o700)?;
+        let child = sys::open_path(out, name)?;
+        let rd = sys::open_dir(&child)?;
+        if closed && !parent_closed {
+            sys::setxattr(&rd, &mark("opaque"), ops::OPAQUE_VALUE, 0)?;
+        } else if !parent_closed && path != natural {
+            sys::setxattr(&rd, &mark("redirect"), &path, 0)?;
+        }
+        let (first, _) = parts.split_at(1);
+        self.dir(&child, &top, first, &parts, &path, closed || parent_closed)
+    }
+
+    /// The directory at `path` (absolute, in the layers' terms) in merged
+    /// layer `i`, if there is one.
+    fn at_path(&self, i: usize, path: &[u8]) -> std::io::Result<Option<(OwnedFd, sys::Stat)>> {
+        let rel = path.strip_prefix(b"/").unwrap_or(path);
+        if rel.is_empty() {
+            let fd = sys::open_path(&self.roots[i], OsStr::new("."))?;
+            let st = sys::fstat(&fd)?;
+            return Ok(Some((fd, st)));
+        }
+        match sys::open_beneath(
+            &self.roots[i],
+            OsStr::from_bytes(rel),
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        ) {
+            Ok(fd) => {
+                let st = sys::fstat(&fd)?;
+                Ok(Some((fd, st)))
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn child_path(parent: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = parent.to_vec();
+    if p.last() != Some(&b'/') {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// An overlay mark in the spelling a mount by this user writes.
+fn mark(what: &str) -> CString {
+    let prefix = if nix::unistd::geteuid().is_root() {
+        ops::PRIVATE_PREFIXES[0]
+    } else {
+        ops::PRIVATE_PREFIXES[1]
+    };
+    CString::new(format!("{prefix}{what}")).expect("no NUL")
+}
+
+/// The xattrs of directory `src` on `dst`, but its opaque and redirect
+/// marks (the merge decides those).
+fn copy_dir_xattrs(src: &OwnedFd, dst: &OwnedFd) -> std::io::Result<()> {
+    let list = match sys::flistxattr(src) {
+        Ok(l) => l,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for name in list.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let is_mark = ops::PRIVATE_PREFIXES.iter().any(|p| {
+            let p = p.as_bytes();
+            name == [p, b"opaque"].concat().as_slice()
+                || name == [p, b"redirect"].concat().as_slice()
+        });
+        if is_mark {
+            continue;
+        }
+        let Ok(cname) = CString::new(name) else {
+            continue;
+        };
+        if let Ok(v) = sys::getxattr(src, &cname) {
+            sys::setxattr(dst, &cname, &v, 0)?;
+        }
+    }
+    Ok(())
+}
