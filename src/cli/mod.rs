@@ -137,17 +137,13 @@ pub fn run() -> i32 {
     let cli = match Cli::try_parse_from(&argv) {
         Ok(c) => c,
         Err(e) => {
-            let _ = e.print();
+            let code = exit::clap_outcome(&e, &command_path(&argv));
             if e.kind() == clap::error::ErrorKind::InvalidSubcommand {
                 if let Some(hint) = mount_helper::mount_fuse3_hint(&argv) {
                     eprintln!("note: {hint}");
                 }
             }
-            return if e.use_stderr() {
-                exit::EXIT_USAGE
-            } else {
-                exit::EXIT_OK
-            };
+            return code;
         }
     };
     let logs_to_terminal = match &cli.command {
@@ -156,7 +152,9 @@ pub fn run() -> i32 {
     };
     let ansi = logs_to_terminal && std::io::stderr().is_terminal();
     match &cli.command {
-        Command::Fs(_) | Command::Serve(_) => logging::init_with(ansi, "warn"),
+        // In-process tools and `run` (whose daemon logs to its own file)
+        // show only warnings on the terminal.
+        Command::Fs(_) | Command::Serve(_) | Command::Run(_) => logging::init_with(ansi, "warn"),
         _ => logging::init(ansi),
     }
     exit::finish(match cli.command {
@@ -181,11 +179,34 @@ pub fn run() -> i32 {
     })
 }
 
+/// The subcommand an argument list names, as errors name it (`snapshot
+/// save`), or "" before one is recognised.
+fn command_path(argv: &[std::ffi::OsString]) -> String {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut names = Vec::new();
+    for a in argv.iter().skip(1).filter_map(|a| a.to_str()) {
+        if a.starts_with('-') {
+            continue;
+        }
+        let Some(sub) = cmd.find_subcommand(a).cloned() else {
+            break;
+        };
+        names.push(sub.get_name().to_string());
+        cmd = sub;
+    }
+    names.join(" ")
+}
+
 /// Prints a command's error (`layerfs CMD: …`) with every character a
 /// terminal would act on escaped (`crate::quote::visible`): errors name
 /// paths, and a path's name is whoever created it's choice.
 pub(crate) fn print_error(cmd: &str, e: impl std::fmt::Display) {
-    eprintln!("layerfs {cmd}: {}", crate::quote::visible(&e.to_string()));
+    eprintln!(
+        "{}: {}",
+        exit::prefix(cmd),
+        crate::quote::visible(&e.to_string())
+    );
 }
 
 /// Leaves the trace of an undo operation that succeeded (`reset`, `gc`,
