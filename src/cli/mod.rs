@@ -15,6 +15,7 @@ macro_rules! outln {
 }
 
 mod checkpoint;
+mod completions;
 mod diff;
 mod exit;
 mod fs;
@@ -113,9 +114,10 @@ enum Command {
     Status(status::StatusCmd),
     /// Link /sbin/mount.fuse.layerfs to this binary, for mount(8) and fstab.
     InstallHelpers(install::InstallCmd),
-    /// Write the manual pages (layerfs*.1, mount.fuse.layerfs.8) into a directory.
-    #[command(hide = true)]
+    /// Write the manual pages (sections 1, 5 and 8) into a directory.
     Man(man::ManCmd),
+    /// Print the completion script for bash, zsh, fish, elvish or powershell.
+    Completions(completions::CompletionsCmd),
     /// Run a command in a sandboxed workspace; report its output and exit code.
     Run(run::RunCmd),
     /// The agent file tools on a workspace, mounted or not (no FUSE needed).
@@ -172,6 +174,7 @@ pub fn run() -> i32 {
         Command::Undo(u) => exit::done(u.run()),
         Command::InstallHelpers(i) => exit::done(i.run()),
         Command::Man(m) => exit::done(m.run()),
+        Command::Completions(c) => exit::done(c.run()),
         Command::Run(r) => Ok(r.run()),
         Command::Fs(f) => exit::done(f.run()),
         Command::Serve(s) => exit::done(s.run()),
