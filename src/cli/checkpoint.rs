@@ -158,7 +158,8 @@ pub struct ForkCmd {
 
 impl ForkCmd {
     pub fn run(self) -> Outcome {
-        self.prepare().or_fail("fork").map(crate::daemon::start)
+        let cfg = self.prepare().or_fail("fork")?;
+        crate::daemon::start(cfg).or_fail("fork").map(|()| EXIT_OK)
     }
 
     /// Writes the fork's stack and validates its mount.

@@ -13,7 +13,9 @@ Output: one line per changed path, `A` added, `M` modified (content or type),
 `D` deleted, `R old -> new` renamed, `T` metadata only (mode, owner, mtime,
 xattrs); ` (conflict)` marks a copied-up file whose shared original changed
 after the copy-up. A new directory is one line, `A dir/ (N entries)`, as a
-deleted one is `D dir` (--files lists what is inside; --json always does).
+deleted one is `D dir`. --files (and --json) list what is inside: every
+entry of a new directory, every shared entry beneath a deleted one
+(`D dir/x`) or a renamed one (`R old/x -> new/x`).
 Scratch paths are left out.
 
 Examples:
@@ -35,7 +37,8 @@ pub struct DiffCmd {
     #[arg(long, conflicts_with = "stat")]
     patch: bool,
 
-    /// List every entry of a new directory instead of one `A dir/ (N entries)` line.
+    /// List every entry of a new directory instead of one `A dir/ (N entries)`
+    /// line, and every shared entry beneath a deleted or renamed directory.
     #[arg(long, conflicts_with = "stat")]
     files: bool,
 
@@ -65,7 +68,10 @@ impl DiffCmd {
     fn diff(&self) -> Result<(), String> {
         let ws = self.state.resolve(&self.workspace)?;
         let paths = reset::normalize_all(&ws, &self.paths)?;
-        let (layers, changes) = ops::changes(&ws, &paths)?;
+        // Every entry, as --files lists them (and --json, --stat count them);
+        // --patch speaks for a directory's files in its own way.
+        let beneath = (self.files || self.json || self.stat) && !self.patch;
+        let (layers, changes) = ops::changes(&ws, &paths, beneath)?;
         if self.stat {
             return print_stat(&summary::stat(&layers, &changes), self.json);
         }

@@ -7,6 +7,11 @@
 //! prints as `layerfs CMD: message` and maps to its status: 2 for a usage
 //! error (the command line is wrong), 1 for any other failure. The helper
 //! `mount.fuse.layerfs` keeps mount(8)'s own statuses (`mount_helper`).
+//!
+//! Every error line starts `layerfs CMD: ` (`layerfs snapshot save: `), or
+//! `layerfs: ` where no command was recognised; clap's own usage errors
+//! too (`clap_outcome`). The helper's lines start `mount.fuse.layerfs: `,
+//! the name mount(8) ran.
 
 use std::fmt::Display;
 
@@ -68,8 +73,31 @@ impl CliError {
 
 impl std::fmt::Display for CliError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "layerfs {}: {}", self.cmd, self.message)
+        write!(f, "{}: {}", prefix(&self.cmd), self.message)
     }
+}
+
+/// The start of every error line: `layerfs CMD`, or `layerfs` for none.
+pub(crate) fn prefix(cmd: &str) -> String {
+    if cmd.is_empty() {
+        "layerfs".to_string()
+    } else {
+        format!("layerfs {cmd}")
+    }
+}
+
+/// Ends a command line clap refused (or `--help`/`--version`, printed to
+/// stdout with status 0): its error under the command's prefix instead of
+/// clap's `error: `, then the usage lines clap adds; status 2.
+pub(crate) fn clap_outcome(e: &clap::Error, cmd: &str) -> i32 {
+    if !e.use_stderr() {
+        let _ = e.print();
+        return EXIT_OK;
+    }
+    let text = e.render().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    eprint!("{}: {text}", prefix(cmd));
+    EXIT_USAGE
 }
 
 /// Attaches the command to an error: `.or_fail("diff")?`.
@@ -133,5 +161,6 @@ mod tests {
             e.unwrap_err().to_string(),
             "layerfs snapshot save: no such dir"
         );
+        assert_eq!(CliError::usage("", "m").to_string(), "layerfs: m");
     }
 }

@@ -16,6 +16,9 @@ use clap::Args;
 
 use super::mount_helper::HELPER_NAME;
 
+/// Where mount(8) looks for helpers.
+const DEFAULT_DIR: &str = "/sbin";
+
 const INSTALL_HELP: &str = "\
 Examples:
   install -m 0755 target/release/layerfs /usr/local/bin/layerfs
@@ -31,7 +34,7 @@ which runs `layerfs` from PATH in a way layerfs does not take (and fails with
 #[command(after_help = INSTALL_HELP)]
 pub struct InstallCmd {
     /// Directory mount(8) searches for helpers.
-    #[arg(long, value_name = "DIR", default_value = "/sbin")]
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_DIR)]
     dir: PathBuf,
 
     /// Remove the helper link instead of creating it.
@@ -69,6 +72,27 @@ fn existing(path: &Path, exe: &Path) -> io::Result<Existing> {
 }
 
 impl InstallCmd {
+    /// Why an existing helper that is not ours is left alone: what it is
+    /// (where a link points), and the command that would `what` it.
+    fn refusal(&self, link: &Path, now: &Existing, exe: &Path, what: &str) -> String {
+        let is = match now {
+            Existing::Link { target, .. } => format!("is a link to {}", target.display()),
+            _ => "is not a symlink (another program's helper?)".to_string(),
+        };
+        let mut cmd = format!("{} install-helpers", exe.display());
+        if self.dir != Path::new(DEFAULT_DIR) {
+            cmd.push_str(&format!(" --dir {}", self.dir.display()));
+        }
+        if what == "remove" {
+            cmd.push_str(" --remove");
+        }
+        format!(
+            "{} {is}, not to this layerfs ({}); to {what} it, run `{cmd} --force`",
+            link.display(),
+            exe.display()
+        )
+    }
+
     pub fn run(self) -> Result<(), CliError> {
         let msg = self.apply().or_fail("install-helpers")?;
         outln!("{msg}");
@@ -85,11 +109,7 @@ impl InstallCmd {
             return match now {
                 Existing::Nothing => Ok(format!("{} is not installed", link.display())),
                 Existing::Link { ours: false, .. } | Existing::Other if !self.force => {
-                    Err(format!(
-                        "{} is not a link to this layerfs ({}); give --force to remove it anyway",
-                        link.display(),
-                        exe.display()
-                    ))
+                    Err(self.refusal(&link, &now, &exe, "remove"))
                 }
                 _ => {
                     fs::remove_file(&link).map_err(|e| format!("{}: {e}", link.display()))?;
@@ -106,11 +126,7 @@ impl InstallCmd {
                 ))
             }
             Existing::Link { ours: false, .. } | Existing::Other if !self.force => {
-                return Err(format!(
-                    "{} exists and is not a link to this layerfs ({}); give --force to replace it",
-                    link.display(),
-                    exe.display()
-                ))
+                return Err(self.refusal(&link, &now, &exe, "replace"))
             }
             _ => {}
         }

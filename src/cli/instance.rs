@@ -76,7 +76,8 @@ impl InstanceArgs {
         let p = inst.paths(&upper_root, &mount_root);
         make_dirs(&p.upper, 0o755)?;
         make_dirs(&p.mountpoint, 0o755)?;
-        tracing::info!(
+        // The daemon's log keeps it; the terminal shows only warnings.
+        tracing::debug!(
             "instance {inst}: upper {}, mountpoint {}",
             p.upper.display(),
             p.mountpoint.display()

@@ -15,6 +15,7 @@ macro_rules! outln {
 }
 
 mod checkpoint;
+mod completions;
 mod diff;
 mod exit;
 mod fs;
@@ -115,9 +116,10 @@ enum Command {
     Status(status::StatusCmd),
     /// Link /sbin/mount.fuse.layerfs to this binary, for mount(8) and fstab.
     InstallHelpers(install::InstallCmd),
-    /// Write the manual pages (layerfs*.1, mount.fuse.layerfs.8) into a directory.
-    #[command(hide = true)]
+    /// Write the manual pages (sections 1, 5 and 8) into a directory.
     Man(man::ManCmd),
+    /// Print the completion script for bash, zsh, fish, elvish or powershell.
+    Completions(completions::CompletionsCmd),
     /// Run a command in a sandboxed workspace; report its output and exit code.
     Run(run::RunCmd),
     /// The agent file tools on a workspace, mounted or not (no FUSE needed).
@@ -139,17 +141,13 @@ pub fn run() -> i32 {
     let cli = match Cli::try_parse_from(&argv) {
         Ok(c) => c,
         Err(e) => {
-            let _ = e.print();
+            let code = exit::clap_outcome(&e, &command_path(&argv));
             if e.kind() == clap::error::ErrorKind::InvalidSubcommand {
                 if let Some(hint) = mount_helper::mount_fuse3_hint(&argv) {
                     eprintln!("note: {hint}");
                 }
             }
-            return if e.use_stderr() {
-                exit::EXIT_USAGE
-            } else {
-                exit::EXIT_OK
-            };
+            return code;
         }
     };
     let logs_to_terminal = match &cli.command {
@@ -158,7 +156,9 @@ pub fn run() -> i32 {
     };
     let ansi = logs_to_terminal && std::io::stderr().is_terminal();
     match &cli.command {
-        Command::Fs(_) | Command::Serve(_) => logging::init_with(ansi, "warn"),
+        // In-process tools and `run` (whose daemon logs to its own file)
+        // show only warnings on the terminal.
+        Command::Fs(_) | Command::Serve(_) | Command::Run(_) => logging::init_with(ansi, "warn"),
         _ => logging::init(ansi),
     }
     exit::finish(match cli.command {
@@ -177,6 +177,7 @@ pub fn run() -> i32 {
         Command::Squash(s) => exit::done(s.run()),
         Command::InstallHelpers(i) => exit::done(i.run()),
         Command::Man(m) => exit::done(m.run()),
+        Command::Completions(c) => exit::done(c.run()),
         Command::Run(r) => Ok(r.run()),
         Command::Fs(f) => exit::done(f.run()),
         Command::Serve(s) => exit::done(s.run()),
@@ -184,11 +185,34 @@ pub fn run() -> i32 {
     })
 }
 
+/// The subcommand an argument list names, as errors name it (`snapshot
+/// save`), or "" before one is recognised.
+fn command_path(argv: &[std::ffi::OsString]) -> String {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut names = Vec::new();
+    for a in argv.iter().skip(1).filter_map(|a| a.to_str()) {
+        if a.starts_with('-') {
+            continue;
+        }
+        let Some(sub) = cmd.find_subcommand(a).cloned() else {
+            break;
+        };
+        names.push(sub.get_name().to_string());
+        cmd = sub;
+    }
+    names.join(" ")
+}
+
 /// Prints a command's error (`layerfs CMD: …`) with every character a
 /// terminal would act on escaped (`crate::quote::visible`): errors name
 /// paths, and a path's name is whoever created it's choice.
 pub(crate) fn print_error(cmd: &str, e: impl std::fmt::Display) {
-    eprintln!("layerfs {cmd}: {}", crate::quote::visible(&e.to_string()));
+    eprintln!(
+        "{}: {}",
+        exit::prefix(cmd),
+        crate::quote::visible(&e.to_string())
+    );
 }
 
 /// Leaves the trace of an undo operation that succeeded (`reset`, `gc`,

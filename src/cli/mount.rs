@@ -1,6 +1,6 @@
 //! `layerfs mount`: arguments, then config validation and the daemon.
 
-use super::exit::{config_error, Outcome};
+use super::exit::{config_error, Context, Outcome, EXIT_OK};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -141,7 +141,8 @@ pub struct MountCmd {
 
     /// Where to mount the union: an existing, empty directory (see
     /// --nonempty).
-    #[arg(value_name = "MOUNTPOINT", required_unless_present = "instance")]
+    // Not required by clap: `validate` names everything missing at once.
+    #[arg(value_name = "MOUNTPOINT")]
     mountpoint: Option<PathBuf>,
 }
 
@@ -180,6 +181,6 @@ impl MountCmd {
         let refused = |e| config_error("mount", e);
         self.instance.apply(&mut args).map_err(refused)?;
         let cfg = config::validate(args).map_err(refused)?;
-        Ok(daemon::start(cfg))
+        daemon::start(cfg).or_fail("mount").map(|()| EXIT_OK)
     }
 }

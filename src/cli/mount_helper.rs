@@ -196,10 +196,7 @@ impl HelperCli {
             self.say(&shown, "mounting");
         }
         let cfg = config::validate(args)?;
-        Ok(match daemon::start(cfg) {
-            0 => 0,
-            _ => EXIT_FAIL,
-        })
+        daemon::start(cfg).map(|()| 0).map_err(ConfigError::Invalid)
     }
 
     fn say(&self, args: &MountArgs, what: &str) {

@@ -12,14 +12,17 @@ pub enum PolicyCmd {
     /// Parse a policy file; print OK, or the error with its line number.
     #[command(after_help = "Example:\n  layerfs policy check /etc/layerfs/policy")]
     Check {
+        /// The policy file to check (the format: layerfs-policy(5)).
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
-    /// Say which rule decides PATH (relative to the mount root) and why.
+    /// Say which rule decides PATH (relative to the mount root) and why, and
+    /// which `scratch` lines match it.
     #[command(
         after_help = "Examples:\n  layerfs policy explain policy skills/deploy.md\n  layerfs policy explain policy /app/.env"
     )]
     Explain {
+        /// The policy file to read (the format: layerfs-policy(5)).
         #[arg(value_name = "FILE")]
         file: PathBuf,
         /// A path inside the mount; a leading `/` or `./` is ignored.

@@ -67,6 +67,8 @@ usage error (a --cwd outside the workspace too).";
 
 #[derive(Args, Debug)]
 #[command(after_help = RUN_HELP)]
+// One of --upper and --ephemeral: a missing one names both.
+#[command(group(clap::ArgGroup::new("place").required(true).args(["upper", "ephemeral"])))]
 pub struct RunCmd {
     /// Read-only lower layer; repeat for more, the first given is topmost.
     #[arg(
@@ -92,16 +94,13 @@ pub struct RunCmd {
     checkpoint: bool,
 
     /// Persistent upper directory: the command's changes land and stay
-    /// here. A live mount of it is reused (with the same lowers).
-    #[arg(
-        long,
-        value_name = "DIR",
-        required_unless_present = "ephemeral",
-        conflicts_with = "ephemeral"
-    )]
+    /// here. A live mount of it is reused (with the same lowers). Give it
+    /// or --ephemeral.
+    #[arg(long, value_name = "DIR", conflicts_with = "ephemeral")]
     upper: Option<PathBuf>,
 
-    /// Use a temporary upper, removed afterwards (unless --keep).
+    /// Use a temporary upper, removed afterwards (unless --keep), instead
+    /// of --upper.
     #[arg(long)]
     ephemeral: bool,
 

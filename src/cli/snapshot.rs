@@ -40,6 +40,8 @@ pub enum SnapshotCmd {
         /// Replace an existing snapshot of the same ID.
         #[arg(long)]
         force: bool,
+        /// A live layerfs mountpoint, the upper directory of an unmounted
+        /// workspace, or its state dir.
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
         #[command(flatten)]
@@ -63,10 +65,13 @@ pub enum SnapshotCmd {
         /// Print one JSON object: the snapshot and every change made to it.
         #[arg(long)]
         json: bool,
+        /// A live layerfs mountpoint, the upper directory of an unmounted
+        /// workspace, or its state dir.
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
         #[command(flatten)]
         st: StateArg,
+        /// The snapshot to restore (`layerfs snapshot list` shows them).
         #[arg(value_name = "ID")]
         id: OsString,
     },
@@ -75,6 +80,8 @@ pub enum SnapshotCmd {
         /// One JSON object per line: {"id","size","time","entries"}.
         #[arg(long)]
         json: bool,
+        /// A live layerfs mountpoint, the upper directory of an unmounted
+        /// workspace, or its state dir.
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
         #[command(flatten)]
@@ -82,10 +89,13 @@ pub enum SnapshotCmd {
     },
     /// Remove snapshot ID.
     Rm {
+        /// A live layerfs mountpoint, the upper directory of an unmounted
+        /// workspace, or its state dir.
         #[arg(value_name = "WORKSPACE")]
         workspace: PathBuf,
         #[command(flatten)]
         st: StateArg,
+        /// The snapshot to remove (`layerfs snapshot list` shows them).
         #[arg(value_name = "ID")]
         id: OsString,
     },

@@ -13,19 +13,55 @@ use super::{
 };
 use crate::policy::Policy;
 
+/// Everything the arguments lack of a mount (lowers, upper, mountpoint),
+/// named in one usage error.
+fn missing_parts(args: &MountArgs) -> Result<(), ConfigError> {
+    let mut missing = Vec::new();
+    if args.lowers.is_empty() {
+        missing.push(
+            "no lower layer: give --lower DIR (repeatable, first is topmost) or -o lowerdir=A:B",
+        );
+    }
+    if args.upper.is_none() {
+        missing.push("no upper layer: give --upper DIR or -o upperdir=DIR");
+    }
+    if args.mountpoint.as_os_str().is_empty() {
+        missing.push("no mountpoint: give MOUNTPOINT, an existing empty directory, last");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(usage(format!(
+        "{}; e.g. layerfs mount --lower /srv/shared --upper ~/ws/upper ~/ws/mnt",
+        missing.join("; ")
+    )))
+}
+
+/// `p` with its longest existing ancestor made canonical and the rest
+/// appended: where `p` will be once created.
+fn as_far_as_it_exists(p: &std::path::Path) -> std::path::PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = p;
+    loop {
+        if let Ok(c) = fs::canonicalize(cur) {
+            return rest.iter().rev().fold(c, |acc, n| acc.join(n));
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                cur = parent;
+            }
+            _ => return p.to_path_buf(),
+        }
+    }
+}
+
 /// Turns raw arguments into a checked `Config`. May create the work
 /// directory and detach a stale layerfs mount on the mountpoint.
 pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
     apply_mount_options(&mut args)?;
-    if args.lowers.is_empty() {
-        return Err(usage(
-            "no lower layer: give --lower DIR (repeatable, first is topmost) or -o lowerdir=A:B",
-        ));
-    }
-    let upper_raw = args
-        .upper
-        .clone()
-        .ok_or_else(|| usage("no upper layer: give --upper DIR or -o upperdir=DIR"))?;
+    missing_parts(&args)?;
+    let upper_raw = args.upper.clone().unwrap_or_default();
     if let Some(0) = args.threads {
         return Err(usage("--threads must be at least 1"));
     }
@@ -39,15 +75,22 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         }
         lowers.push(l);
     }
-    let upper = existing_dir(&upper_raw, "upper", "--upper (upperdir=)")?;
+    // Before its existence is checked: an upper that does not exist yet
+    // inside a lower must not be answered with `mkdir -p` there.
+    let upper_probe = as_far_as_it_exists(&absolute(&upper_raw)?);
     for l in &lowers {
-        if is_within(&upper, l) {
+        if is_within(&upper_probe, l) {
             return Err(invalid(format!(
-                "upper {} is inside lower {}: the upper must be outside every lower",
-                upper.display(),
+                "upper {} is inside lower {}: the upper must be outside every lower (layerfs \
+                 never writes to a lower); give --upper (upperdir=) a directory elsewhere, \
+                 e.g. beside the mountpoint",
+                upper_raw.display(),
                 l.display()
             )));
         }
+    }
+    let upper = existing_dir(&upper_raw, "upper", "--upper (upperdir=)")?;
+    for l in &lowers {
         if is_within(l, &upper) {
             return Err(invalid(format!(
                 "lower {} is inside upper {}: the lower must be outside the upper",

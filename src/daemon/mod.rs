@@ -30,43 +30,32 @@ use crate::fuse::{session_config, Contained, LayerFs};
 use crate::host::pidfile::PidFile;
 use notify::SdNotify;
 
-/// Mounts and serves `cfg`; returns the process exit code. In background
-/// mode the calling process returns as soon as the mount is live (or
-/// failed) while a detached child keeps serving.
-pub fn start(cfg: Config) -> i32 {
-    let log = match open_log(&cfg) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("layerfs: {e}");
-            return 1;
-        }
-    };
+/// Mounts and serves `cfg`. In background mode the calling process
+/// returns as soon as the mount is live (or failed) while a detached child
+/// keeps serving. `Err` is why the mount failed or ended in error, for the
+/// caller to print with its own prefix (`layerfs mount: `,
+/// `mount.fuse.layerfs: `): the one exit path of `cli::exit`.
+pub fn start(cfg: Config) -> Result<(), String> {
+    let log = open_log(&cfg)?;
     if cfg.foreground {
         if let Some(f) = &log {
             redirect_fd(f.as_raw_fd(), libc::STDERR_FILENO);
         }
         let notify = SdNotify::from_env();
-        match serve(&cfg, &notify, || {}) {
-            Ok(()) => 0,
-            Err(e) => {
-                forget_created_work(&cfg);
+        serve(&cfg, &notify, || {}).inspect_err(|e| {
+            forget_created_work(&cfg);
+            if log.is_some() {
+                // The log file's own record; the caller prints it too.
                 tracing::error!("{e}");
-                if log.is_some() {
-                    // stderr is the log file: say it on the terminal too.
-                    eprintln!("layerfs: {e}");
-                }
-                1
             }
-        }
+        })
     } else {
         // A daemon still letting go of this workspace is waited for here,
         // where the wait can be told on the terminal; the child claims
         // for itself once it is gone.
-        if let Err(e) = exclusive::claim_noting(&cfg, &mut |m| eprintln!("layerfs: {m}")) {
+        exclusive::claim_noting(&cfg, &mut |m| eprintln!("layerfs: {m}")).inspect_err(|_| {
             forget_created_work(&cfg);
-            eprintln!("layerfs: {e}");
-            return 1;
-        }
+        })?;
         background(cfg, log)
     }
 }
@@ -97,26 +86,17 @@ fn redirect_fd(from: i32, to: i32) {
 
 /// Forks; the child detaches and serves, the parent waits on a pipe for
 /// "ok" (mount live) or the error text.
-fn background(cfg: Config, log: Option<File>) -> i32 {
-    let (mut reader, writer) = match std::io::pipe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("layerfs: pipe: {e}");
-            return 1;
-        }
-    };
+fn background(cfg: Config, log: Option<File>) -> Result<(), String> {
+    let (mut reader, writer) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
     // Nothing has spawned a thread before `start` (checked by the fork).
     match crate::sys::fork_single_threaded() {
-        Err(e) => {
-            eprintln!("layerfs: fork: {e}");
-            1
-        }
+        Err(e) => Err(format!("fork: {e}")),
         Ok(ForkResult::Parent { child }) => {
             drop(writer);
             let mut answer = String::new();
             let _ = reader.read_to_string(&mut answer);
             if answer.trim() == "ok" {
-                return 0;
+                return Ok(());
             }
             let _ = nix::sys::wait::waitpid(child, None);
             if answer.trim().is_empty() {
@@ -124,11 +104,12 @@ fn background(cfg: Config, log: Option<File>) -> i32 {
                     Some(p) => format!("see {}", p.display()),
                     None => "rerun with --foreground to see why".into(),
                 };
-                eprintln!("layerfs: the daemon exited before the mount was live ({hint})");
+                Err(format!(
+                    "the daemon exited before the mount was live ({hint})"
+                ))
             } else {
-                eprintln!("layerfs: {}", answer.trim());
+                Err(answer.trim().to_string())
             }
-            1
         }
         Ok(ForkResult::Child) => {
             drop(reader);

@@ -1,5 +1,6 @@
 //! The human report behind `layerfs policy explain FILE PATH`: which rule
-//! decides hide / readonly / protect for a path, and the global settings.
+//! decides hide / readonly / protect for a path, which `scratch` lines
+//! match it, and the global settings.
 //! The text has no trailing newline (the caller prints it with `println!`).
 
 use std::fmt::Write;
@@ -80,9 +81,54 @@ pub(super) fn explain(policy: &Policy, path: &str) -> String {
             "  as a directory: renaming or removing it is refused ({rule} guards content beneath it)"
         );
     }
+    out.push_str(&scratch(policy, &rel));
     out.push_str(&settings(policy));
     out.truncate(out.trim_end().len());
     out
+}
+
+/// The `scratch` lines that match `rel` or one of its ancestors, and what
+/// that means for the path; nothing when the policy has no scratch line.
+fn scratch(policy: &Policy, rel: &str) -> String {
+    if policy.scratch.is_empty() {
+        return String::new();
+    }
+    let hits: Vec<String> = policy
+        .scratch
+        .iter()
+        .zip(&policy.scratch_rules)
+        .filter_map(|(pattern, rule)| {
+            let matched = scratch_match(pattern, rel)?;
+            let via = if matched == rel {
+                "matches the path".to_string()
+            } else {
+                format!("matches the ancestor `{matched}`")
+            };
+            Some(format!("{rule} ({via})"))
+        })
+        .collect();
+    if hits.is_empty() {
+        return "  scratch:   no\n".to_string();
+    }
+    format!(
+        "  scratch:   yes, by {}: disposable; left out of diff and snapshots, \
+         emptied by `layerfs gc`\n",
+        hits.join(", and ")
+    )
+}
+
+/// The outermost of `rel` and its ancestors that `pattern` matches (the
+/// scratch rule of `super::pattern::PathSet`), if any.
+fn scratch_match<'a>(pattern: &str, rel: &'a str) -> Option<&'a str> {
+    let set = super::pattern::PathSet::new(&[pattern.to_string()]).ok()?;
+    if !set.matches(rel) {
+        return None;
+    }
+    let ends = rel
+        .match_indices('/')
+        .map(|(i, _)| i)
+        .chain(std::iter::once(rel.len()));
+    ends.map(|i| &rel[..i]).find(|prefix| set.matches(prefix))
 }
 
 fn settings(policy: &Policy) -> String {
@@ -205,6 +251,22 @@ mod tests {
         );
         let text = p.explain("notes/a");
         assert!(text.contains("protected: yes, by line 3"), "{text}");
+    }
+
+    #[test]
+    fn names_matching_scratch_lines() {
+        let p = Policy::parse("hide secrets\nscratch build/**\nscratch *.o\n").unwrap();
+        let text = p.explain("build/out/x.o");
+        assert!(
+            text.contains(
+                "scratch:   yes, by line 2: `scratch build/**` (matches the ancestor `build/out`), \
+                 and line 3: `scratch *.o` (matches the path): disposable; left out of diff and \
+                 snapshots, emptied by `layerfs gc`"
+            ),
+            "{text}"
+        );
+        assert!(p.explain("src/main.rs").contains("scratch:   no"));
+        assert!(!Policy::default().explain("build/x").contains("scratch"));
     }
 
     #[test]

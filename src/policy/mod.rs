@@ -162,6 +162,8 @@ pub struct Policy {
     quota_rule: Option<RuleRef>,
     /// `scratch GLOB` lines: paths diff and snapshots leave out, gc empties.
     scratch: Vec<String>,
+    /// The line of each `scratch` pattern, in the same order.
+    scratch_rules: Vec<RuleRef>,
 }
 
 impl Default for Policy {
@@ -181,6 +183,7 @@ impl Default for Policy {
             quota: Quota::default(),
             quota_rule: None,
             scratch: Vec::new(),
+            scratch_rules: Vec::new(),
         }
     }
 }

@@ -76,6 +76,7 @@ pub(super) fn parse(text: &str) -> Result<Policy, PolicyError> {
                 let pattern = one_arg(keyword, args, "a glob such as `build/**`").map_err(error)?;
                 super::pattern::Pattern::parse(pattern).map_err(error)?;
                 policy.scratch.push(pattern.to_string());
+                policy.scratch_rules.push(rule);
             }
             "quota" => {
                 parse_quota(args, &mut policy).map_err(error)?;

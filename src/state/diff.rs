@@ -170,6 +170,131 @@ impl Change {
     }
 }
 
+impl Change {
+    /// The change of an entry beneath this deleted or renamed shared
+    /// directory, at `sub` below it (`D dir/sub`, `R old/sub -> new/sub`);
+    /// its shared version is in `layer`. `None` for other changes.
+    pub fn beneath(&self, sub: &OsStr, layer: usize, ftype: &'static str) -> Option<Change> {
+        let below = |dir: &OsStr| crate::layer::stack::join(dir, sub);
+        let (from, old_dir) = match (self.kind, &self.from, self.old()) {
+            (Kind::Deleted, _, Some((_, old))) if self.ftype == "dir" => (None, old),
+            (Kind::Renamed, Some(from), _) if self.ftype == "dir" => {
+                (Some(below(from)), from.as_os_str())
+            }
+            _ => return None,
+        };
+        Some(Change {
+            path: below(&self.path),
+            kind: self.kind,
+            from,
+            ftype,
+            conflict: false,
+            old: Some((layer, below(old_dir))),
+            // The shared version, seen through the directory's new name or
+            // gone: the upper holds nothing at `path`.
+            new: false,
+        })
+    }
+}
+
+/// One entry of a shared tree (`shared_entries`): its path below the
+/// tree's root, the layer it is shown from, its type and, for a regular
+/// file, its size.
+pub struct SharedEntry {
+    pub sub: OsString,
+    pub layer: usize,
+    pub ftype: &'static str,
+    pub size: u64,
+}
+
+/// Every entry beneath the shared directory at lower path `rel` (relative,
+/// no leading `/`), merged across the lowers as the mount shows them,
+/// parents before their children; a directory for which `skip` (given its
+/// lower path) answers true is left out with all beneath it. Unreadable
+/// parts are left out.
+pub fn shared_entries(
+    layers: &Layers,
+    rel: &OsStr,
+    skip: impl Fn(&OsStr) -> bool,
+) -> Vec<SharedEntry> {
+    let nlowers = layers.lowers.len();
+    let mut out = Vec::new();
+    let mut stack = vec![OsString::new()];
+    while let Some(sub) = stack.pop() {
+        let dir = if sub.is_empty() {
+            rel.to_os_string()
+        } else {
+            crate::layer::stack::join(rel, &sub)
+        };
+        let mut abs = OsString::from("/");
+        abs.push(&dir);
+        let base = lowers_at_path(layers, &abs);
+        let Ok(names) = base_names(&base) else {
+            continue;
+        };
+        for n in names.iter().rev() {
+            let Ok(Some(e)) = base_lookup(&base, nlowers, n) else {
+                continue;
+            };
+            let child = if sub.is_empty() {
+                n.clone()
+            } else {
+                crate::layer::stack::join(&sub, n)
+            };
+            if skip(&crate::layer::stack::join(rel, &child)) {
+                continue;
+            }
+            if is_dir(&e.st) {
+                stack.push(child.clone());
+            }
+            let ftype = type_name(e.st.st_mode);
+            let size = if ftype == "file" {
+                e.st.st_size as u64
+            } else {
+                0
+            };
+            out.push(SharedEntry {
+                sub: child,
+                layer: e.layer,
+                ftype,
+                size,
+            });
+        }
+    }
+    out
+}
+
+/// Shared paths (relative, no leading `/`) some change speaks for: a walk
+/// of a renamed or deleted directory's shared tree leaves them, and what
+/// lies beneath them, to that change (`diff --patch`, `diff --files`).
+pub struct Claimed(std::collections::HashSet<OsString>);
+
+impl Claimed {
+    pub fn of(changes: &[Change]) -> Claimed {
+        let mut set = std::collections::HashSet::new();
+        for c in changes {
+            let dir = c.ftype == "dir";
+            match (dir, c.kind, c.old()) {
+                (true, Kind::Renamed, _) => set.extend(c.from.clone()),
+                // A directory's own change claims its shared path only when
+                // it replaced it (deleted, or a file turned into a directory).
+                (true, Kind::Deleted | Kind::Modified, Some((_, p))) => {
+                    set.insert(p.to_os_string());
+                }
+                (false, _, Some((_, p))) => {
+                    set.insert(p.to_os_string());
+                }
+                _ => {}
+            }
+        }
+        Claimed(set)
+    }
+
+    pub fn contains(&self, p: &OsStr) -> bool {
+        self.0.contains(p)
+    }
+}
+
 /// The overlay marks of one upper directory, read with one `listxattr`
 /// (most directories have no xattrs at all: no further call).
 #[derive(Default)]

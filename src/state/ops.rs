@@ -69,15 +69,24 @@ pub fn shown(p: &OsStr) -> String {
 /// The changes of the upper against the lowers under `paths` (relative,
 /// `reset::normalize_all`; none: everything), scratch paths left out,
 /// renames labelled from the journal's moves; with the layers, for
-/// patches and counts.
-pub fn changes(ws: &Workspace, paths: &[OsString]) -> Result<(Layers, Vec<Change>), String> {
+/// patches and counts. `beneath`: an added, deleted or renamed directory
+/// is followed by an entry for each thing it holds
+/// (`summary::with_entries_beneath`).
+pub fn changes(
+    ws: &Workspace,
+    paths: &[OsString],
+    beneath: bool,
+) -> Result<(Layers, Vec<Change>), String> {
     let filter = Filter {
         scratch: scratch::of_workspace(ws)?,
         paths: paths.to_vec(),
         moves: Some(Moves::from_journal(&ws.journal_path())),
     };
     let layers = Layers::open(&ws.upper, &ws.lowers)?;
-    let changes = diff::diff(&layers, &filter)?;
+    let mut changes = diff::diff(&layers, &filter)?;
+    if beneath {
+        changes = super::summary::with_entries_beneath(&layers, changes, &filter.scratch);
+    }
     Ok((layers, changes))
 }
 

@@ -22,12 +22,11 @@
 //! directory holding it (`Claimed`), so the patch never renames or deletes
 //! one file twice.
 
-use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 
-use super::diff::{self, Change, Kind};
+use super::diff::{self, Change, Claimed, Kind};
 use crate::layer::stack::{self, Layers};
 use crate::layer::sys;
 use crate::layer::walk::{self, is_dir};
@@ -42,32 +41,6 @@ struct Side<'a> {
     root: &'a OwnedFd,
     rel: &'a OsStr,
     name: &'a OsStr,
-}
-
-/// Shared paths (relative, no leading `/`) some change speaks for: a
-/// directory walk leaves them, and what lies beneath them, to that change.
-struct Claimed(HashSet<OsString>);
-
-impl Claimed {
-    fn of(changes: &[Change]) -> Claimed {
-        let mut set = HashSet::new();
-        for c in changes {
-            let dir = c.ftype == "dir";
-            match (dir, c.kind, c.old()) {
-                (true, Kind::Renamed, _) => set.extend(c.from.clone()),
-                // A directory's own change claims its shared path only when
-                // it replaced it (deleted, or a file turned into a directory).
-                (true, Kind::Deleted | Kind::Modified, Some((_, p))) => {
-                    set.insert(p.to_os_string());
-                }
-                (false, _, Some((_, p))) => {
-                    set.insert(p.to_os_string());
-                }
-                _ => {}
-            }
-        }
-        Claimed(set)
-    }
 }
 
 /// The patch of each change, in order ("" for a change git cannot show).
@@ -130,7 +103,7 @@ fn tree(layers: &Layers, from: &OsStr, to: Option<&OsStr>, claimed: &Claimed, ou
         for n in names.iter().rev() {
             let rel = join(&sub, n);
             let old_rel = join(from, &rel);
-            if claimed.0.contains(&old_rel) {
+            if claimed.contains(&old_rel) {
                 continue;
             }
             let Ok(Some(b)) = stack::base_lookup(&base, nlowers, n) else {

@@ -11,21 +11,23 @@
 //!   own line, since it also says where something went;
 //! - a directory the user named as a PATH is not collapsed (its entries are
 //!   what was asked for; added directories inside it still are);
-//! - `--stat` counts what `--files` lists, except that a deleted directory
-//!   counts itself and every shared entry beneath it (its single `D` line
-//!   hides them as an added directory's line does); bytes are the sizes of
-//!   regular files: `+` the new versions of added and modified files, `-`
-//!   the shared versions of modified and deleted ones; a rename moves its
+//! - `--files` lists every entry: those of an added directory, and every
+//!   shared entry beneath a deleted directory (`D dir/x`) or a renamed one
+//!   (`R old/x -> new/x`) that no other change speaks for
+//!   (`with_entries_beneath`);
+//! - `--stat` counts what `--files` lists; bytes are the sizes of regular
+//!   files: `+` the new versions of added and modified files, `-` the
+//!   shared versions of modified and deleted ones; a rename moves its
 //!   bytes, it adds or removes none.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 
-use crate::layer::stack::{base_lookup, base_names, lowers_at_path, stat_in, Layers};
-use crate::layer::walk::is_dir;
+use crate::layer::stack::{stat_in, Layers};
 use crate::quote::quote_os;
-use crate::state::diff::{Change, Kind};
+use crate::state::diff::{shared_entries, Change, Claimed, Kind};
+use crate::state::scratch::Scratch;
 
 /// One line of the folded view.
 pub enum Line<'a> {
@@ -160,32 +162,43 @@ fn file_size(root: &std::os::fd::OwnedFd, rel: &OsStr) -> u64 {
     }
 }
 
-/// The entries and regular-file bytes of the shared tree at lower path
-/// `rel` (a deleted directory), merged across the lowers as the mount
-/// shows them, the directory itself included.
-fn shared_tree(layers: &Layers, rel: &OsStr) -> (u64, u64) {
-    let mut root = OsString::from("/");
-    root.push(rel);
-    let nlowers = layers.lowers.len();
-    let mut stack = vec![lowers_at_path(layers, &root)];
-    let (mut entries, mut bytes) = (1u64, 0u64);
-    while let Some(base) = stack.pop() {
-        let Ok(names) = base_names(&base) else {
-            continue;
+/// `changes` (sorted by path) with every shared entry beneath each deleted
+/// directory (`D dir/x`) and each renamed one (`R old/x -> new/x`) as a
+/// change of its own, sorted again: what `diff --files` lists. An entry
+/// another change speaks for (moved out, edited, deleted by itself,
+/// `Claimed`), one whose path already has a change, and scratch paths are
+/// left to those.
+pub fn with_entries_beneath(
+    layers: &Layers,
+    changes: Vec<Change>,
+    scratch: &Scratch,
+) -> Vec<Change> {
+    let claimed = Claimed::of(&changes);
+    let have: HashSet<OsString> = changes.iter().map(|c| c.path.clone()).collect();
+    let mut extra = Vec::new();
+    for c in &changes {
+        let root = match (c.kind, &c.from, c.old()) {
+            (_, _, _) if c.ftype != "dir" => continue,
+            (Kind::Deleted, _, Some((_, old))) => old,
+            (Kind::Renamed, Some(from), _) => from.as_os_str(),
+            _ => continue,
         };
-        for n in names {
-            let Ok(Some(e)) = base_lookup(&base, nlowers, &n) else {
+        for e in shared_entries(layers, root, |p| claimed.contains(p)) {
+            let Some(child) = c.beneath(&e.sub, e.layer, e.ftype) else {
                 continue;
             };
-            entries += 1;
-            if is_dir(&e.st) {
-                stack.push(e.dirs);
-            } else if e.st.st_mode & libc::S_IFMT == libc::S_IFREG {
-                bytes += e.st.st_size as u64;
+            if !have.contains(&child.path) && !scratch.matches_os(&child.path) {
+                extra.push(child);
             }
         }
     }
-    (entries, bytes)
+    if extra.is_empty() {
+        return changes;
+    }
+    let mut all = changes;
+    all.extend(extra);
+    all.sort_by(|a, b| a.path.cmp(&b.path));
+    all
 }
 
 /// The group of a path: its first component, with `/` when that is a
@@ -199,8 +212,9 @@ fn group_of(c: &Change) -> String {
     }
 }
 
-/// Counts `changes` (every entry, as `--files` lists them) per top-level
-/// entry; sizes are read from the layers.
+/// Counts `changes` (every entry, as `--files` lists them:
+/// `with_entries_beneath`) per top-level entry; sizes are read from the
+/// layers.
 pub fn stat(layers: &Layers, changes: &[Change]) -> Stat {
     let mut groups: BTreeMap<String, Counts> = BTreeMap::new();
     for c in changes {
@@ -225,14 +239,6 @@ pub fn stat(layers: &Layers, changes: &[Change]) -> Stat {
                 n.modified = 1;
                 n.bytes_added = new_size();
                 n.bytes_removed = old_size();
-            }
-            Kind::Deleted if c.ftype == "dir" => {
-                let (entries, bytes) = match c.old() {
-                    Some((_, p)) => shared_tree(layers, p),
-                    None => (1, 0),
-                };
-                n.deleted = entries;
-                n.bytes_removed = bytes;
             }
             Kind::Deleted => {
                 n.deleted = 1;

@@ -221,7 +221,7 @@ impl Workspace {
             .iter()
             .map(|p| RelPath::parse(p).map(|r| OsString::from(r.as_str())))
             .collect::<Result<Vec<_>>>()?;
-        let (layers, changes) = ops::changes(&ws, &paths).map_err(failed("diff"))?;
+        let (layers, changes) = ops::changes(&ws, &paths, false).map_err(failed("diff"))?;
         let patches = if req.patch {
             patch::patches(&layers, &changes)
         } else {

@@ -91,6 +91,9 @@ const EXPECTED: &[&str] = &[
     "D b.txt",
     "T chm.txt",
     "D docs",
+    "D docs/sub",
+    "D docs/sub/y.md",
+    "D docs/x.md",
     "T keep",
     "M keep/k1",
     "D keep/k2",
@@ -101,7 +104,10 @@ const EXPECTED: &[&str] = &[
     "A newdir/deep",
     "A newdir/deep/f",
     "R old -> renamed",
+    "R old/inner -> renamed/inner",
+    "R old/inner/p.txt -> renamed/inner/p.txt",
     "A renamed/inner/q.txt",
+    "R old/o.txt -> renamed/o.txt",
     "A src/added.rs",
     "M src/main.rs",
     "T touch.txt",
@@ -1025,4 +1031,57 @@ fn diff_stat_counts_changes_and_bytes_per_top_level_entry() {
     assert_eq!(total["bytes_added"].as_u64().unwrap(), sum);
     assert!(sum >= 4096 + 21 + 5, "{json:?}");
     assert_eq!(row("total")[1], total["added"].to_string(), "{text}");
+}
+
+/// `diff --files` lists what a deleted shared directory held (`D dir/x`)
+/// and what a renamed one carried along (`R old/x -> new/x`), as it lists
+/// an added directory's entries; an entry another change speaks for (a
+/// file moved out first, a file edited under the new name) keeps only its
+/// own line. `--stat` counts exactly those lines.
+#[test]
+fn diff_files_lists_the_entries_of_deleted_and_renamed_directories() {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    write(&l.join("gone/a"), b"a\n");
+    write(&l.join("gone/sub/b"), b"bb\n");
+    write(&l.join("docs/x.md"), b"x\n");
+    write(&l.join("docs/in/y.md"), b"y\n");
+    write(&l.join("docs/in/z.md"), b"z\n");
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "rm -rf gone && mv docs/in/y.md y.md && mv docs manual && echo more >> manual/x.md",
+    );
+    assert_eq!(
+        lines(&ok(&["diff", s(m.path())])),
+        [
+            "D gone",
+            "R docs -> manual",
+            "M manual/x.md",
+            "R manual/in/y.md -> y.md"
+        ]
+    );
+    let want = [
+        "D gone",
+        "D gone/a",
+        "D gone/sub",
+        "D gone/sub/b",
+        "R docs -> manual",
+        "R docs/in -> manual/in",
+        "R docs/in/z.md -> manual/in/z.md",
+        "M manual/x.md",
+        "R manual/in/y.md -> y.md",
+    ];
+    assert_eq!(lines(&ok(&["diff", "--files", s(m.path())])), want);
+    let json = json_lines(&ok(&["diff", "--files", "--json", s(m.path())]));
+    assert_eq!(json.len(), want.len(), "{json:?}");
+    let total = json_lines(&ok(&["diff", "--stat", "--json", s(m.path())]))
+        .pop()
+        .unwrap();
+    assert_eq!(total["deleted"], 4, "{total}");
+    assert_eq!(total["renamed"], 4, "{total}");
+    assert_eq!(total["modified"], 1, "{total}");
+    drop(m);
+    // Unmounted, from the upper: the same lines.
+    assert_eq!(lines(&ok(&["diff", "--files", s(&ws.upper)])), want);
 }

@@ -546,6 +546,29 @@ fn install_helpers_links_replaces_only_with_force_and_removes_its_own_link() {
         .unwrap()
         .file_type()
         .is_symlink());
+
+    // A link to another program: the refusal says where it points and
+    // the command that replaces (or removes) it.
+    fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink("/bin/true", &link).unwrap();
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let dir_arg = format!("--dir {}", dir.path().display());
+    assert!(
+        err.starts_with("layerfs install-helpers: ")
+            && err.contains("is a link to /bin/true")
+            && err.contains(&format!("install-helpers {dir_arg} --force`")),
+        "{err}"
+    );
+    let out = run(&["--remove"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is a link to /bin/true")
+            && err.contains(&format!("install-helpers {dir_arg} --remove --force`")),
+        "{err}"
+    );
+    assert_eq!(fs::read_link(&link).unwrap(), Path::new("/bin/true"));
     let out = Command::new(bin())
         .args(["install-helpers", "--dir", "/nonexistent-dir"])
         .output()

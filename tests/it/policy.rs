@@ -2415,6 +2415,40 @@ fn policy_explain_names_the_deciding_rule() {
     v.assert_clean("policy explain");
 }
 
+/// `policy explain` names the `scratch` lines matching a path (or an
+/// ancestor) and what being scratch means; the same line leaves the path
+/// out of `diff` on a real mount.
+#[test]
+fn policy_explain_names_matching_scratch_lines() {
+    let ws = Workspace::new();
+    populate(ws.lower(), &[("src/main.rs", "fn main() {}\n")]);
+    let pf = policy_file(&ws, "readonly skills/**\nscratch build/**\nscratch *.o\n");
+    let f = pf.to_str().unwrap();
+    let (_, out) = layerfs(&["policy", "explain", f, "build/obj/x.o"]);
+    assert!(
+        out.contains(
+            "scratch:   yes, by line 2: `scratch build/**` (matches the ancestor `build/obj`), \
+             and line 3: `scratch *.o` (matches the path)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("left out of diff and snapshots, emptied by `layerfs gc`"),
+        "{out}"
+    );
+    let (_, out) = layerfs(&["policy", "explain", f, "src/main.rs"]);
+    assert!(out.contains("scratch:   no"), "{out}");
+    // What explain says is what the mount does.
+    let m = ws.mount_with(&["--policy", f]);
+    fs::create_dir_all(m.p("build/obj")).unwrap();
+    fs::write(m.p("build/obj/x.o"), "obj").unwrap();
+    fs::write(m.p("src/main.rs"), "fn main() { }\n").unwrap();
+    let (_, out) = layerfs(&["diff", m.path().to_str().unwrap()]);
+    assert!(!out.contains("x.o"), "{out}");
+    assert!(out.contains("M src/main.rs"), "{out}");
+    assert!(m.unmount(), "daemon exited with failure");
+}
+
 #[test]
 fn policy_check_reports_the_bad_line() {
     let ws = Workspace::new();

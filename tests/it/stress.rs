@@ -113,5 +113,15 @@ fn stress_watchdog_reports_a_hung_mount() {
         report.contains("watchdog: worker") && report.contains(" stuck "),
         "no stuck worker reported:\n{report}"
     );
+    // The failed run's scratch (its stress-ng log) lies in this workspace,
+    // which goes with it, never in /tmp.
+    let kept = report
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("(stress-ng log: "))
+        .unwrap_or_else(|| panic!("no stress-ng log named:\n{report}"));
+    assert!(
+        std::path::Path::new(kept).starts_with(ws.dir.path()),
+        "scratch outside the workspace: {kept}"
+    );
     drop(m);
 }
