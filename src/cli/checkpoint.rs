@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::overlay::events::EvOp;
 use crate::state::checkpoint;
+use crate::state::protocol::{Checkpointed, Request, Undone};
 use crate::state::workspace::{self, Workspace};
 
 const CHECKPOINT_HELP: &str = "\
@@ -88,12 +89,11 @@ impl CheckpointCmd {
                                 .layers
                                 .as_deref()
                                 .map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf()));
-                            let v = client?.request(&json!({
-                                "cmd": "checkpoint",
-                                "name": self.name,
-                                "layers": layers.map(|p| p.to_string_lossy().into_owned()),
-                            }))?;
-                            v["name"].as_str().unwrap_or_default().to_string()
+                            let v: Checkpointed = client?.call(&Request::Checkpoint {
+                                name: self.name.clone(),
+                                layers: layers.map(|p| p.to_string_lossy().into_owned()),
+                            })?;
+                            v.name
                         }
                         None => checkpoint::checkpoint(
                             &ws,
@@ -242,13 +242,14 @@ impl UndoCmd {
         let (name, dropped) = match ws.client() {
             // Mounted: the daemon goes back (`daemon::layers`).
             Some(client) => {
-                let v = client
-                    .and_then(|mut c| c.request(&json!({"cmd": "undo", "to": self.to})))
+                let v: Undone = client
+                    .and_then(|mut c| {
+                        c.call(&Request::Undo {
+                            to: self.to.clone(),
+                        })
+                    })
                     .or_fail("undo")?;
-                (
-                    v["at"].as_str().unwrap_or_default().to_string(),
-                    v["dropped"].as_u64().unwrap_or(0) as usize,
-                )
+                (v.at, v.dropped)
             }
             None => checkpoint::undo(&ws, self.to.as_deref(), None).or_fail("undo")?,
         };

@@ -50,7 +50,7 @@ impl GcCmd {
             super::journal_undo("gc", &ws, EvOp::Gc, &what.join(" "), done.len() as u64);
         };
         if let Some(client) = ws.client() {
-            let done = super::reset::live(client?, &serde_json::json!({"cmd": "gc"}))?;
+            let done = super::reset::live(client?, &crate::state::protocol::Request::Gc)?;
             record(&done);
             for p in done {
                 outln!("emptied {}", super::reset::shown(&p));

@@ -9,6 +9,7 @@ use clap::Args;
 use crate::overlay::events::EvOp;
 
 use crate::state::diff::Layers;
+use crate::state::protocol::{Changed, Request};
 use crate::state::{reset, workspace::Workspace};
 
 const RESET_HELP: &str = "\
@@ -48,10 +49,12 @@ impl ResetCmd {
         let paths = reset::normalize_all(&ws, &self.paths)?;
         let changed = match ws.client() {
             Some(client) => {
-                let req = serde_json::json!({
-                    "cmd": "reset",
-                    "paths": paths.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
-                });
+                let req = Request::Reset {
+                    paths: paths
+                        .iter()
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .collect(),
+                };
                 live(client?, &req)?
             }
             None => offline(&ws, &paths)?,
@@ -75,18 +78,10 @@ impl ResetCmd {
 /// holds the real files); returns the paths whose view changed.
 pub fn live(
     mut client: crate::state::control::Client,
-    req: &serde_json::Value,
+    req: &Request,
 ) -> Result<Vec<OsString>, String> {
-    let resp = client.request(req)?;
-    Ok(resp["changed"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p.as_str())
-                .map(OsString::from)
-                .collect()
-        })
-        .unwrap_or_default())
+    let resp: Changed = client.call(req)?;
+    Ok(resp.changed.into_iter().map(OsString::from).collect())
 }
 
 pub fn shown(p: &std::ffi::OsStr) -> String {

@@ -11,6 +11,7 @@ use clap::Subcommand;
 use super::state_arg::StateArg;
 use crate::overlay::events::EvOp;
 use crate::policy::Policy;
+use crate::state::protocol::{Paused, Request, Restored, Resumed};
 use crate::state::scratch;
 use crate::state::snapshot::{self, SaveOptions};
 use crate::state::snapshot_id;
@@ -141,29 +142,17 @@ fn save(ws_arg: &Path, st: &StateArg, id: Option<&OsStr>, force: bool) -> Result
         None => None,
         Some(client) => {
             let mut c = client?;
-            let r = c.request(&serde_json::json!({"cmd": "pause"}))?;
-            if r["ok"] != serde_json::Value::Bool(true) {
-                return Err(format!(
-                    "the daemon of {} refused to pause writes: {}",
-                    ws_arg.display(),
-                    r["error"].as_str().unwrap_or("no reason given")
-                ));
-            }
-            if let Some(busy) = r["busy"].as_array().filter(|b| !b.is_empty()) {
+            let r: Paused = c.call(&Request::Pause { wait_ms: None })?;
+            if !r.busy.is_empty() {
                 // Each with the uid holding it (`holders`), where the
                 // daemon says.
-                let named: Vec<String> = match r["holders"].as_array() {
-                    Some(h) if !h.is_empty() => h
+                let named: Vec<String> = if r.holders.is_empty() {
+                    r.busy
+                } else {
+                    r.holders
                         .iter()
-                        .map(|h| {
-                            format!("{} (uid {})", h["path"].as_str().unwrap_or("?"), h["uid"])
-                        })
-                        .collect(),
-                    _ => busy
-                        .iter()
-                        .filter_map(|p| p.as_str())
-                        .map(String::from)
-                        .collect(),
+                        .map(|h| format!("{} (uid {})", h.path, h.uid))
+                        .collect()
                 };
                 return Err(format!(
                     "files are open for writing through passthrough, whose writes cannot be \
@@ -177,7 +166,7 @@ fn save(ws_arg: &Path, st: &StateArg, id: Option<&OsStr>, force: bool) -> Result
     let info = snapshot::save(&ws.upper, &ws.dir, &id, &opts)?;
     if let Some(mut c) = pause {
         // Dropping the connection also resumes; asking says so explicitly.
-        let _ = c.request(&serde_json::json!({"cmd": "resume"}));
+        let _ = c.call::<Resumed>(&Request::Resume);
     }
     let entries = info.entries.unwrap_or(0);
     super::journal_undo("snapshot save", &ws, EvOp::SnapshotSave, &info.id, entries);
@@ -277,17 +266,15 @@ fn live_restore(
             ws.work.display()
         ));
     }
-    let req = serde_json::json!({
-        "cmd": "restore",
-        "staging": staged.name.to_string_lossy(),
+    let answer = client.call::<Restored>(&Request::Restore {
+        staging: staged.name.to_string_lossy().into_owned(),
     });
-    let answer = client.request(&req);
     // Either way the staging dir is to go: on success it holds the old
     // upper, else the unused restored tree. (Killed here, it stays in the
     // work dir, which the next mount cleans.)
     let removed = staged.remove();
     let answer = answer.map_err(|e| format!("the mount was not changed: {e}"))?;
-    if answer["pending"] == serde_json::Value::Bool(true) {
+    if answer.invalidated.pending {
         eprintln!(
             "layerfs snapshot restore: warning: the kernel's caches are still being \
              invalidated; the mount may show old attributes for a moment"

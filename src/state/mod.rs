@@ -12,6 +12,7 @@ pub mod journal;
 pub mod moves;
 pub mod patch;
 pub mod place;
+pub mod protocol;
 pub mod reset;
 pub mod scratch;
 pub mod snapshot;

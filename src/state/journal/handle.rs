@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use super::schema::disk_bytes;
 use super::schema::shown;
@@ -135,7 +135,7 @@ impl Journal {
     }
 
     /// The journal's health as `status` shows it.
-    pub fn health(&self) -> Value {
+    pub fn health(&self) -> HealthReport {
         let h = &self.health;
         let (err, err_time) = match &*h.last_error.lock() {
             Some((t, m)) => (
@@ -144,19 +144,64 @@ impl Journal {
             ),
             None => (None, None),
         };
-        json!({
-            "enabled": true,
-            "path": shown(&self.path).to_string_lossy(),
-            "rows": h.rows.load(Ordering::Relaxed),
-            "written": h.written.load(Ordering::Relaxed),
-            "dropped": h.dropped.load(Ordering::Relaxed),
-            "trimmed": h.trimmed.load(Ordering::Relaxed),
+        HealthReport {
+            enabled: Some(true),
+            path: Some(shown(&self.path).to_string_lossy().into_owned()),
+            rows: Some(h.rows.load(Ordering::Relaxed)),
+            written: Some(h.written.load(Ordering::Relaxed)),
+            dropped: Some(h.dropped.load(Ordering::Relaxed)),
+            trimmed: Some(h.trimmed.load(Ordering::Relaxed)),
             // The database and its WAL as they are now (what the cap bounds).
-            "bytes": disk_bytes(&self.path),
-            "last_error": err,
-            "last_error_time": err_time,
-            "max_bytes": self.opts.max_bytes,
-            "max_age_seconds": self.opts.max_age.as_secs(),
-        })
+            bytes: Some(disk_bytes(&self.path)),
+            last_error: err,
+            last_error_time: err_time,
+            max_bytes: Some(self.opts.max_bytes),
+            max_age_seconds: Some(self.opts.max_age.as_secs()),
+            ..HealthReport::default()
+        }
+    }
+}
+
+/// The journal's health as `status` reports it: a live mount's counters
+/// since the mount (`dropped`, `trimmed`, the last error), or what an
+/// unmounted workspace's database records (`dropped_recorded`,
+/// `trimmed_recorded`; `rows` absent and `last_error` set when it cannot
+/// be read), or `enabled: false`. Absent fields are left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HealthReport {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub rows: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub written: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trimmed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped_recorded: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trimmed_recorded: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    pub last_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error_time: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_age_seconds: Option<u64>,
+}
+
+impl HealthReport {
+    /// A mount without a journal.
+    pub fn disabled() -> HealthReport {
+        HealthReport {
+            enabled: Some(false),
+            ..HealthReport::default()
+        }
     }
 }

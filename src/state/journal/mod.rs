@@ -42,7 +42,7 @@ mod schema;
 mod tests;
 mod writer;
 
-pub use handle::{Journal, PATH_KEPT};
+pub use handle::{HealthReport, Journal, PATH_KEPT};
 pub use rows::{errno_name, offline_health, record_as, record_undo};
 pub use schema::{columns, open_ro, open_rw, ADDED_COLUMNS};
 
