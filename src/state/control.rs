@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::protocol::Request;
@@ -24,6 +25,15 @@ use crate::layer::safedir::SafeDir;
 /// How long a request may take before the client gives up (a pause waits
 /// for write opens to drain first).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Every response's envelope: `ok`, and the daemon's message when not.
+#[derive(Deserialize)]
+struct Outcome {
+    #[serde(default)]
+    ok: bool,
+    #[serde(default)]
+    error: Option<String>,
+}
 
 /// The control socket's name in the state dir.
 pub const SOCKET_FILE: &str = "control.sock";
@@ -104,14 +114,10 @@ impl Client {
         }
         let v: Value = serde_json::from_str(&answer)
             .map_err(|e| format!("control socket {p}: bad response ({e}): {answer}"))?;
-        if v.get("ok").and_then(Value::as_bool) == Some(true) {
-            Ok(v)
-        } else {
-            Err(v
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or("the daemon refused the request without saying why")
-                .to_string())
+        match Outcome::deserialize(&v) {
+            Ok(Outcome { ok: true, .. }) => Ok(v),
+            Ok(Outcome { error: Some(e), .. }) => Err(e),
+            _ => Err("the daemon refused the request without saying why".into()),
         }
     }
 
