@@ -350,15 +350,6 @@ impl Overlay {
         )
     }
 
-    /// The node id `name` in `parent`, resolved as `r`, is known by, if
-    /// any, without recording anything (for cache invalidation and
-    /// re-resolving, never for deciding which object a file is).
-    pub fn known_id(&self, parent: &Inode, name: &OsStr, r: &Resolved) -> u64 {
-        split_name(parent, name, r)
-            .and_then(|path| self.ids.known_name_id(r.st.st_dev, r.st.st_ino, &path))
-            .unwrap_or_else(|| self.ids.id(r.st.st_dev, r.st.st_ino))
-    }
-
     /// The node id of a resolved object (`name` in `parent`) without
     /// instantiating it: the id the kernel knows it by, or the id it will
     /// get.
