@@ -68,13 +68,13 @@ impl Overlay {
 
     /// Whether some lower layer shows `name` in the directory `parent`
     /// (so removing the upper name needs a whiteout).
-    pub fn lower_has(&self, parent: &Inode, name: &OsStr) -> bool {
+    pub(super) fn lower_has(&self, parent: &Inode, name: &OsStr) -> bool {
         let real = parent.real.read().clone();
         self.lower_has_in(&real, name)
     }
 
     /// `lower_has` for the directory whose real files are `real`.
-    pub fn lower_has_in(&self, real: &Real, name: &OsStr) -> bool {
+    pub(super) fn lower_has_in(&self, real: &Real, name: &OsStr) -> bool {
         if real.opaque {
             return false;
         }
@@ -537,7 +537,7 @@ impl Overlay {
 
     /// Whether a directory is empty as seen through the mount (hidden
     /// entries count: they exist).
-    pub fn dir_is_empty(&self, dir: &Inode) -> Result<bool> {
+    pub(super) fn dir_is_empty(&self, dir: &Inode) -> Result<bool> {
         Ok(self.merged_entries(dir)?.is_empty())
     }
 
