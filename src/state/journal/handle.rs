@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 
+use super::health::HealthReport;
 use super::schema::disk_bytes;
 use super::schema::shown;
 use super::writer::{Health, Idle, Msg, Writer};
@@ -157,50 +157,6 @@ impl Journal {
             last_error_time: err_time,
             max_bytes: Some(self.opts.max_bytes),
             max_age_seconds: Some(self.opts.max_age.as_secs()),
-            ..HealthReport::default()
-        }
-    }
-}
-
-/// The journal's health as `status` reports it: a live mount's counters
-/// since the mount (`dropped`, `trimmed`, the last error), or what an
-/// unmounted workspace's database records (`dropped_recorded`,
-/// `trimmed_recorded`; `rows` absent and `last_error` set when it cannot
-/// be read), or `enabled: false`. Absent fields are left out.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct HealthReport {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub enabled: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    pub rows: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub written: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dropped: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub trimmed: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dropped_recorded: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub trimmed_recorded: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub bytes: Option<u64>,
-    pub last_error: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_error_time: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_age_seconds: Option<u64>,
-}
-
-impl HealthReport {
-    /// A mount without a journal.
-    pub fn disabled() -> HealthReport {
-        HealthReport {
-            enabled: Some(false),
             ..HealthReport::default()
         }
     }

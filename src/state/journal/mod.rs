@@ -35,6 +35,7 @@
 //! it).
 
 mod handle;
+mod health;
 mod retention;
 mod rows;
 mod schema;
@@ -42,7 +43,8 @@ mod schema;
 mod tests;
 mod writer;
 
-pub use handle::{HealthReport, Journal, PATH_KEPT};
+pub use handle::{Journal, PATH_KEPT};
+pub use health::HealthReport;
 pub use rows::{errno_name, offline_health, record_as, record_undo};
 pub use schema::{columns, open_ro, open_rw, ADDED_COLUMNS};
 

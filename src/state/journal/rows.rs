@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::params;
 
-use super::handle::HealthReport;
+use super::health::HealthReport;
 use super::schema::disk_bytes;
 use super::schema::{open_ro, open_rw, shown};
 use crate::overlay::events::EvOp;
