@@ -50,7 +50,8 @@ impl GcCmd {
             super::journal_undo("gc", &ws, EvOp::Gc, &what.join(" "), done.len() as u64);
         };
         if let Some(client) = ws.client() {
-            let done = crate::state::ops::ask_changed(client?, &serde_json::json!({"cmd": "gc"}))?;
+            let done =
+                crate::state::ops::ask_changed(client?, &crate::state::protocol::Request::Gc)?;
             record(&done);
             for p in done {
                 outln!("emptied {}", crate::state::ops::shown(&p));

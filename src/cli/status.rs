@@ -8,9 +8,15 @@ use super::exit::{CliError, Context};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::host::mounts;
+use crate::layer::fds::Budget;
+use crate::state::protocol::{
+    Descriptors, JournalHealth, LowerStatus, OpenFiles, Request, Status, Transport, UpperUsage,
+    Watches,
+};
 use crate::state::workspace::{self, Workspace};
 
 const STATUS_HELP: &str = "\
@@ -71,7 +77,10 @@ const STATUS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 /// Asks the daemon of a live workspace for its status.
 fn ask(state: &Path) -> Result<Value, String> {
     let mut c = crate::state::workspace::connect(state)?.answer_within(STATUS_WITHIN);
-    let mut v = c.request(&json!({"cmd": "status"}))?;
+    // Passed on as the daemon sent it: `--json` keeps the fields this
+    // client does not know.
+    let req = serde_json::to_value(Request::Status).map_err(|e| e.to_string())?;
+    let mut v = c.request(&req)?;
     if let Some(o) = v.as_object_mut() {
         o.remove("ok");
         o.insert("mounted".into(), Value::Bool(true));
@@ -165,12 +174,27 @@ fn every_mount() -> Result<Vec<Value>, String> {
     Ok(out)
 }
 
-fn field(v: &Value, k: &str) -> String {
-    match v.get(k) {
-        None | Some(Value::Null) => "-".into(),
-        Some(Value::String(s)) => s.clone(),
-        Some(x) => x.to_string(),
-    }
+/// One workspace as `status` shows it: the daemon's `Status`, or what
+/// the state dir says of an unmounted one, or why neither is known
+/// (`error`). The `--json` output is the object itself, unknown fields
+/// included; the text form reads it through this type.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Report {
+    mounted: bool,
+    error: Option<String>,
+    /// The checkpoint layers, top first, and their store (`status` adds
+    /// them from the state dir's stack).
+    #[serde(default)]
+    checkpoints: Vec<String>,
+    layer_store: Option<String>,
+    #[serde(flatten)]
+    status: Status,
+}
+
+/// A value, or "-" when it is unknown.
+fn or_dash<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
 fn duration(secs: f64) -> String {
@@ -184,29 +208,25 @@ fn duration(secs: f64) -> String {
 
 /// One lower of a live mount: its filesystem, how soon outside changes
 /// show, and whether a network lower answers.
-fn lower_line(l: &Value) -> String {
-    let mut s = format!("{}: {}", field(l, "path"), field(l, "fstype"));
-    if l.get("network").and_then(Value::as_bool) == Some(true) {
-        let ms = l
-            .get("changes_show_within_ms")
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
+fn lower_line(l: &LowerStatus) -> String {
+    let mut s = format!("{}: {}", l.path, l.fstype);
+    if l.network {
         s.push_str(&format!(
             " from {}, network: changes made elsewhere show within {} ms plus its client's \
              caching",
-            field(l, "source"),
-            ms
+            l.source,
+            l.changes_show_within_ms.unwrap_or(0)
         ));
     } else {
         s.push_str(", local: outside changes show at once (inotify)");
     }
-    if l.get("state").and_then(Value::as_str) == Some("lost") {
+    if l.state == "lost" {
         s.push_str(&format!(
             "; LOST since {} ({}): requests needing it fail with EIO",
-            field(l, "lost_since"),
-            field(l, "error")
+            or_dash(l.lost_since.as_deref()),
+            or_dash(l.error.as_deref())
         ));
-    } else if let Some(n) = l.get("not_answering_seconds").and_then(Value::as_u64) {
+    } else if let Some(n) = l.not_answering_seconds {
         s.push_str(&format!("; NOT ANSWERING for {n} s"));
     }
     s
@@ -214,43 +234,36 @@ fn lower_line(l: &Value) -> String {
 
 /// The daemon's fds: how many are open of its limit, and the cache's and
 /// the pinned files' parts (`layer::fds`).
-fn descriptors_line(d: &Value) -> String {
-    let part = |k: &str| {
-        let p = &d[k];
-        format!("{}/{}", field(p, "open"), field(p, "limit"))
-    };
+fn descriptors_line(d: &Descriptors) -> String {
+    let part = |b: &Budget| format!("{}/{}", b.open, b.limit);
     format!(
         "{} open of {} (object cache {}, removed files pinned {}, for open files {})",
-        field(d, "open"),
-        field(d, "limit"),
-        part("cache"),
-        part("pinned"),
-        field(d, "handle_pool")
+        or_dash(d.open),
+        d.limit,
+        part(&d.cache),
+        part(&d.pinned),
+        d.handle_pool
     )
 }
 
 /// Open files per uid, with each one's share and refusals
 /// (`overlay::share`): "12: uid 0 4, uid 1001 8/80 (3 refused)".
-fn open_files_line(f: &Value) -> String {
-    let mut s = field(f, "open");
-    let per_user = field(f, "per_user_limit");
-    let users: Vec<String> = f["by_uid"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|u| {
-                    let mut one = format!("uid {} {}", field(u, "uid"), field(u, "open"));
-                    if u["owner"] != Value::Bool(true) {
-                        one.push_str(&format!("/{per_user}"));
-                    }
-                    if u["refused"].as_u64().unwrap_or(0) > 0 {
-                        one.push_str(&format!(" ({} refused)", field(u, "refused")));
-                    }
-                    one
-                })
-                .collect()
+fn open_files_line(f: &OpenFiles) -> String {
+    let mut s = f.open.to_string();
+    let users: Vec<String> = f
+        .by_uid
+        .iter()
+        .map(|u| {
+            let mut one = format!("uid {} {}", u.uid, u.open);
+            if !u.owner {
+                one.push_str(&format!("/{}", f.per_user_limit));
+            }
+            if u.refused > 0 {
+                one.push_str(&format!(" ({} refused)", u.refused));
+            }
+            one
         })
-        .unwrap_or_default();
+        .collect();
     if !users.is_empty() {
         s.push_str(": ");
         s.push_str(&users.join(", "));
@@ -258,219 +271,204 @@ fn open_files_line(f: &Value) -> String {
     s
 }
 
+/// The inotify watches on lower directories.
+fn watches_line(w: &Watches) -> String {
+    if !w.enabled {
+        return "none (inotify unavailable): lower changes show within --lower-timeout".into();
+    }
+    let mut s = format!(
+        "{} of {} inotify watches on lower directories",
+        or_dash(w.used),
+        or_dash(w.cap)
+    );
+    if let Some(n) = w.dirs_over_cap.filter(|n| *n > 0) {
+        s.push_str(&format!(
+            "; {n} directories beyond the cap show outside changes within --lower-timeout"
+        ));
+    }
+    if w.live == Some(false) {
+        s.push_str("; NOT LIVE: every lower change shows within --lower-timeout");
+    }
+    s
+}
+
+/// Bytes and inodes the upper holds, against the quota.
+fn usage_line(u: &UpperUsage) -> String {
+    let bytes = u.bytes.unwrap_or(0);
+    let mut s = format!(
+        "{}, {} inodes",
+        crate::quote::bytes(bytes),
+        or_dash(u.inodes)
+    );
+    if let Some(q) = u.quota_bytes {
+        s.push_str(&format!(
+            " (quota {} bytes: {:.0}%)",
+            crate::quote::bytes(q),
+            100.0 * bytes as f64 / q.max(1) as f64
+        ));
+    }
+    if let Some(q) = u.quota_inodes {
+        let n = u.inodes.unwrap_or(0);
+        s.push_str(&format!(
+            " (quota {q} inodes: {:.0}%)",
+            100.0 * n as f64 / q.max(1) as f64
+        ));
+    }
+    s
+}
+
+/// How requests reach the daemon.
+fn transport_line(t: &Transport) -> String {
+    if t.kind == "io_uring" {
+        let per_queue: Vec<String> = t
+            .ring_requests
+            .iter()
+            .flatten()
+            .map(|n| n.to_string())
+            .collect();
+        format!(
+            "io_uring, {} queues of {} entries (requests per CPU: {})",
+            or_dash(t.queues),
+            or_dash(t.entries_per_queue),
+            per_queue.join(" ")
+        )
+    } else {
+        match &t.io_uring_refused {
+            Some(why) => format!("/dev/fuse (io_uring asked for, not used: {why})"),
+            None => "/dev/fuse".to_string(),
+        }
+    }
+}
+
+/// The journal: its rows and what it lost, since the mount (a live
+/// mount's counters) or over every earlier mount (as its rows record).
+fn journal_line(j: &JournalHealth) -> String {
+    let rows = or_dash(j.rows);
+    let mut s = if j.enabled == Some(false) {
+        "off".to_string()
+    } else if let Some(dropped) = j.dropped {
+        let mut s = format!("{rows} rows");
+        if let (Some(b), Some(cap)) = (j.bytes, j.max_bytes) {
+            s.push_str(&format!(
+                " ({} of {})",
+                crate::quote::bytes(b),
+                crate::quote::bytes(cap)
+            ));
+        }
+        s.push_str(&format!(", {dropped} dropped"));
+        if let Some(t) = j.trimmed.filter(|t| *t > 0) {
+            s.push_str(&format!(", {t} trimmed"));
+        }
+        s
+    } else if let Some(lost) = j.dropped_recorded {
+        // Unmounted: the sum of the journal's own journal-dropped rows
+        // (events lost over every earlier mount, as far as the journal
+        // could record the loss).
+        let mut s = format!("{rows} rows, {lost} events lost while mounted");
+        if let Some(t) = j.trimmed_recorded.filter(|t| *t > 0) {
+            s.push_str(&format!(", {t} trimmed"));
+        }
+        s
+    } else {
+        format!("{rows} rows")
+    };
+    if let Some(e) = &j.last_error {
+        s.push_str(&format!("; last error: {e}"));
+    }
+    s
+}
+
 /// The text form of one status object.
 fn render(v: &Value) -> String {
+    let r: Report = match serde_json::from_value(v.clone()) {
+        Ok(r) => r,
+        Err(e) => Report {
+            error: Some(format!("cannot read the status ({e}): {v}")),
+            ..Report::default()
+        },
+    };
+    let st = &r.status;
     let mut out = String::new();
     // Every value may hold names a user chose (paths, errors naming
     // files): escaped so none can forge a line or drive the terminal.
     let mut line =
         |k: &str, val: String| out.push_str(&format!("{k:<12} {}\n", crate::quote::visible(&val)));
-    let mounted = v.get("mounted").and_then(Value::as_bool).unwrap_or(false);
     line(
         "mountpoint",
-        if mounted {
-            field(v, "mountpoint")
+        if r.mounted {
+            or_dash(st.mountpoint.as_deref())
         } else {
             "(not mounted)".into()
         },
     );
-    if let Some(e) = v.get("error").and_then(Value::as_str) {
-        line("error", e.to_string());
+    if let Some(e) = &r.error {
+        line("error", e.clone());
         return out;
     }
-    line("upper", field(v, "upper"));
-    if let Some(m) = v
-        .pointer("/policy_reload_failure/message")
-        .and_then(Value::as_str)
-    {
-        line("policy", m.to_string());
+    line("upper", or_dash(st.upper.as_deref()));
+    if let Some(f) = &st.policy_reload_failure {
+        line("policy", f.message.clone());
     }
-    if let Some(ls) = v.get("lowers").and_then(Value::as_array) {
-        let ls: Vec<String> = ls
-            .iter()
-            .filter_map(|l| l.as_str().map(String::from))
-            .collect();
-        line("lowers", ls.join(", "));
-    }
-    if let Some(cs) = v.get("checkpoints").and_then(Value::as_array) {
-        let cs: Vec<&str> = cs.iter().filter_map(Value::as_str).collect();
+    line("lowers", st.lowers.join(", "));
+    if !r.checkpoints.is_empty() {
         line(
             "checkpoints",
             format!(
                 "{} (top first, over the shared lowers; store {})",
-                cs.join(", "),
-                field(v, "layer_store")
+                r.checkpoints.join(", "),
+                or_dash(r.layer_store.as_deref())
             ),
         );
     }
-    if let Some(ls) = v.pointer("/layers/lowers").and_then(Value::as_array) {
-        for (i, l) in ls.iter().enumerate() {
+    if let Some(layers) = &st.layers {
+        for (i, l) in layers.lowers.iter().enumerate() {
             line(&format!("lower #{}", i + 1), lower_line(l));
         }
-        let refused = v
-            .pointer("/layers/refused_requests")
-            .and_then(Value::as_u64);
-        let stalled = v
-            .pointer("/layers/stalled_requests")
-            .and_then(Value::as_u64);
-        if refused.unwrap_or(0) + stalled.unwrap_or(0) > 0 {
+        let refused = layers.refused_requests.unwrap_or(0);
+        let stalled = layers.stalled_requests.unwrap_or(0);
+        if refused + stalled > 0 {
             line(
                 "lower I/O",
-                format!(
-                    "{} requests stuck for over 5 s, {} refused with ETIMEDOUT",
-                    stalled.unwrap_or(0),
-                    refused.unwrap_or(0)
-                ),
+                format!("{stalled} requests stuck for over 5 s, {refused} refused with ETIMEDOUT"),
             );
         }
     }
-    if let Some(w) = v.get("watches").filter(|w| !w.is_null()) {
-        let s = if w.get("enabled").and_then(Value::as_bool) == Some(true) {
-            let mut s = format!(
-                "{} of {} inotify watches on lower directories",
-                field(w, "used"),
-                field(w, "cap")
-            );
-            if let Some(n) = w
-                .get("dirs_over_cap")
-                .and_then(Value::as_u64)
-                .filter(|n| *n > 0)
-            {
-                s.push_str(&format!(
-                    "; {n} directories beyond the cap show outside changes within \
-                     --lower-timeout"
-                ));
-            }
-            if w.get("live").and_then(Value::as_bool) == Some(false) {
-                s.push_str("; NOT LIVE: every lower change shows within --lower-timeout");
-            }
-            s
-        } else {
-            "none (inotify unavailable): lower changes show within --lower-timeout".into()
-        };
-        line("watches", s);
+    if let Some(w) = &st.watches {
+        line("watches", watches_line(w));
     }
-    line("state", field(v, "state"));
-    if mounted {
-        let up = v
-            .get("uptime_seconds")
-            .and_then(Value::as_f64)
-            .unwrap_or(0.0);
-        line("pid", format!("{}, up {}", field(v, "pid"), duration(up)));
-        if v.get("paused").and_then(Value::as_bool) == Some(true) {
+    line("state", or_dash(st.state.as_deref()));
+    if r.mounted {
+        line(
+            "pid",
+            format!("{}, up {}", or_dash(st.pid), duration(st.uptime_seconds)),
+        );
+        if st.paused {
             line("writes", "PAUSED".into());
         }
     }
-    if let Some(u) = v.get("upper_usage") {
-        let bytes = u.get("bytes").and_then(Value::as_u64).unwrap_or(0);
-        let mut s = format!(
-            "{}, {} inodes",
-            crate::quote::bytes(bytes),
-            field(u, "inodes")
-        );
-        if let Some(q) = u.get("quota_bytes").and_then(Value::as_u64) {
-            s.push_str(&format!(
-                " (quota {} bytes: {:.0}%)",
-                crate::quote::bytes(q),
-                100.0 * bytes as f64 / q.max(1) as f64
-            ));
-        }
-        if let Some(q) = u.get("quota_inodes").and_then(Value::as_u64) {
-            let n = u.get("inodes").and_then(Value::as_u64).unwrap_or(0);
-            s.push_str(&format!(
-                " (quota {q} inodes: {:.0}%)",
-                100.0 * n as f64 / q.max(1) as f64
-            ));
-        }
-        line("upper use", s);
+    if let Some(u) = &st.upper_usage {
+        line("upper use", usage_line(u));
     }
-    if let Some(c) = v.get("counters") {
+    if let Some(c) = &st.counters {
         line(
             "activity",
             format!(
                 "{} copy-ups, {} denials, {} requests ({} /s)",
-                field(c, "copy_ups"),
-                field(c, "denials"),
-                field(c, "requests"),
-                field(c, "requests_per_second")
+                c.copy_ups, c.denials, c.requests, c.requests_per_second
             ),
         );
     }
-    if let Some(t) = v.get("transport").filter(|t| !t.is_null()) {
-        let s = if t.get("kind").and_then(Value::as_str) == Some("io_uring") {
-            let per_queue: Vec<String> = t
-                .get("ring_requests")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().map(|n| n.to_string()).collect())
-                .unwrap_or_default();
-            format!(
-                "io_uring, {} queues of {} entries (requests per CPU: {})",
-                field(t, "queues"),
-                field(t, "entries_per_queue"),
-                per_queue.join(" ")
-            )
-        } else {
-            match t.get("io_uring_refused").and_then(Value::as_str) {
-                Some(why) => format!("/dev/fuse (io_uring asked for, not used: {why})"),
-                None => "/dev/fuse".to_string(),
-            }
-        };
-        line("transport", s);
+    if let Some(t) = &st.transport {
+        line("transport", transport_line(t));
     }
-    if let Some(d) = v.get("descriptors").filter(|d| !d.is_null()) {
+    if let Some(d) = &st.descriptors {
         line("fds", descriptors_line(d));
     }
-    if let Some(f) = v.get("open_files").filter(|f| !f.is_null()) {
+    if let Some(f) = &st.open_files {
         line("open files", open_files_line(f));
     }
-    if let Some(j) = v.get("journal").filter(|j| !j.is_null()) {
-        let mut s = if j.get("enabled").and_then(Value::as_bool) == Some(false) {
-            "off".to_string()
-        } else {
-            match (j.get("dropped"), j.get("dropped_recorded")) {
-                (Some(d), _) if !d.is_null() => {
-                    let mut s = format!("{} rows", field(j, "rows"));
-                    if let (Some(b), Some(cap)) = (
-                        j.get("bytes").and_then(Value::as_u64),
-                        j.get("max_bytes").and_then(Value::as_u64),
-                    ) {
-                        s.push_str(&format!(
-                            " ({} of {})",
-                            crate::quote::bytes(b),
-                            crate::quote::bytes(cap)
-                        ));
-                    }
-                    s.push_str(&format!(", {} dropped", field(j, "dropped")));
-                    if let Some(t) = j.get("trimmed").and_then(Value::as_u64).filter(|t| *t > 0) {
-                        s.push_str(&format!(", {t} trimmed"));
-                    }
-                    s
-                }
-                // Unmounted: the sum of the journal's own journal-dropped
-                // rows (events lost over every earlier mount, as far as
-                // the journal could record the loss).
-                (_, Some(d)) if !d.is_null() => {
-                    let mut s = format!(
-                        "{} rows, {} events lost while mounted",
-                        field(j, "rows"),
-                        field(j, "dropped_recorded")
-                    );
-                    if let Some(t) = j
-                        .get("trimmed_recorded")
-                        .and_then(Value::as_u64)
-                        .filter(|t| *t > 0)
-                    {
-                        s.push_str(&format!(", {t} trimmed"));
-                    }
-                    s
-                }
-                _ => format!("{} rows", field(j, "rows")),
-            }
-        };
-        if let Some(e) = j.get("last_error").and_then(Value::as_str) {
-            s.push_str(&format!("; last error: {e}"));
-        }
-        line("journal", s);
+    if let Some(j) = &st.journal {
+        line("journal", journal_line(j));
     }
     out
 }

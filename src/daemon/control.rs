@@ -19,16 +19,21 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::served::{invalidate_bounded, Daemon};
 use crate::layer::safedir::SafeDir;
 use crate::overlay::gate::PauseGuard;
 use crate::state::control::SOCKET_FILE;
+use crate::state::protocol::{
+    Counters, Holder, LayersStatus, LowerStatus, Paused, Request, Resumed, Status, Transport,
+    UpperUsage, Watches,
+};
 
 /// How long `pause` waits for passthrough write opens to close (the mount
 /// owner's only, see `fuse::io_mode`), unless the request says otherwise
-/// (`"wait_ms"`).
+/// (`wait_ms`).
 const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 
 /// The bound socket, removed when dropped (at daemon exit) if it is still
@@ -133,11 +138,11 @@ fn ask_status(s: UnixStream) -> Option<(u64, String)> {
     let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
     let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
     let mut w = s.try_clone().ok()?;
-    send(&mut w, &json!({"cmd": "status"})).ok()?;
+    send(&mut w, &serde_json::to_value(Request::Status).ok()?).ok()?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).ok()?;
-    let v: Value = serde_json::from_str(&line).ok()?;
-    Some((v["pid"].as_u64()?, v["mountpoint"].as_str()?.to_string()))
+    let v: Status = serde_json::from_str(&line).ok()?;
+    Some((v.pid?.into(), v.mountpoint?))
 }
 
 impl Drop for ControlSocket {
@@ -285,17 +290,14 @@ fn serve_conn(stream: UnixStream, daemon: &Daemon) {
         if line.trim().is_empty() {
             continue;
         }
-        let answer = match serde_json::from_str::<Value>(&line) {
-            Ok(req) => match dispatch(daemon, &mut conn, &req) {
-                Ok(mut v) => {
-                    if let Some(o) = v.as_object_mut() {
-                        o.insert("ok".into(), Value::Bool(true));
-                    }
-                    v
+        let answer = match Request::parse(&line).and_then(|r| dispatch(daemon, &mut conn, &r)) {
+            Ok(mut v) => {
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("ok".into(), Value::Bool(true));
                 }
-                Err(e) => json!({"ok": false, "error": e}),
-            },
-            Err(e) => json!({"ok": false, "error": format!("request is not JSON: {e}")}),
+                v
+            }
+            Err(e) => json!({"ok": false, "error": e}),
         };
         if send(&mut writer, &answer).is_err() {
             break;
@@ -306,23 +308,27 @@ fn serve_conn(stream: UnixStream, daemon: &Daemon) {
     }
 }
 
+/// The reply as it goes on the wire (before the `ok` marker is added).
+fn reply(r: impl Serialize) -> Result<Value, String> {
+    serde_json::to_value(r).map_err(|e| format!("cannot encode the reply: {e}"))
+}
+
 /// Answers one request. An `Err` is the message for the client.
-pub fn dispatch<'a>(daemon: &'a Daemon, conn: &mut Conn<'a>, req: &Value) -> Result<Value, String> {
-    let cmd = req
-        .get("cmd")
-        .and_then(Value::as_str)
-        .ok_or("request has no \"cmd\"")?;
-    match cmd {
-        "status" => Ok(status(daemon, conn)),
-        "pause" => {
+pub fn dispatch<'a>(
+    daemon: &'a Daemon,
+    conn: &mut Conn<'a>,
+    req: &Request,
+) -> Result<Value, String> {
+    match req {
+        Request::Status => reply(status(daemon, conn)),
+        Request::Pause { wait_ms } => {
             if conn.pause.is_some() {
-                return Ok(json!({"paused": true, "busy": [], "holders": []}));
+                return reply(Paused {
+                    paused: true,
+                    ..Paused::default()
+                });
             }
-            let wait = req
-                .get("wait_ms")
-                .and_then(Value::as_u64)
-                .map(Duration::from_millis)
-                .unwrap_or(DEFAULT_DRAIN);
+            let wait = wait_ms.map(Duration::from_millis).unwrap_or(DEFAULT_DRAIN);
             let (guard, busy) = daemon.fs.pause_writes(wait);
             conn.pause = Some(guard);
             tracing::info!(
@@ -330,139 +336,135 @@ pub fn dispatch<'a>(daemon: &'a Daemon, conn: &mut Conn<'a>, req: &Value) -> Res
                 "writes paused through the control socket"
             );
             // `busy`: the paths; `holders`: each with the uid holding it.
-            let paths: Vec<&String> = busy.iter().map(|(p, _)| p).collect();
-            let holders: Vec<Value> = busy
-                .iter()
-                .map(|(p, uid)| json!({"path": p, "uid": uid}))
-                .collect();
-            Ok(json!({"paused": true, "busy": paths, "holders": holders}))
+            reply(Paused {
+                paused: true,
+                busy: busy.iter().map(|(p, _)| p.clone()).collect(),
+                holders: busy
+                    .into_iter()
+                    .map(|(path, uid)| Holder { path, uid })
+                    .collect(),
+            })
         }
-        "resume" => {
-            let was = conn.pause.take().is_some();
-            if was {
+        Request::Resume => {
+            let resumed = conn.pause.take().is_some();
+            if resumed {
                 tracing::info!("writes resumed through the control socket");
             }
-            Ok(json!({"resumed": was}))
+            reply(Resumed { resumed })
         }
-        "invalidate" => {
-            let paths: Vec<String> = req
-                .get("paths")
-                .and_then(Value::as_array)
-                .ok_or("invalidate needs \"paths\": [\"rel/path\", ...]")?
-                .iter()
-                .map(|p| p.as_str().map(String::from).ok_or("a path is not a string"))
-                .collect::<Result<_, _>>()?;
+        Request::Invalidate { paths } => {
+            let (fs, paths) = (daemon.fs.clone(), paths.clone());
+            reply(invalidate_bounded(move || fs.invalidate_paths(&paths)))
+        }
+        Request::Reset { paths } => reply(super::reset::serve(daemon, paths, false)?),
+        Request::Gc => reply(super::reset::serve(daemon, &[], true)?),
+        Request::Restore { staging } => reply(super::restore::serve(daemon, staging)?),
+        Request::Checkpoint { .. } | Request::Undo { .. } => super::layers::serve(daemon, req),
+        Request::InvalidateAll => {
             let fs = daemon.fs.clone();
-            Ok(invalidate_bounded(move || fs.invalidate_paths(&paths)))
+            reply(invalidate_bounded(move || fs.invalidate_all()))
         }
-        "reset" => super::reset::serve(daemon, req, false),
-        "gc" => super::reset::serve(daemon, req, true),
-        "restore" => super::restore::serve(daemon, req),
-        "checkpoint" => super::layers::serve(daemon, req, false),
-        "undo" => super::layers::serve(daemon, req, true),
-        "invalidate_all" => {
-            let fs = daemon.fs.clone();
-            Ok(invalidate_bounded(move || fs.invalidate_all()))
-        }
-        other => Err(format!(
-            "unknown command \"{other}\" (this daemon knows status, pause, resume, invalidate, \
-             invalidate_all, reset, gc, restore, checkpoint, undo)"
-        )),
     }
 }
 
-fn status(daemon: &Daemon, conn: &Conn<'_>) -> Value {
+fn status(daemon: &Daemon, conn: &Conn<'_>) -> Status {
     let s = |p: &Path| p.to_string_lossy().into_owned();
     let ov = daemon.fs.overlay();
     let (requests, copy_ups, denials) = daemon.fs.counters();
-    json!({
-        "mountpoint": s(&daemon.mountpoint),
-        "upper": s(&daemon.upper),
-        "lowers": daemon.lowers.iter().map(|l| s(l)).collect::<Vec<_>>(),
-        "work": s(&daemon.work),
-        "state": s(&daemon.state),
-        "policy": daemon.policy_file.as_deref().map(s),
-        "policy_reload_failure": daemon.reloads.to_json(),
-        "pid": std::process::id(),
-        "uid": daemon.uid,
-        "started": humantime::format_rfc3339_seconds(daemon.started_at).to_string(),
-        "uptime_seconds": daemon.started.elapsed().as_secs_f64(),
-        "paused": ov.gate.paused(),
-        "paused_by_you": conn.pause.is_some(),
-        "read_only": ov.read_only,
-        "upper_usage": upper_usage(ov),
-        "layers": layers(ov, daemon.lower_timeout),
-        "watches": watches(ov),
-        "counters": {
-            "requests": requests,
-            "requests_per_second": (daemon.rate() * 10.0).round() / 10.0,
-            "by_op": daemon
+    Status {
+        mountpoint: Some(s(&daemon.mountpoint)),
+        upper: Some(s(&daemon.upper)),
+        lowers: daemon.lowers.iter().map(|l| s(l)).collect(),
+        work: Some(s(&daemon.work)),
+        state: Some(s(&daemon.state)),
+        policy: daemon.policy_file.as_deref().map(s),
+        policy_reload_failure: daemon.reloads.failure(),
+        pid: Some(std::process::id()),
+        uid: Some(daemon.uid),
+        started: Some(humantime::format_rfc3339_seconds(daemon.started_at).to_string()),
+        uptime_seconds: daemon.started.elapsed().as_secs_f64(),
+        paused: ov.gate.paused(),
+        paused_by_you: conn.pause.is_some(),
+        read_only: ov.read_only,
+        upper_usage: Some(upper_usage(ov)),
+        layers: Some(layers(ov, daemon.lower_timeout)),
+        watches: Some(watches(ov)),
+        counters: Some(Counters {
+            requests,
+            requests_per_second: (daemon.rate() * 10.0).round() / 10.0,
+            by_op: daemon
                 .fs
                 .requests_by_op()
                 .into_iter()
-                .map(|(op, n)| (op.to_string(), json!(n)))
-                .collect::<serde_json::Map<_, _>>(),
-            "copy_ups": copy_ups,
-            "denials": denials,
-        },
-        "journal": match &daemon.journal {
+                .map(|(op, n)| (op.to_string(), n))
+                .collect(),
+            copy_ups,
+            denials,
+        }),
+        journal: Some(match &daemon.journal {
             Some(j) => j.health(),
-            None => json!({"enabled": false}),
-        },
-        "transport": transport(&daemon.fs),
+            None => crate::state::journal::HealthReport::disabled(),
+        }),
+        transport: Some(transport(&daemon.fs)),
         // The daemon's fds and each caller's share of them for open files
         // (`layer::fds`, `overlay::share`).
-        "descriptors": crate::layer::fds::report(),
-        "open_files": ov.files.shares.report(),
-    })
+        descriptors: Some(crate::layer::fds::report()),
+        open_files: Some(ov.files.shares.report()),
+    }
 }
 
 /// The inotify watches on lower directories: how many are held, the cap
 /// (`--max-watches`), and the directories left to `--lower-timeout`
 /// because the cap was reached.
-fn watches(ov: &crate::overlay::Overlay) -> Value {
+fn watches(ov: &crate::overlay::Overlay) -> Watches {
     match ov.watch_usage() {
-        Some(u) => json!({
-            "enabled": true,
-            "live": ov.watch.as_ref().is_some_and(|w| w.live()),
-            "used": u.used,
-            "cap": u.cap,
-            "dirs_over_cap": u.dirs_over_cap,
-        }),
-        None => json!({"enabled": false}),
+        Some(u) => Watches {
+            enabled: true,
+            live: Some(ov.watch.as_ref().is_some_and(|w| w.live())),
+            used: Some(u.used as u64),
+            cap: Some(u.cap as u64),
+            dirs_over_cap: Some(u.dirs_over_cap as u64),
+        },
+        None => Watches::default(),
     }
 }
 
 /// How requests reach the daemon: `/dev/fuse`, or io_uring queues (and
 /// why not, when `--io-uring` was asked for and is not in use).
-fn transport(fs: &crate::fuse::FsHandle) -> Value {
+fn transport(fs: &crate::fuse::FsHandle) -> Transport {
     let n = fs.negotiated();
     match fs.uring() {
-        Some(u) => json!({
-            "kind": "io_uring",
-            "queues": u.queues,
-            "entries_per_queue": u.depth,
-            "ring_requests": u
-                .requests
-                .iter()
-                .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
-                .collect::<Vec<_>>(),
-        }),
-        None => json!({
-            "kind": "/dev/fuse",
-            "io_uring_requested": fs.uring_requested(),
-            "io_uring_refused": n.and_then(|n| n.uring_refused).or_else(|| {
-                (fs.uring_requested() && n.is_some_and(|n| n.uring))
-                    .then_some("the queues could not be set up (see the daemon's log)")
-            }),
-        }),
+        Some(u) => Transport {
+            kind: "io_uring".into(),
+            queues: Some(u.queues as u64),
+            entries_per_queue: Some(u.depth as u64),
+            ring_requests: Some(
+                u.requests
+                    .iter()
+                    .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
+                    .collect(),
+            ),
+            ..Transport::default()
+        },
+        None => Transport {
+            kind: "/dev/fuse".into(),
+            io_uring_requested: Some(fs.uring_requested()),
+            io_uring_refused: n
+                .and_then(|n| n.uring_refused)
+                .or_else(|| {
+                    (fs.uring_requested() && n.is_some_and(|n| n.uring))
+                        .then_some("the queues could not be set up (see the daemon's log)")
+                })
+                .map(String::from),
+            ..Transport::default()
+        },
     }
 }
 
 /// Each lower's filesystem, how soon outside changes show through the
 /// mount, and, for a network lower, whether it answers (probed now, for
 /// at most half a second: status answers even while a lower hangs).
-fn layers(ov: &crate::overlay::Overlay, lower_timeout: Duration) -> Value {
+fn layers(ov: &crate::overlay::Overlay, lower_timeout: Duration) -> LayersStatus {
     let conditions = match &ov.reach {
         Some(r) => {
             r.check(Duration::from_millis(500));
@@ -470,47 +472,48 @@ fn layers(ov: &crate::overlay::Overlay, lower_timeout: Duration) -> Value {
         }
         None => Vec::new(),
     };
-    let list: Vec<Value> = ov
+    let lowers = ov
         .lowers()
         .iter()
         .enumerate()
         .map(|(i, l)| {
             let c = conditions.iter().find(|c| c.index == i);
             let lost = c.and_then(|c| c.lost.clone());
-            json!({
-                "path": l.path.to_string_lossy(),
-                "fstype": l.caps.fstype,
-                "source": l.caps.source,
-                "network": l.caps.remote,
+            LowerStatus {
+                path: l.path.to_string_lossy().into_owned(),
+                fstype: l.caps.fstype.clone(),
+                source: l.caps.source.clone(),
+                network: l.caps.remote,
                 // Where a watch cannot see outside changes, the kernel
                 // trusts entries for --lower-timeout (plus whatever the
                 // network filesystem's own client caches).
-                "changes_show_within_ms": if l.caps.remote {
-                    Some(lower_timeout.as_millis() as u64)
-                } else {
-                    None
-                },
-                "file_handles": l.caps.handles,
-                "xattrs": l.caps.xattrs,
-                "stable_inodes": l.caps.inodes == crate::layer::netfs::Inodes::Stable,
-                "state": if lost.is_some() { "lost" } else { "ok" },
-                "lost_since": lost.as_ref().map(|(t, _)| humantime::format_rfc3339_seconds(*t).to_string()),
-                "error": lost.map(|(_, e)| e),
-                "not_answering_seconds": c.and_then(|c| c.not_answering).map(|d| d.as_secs()),
-            })
+                changes_show_within_ms: l.caps.remote.then_some(lower_timeout.as_millis() as u64),
+                file_handles: l.caps.handles,
+                xattrs: l.caps.xattrs,
+                stable_inodes: l.caps.inodes == crate::layer::netfs::Inodes::Stable,
+                state: if lost.is_some() { "lost" } else { "ok" }.into(),
+                lost_since: lost
+                    .as_ref()
+                    .map(|(t, _)| humantime::format_rfc3339_seconds(*t).to_string()),
+                error: lost.map(|(_, e)| e),
+                not_answering_seconds: c.and_then(|c| c.not_answering).map(|d| d.as_secs()),
+            }
         })
         .collect();
-    json!({
-        "lowers": list,
-        "refused_requests": ov.reach.as_ref().map(|r| r.refused.load(std::sync::atomic::Ordering::Relaxed)),
-        "stalled_requests": ov.reach.as_ref().map(|r| r.stalled()),
-    })
+    LayersStatus {
+        lowers,
+        refused_requests: ov
+            .reach
+            .as_ref()
+            .map(|r| r.refused.load(std::sync::atomic::Ordering::Relaxed)),
+        stalled_requests: ov.reach.as_ref().map(|r| r.stalled() as u64),
+    }
 }
 
 /// Bytes and inodes the upper holds (whiteouts are free), with the quota
 /// limits when the policy sets them. Without a quota the upper is
 /// measured now (a walk of the upper).
-fn upper_usage(ov: &crate::overlay::Overlay) -> Value {
+fn upper_usage(ov: &crate::overlay::Overlay) -> UpperUsage {
     let limits = ov.quota.limits();
     let (bytes, inodes, measured) = if ov.quota.limited() {
         let (b, i) = ov.quota.used();
@@ -528,11 +531,11 @@ fn upper_usage(ov: &crate::overlay::Overlay) -> Value {
             }
         }
     };
-    json!({
-        "bytes": bytes,
-        "inodes": inodes,
-        "how": measured,
-        "quota_bytes": limits.bytes,
-        "quota_inodes": limits.inodes,
-    })
+    UpperUsage {
+        bytes,
+        inodes,
+        how: measured.into(),
+        quota_bytes: limits.bytes,
+        quota_inodes: limits.inodes,
+    }
 }

@@ -28,17 +28,18 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::restore::{held_dirs, invalidate_swapped, quiesce};
 use super::served::Daemon;
 use crate::layer::{sys, Layer};
 use crate::state::checkpoint::{self, Live};
+use crate::state::protocol::{Checkpointed, Request, Undone};
 use crate::state::workspace::Workspace;
 
-/// `{"cmd":"checkpoint","name":N?,"layers":DIR?}` (`undo` false) or
-/// `{"cmd":"undo","to":N?}`: see the module comment.
-pub fn serve(daemon: &Daemon, req: &Value, undo: bool) -> Result<Value, String> {
+/// `Request::Checkpoint` or `Request::Undo`: see the module comment.
+pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
+    let undo = matches!(req, Request::Undo { .. });
     let ov = daemon.fs.overlay();
     let what = if undo { "an undo" } else { "a checkpoint" };
     if ov.read_only {
@@ -74,22 +75,53 @@ pub fn serve(daemon: &Daemon, req: &Value, undo: bool) -> Result<Value, String> 
         frozen: None,
         checkpoint: !undo,
     };
-    let out = if undo {
-        let to = req.get("to").and_then(Value::as_str);
-        checkpoint::undo(&ws, to, Some(&mut swap))
-            .map(|(at, dropped)| json!({"at": at, "dropped": dropped}))
-    } else {
-        let name = req.get("name").and_then(Value::as_str);
-        let layers = req.get("layers").and_then(Value::as_str).map(Path::new);
-        checkpoint::checkpoint(&ws, name, layers, Some(&mut swap)).map(|n| json!({"name": n}))
+    let out: Result<Done, String> = match req {
+        Request::Undo { to } => checkpoint::undo(&ws, to.as_deref(), Some(&mut swap))
+            .map(|(at, dropped)| {
+                Done::Undone(Undone {
+                    at,
+                    dropped,
+                    ..Undone::default()
+                })
+            })
+            .map_err(String::from),
+        Request::Checkpoint { name, layers } => checkpoint::checkpoint(
+            &ws,
+            name.as_deref(),
+            layers.as_deref().map(Path::new),
+            Some(&mut swap),
+        )
+        .map(|name| {
+            Done::Checkpointed(Checkpointed {
+                name,
+                ..Checkpointed::default()
+            })
+        })
+        .map_err(String::from),
+        other => Err(format!("{other:?} is neither a checkpoint nor an undo")),
     };
     drop(pause);
-    let mut out = out.map_err(String::from)?;
+    let mut out = out?;
     let inv = invalidate_swapped(daemon, &dirs_before);
-    out["invalidated"] = inv["invalidated"].clone();
-    out["pending"] = inv["pending"].clone();
+    let out = match &mut out {
+        Done::Undone(u) => {
+            u.invalidated = inv;
+            serde_json::to_value(u)
+        }
+        Done::Checkpointed(c) => {
+            c.invalidated = inv;
+            serde_json::to_value(c)
+        }
+    }
+    .map_err(|e| format!("cannot encode the reply: {e}"))?;
     tracing::info!("{what} of the live mount: {out}");
     Ok(out)
+}
+
+/// What a checkpoint or an undo answers.
+enum Done {
+    Checkpointed(Checkpointed),
+    Undone(Undone),
 }
 
 /// The daemon's part of the steps (`checkpoint::Live`).

@@ -10,31 +10,21 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
 use super::served::Daemon;
 use crate::layer::stack::Layers;
+use crate::state::protocol::Changed;
 use crate::state::{reset, scratch};
 
 /// How long a reset waits for passthrough write opens to close.
 const DRAIN: Duration = Duration::from_secs(2);
 
-/// `{"cmd":"reset","paths":[...]}`, or `{"cmd":"gc"}` when `gc`.
-pub fn serve(daemon: &Daemon, req: &Value, gc: bool) -> Result<Value, String> {
+/// `Request::Reset` of `paths`, or `Request::Gc` when `gc`.
+pub fn serve(daemon: &Daemon, paths: &[String], gc: bool) -> Result<Changed, String> {
     let ov = daemon.fs.overlay();
-    let paths: Vec<OsString> = if gc {
-        Vec::new()
-    } else {
-        req["paths"]
-            .as_array()
-            .ok_or("reset needs \"paths\": [\"rel/path\", ...]")?
-            .iter()
-            .map(|p| {
-                let p = p.as_str().ok_or("reset paths must be strings")?;
-                reset::normalize(Path::new(p), &[])
-            })
-            .collect::<Result<_, String>>()?
-    };
+    let paths: Vec<OsString> = paths
+        .iter()
+        .map(|p| reset::normalize(Path::new(p), &[]))
+        .collect::<Result<_, String>>()?;
     let dup = |fd: &std::os::fd::OwnedFd, what: &str| {
         fd.try_clone()
             .map_err(|e| format!("cannot use the {what}: {e}"))
@@ -91,6 +81,6 @@ pub fn serve(daemon: &Daemon, req: &Value, gc: bool) -> Result<Value, String> {
     match failed {
         Some(e) if rel.is_empty() => Err(e),
         Some(e) => Err(format!("{e} (already reset: {})", rel.join(", "))),
-        None => Ok(json!({ "changed": rel })),
+        None => Ok(Changed { changed: rel }),
     }
 }

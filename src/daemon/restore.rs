@@ -35,11 +35,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-
 use super::served::{invalidate_bounded, Daemon};
 use crate::layer::sys;
 use crate::overlay::inode::{Inode, Real};
+use crate::state::protocol::{Invalidated, Restored};
 
 use crate::state::snapshot::STAGING_PREFIX;
 /// How long the restore waits for write opens to close.
@@ -49,8 +48,8 @@ fn io_ctx(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> String
     move |e| format!("{what}: {e}")
 }
 
-/// `{"cmd":"restore","staging":NAME}`: see the module comment.
-pub fn serve(daemon: &Daemon, req: &Value) -> Result<Value, String> {
+/// `Request::Restore` of the staging dir `name`: see the module comment.
+pub fn serve(daemon: &Daemon, name: &str) -> Result<Restored, String> {
     let ov = daemon.fs.overlay();
     if ov.read_only {
         return Err(
@@ -59,9 +58,6 @@ pub fn serve(daemon: &Daemon, req: &Value) -> Result<Value, String> {
                 .into(),
         );
     }
-    let name = req["staging"]
-        .as_str()
-        .ok_or("restore needs \"staging\": the name of the staging dir in the work dir")?;
     let name = OsStr::new(name);
     if !name.as_bytes().starts_with(STAGING_PREFIX.as_bytes()) || name.as_bytes().contains(&b'/') {
         return Err(format!(
@@ -124,12 +120,10 @@ pub fn serve(daemon: &Daemon, req: &Value) -> Result<Value, String> {
     drop(pause);
     tracing::info!("upper replaced by a restored snapshot");
 
-    let inv = invalidate_swapped(daemon, &dirs_before);
-    Ok(json!({
-        "restored": true,
-        "invalidated": inv["invalidated"],
-        "pending": inv["pending"],
-    }))
+    Ok(Restored {
+        restored: true,
+        invalidated: invalidate_swapped(daemon, &dirs_before),
+    })
 }
 
 /// Pauses writes and waits (up to `DRAIN`) for files open for writing
@@ -202,7 +196,10 @@ pub(super) fn held_dirs(ov: &crate::overlay::Overlay) -> Vec<(Arc<Inode>, Real)>
 /// resumed): drops every name each held directory has in the old or the
 /// new tree, in any layer (whatever the kernel may cache about one of
 /// them), and every held object's attributes, pages and listing.
-pub(super) fn invalidate_swapped(daemon: &Daemon, dirs_before: &[(Arc<Inode>, Real)]) -> Value {
+pub(super) fn invalidate_swapped(
+    daemon: &Daemon,
+    dirs_before: &[(Arc<Inode>, Real)],
+) -> Invalidated {
     let mut names: Vec<(u64, OsString)> = Vec::new();
     for (dir, old) in dirs_before {
         let new = dir.real.read().clone();

@@ -6,11 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::{json, Value};
-
 use crate::config::Config;
 use crate::fuse::FsHandle;
 use crate::state::journal::Journal;
+use crate::state::protocol::Invalidated;
 
 /// How long an invalidation may take before the answer says it is still
 /// pending (it may wait on a request parked by a pause).
@@ -80,7 +79,7 @@ const RATE_WINDOW: u64 = 10;
 /// bounded time: the kernel takes a directory's lock to drop a name in
 /// it, and a request parked by a pause may hold that lock until writes
 /// resume. Then the answer says the invalidation is still pending.
-pub fn invalidate_bounded(work: impl FnOnce() -> usize + Send + 'static) -> Value {
+pub fn invalidate_bounded(work: impl FnOnce() -> usize + Send + 'static) -> Invalidated {
     let (tx, rx) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("invalidate".into())
@@ -89,10 +88,19 @@ pub fn invalidate_bounded(work: impl FnOnce() -> usize + Send + 'static) -> Valu
             let _ = tx.send(work());
         });
     if let Err(e) = spawned {
-        return json!({"invalidated": 0, "pending": false, "warning": format!("cannot start: {e}")});
+        return Invalidated {
+            warning: Some(format!("cannot start: {e}")),
+            ..Invalidated::default()
+        };
     }
     match rx.recv_timeout(INVALIDATE_WAIT) {
-        Ok(n) => json!({"invalidated": n, "pending": false}),
-        Err(_) => json!({"invalidated": 0, "pending": true}),
+        Ok(n) => Invalidated {
+            invalidated: n as u64,
+            ..Invalidated::default()
+        },
+        Err(_) => Invalidated {
+            pending: true,
+            ..Invalidated::default()
+        },
     }
 }

@@ -14,6 +14,7 @@ use super::notify::SdNotify;
 use crate::fuse::FsHandle;
 use crate::host::mounts;
 use crate::policy::Policy;
+use crate::state::protocol::ReloadFailure;
 
 /// The signals the daemon handles itself.
 pub fn handled() -> SigSet {
@@ -54,22 +55,19 @@ impl Reloads {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// `null`, or `{"failed_at", "error", "message"}` of the last failure.
-    pub fn to_json(&self) -> serde_json::Value {
+    /// The last failure, if the last reload failed.
+    pub fn failure(&self) -> Option<ReloadFailure> {
         let last = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        match last {
-            None => serde_json::Value::Null,
-            Some((at, error)) => {
-                let at = humantime::format_rfc3339_seconds(at).to_string();
-                serde_json::json!({
-                    "failed_at": at,
-                    "message": format!(
-                        "policy reload failed at {at}: {error}; serving the previous policy"
-                    ),
-                    "error": error,
-                })
+        last.map(|(at, error)| {
+            let at = humantime::format_rfc3339_seconds(at).to_string();
+            ReloadFailure {
+                message: format!(
+                    "policy reload failed at {at}: {error}; serving the previous policy"
+                ),
+                failed_at: at,
+                error,
             }
-        }
+        })
     }
 }
 

@@ -5,7 +5,7 @@
 //! the daemon's own record of their real files is re-resolved, so the next
 //! access sees the layers as they are now.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::sync::Arc;
 
 use fuser::{INodeNo, Notifier};
@@ -13,20 +13,6 @@ use fuser::{INodeNo, Notifier};
 use super::watcher::forget_listing;
 use crate::overlay::refresh::Held;
 use crate::overlay::{Inode, Overlay};
-
-/// Re-resolves what `inode` (held by the kernel at `name` in `parent`)
-/// stands on now. An upper file removed behind the daemon is dropped
-/// from its record rather than kept (lookups otherwise keep an upper fd
-/// they already have, see `Overlay::instantiate`).
-fn refresh(ov: &Overlay, parent: &Arc<Inode>, name: &OsStr, inode: &Inode) {
-    if let Ok(Some(r)) = ov.resolve(parent, name) {
-        if ov.known_id(parent, name, &r) == inode.id {
-            *inode.real.write() = r.real;
-        }
-    }
-    inode.io.lock().last_seen = None;
-    inode.listing.lock().take();
-}
 
 /// Invalidates each path (relative to the mount root; `""` or `.` is the
 /// root) and everything the kernel holds below it. Returns how many cached
@@ -46,13 +32,13 @@ pub fn invalidate_paths(ov: &Overlay, n: &Notifier, paths: &[String]) -> usize {
         targets.extend(found.target);
     }
     // Each target and every held object below it is re-resolved, parents
-    // before children, each against its parent's new state ...
+    // before children, each against its parent's new state (the overlay's
+    // rule, `Overlay::re_resolve`; an upper file removed behind the daemon
+    // is dropped from its record rather than kept, as lookups keep an
+    // upper fd they already have) ...
     let below = held.below(&targets);
     for inode in &below {
-        if let Some(parent) = inode.parent() {
-            let name = inode.loc.read().name.clone();
-            refresh(ov, &parent, &name, inode);
-        }
+        ov.re_resolve(inode);
     }
     // ... and the kernel's entries are dropped children first: dropping a
     // name makes the kernel walk every cached name below it, so top down

@@ -98,14 +98,46 @@ pub fn open_now() -> Option<usize> {
 }
 
 /// The budget as `status` shows it.
-pub fn report() -> serde_json::Value {
-    serde_json::json!({
-        "limit": limit(),
-        "open": open_now(),
-        "cache": {"open": CACHED.load(Ordering::Relaxed), "limit": cache_limit()},
-        "pinned": {"open": PINNED.load(Ordering::Relaxed), "limit": pin_limit()},
-        "unevictable": UNEVICTABLE.load(Ordering::Relaxed),
-        "reserve": reserve(),
-        "handle_pool": handle_pool(),
-    })
+pub fn report() -> Report {
+    Report {
+        limit: limit(),
+        open: open_now(),
+        cache: Budget {
+            open: CACHED.load(Ordering::Relaxed),
+            limit: cache_limit(),
+        },
+        pinned: Budget {
+            open: PINNED.load(Ordering::Relaxed),
+            limit: pin_limit(),
+        },
+        unevictable: UNEVICTABLE.load(Ordering::Relaxed),
+        reserve: reserve(),
+        handle_pool: handle_pool(),
+    }
+}
+
+/// The daemon's fds as `status` reports them (`report`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Report {
+    /// The soft fd limit.
+    pub limit: usize,
+    /// Open now (unknown without /proc).
+    pub open: Option<usize>,
+    /// The object cache's fds.
+    pub cache: Budget,
+    /// Fds pinning removed files that are still open.
+    pub pinned: Budget,
+    pub unevictable: usize,
+    pub reserve: usize,
+    /// Fds open file handles may hold together.
+    pub handle_pool: usize,
+}
+
+/// One part of the fd budget: how many are open of its limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Budget {
+    pub open: usize,
+    pub limit: usize,
 }

@@ -26,7 +26,7 @@ pub struct SetAttr {
 
 impl Overlay {
     /// The real file that currently answers for an object.
-    pub fn real_fd(&self, inode: &Inode) -> Result<Arc<OwnedFd>> {
+    pub(super) fn real_fd(&self, inode: &Inode) -> Result<Arc<OwnedFd>> {
         let real = inode.real.read();
         let r = match &real.upper {
             Some(u) => u.clone(),

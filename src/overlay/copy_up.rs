@@ -81,17 +81,17 @@ fn times_of(st: &Stat) -> [libc::timespec; 2] {
 
 impl Overlay {
     /// Makes sure `inode` has an upper copy and returns its `O_PATH` fd.
-    pub fn copy_up(&self, inode: &Arc<Inode>) -> Result<Arc<OwnedFd>> {
+    pub(super) fn copy_up(&self, inode: &Arc<Inode>) -> Result<Arc<OwnedFd>> {
         self.copy_up_with(inode, Data::All)
     }
 
-    pub fn copy_up_with(&self, inode: &Arc<Inode>, data: Data) -> Result<Arc<OwnedFd>> {
+    pub(super) fn copy_up_with(&self, inode: &Arc<Inode>, data: Data) -> Result<Arc<OwnedFd>> {
         self.copy_up_halting(inode, data, &NoHalt)
     }
 
     /// `copy_up_with`, abandoning the data copy with `EINTR` (temp file
     /// removed, upper unchanged) as soon as `halt` says so.
-    pub fn copy_up_halting(
+    pub(super) fn copy_up_halting(
         &self,
         inode: &Arc<Inode>,
         data: Data,

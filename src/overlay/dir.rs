@@ -68,13 +68,13 @@ impl Overlay {
 
     /// Whether some lower layer shows `name` in the directory `parent`
     /// (so removing the upper name needs a whiteout).
-    pub fn lower_has(&self, parent: &Inode, name: &OsStr) -> bool {
+    pub(super) fn lower_has(&self, parent: &Inode, name: &OsStr) -> bool {
         let real = parent.real.read().clone();
         self.lower_has_in(&real, name)
     }
 
     /// `lower_has` for the directory whose real files are `real`.
-    pub fn lower_has_in(&self, real: &Real, name: &OsStr) -> bool {
+    pub(super) fn lower_has_in(&self, real: &Real, name: &OsStr) -> bool {
         if real.opaque {
             return false;
         }
@@ -537,7 +537,7 @@ impl Overlay {
 
     /// Whether a directory is empty as seen through the mount (hidden
     /// entries count: they exist).
-    pub fn dir_is_empty(&self, dir: &Inode) -> Result<bool> {
+    pub(super) fn dir_is_empty(&self, dir: &Inode) -> Result<bool> {
         Ok(self.merged_entries(dir)?.is_empty())
     }
 
@@ -577,12 +577,64 @@ impl Overlay {
     /// `rename` with the move lock held (exclusively when `walking`);
     /// answers `MoveCheck::Walk`, having changed nothing, when the policy
     /// check needs a walk and `walking` is false.
+    ///
+    /// The steps, each its own function: resolve and check the shape of
+    /// the move (`rename_targets`), check it against the policy
+    /// (`rename_allowed`) and the tree (`check_not_beneath`), all before
+    /// anything changes; then swap two names (`rename_exchange`) or move
+    /// one, maybe over another (`rename_move`).
     fn rename_locked(
         &self,
         ctx: &Ctx,
         (parent_id, name, newparent_id, newname, flags): (u64, &OsStr, u64, &OsStr, u32),
         walking: bool,
     ) -> Result<MoveCheck> {
+        let Some(m) = self.rename_targets(parent_id, name, newparent_id, newname, flags)? else {
+            return Ok(MoveCheck::Allowed);
+        };
+        if self.rename_allowed(ctx, &m, walking)? == MoveCheck::Walk {
+            return Ok(MoveCheck::Walk);
+        }
+        // Invariant: a directory never moves beneath itself, either way of
+        // an exchange.
+        check_not_beneath(&m.src, &m.newparent)?;
+        if let (true, Some(d)) = (m.exchange, &m.dst) {
+            check_not_beneath(d, &m.parent)?;
+        }
+        // Invariant: both parents are in the upper before either name
+        // changes; the source (and an exchanged target) carries its
+        // redirect there (`prepare_move`).
+        let up = MoveUppers {
+            old: self.copy_up(&m.parent)?,
+            new: self.copy_up(&m.newparent)?,
+            src: self.prepare_move(&m.src, &m.parent, m.name)?,
+            src_lower_here: self.lower_has(&m.parent, m.name),
+            dst_lower_here: self.lower_has(&m.newparent, m.newname),
+        };
+        if !m.src.is_dir() {
+            self.note_moved_in(up.src.as_ref(), up.new.as_ref());
+        }
+        if m.exchange {
+            self.rename_exchange(&m, &up)?;
+        } else {
+            self.rename_move(&m, &up)?;
+        }
+        Ok(MoveCheck::Allowed)
+    }
+
+    /// Resolves a rename's objects and checks its shape as rename(2)
+    /// does: valid names and flags, directories as parents, the target
+    /// there for an exchange and absent for `RENAME_NOREPLACE`, a
+    /// directory only over an empty directory. `None`: both names are of
+    /// one object, and there is nothing to do.
+    fn rename_targets<'a>(
+        &self,
+        parent_id: u64,
+        name: &'a OsStr,
+        newparent_id: u64,
+        newname: &'a OsStr,
+        flags: u32,
+    ) -> Result<Option<Move<'a>>> {
         check_name(name)?;
         check_name(newname)?;
         if flags & !(sys::RENAME_NOREPLACE | sys::RENAME_EXCHANGE) != 0 {
@@ -606,7 +658,7 @@ impl Overlay {
         if let Some(d) = &dst {
             if d.id == src.id {
                 // Two names of one object (or the same name): nothing to do.
-                return Ok(MoveCheck::Allowed);
+                return Ok(None);
             }
             if flags & sys::RENAME_NOREPLACE != 0 {
                 return err(libc::EEXIST);
@@ -620,68 +672,82 @@ impl Overlay {
                 }
             }
         }
-        // Policy: the source leaves its place, the target name is created
-        // or replaced; with exchange both do both.
-        self.guard_move_away(ctx, &parent, name, &src)?;
-        self.guard_child(ctx, Op::Rename, &newparent, newname)?;
+        Ok(Some(Move {
+            parent,
+            name,
+            newparent,
+            newname,
+            src,
+            dst,
+            exchange,
+        }))
+    }
+
+    /// The policy's say on a rename, checked before anything changes:
+    /// the source leaves its place and the target name is created or
+    /// replaced (with exchange, both do both); a moved symlink may not
+    /// climb out of the mount from where it lands; a directory may not
+    /// land where a path rule covers its subtree; and no path changes
+    /// class by the move, beneath a moved directory either
+    /// (`guard_move`, which answers `Walk` when that needs a walk the
+    /// shared move lock does not allow).
+    fn rename_allowed(&self, ctx: &Ctx, m: &Move<'_>, walking: bool) -> Result<MoveCheck> {
+        let Move {
+            parent,
+            name,
+            newparent,
+            newname,
+            src,
+            dst,
+            exchange,
+        } = m;
+        let (name, newname, exchange) = (*name, *newname, *exchange);
+        self.guard_move_away(ctx, parent, name, src)?;
+        self.guard_child(ctx, Op::Rename, newparent, newname)?;
         // A symlink's target is relative to where it stands: moving it
         // must not let it climb out of the mount.
-        self.guard_moved_symlink(ctx, &src, &newparent, newname)?;
+        self.guard_moved_symlink(ctx, src, newparent, newname)?;
         if exchange {
-            if let Some(d) = &dst {
-                self.guard_moved_symlink(ctx, d, &parent, name)?;
+            if let Some(d) = dst {
+                self.guard_moved_symlink(ctx, d, parent, name)?;
             }
         }
+        let new_path = self.child_path(newparent, newname);
         if src.is_dir() && self.policy().has_path_rules() {
-            if let Some(r) = self
-                .policy()
-                .subtree_rule(&self.child_path(&newparent, newname))
-            {
+            if let Some(r) = self.policy().subtree_rule(&new_path) {
                 let errno = if r.text.starts_with("readonly") {
                     libc::EROFS
                 } else {
                     libc::EPERM
                 };
-                return Err(super::guard::deny(
-                    ctx,
-                    Op::Rename,
-                    &self.child_path(&newparent, newname),
-                    &r,
-                    errno,
-                ));
+                return Err(super::guard::deny(ctx, Op::Rename, &new_path, &r, errno));
             }
         }
-        if let Some(d) = &dst {
+        if let Some(d) = dst {
+            // The replaced target leaves its place like a removal does;
+            // exchanged, its name is also created at the source's place.
+            self.guard_move_away(ctx, newparent, newname, d)?;
             if exchange {
-                self.guard_move_away(ctx, &newparent, newname, d)?;
-                self.guard_child(ctx, Op::Rename, &parent, name)?;
-            } else {
-                // The replaced target leaves its place like a removal does.
-                self.guard_move_away(ctx, &newparent, newname, d)?;
+                self.guard_child(ctx, Op::Rename, parent, name)?;
             }
         }
-        // No class changes by the move, beneath a moved directory either;
-        // with exchange, both ways. Checked before anything changes.
-        let (old_path, new_path) = (
-            self.child_path(&parent, name),
-            self.child_path(&newparent, newname),
-        );
+        let old_path = self.child_path(parent, name);
         let mut check = self.guard_move(
             ctx,
             Op::Rename,
-            &src,
-            &parent,
+            src,
+            parent,
             name,
             &old_path,
             &new_path,
             walking,
         )?;
-        if let (true, Some(d)) = (exchange, &dst) {
+        if let (true, Some(d)) = (exchange, dst) {
             let back = self.guard_move(
                 ctx,
                 Op::Rename,
                 d,
-                &newparent,
+                newparent,
                 newname,
                 &new_path,
                 &old_path,
@@ -691,130 +757,110 @@ impl Overlay {
                 check = MoveCheck::Walk;
             }
         }
-        if check == MoveCheck::Walk {
-            return Ok(MoveCheck::Walk);
+        Ok(check)
+    }
+
+    /// `RENAME_EXCHANGE`: the two names swap objects in one
+    /// `renameat2`. Invariant: each directory, standing where the other
+    /// was, does not merge with the lower entries of its new name
+    /// (`seal_moved_dir`).
+    fn rename_exchange(&self, m: &Move<'_>, up: &MoveUppers) -> Result<()> {
+        let d = m.dst.as_ref().ok_or(Errno(libc::ENOENT))?;
+        let d_upper = self.prepare_move(d, &m.newparent, m.newname)?;
+        if !d.is_dir() {
+            self.note_moved_in(d_upper.as_ref(), up.old.as_ref());
         }
-        // A directory may not move beneath itself.
-        if src.is_dir() {
-            let mut cur = Some(newparent.clone());
-            while let Some(c) = cur {
-                if c.id == src.id {
-                    return err(libc::EINVAL);
-                }
-                cur = c.parent();
-            }
+        sys::renameat2(
+            up.old.as_ref(),
+            m.name,
+            up.new.as_ref(),
+            m.newname,
+            sys::RENAME_EXCHANGE,
+        )?;
+        if m.src.is_dir() {
+            self.seal_moved_dir(&m.src, &up.src, up.dst_lower_here)?;
         }
-        if exchange {
-            if let Some(d) = &dst {
-                if d.is_dir() {
-                    let mut cur = Some(parent.clone());
-                    while let Some(c) = cur {
-                        if c.id == d.id {
-                            return err(libc::EINVAL);
-                        }
-                        cur = c.parent();
-                    }
-                }
-            }
+        if d.is_dir() {
+            self.seal_moved_dir(d, &d_upper, up.src_lower_here)?;
         }
-        let old_upper = self.copy_up(&parent)?;
-        let new_upper = self.copy_up(&newparent)?;
-        let src_upper = self.prepare_move(&src, &parent, name)?;
-        let src_lower_here = self.lower_has(&parent, name);
-        let dst_lower_here = self.lower_has(&newparent, newname);
-        if !src.is_dir() {
-            self.note_moved_in(src_upper.as_ref(), new_upper.as_ref());
-        }
-        if exchange {
-            let d = dst.as_ref().ok_or(Errno(libc::ENOENT))?;
-            let d_upper = self.prepare_move(d, &newparent, newname)?;
-            if !d.is_dir() {
-                self.note_moved_in(d_upper.as_ref(), old_upper.as_ref());
-            }
-            sys::renameat2(
-                old_upper.as_ref(),
-                name,
-                new_upper.as_ref(),
-                newname,
-                sys::RENAME_EXCHANGE,
-            )?;
-            // Each directory now stands where the other was: it must not
-            // merge with lower entries of its new name.
-            if src.is_dir() {
-                self.seal_moved_dir(&src, &src_upper, dst_lower_here)?;
-            }
-            if d.is_dir() {
-                self.seal_moved_dir(d, &d_upper, src_lower_here)?;
-            }
-            self.moved(d, &parent, name);
-            self.moved(&src, &newparent, newname);
-            return Ok(MoveCheck::Allowed);
-        }
+        self.moved(d, &m.parent, m.name);
+        self.moved(&m.src, &m.newparent, m.newname);
+        Ok(())
+    }
+
+    /// A plain rename, maybe over an existing target. Invariants: a
+    /// lower object of the old name stays hidden (a whiteout takes the
+    /// name, `rename_leaving_whiteout`); a replaced directory's upper
+    /// holds only whiteouts when it goes; the replaced object's quota and
+    /// link are given back; a moved directory does not merge with lower
+    /// entries of its new name (`seal_moved_dir`).
+    fn rename_move(&self, m: &Move<'_>, up: &MoveUppers) -> Result<()> {
+        let (src, dst) = (&m.src, m.dst.as_ref());
         // Replacing a directory: its upper may only hold whiteouts.
-        if let Some(d) = &dst {
-            if d.is_dir() {
-                if let Some(du) = d.upper_fd()? {
-                    self.upper.clear_whiteouts(du.as_ref())?;
-                }
+        if let Some(d) = dst.filter(|d| d.is_dir()) {
+            if let Some(du) = d.upper_fd()? {
+                self.upper.clear_whiteouts(du.as_ref())?;
             }
         }
         // A directory cannot be renamed over a whiteout: drop the whiteout
         // first; the moved directory is sealed against the lower below.
         if src.is_dir()
             && dst.is_none()
-            && matches!(sys::fstatat(new_upper.as_ref(), newname), Ok(s) if is_whiteout(&s))
+            && matches!(sys::fstatat(up.new.as_ref(), m.newname), Ok(s) if is_whiteout(&s))
         {
-            sys::unlinkat(new_upper.as_ref(), newname, false)?;
+            sys::unlinkat(up.new.as_ref(), m.newname, false)?;
         }
         // An atomic save keeps the base it replaces (drift stays visible).
-        if let Some(d) = &dst {
+        if let Some(d) = dst {
             if !src.is_dir() && !d.is_dir() {
-                self.inherit_origin(src_upper.as_ref(), d);
+                self.inherit_origin(up.src.as_ref(), d);
             }
         }
-        let replaced_fd = dst.as_ref().and_then(|d| d.upper_fd().ok().flatten());
+        let replaced_fd = dst.and_then(|d| d.upper_fd().ok().flatten());
         let replaced_st = replaced_fd
             .as_ref()
             .and_then(|u| sys::fstat(u.as_ref()).ok());
-        let whiteout_flag = if src_lower_here {
+        self.rename_leaving_whiteout(m, up)?;
+        if let (Some(st), Some(d)) = (replaced_st, dst) {
+            if st.st_nlink <= 1 && !is_dir(&st) {
+                self.quota.release(&st);
+            }
+            self.removed_link(d, &st, replaced_fd, false);
+        }
+        if let Some(d) = dst {
+            d.name_gone(m.newparent.id, m.newname);
+        }
+        if src.is_dir() {
+            self.seal_moved_dir(src, &up.src, up.dst_lower_here)?;
+        }
+        self.moved(src, &m.newparent, m.newname);
+        Ok(())
+    }
+
+    /// Moves the source's upper entry to the new name, leaving a whiteout
+    /// at the old name when a lower has an object there (in one
+    /// `RENAME_WHITEOUT`, or, where the caller may not, a rename then a
+    /// whiteout).
+    fn rename_leaving_whiteout(&self, m: &Move<'_>, up: &MoveUppers) -> Result<()> {
+        let (old, new) = (up.old.as_ref(), up.new.as_ref());
+        let flag = if up.src_lower_here {
             sys::RENAME_WHITEOUT
         } else {
             0
         };
-        match sys::renameat2(
-            old_upper.as_ref(),
-            name,
-            new_upper.as_ref(),
-            newname,
-            whiteout_flag,
-        ) {
-            Ok(()) => {}
+        match sys::renameat2(old, m.name, new, m.newname, flag) {
+            Ok(()) => Ok(()),
             Err(e)
-                if whiteout_flag != 0
+                if flag != 0
                     && matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EPERM)) =>
             {
                 // No RENAME_WHITEOUT here (unprivileged): rename, then mark.
-                sys::renameat2(old_upper.as_ref(), name, new_upper.as_ref(), newname, 0)?;
-                self.upper.whiteout(old_upper.as_ref(), name)?;
+                sys::renameat2(old, m.name, new, m.newname, 0)?;
+                self.upper.whiteout(old, m.name)?;
+                Ok(())
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => Err(e.into()),
         }
-        if let Some(st) = replaced_st {
-            if st.st_nlink <= 1 && !is_dir(&st) {
-                self.quota.release(&st);
-            }
-            if let Some(d) = &dst {
-                self.removed_link(d, &st, replaced_fd, false);
-            }
-        }
-        if let Some(d) = &dst {
-            d.name_gone(newparent.id, newname);
-        }
-        if src.is_dir() {
-            self.seal_moved_dir(&src, &src_upper, dst_lower_here)?;
-        }
-        self.moved(&src, &newparent, newname);
-        Ok(MoveCheck::Allowed)
     }
 
     /// Gives a rename source its upper copy; a directory with lower parts
@@ -865,4 +911,45 @@ impl Overlay {
     fn moved(&self, inode: &Arc<Inode>, parent: &Arc<Inode>, name: &OsStr) {
         inode.moved_to(parent, name);
     }
+}
+
+/// One rename's objects, resolved and checked for shape
+/// (`Overlay::rename_targets`).
+struct Move<'a> {
+    parent: Arc<Inode>,
+    name: &'a OsStr,
+    newparent: Arc<Inode>,
+    newname: &'a OsStr,
+    src: Arc<Inode>,
+    /// The object at the new name; always there for an exchange.
+    dst: Option<Arc<Inode>>,
+    exchange: bool,
+}
+
+/// A rename's upper directories and what the lowers hold at both names,
+/// taken before either name changes.
+struct MoveUppers {
+    /// The old parent's and the new parent's upper directories.
+    old: Arc<OwnedFd>,
+    new: Arc<OwnedFd>,
+    /// The source's upper copy (with its redirect, `prepare_move`).
+    src: Arc<OwnedFd>,
+    src_lower_here: bool,
+    dst_lower_here: bool,
+}
+
+/// A directory may not move beneath itself: `EINVAL` when `dir` is
+/// `dest` or one of its ancestors.
+fn check_not_beneath(dir: &Arc<Inode>, dest: &Arc<Inode>) -> Result<()> {
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let mut cur = Some(dest.clone());
+    while let Some(c) = cur {
+        if c.id == dir.id {
+            return err(libc::EINVAL);
+        }
+        cur = c.parent();
+    }
+    Ok(())
 }

@@ -99,7 +99,7 @@ pub fn deny(ctx: &Ctx, op: Op, path: &str, rule: &RuleRef, errno: i32) -> Errno 
 
 impl Overlay {
     /// Whether `name` in `parent` is hidden by the policy.
-    pub fn is_hidden_child(&self, parent: &Inode, name: &OsStr) -> bool {
+    pub(super) fn is_hidden_child(&self, parent: &Inode, name: &OsStr) -> bool {
         let policy = self.policy();
         if !policy.has_path_rules() {
             return false;
@@ -121,7 +121,7 @@ impl Overlay {
 
     /// May `path` (an existing or new entry) be changed by `op`? Hidden
     /// names cannot be created (EACCES); read-only paths are EROFS.
-    pub fn guard_change(&self, ctx: &Ctx, op: Op, path: &str) -> Result<()> {
+    pub(super) fn guard_change(&self, ctx: &Ctx, op: Op, path: &str) -> Result<()> {
         self.check_writable()?;
         let policy = self.policy();
         if !policy.has_path_rules() {
@@ -143,7 +143,7 @@ impl Overlay {
     /// its own name, see `namei::split_name`; the names an upper file has
     /// were linked or moved through the mount into the same class, and
     /// this keeps a pre-existing link across classes read-only too.)
-    pub fn guard_inode(&self, ctx: &Ctx, op: Op, inode: &Inode) -> Result<()> {
+    pub(super) fn guard_inode(&self, ctx: &Ctx, op: Op, inode: &Inode) -> Result<()> {
         self.check_writable()?;
         if !self.policy().has_path_rules() {
             return Ok(());
@@ -163,7 +163,7 @@ impl Overlay {
     /// what protection is about. Asks the parent's lowers, not only the
     /// object: one resolved from its upper copy does not record the lower
     /// it shadows (this costs a stat per lower, so ask only when needed).
-    pub fn is_shared(&self, obj: &Inode, parent: &Inode, name: &OsStr) -> bool {
+    pub(super) fn is_shared(&self, obj: &Inode, parent: &Inode, name: &OsStr) -> bool {
         obj.real.read().has_lower() || self.lower_has(parent, name)
     }
 
@@ -186,7 +186,13 @@ impl Overlay {
     }
 
     /// `guard_change` for a new or existing name in a directory.
-    pub fn guard_child(&self, ctx: &Ctx, op: Op, parent: &Inode, name: &OsStr) -> Result<()> {
+    pub(super) fn guard_child(
+        &self,
+        ctx: &Ctx,
+        op: Op,
+        parent: &Inode,
+        name: &OsStr,
+    ) -> Result<()> {
         self.check_writable()?;
         if !self.policy().has_path_rules() {
             return Ok(());
@@ -197,7 +203,7 @@ impl Overlay {
     /// May this object leave its place (unlink, rmdir, rename away)? A
     /// protected entry that comes from a lower may not; a directory holding
     /// read-only or protected entries may not move as a whole.
-    pub fn guard_removal(
+    pub(super) fn guard_removal(
         &self,
         ctx: &Ctx,
         op: Op,
@@ -238,14 +244,14 @@ impl Overlay {
     }
 
     /// May a symlink with this target be created at `path`?
-    pub fn guard_symlink(&self, ctx: &Ctx, path: &str, target: &OsStr) -> Result<()> {
+    pub(super) fn guard_symlink(&self, ctx: &Ctx, path: &str, target: &OsStr) -> Result<()> {
         self.policy()
             .check_symlink(path, target)
             .map_err(|d| deny(ctx, Op::Symlink, path, &d.rule, d.errno))
     }
 
     /// May a device node be created at `path`?
-    pub fn guard_device(&self, ctx: &Ctx, path: &str) -> Result<()> {
+    pub(super) fn guard_device(&self, ctx: &Ctx, path: &str) -> Result<()> {
         self.policy()
             .check_device()
             .map_err(|d| deny(ctx, Op::Mknod, path, &d.rule, d.errno))

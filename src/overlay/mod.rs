@@ -335,7 +335,7 @@ impl Overlay {
     ///
     /// A directory with a lower on a remote filesystem (`netfs`) is never
     /// watched: a watch there would not see changes made elsewhere.
-    pub fn watch_dir(&self, dir: &Inode) {
+    fn watch_dir(&self, dir: &Inode) {
         let mut watched_layers = dir.watched_layers.lock();
         let (lowers, layers): (Vec<_>, Vec<usize>) = {
             let real = dir.real.read();
@@ -391,7 +391,7 @@ impl Overlay {
 
     /// A lower could not be reached; `degraded`: an answer was given
     /// without it. The network lowers are probed (see `reach`).
-    pub fn lower_trouble(&self, degraded: bool) {
+    fn lower_trouble(&self, degraded: bool) {
         if let Some(r) = &self.reach {
             r.suspect(degraded);
         }
@@ -404,7 +404,7 @@ impl Overlay {
     }
 
     /// Whether directory `dir` is watched and its changes are acted on.
-    pub fn trusted(&self, dir: &Inode) -> bool {
+    fn trusted(&self, dir: &Inode) -> bool {
         dir.watched.load(std::sync::atomic::Ordering::Acquire)
             && self.watch.as_ref().is_none_or(|w| w.live())
     }
@@ -429,25 +429,20 @@ impl Overlay {
     /// this a listing under a watched parent would stay stale as long as
     /// the parent's entries are trusted). A directory beyond the watch
     /// cap under a watched parent is the common case of the second.
-    pub fn volatile_in(&self, parent: &Inode, inode: &Inode, lower: bool) -> bool {
+    fn volatile_in(&self, parent: &Inode, inode: &Inode, lower: bool) -> bool {
         lower && (!self.trusted(parent) || (inode.is_dir() && !self.trusted(inode)))
     }
 
     /// Gives a new upper object its owner. An unprivileged daemon cannot
     /// give files away: its objects keep the daemon's own owner.
-    pub fn own(
-        &self,
-        fd: &impl std::os::fd::AsFd,
-        uid: Option<u32>,
-        gid: Option<u32>,
-    ) -> Result<()> {
+    fn own(&self, fd: &impl std::os::fd::AsFd, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
         match sys::fchown(fd, uid, gid) {
             Err(e) if !self.privileged && e.raw_os_error() == Some(libc::EPERM) => Ok(()),
             r => Ok(r?),
         }
     }
 
-    pub fn check_writable(&self) -> Result<()> {
+    fn check_writable(&self) -> Result<()> {
         if self.read_only {
             return err(libc::EROFS);
         }

@@ -55,7 +55,7 @@ pub struct NewMode {
 impl Overlay {
     /// The creation mode for `mode` (permission bits, set-id and sticky
     /// bits included) asked by `ctx` in the upper directory `parent_upper`.
-    pub fn new_mode(&self, ctx: &Ctx, parent_upper: &impl AsRawFd, mode: u32) -> NewMode {
+    pub(super) fn new_mode(&self, ctx: &Ctx, parent_upper: &impl AsRawFd, mode: u32) -> NewMode {
         let acl = has_default_acl(parent_upper);
         let mode = if acl { mode } else { mode & !ctx.umask };
         NewMode {

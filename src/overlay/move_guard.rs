@@ -34,7 +34,7 @@ impl Overlay {
     /// (`walking`): without it (`walking` false) the answer is
     /// `MoveCheck::Walk`, and nothing is decided.
     #[allow(clippy::too_many_arguments)]
-    pub fn guard_move(
+    pub(super) fn guard_move(
         &self,
         ctx: &Ctx,
         op: Op,

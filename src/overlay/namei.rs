@@ -119,7 +119,7 @@ impl Overlay {
 
     /// `resolve` in the directory whose real files are `preal` (a walk of
     /// a subtree resolves directories no inode stands for).
-    pub fn resolve_in(&self, preal: &Real, name: &OsStr) -> Result<Option<Resolved>> {
+    pub(super) fn resolve_in(&self, preal: &Real, name: &OsStr) -> Result<Option<Resolved>> {
         // One view of the stack for the whole lookup; an index it does not
         // have comes from a parent resolved before a live checkpoint or
         // undo replaced the stack (`Overlay::set_lowers`): ESTALE, and the
@@ -265,7 +265,7 @@ impl Overlay {
 
     /// Turns a resolved name into an inode the kernel holds (one more
     /// lookup counted on it) and the entry to reply with.
-    pub fn instantiate(&self, parent: &Arc<Inode>, name: &OsStr, r: Resolved) -> Entry {
+    pub(super) fn instantiate(&self, parent: &Arc<Inode>, name: &OsStr, r: Resolved) -> Entry {
         let kind = r.st.st_mode & libc::S_IFMT;
         let lower = r.real.has_lower();
         let degraded = r.degraded;
@@ -350,19 +350,10 @@ impl Overlay {
         )
     }
 
-    /// The node id `name` in `parent`, resolved as `r`, is known by, if
-    /// any, without recording anything (for cache invalidation and
-    /// re-resolving, never for deciding which object a file is).
-    pub fn known_id(&self, parent: &Inode, name: &OsStr, r: &Resolved) -> u64 {
-        split_name(parent, name, r)
-            .and_then(|path| self.ids.known_name_id(r.st.st_dev, r.st.st_ino, &path))
-            .unwrap_or_else(|| self.ids.id(r.st.st_dev, r.st.st_ino))
-    }
-
     /// The node id of a resolved object (`name` in `parent`) without
     /// instantiating it: the id the kernel knows it by, or the id it will
     /// get.
-    pub fn object_id(&self, parent: &Inode, name: &OsStr, r: &Resolved) -> u64 {
+    pub(super) fn object_id(&self, parent: &Inode, name: &OsStr, r: &Resolved) -> u64 {
         let kind = r.st.st_mode & libc::S_IFMT;
         let (id, source) = self.first_id(parent, name, r);
         if source == IdSource::Alias {

@@ -71,7 +71,7 @@ pub struct Met<'a> {
 impl Overlay {
     /// Every entry of a directory as seen through the mount, without `.`
     /// and `..`, including names the policy hides (callers filter).
-    pub fn merged_entries(&self, dir: &Inode) -> Result<Vec<DirEntry>> {
+    pub(super) fn merged_entries(&self, dir: &Inode) -> Result<Vec<DirEntry>> {
         let real = dir.real.read().clone();
         let names = self.ids.has_name_ids();
         let dir_key = names.then(|| dir_key(real.lower_path.as_ref(), dir.id));
@@ -196,7 +196,7 @@ impl Overlay {
     /// one's real files (layer handles, not open fds) — never recursion,
     /// so a tree thousands of levels deep cannot overflow a worker's
     /// stack. A name that vanishes while the walk runs is skipped.
-    pub fn walk_union<S>(
+    pub(super) fn walk_union<S>(
         &self,
         root: Real,
         root_state: S,

@@ -230,8 +230,17 @@ impl Overlay {
         Ok(())
     }
 
-    fn re_resolve(&self, inode: &Arc<Inode>) {
+    /// Re-resolves what `inode` stands on now, at its last-seen name: the
+    /// one rule for an inode whose layers changed outside a request (a
+    /// reset, gc, restore or checkpoint here; the control socket's
+    /// `invalidate` in `fuse::invalidate`). Its listing and its last-seen
+    /// attributes are dropped; an object of the same type at its path is
+    /// what it stands on from now; otherwise it is emptied (as a file
+    /// deleted while open: only handles already open use it). Parents
+    /// first: a child resolves through its parent.
+    pub fn re_resolve(&self, inode: &Arc<Inode>) {
         *inode.listing.lock() = None;
+        inode.io.lock().last_seen = None;
         let Some(parent) = inode.parent() else {
             // The root: its upper stays; its lowers are unchanged.
             return;
@@ -241,7 +250,7 @@ impl Overlay {
             Ok(Some(r)) if r.st.st_mode & libc::S_IFMT == inode.kind => r.real,
             Ok(_) => Real::default(),
             Err(e) => {
-                tracing::warn!(path = %self.path_of(inode), "cannot re-resolve after a reset: {e}");
+                tracing::warn!(path = %self.path_of(inode), "cannot re-resolve after the layers changed: {e}");
                 Real::default()
             }
         };

@@ -24,7 +24,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
 
 use super::{Errno, Result};
 use crate::layer::fds;
@@ -66,6 +65,30 @@ impl Drop for Charge {
     fn drop(&mut self) {
         self.shares.give_back(self.uid);
     }
+}
+
+/// Open file handles per uid as `status` reports them
+/// (`Shares::report`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Report {
+    pub open: usize,
+    /// The uids that count as the mount owner.
+    pub owners: Vec<u32>,
+    pub owner_limit: usize,
+    pub others_limit: usize,
+    pub per_user_limit: usize,
+    pub by_uid: Vec<UidShare>,
+}
+
+/// One uid's open handles and refusals.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct UidShare {
+    pub uid: u32,
+    pub owner: bool,
+    pub open: usize,
+    pub refused: u64,
 }
 
 /// The limits in force now, from the current fd limit.
@@ -162,27 +185,27 @@ impl Shares {
 
     /// Open handles per uid, with each uid's limit and refusals, for
     /// `status`.
-    pub fn report(&self) -> Value {
+    pub fn report(&self) -> Report {
         let lim = limits();
         let st = self.st.lock();
         let mut uids: Vec<(&u32, &Held)> = st.by_uid.iter().collect();
         uids.sort_by_key(|(u, _)| **u);
-        json!({
-            "open": st.owners + st.others,
-            "owners": self.owners,
-            "owner_limit": lim.pool,
-            "others_limit": lim.others,
-            "per_user_limit": lim.per_other,
-            "by_uid": uids
+        Report {
+            open: st.owners + st.others,
+            owners: self.owners.clone(),
+            owner_limit: lim.pool,
+            others_limit: lim.others,
+            per_user_limit: lim.per_other,
+            by_uid: uids
                 .into_iter()
-                .map(|(uid, h)| json!({
-                    "uid": uid,
-                    "owner": self.is_owner(*uid),
-                    "open": h.open,
-                    "refused": h.refused,
-                }))
-                .collect::<Vec<_>>(),
-        })
+                .map(|(uid, h)| UidShare {
+                    uid: *uid,
+                    owner: self.is_owner(*uid),
+                    open: h.open,
+                    refused: h.refused,
+                })
+                .collect(),
+        }
     }
 }
 
@@ -222,6 +245,6 @@ mod tests {
         assert!(s.charge(2002).is_err());
         own.push(s.charge(0).expect("the share a close gave back"));
         drop((a, b, c, own));
-        assert_eq!(s.report()["open"], json!(0));
+        assert_eq!(s.report().open, 0);
     }
 }

@@ -258,12 +258,12 @@ pub fn take(ws: &Workspace, name: Option<&str>, layers: Option<&Path>) -> Result
     match ws.client() {
         Some(client) => {
             let layers = layers.map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf()));
-            let v = client?.request(&serde_json::json!({
-                "cmd": "checkpoint",
-                "name": name,
-                "layers": layers.map(|p| p.to_string_lossy().into_owned()),
-            }))?;
-            Ok(v["name"].as_str().unwrap_or_default().to_string())
+            let v: super::protocol::Checkpointed =
+                client?.call(&super::protocol::Request::Checkpoint {
+                    name: name.map(String::from),
+                    layers: layers.map(|p| p.to_string_lossy().into_owned()),
+                })?;
+            Ok(v.name)
         }
         None => checkpoint(ws, name, layers, None).map_err(String::from),
     }

@@ -1,7 +1,9 @@
 //! The control protocol, client side: JSON lines over the daemon's
 //! `control.sock` in the state directory. One request object per line,
 //! one response object per line: `{"ok": true, ...}` or
-//! `{"ok": false, "error": "message"}`.
+//! `{"ok": false, "error": "message"}`. The messages are typed in
+//! `state::protocol` (`Client::call`); `Client::request` sends and
+//! returns them as raw JSON.
 //!
 //! The socket is mode 0600 in a 0700 directory, owned by the daemon's
 //! user; the daemon also checks the caller's uid (SO_PEERCRED), so only
@@ -13,13 +15,25 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::Value;
 
+use super::protocol::Request;
 use crate::layer::safedir::SafeDir;
 
 /// How long a request may take before the client gives up (a pause waits
 /// for write opens to drain first).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Every response's envelope: `ok`, and the daemon's message when not.
+#[derive(Deserialize)]
+struct Outcome {
+    #[serde(default)]
+    ok: bool,
+    #[serde(default)]
+    error: Option<String>,
+}
 
 /// The control socket's name in the state dir.
 pub const SOCKET_FILE: &str = "control.sock";
@@ -100,15 +114,25 @@ impl Client {
         }
         let v: Value = serde_json::from_str(&answer)
             .map_err(|e| format!("control socket {p}: bad response ({e}): {answer}"))?;
-        if v.get("ok").and_then(Value::as_bool) == Some(true) {
-            Ok(v)
-        } else {
-            Err(v
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or("the daemon refused the request without saying why")
-                .to_string())
+        match Outcome::deserialize(&v) {
+            Ok(Outcome { ok: true, .. }) => Ok(v),
+            Ok(Outcome { error: Some(e), .. }) => Err(e),
+            _ => Err("the daemon refused the request without saying why".into()),
         }
+    }
+
+    /// Sends one typed request and reads the reply as `R` (fields the
+    /// daemon does not send take their defaults; ones this client does
+    /// not know are ignored).
+    pub fn call<R: DeserializeOwned>(&mut self, req: &Request) -> Result<R, String> {
+        let req = serde_json::to_value(req).map_err(|e| e.to_string())?;
+        let v = self.request(&req)?;
+        serde_json::from_value(v).map_err(|e| {
+            format!(
+                "control socket {}: bad reply to {req} ({e})",
+                self.path.display()
+            )
+        })
     }
 
     /// Gives up on replies after `limit` instead of `REPLY_TIMEOUT`: for

@@ -14,6 +14,7 @@ pub mod moves;
 pub mod ops;
 pub mod patch;
 pub mod place;
+pub mod protocol;
 pub mod reset;
 pub mod scratch;
 pub mod snapshot;

@@ -11,10 +11,9 @@
 
 use std::ffi::{OsStr, OsString};
 
-use serde_json::json;
-
 use super::diff::{self, Change, Filter, Layers};
 use super::moves::Moves;
+use super::protocol::{Changed, Paused, Request, Restored, Resumed, Undone};
 use super::snapshot::{self, Info, Report, SaveOptions};
 use super::workspace::Workspace;
 use super::{checkpoint, journal, reset, scratch, snapshot_id};
@@ -100,10 +99,12 @@ pub fn reset(
 ) -> Result<Done<Vec<OsString>>, String> {
     let changed = match ws.client() {
         Some(client) => {
-            let req = json!({
-                "cmd": "reset",
-                "paths": paths.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
-            });
+            let req = Request::Reset {
+                paths: paths
+                    .iter()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .collect(),
+            };
             ask_changed(client?, &req)?
         }
         None => reset_offline(ws, paths)?,
@@ -118,18 +119,10 @@ pub fn reset(
 /// view changed.
 pub fn ask_changed(
     mut client: super::control::Client,
-    req: &serde_json::Value,
+    req: &Request,
 ) -> Result<Vec<OsString>, String> {
-    let resp = client.request(req)?;
-    Ok(resp["changed"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p.as_str())
-                .map(OsString::from)
-                .collect()
-        })
-        .unwrap_or_default())
+    let resp: Changed = client.call(req)?;
+    Ok(resp.changed.into_iter().map(OsString::from).collect())
 }
 
 /// Resets `paths` of an unmounted workspace directly in its upper.
@@ -173,7 +166,7 @@ pub fn snapshot_save(
     let info = snapshot::save(&ws.upper, &ws.dir, &id, &opts)?;
     if let Some(mut c) = pause {
         // Dropping the connection also resumes; asking says so explicitly.
-        let _ = c.request(&json!({"cmd": "resume"}));
+        let _ = c.call::<Resumed>(&Request::Resume);
     }
     let entries = info.entries.unwrap_or(0);
     let what = info.id.clone();
@@ -183,26 +176,21 @@ pub fn snapshot_save(
 /// Holds the daemon's write pause on `c` (refused, naming them, while
 /// files are open for writing through passthrough).
 fn pause(ws: &Workspace, mut c: super::control::Client) -> Result<super::control::Client, String> {
-    let r = c.request(&json!({"cmd": "pause"}))?;
-    if r["ok"] != serde_json::Value::Bool(true) {
-        return Err(format!(
-            "the daemon of {} refused to pause writes: {}",
-            ws.mountpoint.as_deref().unwrap_or(&ws.upper).display(),
-            r["error"].as_str().unwrap_or("no reason given")
-        ));
-    }
-    if let Some(busy) = r["busy"].as_array().filter(|b| !b.is_empty()) {
+    let r: Paused = c.call(&Request::Pause { wait_ms: None }).map_err(|e| {
+        format!(
+            "the daemon of {} refused to pause writes: {e}",
+            ws.mountpoint.as_deref().unwrap_or(&ws.upper).display()
+        )
+    })?;
+    if !r.busy.is_empty() {
         // Each with the uid holding it (`holders`), where the daemon says.
-        let named: Vec<String> = match r["holders"].as_array() {
-            Some(h) if !h.is_empty() => h
+        let named: Vec<String> = if r.holders.is_empty() {
+            r.busy
+        } else {
+            r.holders
                 .iter()
-                .map(|h| format!("{} (uid {})", h["path"].as_str().unwrap_or("?"), h["uid"]))
-                .collect(),
-            _ => busy
-                .iter()
-                .filter_map(|p| p.as_str())
-                .map(String::from)
-                .collect(),
+                .map(|h| format!("{} (uid {})", h.path, h.uid))
+                .collect()
         };
         return Err(format!(
             "files are open for writing through passthrough, whose writes cannot be \
@@ -281,17 +269,15 @@ fn live_restore(
             ws.work.display()
         ));
     }
-    let req = json!({
-        "cmd": "restore",
-        "staging": staged.name.to_string_lossy(),
+    let answer = client.call::<Restored>(&Request::Restore {
+        staging: staged.name.to_string_lossy().into_owned(),
     });
-    let answer = client.request(&req);
     // Either way the staging dir is to go: on success it holds the old
     // upper, else the unused restored tree. (Killed here, it stays in the
     // work dir, which the next mount cleans.)
     let removed = staged.remove();
     let answer = answer.map_err(|e| format!("the mount was not changed: {e}"))?;
-    if answer["pending"] == serde_json::Value::Bool(true) {
+    if answer.invalidated.pending {
         warnings.push(
             "warning: the kernel's caches are still being invalidated; the mount may show \
              old attributes for a moment"
@@ -334,11 +320,10 @@ pub fn undo(
 ) -> Result<Done<(String, usize)>, String> {
     let (name, dropped) = match ws.client() {
         Some(client) => {
-            let v = client?.request(&json!({"cmd": "undo", "to": to}))?;
-            (
-                v["at"].as_str().unwrap_or_default().to_string(),
-                v["dropped"].as_u64().unwrap_or(0) as usize,
-            )
+            let v: Undone = client?.call(&Request::Undo {
+                to: to.map(String::from),
+            })?;
+            (v.at, v.dropped)
         }
         None => checkpoint::undo(ws, to, None)?,
     };

@@ -19,7 +19,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use super::control::SOCKET_FILE;
 use crate::host::{mounts, pidfile};
@@ -86,25 +86,44 @@ pub struct Description<'a> {
 }
 
 impl Description<'_> {
-    fn to_json(&self) -> Value {
+    fn record(&self) -> Record {
         let s = |p: &Path| p.to_string_lossy().into_owned();
-        json!({
-            "upper": s(self.upper),
-            "lowers": self.lowers.iter().map(|p| s(p)).collect::<Vec<_>>(),
-            "work": s(self.work),
-            "mountpoint": self.mountpoint.map(s),
-            "last_mountpoint": self.last_mountpoint.map(s),
-            "policy": self.policy.map(s),
-            "scratch": self.scratch,
-        })
+        Record {
+            upper: s(self.upper),
+            lowers: self.lowers.iter().map(|p| s(p)).collect(),
+            work: s(self.work),
+            mountpoint: self.mountpoint.map(s),
+            last_mountpoint: self.last_mountpoint.map(s),
+            policy: self.policy.map(s),
+            scratch: self.scratch.to_vec(),
+        }
     }
+}
+
+/// `workspace.json` on disk. Fields added since the first layerfs that
+/// wrote it (`last_mountpoint`, `policy`, `scratch`) have defaults, so an
+/// older file still loads; unknown fields (a newer layerfs's) are
+/// ignored. `upper`, `lowers` and `work` are required.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    upper: String,
+    lowers: Vec<String>,
+    work: String,
+    #[serde(default)]
+    mountpoint: Option<String>,
+    #[serde(default)]
+    last_mountpoint: Option<String>,
+    #[serde(default)]
+    policy: Option<String>,
+    #[serde(default)]
+    scratch: Vec<String>,
 }
 
 /// Writes `workspace.json` atomically: a temporary file, fsynced, renamed
 /// over the old one, and the directory fsynced. A reader sees the old or
 /// the new description, never a partial one.
 pub fn write_description(state: &SafeDir, d: &Description<'_>) -> io::Result<()> {
-    let mut text = serde_json::to_string_pretty(&d.to_json()).map_err(io::Error::other)?;
+    let mut text = serde_json::to_string_pretty(&d.record()).map_err(io::Error::other)?;
     text.push('\n');
     state.replace_file(WORKSPACE_FILE, text.as_bytes())
 }
@@ -117,55 +136,29 @@ fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, Strin
             file.display()
         )
     };
-    let v: Value = serde_json::from_str(text).map_err(|e| bad(&format!("not valid JSON ({e})")))?;
-    let path = |k: &str| -> Result<PathBuf, String> {
-        v.get(k)
-            .and_then(Value::as_str)
-            .map(PathBuf::from)
-            .ok_or_else(|| bad(&format!("no \"{k}\" path")))
-    };
-    let lowers = v
-        .get("lowers")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad("no \"lowers\" list"))?
-        .iter()
-        .map(|l| {
-            l.as_str()
-                .map(PathBuf::from)
-                .ok_or_else(|| bad("a lower is not a path"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let scratch = v
-        .get("scratch")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|g| g.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let r: Record = serde_json::from_str(text).map_err(|e| {
+        if e.is_data() {
+            bad(&format!("not a workspace description ({e})"))
+        } else {
+            bad(&format!("not valid JSON ({e})"))
+        }
+    })?;
     // Frozen layers (checkpoints) on top of the shared lowers: what the
     // mount serves, and what diff and reset compare the upper with.
     let lowers = super::frozen::frozen_paths(&state)
         .map_err(|e| e.to_string())?
         .into_iter()
-        .chain(lowers)
+        .chain(r.lowers.into_iter().map(PathBuf::from))
         .collect();
     Ok(Workspace {
-        upper: path("upper")?,
+        upper: PathBuf::from(r.upper),
         lowers,
-        work: path("work")?,
+        work: PathBuf::from(r.work),
         state: state.path().to_path_buf(),
-        mountpoint: v
-            .get("mountpoint")
-            .and_then(Value::as_str)
-            .map(PathBuf::from),
-        last_mountpoint: v
-            .get("last_mountpoint")
-            .and_then(Value::as_str)
-            .map(PathBuf::from),
-        scratch,
-        policy: v.get("policy").and_then(Value::as_str).map(PathBuf::from),
+        mountpoint: r.mountpoint.map(PathBuf::from),
+        last_mountpoint: r.last_mountpoint.map(PathBuf::from),
+        scratch: r.scratch,
+        policy: r.policy.map(PathBuf::from),
         dir: state,
     })
 }
@@ -440,7 +433,48 @@ mod tests {
         assert_eq!(ws.last_mountpoint, Some(PathBuf::from("/m")));
         assert_eq!(ws.scratch, scratch);
         let text = std::fs::read_to_string(dir.path().join("s").join(WORKSPACE_FILE)).unwrap();
-        let v: Value = serde_json::from_str(&text).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert!(v["policy"].is_null());
+    }
+
+    #[test]
+    fn an_older_description_still_loads_and_unknown_fields_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = Arc::new(create_state_dir(&dir.path().join("s")).unwrap());
+        // As the first layerfs wrote it: no last_mountpoint, policy or
+        // scratch; and a field of some newer layerfs.
+        let old = r#"{
+  "upper": "/u",
+  "lowers": ["/l0"],
+  "work": "/w",
+  "mountpoint": "/m",
+  "newer_field": {"x": 1}
+}
+"#;
+        std::fs::write(dir.path().join("s").join(WORKSPACE_FILE), old).unwrap();
+        let ws = read_description(state.clone()).unwrap().unwrap();
+        assert_eq!(ws.upper, PathBuf::from("/u"));
+        assert_eq!(ws.lowers, vec![PathBuf::from("/l0")]);
+        assert_eq!(ws.work, PathBuf::from("/w"));
+        assert_eq!(ws.mountpoint, Some(PathBuf::from("/m")));
+        assert_eq!(ws.last_mountpoint, None);
+        assert_eq!(ws.policy, None);
+        assert!(ws.scratch.is_empty());
+    }
+
+    #[test]
+    fn a_description_without_its_layers_is_refused_saying_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = Arc::new(create_state_dir(&dir.path().join("s")).unwrap());
+        let file = dir.path().join("s").join(WORKSPACE_FILE);
+        for (text, says) in [
+            (r#"{"lowers": [], "work": "/w"}"#, "upper"),
+            ("{", "not valid JSON"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = read_description(state.clone()).unwrap_err();
+            assert!(e.contains(says), "{e}");
+            assert!(e.contains("remount the workspace to rewrite it"), "{e}");
+        }
     }
 }

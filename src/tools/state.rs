@@ -445,7 +445,9 @@ impl Workspace {
     /// ```
     pub fn snapshot_list(&self) -> Result<Vec<SnapshotInfo>> {
         let ws = self.described("snapshot_list")?;
-        let all = snapshot::list(&ws.dir, true).map_err(failed("snapshot_list"))?;
+        let all = snapshot::list(&ws.dir, true)
+            .map_err(|e| e.to_string())
+            .map_err(failed("snapshot_list"))?;
         Ok(all.iter().map(SnapshotInfo::of).collect())
     }
 

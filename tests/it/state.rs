@@ -441,6 +441,44 @@ fn a_killed_pausing_client_releases_the_pause() {
 }
 
 #[test]
+fn the_control_socket_ignores_unknown_fields_and_says_what_a_bad_request_lacks() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("f.txt"), "lower\n").unwrap();
+    let m = ws.mount();
+    let mut c = Control::connect(&state_dir(&ws));
+    // A newer client's extra fields are ignored.
+    let v = c.ask(json!({"cmd": "status", "since": 3, "verbose": true}));
+    assert_eq!(v["ok"], json!(true), "{v}");
+    assert_eq!(v["mountpoint"], json!(m.path.to_string_lossy()), "{v}");
+    let v = c.ask(json!({"cmd": "pause", "wait_ms": 50, "reason": "test"}));
+    assert_eq!(v["paused"], json!(true), "{v}");
+    let v = c.ask(json!({"cmd": "resume", "whatever": null}));
+    assert_eq!(v["resumed"], json!(true), "{v}");
+    // A malformed request is refused naming what to send; the
+    // connection goes on.
+    let v = c.ask(json!({"cmd": "reset", "path": "f.txt"}));
+    assert_eq!(v["ok"], json!(false), "{v}");
+    let e = v["error"].as_str().unwrap();
+    assert!(e.contains("bad \"reset\" request"), "{e}");
+    assert!(
+        e.contains(r#"{"cmd":"reset","paths":["rel/path", ...]}"#),
+        "{e}"
+    );
+    let v = c.ask(json!({"cmd": "restore", "staging": 7}));
+    assert!(v["error"].as_str().unwrap().contains("staging"), "{v}");
+    let v = c.ask(json!({"cmd": "fly"}));
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown command \"fly\""),
+        "{v}"
+    );
+    let v = c.ask(json!({"cmd": "reset", "paths": ["f.txt"]}));
+    assert_eq!(v["ok"], json!(true), "{v}");
+}
+
+#[test]
 fn invalidate_shows_changes_made_behind_the_mount() {
     let ws = Workspace::new();
     fs::create_dir(ws.lower().join("d")).unwrap();

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
 
+use super::health::HealthReport;
 use super::schema::disk_bytes;
 use super::schema::shown;
 use super::writer::{Health, Idle, Msg, Writer};
@@ -135,7 +135,7 @@ impl Journal {
     }
 
     /// The journal's health as `status` shows it.
-    pub fn health(&self) -> Value {
+    pub fn health(&self) -> HealthReport {
         let h = &self.health;
         let (err, err_time) = match &*h.last_error.lock() {
             Some((t, m)) => (
@@ -144,19 +144,20 @@ impl Journal {
             ),
             None => (None, None),
         };
-        json!({
-            "enabled": true,
-            "path": shown(&self.path).to_string_lossy(),
-            "rows": h.rows.load(Ordering::Relaxed),
-            "written": h.written.load(Ordering::Relaxed),
-            "dropped": h.dropped.load(Ordering::Relaxed),
-            "trimmed": h.trimmed.load(Ordering::Relaxed),
+        HealthReport {
+            enabled: Some(true),
+            path: Some(shown(&self.path).to_string_lossy().into_owned()),
+            rows: Some(h.rows.load(Ordering::Relaxed)),
+            written: Some(h.written.load(Ordering::Relaxed)),
+            dropped: Some(h.dropped.load(Ordering::Relaxed)),
+            trimmed: Some(h.trimmed.load(Ordering::Relaxed)),
             // The database and its WAL as they are now (what the cap bounds).
-            "bytes": disk_bytes(&self.path),
-            "last_error": err,
-            "last_error_time": err_time,
-            "max_bytes": self.opts.max_bytes,
-            "max_age_seconds": self.opts.max_age.as_secs(),
-        })
+            bytes: Some(disk_bytes(&self.path)),
+            last_error: err,
+            last_error_time: err_time,
+            max_bytes: Some(self.opts.max_bytes),
+            max_age_seconds: Some(self.opts.max_age.as_secs()),
+            ..HealthReport::default()
+        }
     }
 }

@@ -35,6 +35,7 @@
 //! database: its files, opening and migrating it).
 
 mod handle;
+mod health;
 pub mod query;
 mod retention;
 mod rows;
@@ -44,6 +45,7 @@ mod tests;
 mod writer;
 
 pub use handle::{Journal, PATH_KEPT};
+pub use health::HealthReport;
 pub use rows::{errno_name, offline_health, record_as, record_undo};
 pub use schema::{columns, open_ro, open_rw, ADDED_COLUMNS};
 

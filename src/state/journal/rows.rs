@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::params;
-use serde_json::{json, Value};
 
+use super::health::HealthReport;
 use super::schema::disk_bytes;
 use super::schema::{open_ro, open_rw, shown};
 use crate::overlay::events::EvOp;
@@ -86,7 +86,8 @@ pub fn errno_name(e: i32) -> String {
 /// (`dropped_recorded`; a live mount's `dropped` counts since the mount)
 /// and the rows retention deleted, as its newest `journal-trimmed` rows
 /// say (`trimmed_recorded`: the older ones are folded into them).
-pub fn offline_health(db: &Path) -> Value {
+pub fn offline_health(db: &Path) -> HealthReport {
+    let path = shown(db).to_string_lossy().into_owned();
     match open_ro(db).and_then(|c| {
         c.query_row(
             "SELECT count(*), coalesce(sum(CASE WHEN op = 'journal-dropped' THEN bytes END), 0),
@@ -103,13 +104,18 @@ pub fn offline_health(db: &Path) -> Value {
         )
         .map_err(|e| format!("{}: {e}", shown(db).display()))
     }) {
-        Ok((rows, lost, trimmed)) => json!({
-            "path": shown(db).to_string_lossy(),
-            "rows": rows,
-            "dropped_recorded": lost,
-            "trimmed_recorded": trimmed,
-            "bytes": disk_bytes(db),
-        }),
-        Err(e) => json!({"path": shown(db).to_string_lossy(), "rows": null, "last_error": e}),
+        Ok((rows, lost, trimmed)) => HealthReport {
+            path: Some(path),
+            rows: Some(rows.max(0) as u64),
+            dropped_recorded: Some(lost.max(0) as u64),
+            trimmed_recorded: Some(trimmed.max(0) as u64),
+            bytes: Some(disk_bytes(db)),
+            ..HealthReport::default()
+        },
+        Err(e) => HealthReport {
+            path: Some(path),
+            last_error: Some(e),
+            ..HealthReport::default()
+        },
     }
 }

@@ -14,7 +14,7 @@ use super::chain::{child_rel, names_rev, Chain};
 use super::store::{
     dir, file_name, info_in, remove_stale_tmps, snapshots_dir, tmp_name, Info, SaveOptions,
 };
-use super::{ctx, progress_bar, IO_BUF, PAX_XATTR, PAX_XATTR_HEX};
+use super::{ctx, progress_bar, SnapshotError, IO_BUF, PAX_XATTR, PAX_XATTR_HEX};
 use crate::layer::safedir::SafeDir;
 use crate::layer::sys;
 use crate::state::scratch::Scratch;
@@ -23,7 +23,12 @@ use crate::state::snapshot_id;
 /// Writes snapshot `id` of the upper into the checked state dir. The
 /// caller holds whatever makes the upper still (the daemon's write pause,
 /// or no mount) for the duration of the call.
-pub fn save(upper: &Path, state: &SafeDir, id: &str, opts: &SaveOptions) -> Result<Info, String> {
+pub fn save(
+    upper: &Path,
+    state: &SafeDir,
+    id: &str,
+    opts: &SaveOptions,
+) -> Result<Info, SnapshotError> {
     snapshot_id::validate(OsStr::new(id))?;
     let d = snapshots_dir(state, true)?
         .ok_or_else(|| format!("cannot create {}", dir(state.path()).display()))?;
@@ -34,7 +39,8 @@ pub fn save(upper: &Path, state: &SafeDir, id: &str, opts: &SaveOptions) -> Resu
             "snapshot `{id}` already exists ({}): choose another ID, remove it first \
              (layerfs snapshot rm WORKSPACE {id}) or pass --force",
             final_path.display()
-        ));
+        )
+        .into());
     }
     remove_stale_tmps(&d);
     let tmp = tmp_name(id);
@@ -49,7 +55,7 @@ pub fn save(upper: &Path, state: &SafeDir, id: &str, opts: &SaveOptions) -> Resu
         )
     })?;
     // Invariant: from here on, every failure removes the temporary file.
-    let result = (|| -> Result<u64, String> {
+    let result = (|| -> Result<u64, SnapshotError> {
         f.set_len(0)
             .map_err(ctx(format!("cannot truncate {}", tmp_path.display())))?;
         let bar = progress_bar(opts.progress, None, &format!("saving {id}"));
@@ -77,7 +83,7 @@ pub fn save(upper: &Path, state: &SafeDir, id: &str, opts: &SaveOptions) -> Resu
         if e.raw_os_error() == Some(libc::EEXIST) {
             return Err(format!(
                 "snapshot `{id}` was created by someone else meanwhile; choose another ID or pass --force"
-            ));
+            ).into());
         }
         return Err(ctx(format!(
             "cannot rename {} into place",
@@ -139,7 +145,7 @@ pub fn write_archive<W: Write>(
     upper: &Path,
     out: W,
     exclude: &Scratch,
-) -> Result<(W, u64), String> {
+) -> Result<(W, u64), SnapshotError> {
     let mut w = ArchiveWriter {
         b: tar::Builder::new(out),
         upper: upper.to_path_buf(),
@@ -159,7 +165,7 @@ pub fn write_archive<W: Write>(
         .metadata()
         .map_err(ctx(format!("cannot stat upper dir {}", upper.display())))?;
     if !meta.is_dir() {
-        return Err(format!("upper {} is not a directory", upper.display()));
+        return Err(format!("upper {} is not a directory", upper.display()).into());
     }
     w.dir(&root_file, Path::new(""), &meta)?;
     let names = names_rev(&root, upper)?;
@@ -254,7 +260,7 @@ impl<W: Write> ArchiveWriter<W> {
         rel: &Path,
         meta: &std::fs::Metadata,
         xattrs: Vec<(OsString, Vec<u8>)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SnapshotError> {
         let mut recs: Vec<(String, Vec<u8>)> = vec![
             ("mtime".into(), time_record(meta.mtime(), meta.mtime_nsec())),
             ("atime".into(), time_record(meta.atime(), meta.atime_nsec())),
@@ -279,7 +285,7 @@ impl<W: Write> ArchiveWriter<W> {
     }
 
     /// A directory's own entry (`f` is an `O_PATH` descriptor of it).
-    fn dir(&mut self, f: &File, rel: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+    fn dir(&mut self, f: &File, rel: &Path, meta: &std::fs::Metadata) -> Result<(), SnapshotError> {
         let full = self.full(rel);
         let mut xattrs = read_xattrs(f, &full)?;
         // Where the state lives is the place's, not the workspace's.
@@ -296,7 +302,12 @@ impl<W: Write> ArchiveWriter<W> {
 
     /// Anything but a directory (`f` is an `O_PATH` descriptor of it,
     /// opened without following a symlink).
-    fn non_dir(&mut self, f: &File, rel: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+    fn non_dir(
+        &mut self,
+        f: &File,
+        rel: &Path,
+        meta: &std::fs::Metadata,
+    ) -> Result<(), SnapshotError> {
         let full = self.full(rel);
         let name = archive_name(rel);
         if meta.nlink() > 1 {
@@ -327,10 +338,10 @@ impl<W: Write> ArchiveWriter<W> {
             let xattrs = read_xattrs(&data, &full)?;
             self.pax(rel, &fm, xattrs)?;
             let changed = || {
-                format!(
+                SnapshotError::Refused(format!(
                     "{} changed size while being archived (the upper was modified outside the mount); retry",
                     full.display()
-                )
+                ))
             };
             if fm.blocks() * 512 < fm.len() && fm.mtime() >= 0 {
                 // Sparse: the tar crate writes the data map (SEEK_DATA/HOLE)
@@ -429,8 +440,8 @@ fn reopen_for_reading(f: &File) -> io::Result<File> {
 
 /// Every xattr of the object behind `fd` (any descriptor, `O_PATH`
 /// included; never a symlink), in name order.
-fn read_xattrs(fd: &impl AsRawFd, p: &Path) -> Result<Vec<(OsString, Vec<u8>)>, String> {
-    let err = |e: io::Error| format!("cannot read xattrs of {}: {e}", p.display());
+fn read_xattrs(fd: &impl AsRawFd, p: &Path) -> Result<Vec<(OsString, Vec<u8>)>, SnapshotError> {
+    let err = |e: io::Error| ctx(format!("cannot read xattrs of {}", p.display()))(e);
     let mut out = Vec::new();
     let list = match sys::listxattr(fd) {
         Ok(l) => l,

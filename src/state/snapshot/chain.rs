@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::{ctx, WINDOW};
+use super::{ctx, SnapshotError, WINDOW};
 use crate::layer::sys;
 
 /// The directories from a root down to the current one of a walk, each
@@ -152,7 +152,7 @@ pub(super) fn child_rel(parent: &[u8], name: &OsStr) -> PathBuf {
 }
 
 /// The names in a directory, sorted in reverse (the walk pops the first).
-pub(super) fn names_rev(fd: &OwnedFd, shown: &Path) -> Result<Vec<OsString>, String> {
+pub(super) fn names_rev(fd: &OwnedFd, shown: &Path) -> Result<Vec<OsString>, SnapshotError> {
     let mut names: Vec<OsString> = sys::read_dir(fd)
         .map_err(ctx(format!("cannot list {}", shown.display())))?
         .into_iter()

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use super::chain::{child_rel, Chain};
 use super::report::{is_root, xattr_verdict, Kind, Report};
-use super::{ctx, PAX_XATTR, PAX_XATTR_HEX};
+use super::{ctx, SnapshotError, PAX_XATTR, PAX_XATTR_HEX};
 use crate::layer::ops::{self};
 use crate::layer::safedir::SafeDir;
 use crate::layer::sys;
@@ -30,11 +30,11 @@ pub struct RootMeta {
 
 impl RootMeta {
     /// Those of the directory at `p` (not following a symlink).
-    pub fn of(p: &Path) -> Result<RootMeta, String> {
+    pub fn of(p: &Path) -> Result<RootMeta, SnapshotError> {
         let m =
             std::fs::symlink_metadata(p).map_err(ctx(format!("cannot stat {}", p.display())))?;
         if !m.is_dir() {
-            return Err(format!("{} is not a directory", p.display()));
+            return Err(format!("{} is not a directory", p.display()).into());
         }
         Ok(RootMeta {
             mode: m.mode() & 0o7777,
@@ -78,7 +78,13 @@ impl Extractor<'_> {
     /// Gives the object behind `fd` the archive's owner, as far as the
     /// restoring user may: another user's ids are kept as the caller's
     /// (and reported) when the kernel refuses them.
-    fn owner(&mut self, fd: &impl AsFd, uid: u32, gid: u32, rel: &Path) -> Result<(), String> {
+    fn owner(
+        &mut self,
+        fd: &impl AsFd,
+        uid: u32,
+        gid: u32,
+        rel: &Path,
+    ) -> Result<(), SnapshotError> {
         match sys::fchown(fd, Some(uid), Some(gid)) {
             Ok(()) => Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EPERM) && !is_root() => {
@@ -92,7 +98,7 @@ impl Extractor<'_> {
                 );
                 Ok(())
             }
-            Err(e) => Err(format!("cannot chown {:?}: {e}", rel)),
+            Err(e) => Err(format!("cannot chown {:?}: {e}", rel).into()),
         }
     }
 
@@ -104,7 +110,7 @@ impl Extractor<'_> {
         kind: Kind,
         xattrs: &[(OsString, Vec<u8>)],
         rel: &Path,
-    ) -> Result<(), String> {
+    ) -> Result<(), SnapshotError> {
         for (name, value) in xattrs {
             let shown = String::from_utf8_lossy(name.as_bytes()).into_owned();
             match xattr_verdict(name.as_bytes(), value, kind, self.policy) {
@@ -152,7 +158,7 @@ impl Extractor<'_> {
         &mut self,
         chain: &mut Chain<Option<DirMeta>>,
         parent: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), SnapshotError> {
         if chain.path == parent {
             return Ok(());
         }
@@ -190,7 +196,7 @@ impl Extractor<'_> {
     }
 
     /// Applies the current directory's deferred mode and times.
-    fn finish_dir(&mut self, chain: &mut Chain<Option<DirMeta>>) -> Result<(), String> {
+    fn finish_dir(&mut self, chain: &mut Chain<Option<DirMeta>>) -> Result<(), SnapshotError> {
         let Some(m) = chain.meta_mut().take() else {
             return Ok(());
         };
@@ -199,7 +205,8 @@ impl Extractor<'_> {
             .fd()
             .map_err(|e| format!("cannot reopen {:?}: {e}", shown))?;
         sys::fchmod(fd, m.mode).map_err(|e| format!("cannot chmod {:?}: {e}", shown))?;
-        sys::futimens(fd, &m.times).map_err(|e| format!("cannot set times of {:?}: {e}", shown))
+        sys::futimens(fd, &m.times)
+            .map_err(|e| format!("cannot set times of {:?}: {e}", shown).into())
     }
 }
 
@@ -237,11 +244,11 @@ fn open_parent_of<'r>(root: &OwnedFd, rel: &'r Path) -> io::Result<(OwnedFd, &'r
     Ok((cur, name))
 }
 
-fn duplicate(raw: &Path) -> String {
-    format!(
+fn duplicate(raw: &Path) -> SnapshotError {
+    SnapshotError::Archive(format!(
         "entry {:?} appears twice in the archive (or replaces an earlier one)",
         raw
-    )
+    ))
 }
 
 /// The walk's directories: each level carries the mode and times it gets
@@ -264,7 +271,7 @@ struct EntryMeta {
 }
 
 impl EntryMeta {
-    fn read<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<EntryMeta, String> {
+    fn read<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<EntryMeta, SnapshotError> {
         let raw_path = entry
             .path()
             .map_err(ctx("bad path in the archive"))?
@@ -275,10 +282,7 @@ impl EntryMeta {
         let uid = h.uid().map_err(ctx("bad uid in the archive"))?;
         let gid = h.gid().map_err(ctx("bad gid in the archive"))?;
         let (Ok(uid), Ok(gid)) = (u32::try_from(uid), u32::try_from(gid)) else {
-            return Err(format!(
-                "entry {:?} has an impossible owner {uid}:{gid}",
-                raw_path
-            ));
+            return Err(format!("entry {:?} has an impossible owner {uid}:{gid}", raw_path).into());
         };
         let hdr_mtime = h.mtime().unwrap_or(0) as i64;
         let whole = libc::timespec {
@@ -327,13 +331,17 @@ impl EntryMeta {
 
     /// The message for a failed system call while making this entry (an
     /// existing name is a duplicate entry).
-    fn io_err(&self, what: &str) -> impl FnOnce(io::Error) -> String + '_ {
+    fn io_err(&self, what: &str) -> impl FnOnce(io::Error) -> SnapshotError + '_ {
         let what = what.to_string();
-        move |e: io::Error| {
-            if e.raw_os_error() == Some(libc::EEXIST) {
+        move |source: io::Error| {
+            if source.raw_os_error() == Some(libc::EEXIST) {
                 duplicate(&self.raw_path)
             } else {
-                format!("cannot {what} {:?}: {e}", self.raw_path)
+                SnapshotError::Io {
+                    what: format!("cannot {what} {:?}", self.raw_path),
+                    source,
+                    hint: "",
+                }
             }
         }
     }
@@ -349,7 +357,7 @@ pub fn extract<R: Read>(
     policy: &Policy,
     root: RootMeta,
     report: &mut Report,
-) -> Result<u64, String> {
+) -> Result<u64, SnapshotError> {
     let mut ar = tar::Archive::new(r);
     ar.set_preserve_mtime(false);
     ar.set_preserve_permissions(false);
@@ -379,19 +387,26 @@ pub fn extract<R: Read>(
         let m = EntryMeta::read(&mut entry)?;
         if m.rel.as_os_str().is_empty() {
             if !kind.is_dir() || root_times.is_some() || n > 0 {
-                return Err(format!("unexpected root entry {:?}", m.raw_path));
+                return Err(SnapshotError::Archive(format!(
+                    "unexpected root entry {:?}",
+                    m.raw_path
+                )));
             }
             ex.root_entry(&mut chain, &m, root)?;
             root_times = Some(m.times);
         } else if root_times.is_none() {
-            return Err("the archive has no root entry `./` first: not a layerfs snapshot".into());
+            return Err(SnapshotError::Archive(
+                "the archive has no root entry `./` first: not a layerfs snapshot".into(),
+            ));
         } else {
             ex.entry(&mut chain, &mut entry, kind, &m)?;
         }
         n += 1;
     }
     if root_times.is_none() {
-        return Err("the archive has no root entry `./`: not a layerfs snapshot".into());
+        return Err(SnapshotError::Archive(
+            "the archive has no root entry `./`: not a layerfs snapshot".into(),
+        ));
     }
     // Deepest first, so a directory's times are set after every change
     // beneath it, and a read-only mode after its children exist.
@@ -421,7 +436,7 @@ impl Extractor<'_> {
         chain: &mut Dirs,
         m: &EntryMeta,
         root: RootMeta,
-    ) -> Result<(), String> {
+    ) -> Result<(), SnapshotError> {
         let fd = chain.fd().map_err(ctx("cannot open the staging dir"))?;
         let fd = fd.try_clone().map_err(ctx("cannot open the staging dir"))?;
         self.xattrs(&fd, Kind::Dir, &m.xattrs, &m.rel)?;
@@ -448,7 +463,7 @@ impl Extractor<'_> {
         entry: &mut tar::Entry<'_, R>,
         kind: tar::EntryType,
         m: &EntryMeta,
-    ) -> Result<(), String> {
+    ) -> Result<(), SnapshotError> {
         let bytes = m.rel.as_os_str().as_bytes();
         let (parent, name) = match bytes.iter().rposition(|&b| b == b'/') {
             Some(i) => (&bytes[..i], &bytes[i + 1..]),
@@ -456,10 +471,10 @@ impl Extractor<'_> {
         };
         let name = OsStr::from_bytes(name);
         self.navigate(chain, parent).map_err(|e| {
-            format!(
+            SnapshotError::Archive(format!(
                 "entry {:?} does not follow its directory in the archive: {e}",
                 m.raw_path
-            )
+            ))
         })?;
         match kind {
             tar::EntryType::Directory => self.directory(chain, name, m),
@@ -471,14 +486,16 @@ impl Extractor<'_> {
             tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
                 self.node(chain, entry, kind, name, m)
             }
-            other => Err(format!(
-                "entry {:?} has unsupported type {:?}",
-                m.raw_path, other
-            )),
+            other => Err(format!("entry {:?} has unsupported type {:?}", m.raw_path, other).into()),
         }
     }
 
-    fn directory(&mut self, chain: &mut Dirs, name: &OsStr, m: &EntryMeta) -> Result<(), String> {
+    fn directory(
+        &mut self,
+        chain: &mut Dirs,
+        name: &OsStr,
+        m: &EntryMeta,
+    ) -> Result<(), SnapshotError> {
         let fd = {
             let parent = chain.fd().map_err(m.io_err("reopen the parent of"))?;
             sys::mkdirat(parent, name, 0o700).map_err(m.io_err("create directory"))?;
@@ -507,7 +524,7 @@ impl Extractor<'_> {
         entry: &mut tar::Entry<'_, R>,
         name: &OsStr,
         m: &EntryMeta,
-    ) -> Result<(), String> {
+    ) -> Result<(), SnapshotError> {
         let target = {
             let parent = chain.fd().map_err(m.io_err("reopen the parent of"))?;
             let mut p = PathBuf::from(format!("/proc/self/fd/{}", parent.as_raw_fd()));
@@ -518,11 +535,11 @@ impl Extractor<'_> {
         // reader writes the data and seeks over holes.
         let f = match entry.unpack(&target) {
             Ok(tar::Unpacked::File(f)) => f,
-            Ok(_) => return Err(format!("cannot write {:?}", m.raw_path)),
+            Ok(_) => return Err(format!("cannot write {:?}", m.raw_path).into()),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 return Err(duplicate(&m.raw_path))
             }
-            Err(e) => return Err(format!("cannot write {:?}: {e}", m.raw_path)),
+            Err(e) => return Err(format!("cannot write {:?}: {e}", m.raw_path).into()),
         };
         if !m.xattrs.is_empty() && !is_root() {
             // user.* xattrs need write permission on the file.
@@ -542,7 +559,7 @@ impl Extractor<'_> {
         entry: &mut tar::Entry<'_, R>,
         name: &OsStr,
         m: &EntryMeta,
-    ) -> Result<(), String> {
+    ) -> Result<(), SnapshotError> {
         let (rel, raw_path) = (&m.rel, &m.raw_path);
         let target = entry
             .link_name()
@@ -551,7 +568,7 @@ impl Extractor<'_> {
             .into_owned();
         let trel = safe_rel(&target)?;
         if trel.as_os_str().is_empty() {
-            return Err(format!("hard link {:?} names the root", raw_path));
+            return Err(format!("hard link {:?} names the root", raw_path).into());
         }
         if self.was_skipped(&trel) {
             self.skip(
@@ -562,10 +579,10 @@ impl Extractor<'_> {
             return Ok(());
         }
         let not_earlier = || {
-            format!(
+            SnapshotError::Archive(format!(
                 "hard link {:?} names {:?}, which is not an earlier file of the archive",
                 raw_path, target
-            )
+            ))
         };
         let (tdir, tname) = open_parent_of(&chain.root, &trel).map_err(|_| not_earlier())?;
         let st = sys::fstatat(&tdir, tname).map_err(|_| not_earlier())?;
@@ -604,7 +621,7 @@ impl Extractor<'_> {
         entry: &mut tar::Entry<'_, R>,
         name: &OsStr,
         m: &EntryMeta,
-    ) -> Result<(), String> {
+    ) -> Result<(), SnapshotError> {
         let target = entry
             .link_name()
             .map_err(ctx("bad link target in the archive"))?
@@ -644,7 +661,7 @@ impl Extractor<'_> {
         kind: tar::EntryType,
         name: &OsStr,
         m: &EntryMeta,
-    ) -> Result<(), String> {
+    ) -> Result<(), SnapshotError> {
         let h = entry.header();
         let major = h.device_major().ok().flatten().unwrap_or(0);
         let minor = h.device_minor().ok().flatten().unwrap_or(0);
@@ -729,16 +746,24 @@ pub(super) fn parse_time(v: &[u8]) -> Option<libc::timespec> {
 /// dropped (`./x`, `a//b`), only plain names; "" is the root. An absolute
 /// path or a `..` component is refused. (Byte by byte: an entry's path may
 /// have tens of thousands of components.)
-pub(super) fn safe_rel(p: &Path) -> Result<PathBuf, String> {
+pub(super) fn safe_rel(p: &Path) -> Result<PathBuf, SnapshotError> {
     let b = p.as_os_str().as_bytes();
     if b.first() == Some(&b'/') {
-        return Err(format!("unsafe path {:?} in the archive", p));
+        return Err(SnapshotError::Archive(format!(
+            "unsafe path {:?} in the archive",
+            p
+        )));
     }
     let mut out: Vec<u8> = Vec::with_capacity(b.len());
     for c in b.split(|&x| x == b'/') {
         match c {
             b"" | b"." => {}
-            b".." => return Err(format!("unsafe path {:?} in the archive", p)),
+            b".." => {
+                return Err(SnapshotError::Archive(format!(
+                    "unsafe path {:?} in the archive",
+                    p
+                )))
+            }
             _ => {
                 if !out.is_empty() {
                     out.push(b'/');

@@ -111,9 +111,54 @@ const SNAPSHOTS: &str = "snapshots";
 /// daemon's live restore checks the names it is given against it).
 pub const STAGING_PREFIX: &str = ".layerfs-restore.";
 
-fn ctx(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> String {
-    move |e| {
-        let hint = match e.raw_os_error() {
+/// Why a snapshot could not be saved, listed, removed or restored. Each
+/// names the snapshot file, archive entry or directory concerned and,
+/// where there is one, what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// A system call failed: what was being done (naming its file), why,
+    /// and a hint for the errors a user can act on.
+    #[error("{what}: {source}{hint}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+        hint: &'static str,
+    },
+    /// An archive entry that cannot be restored as it is: the archive is
+    /// not a layerfs snapshot, is damaged, or was crafted (named by its
+    /// path in the archive).
+    #[error("{0}")]
+    Archive(String),
+    /// Refused, or failed in the parts a snapshot relies on (the state
+    /// dir's checks, the policy, the ID): the message says why.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl From<String> for SnapshotError {
+    fn from(why: String) -> SnapshotError {
+        SnapshotError::Refused(why)
+    }
+}
+
+impl From<&str> for SnapshotError {
+    fn from(why: &str) -> SnapshotError {
+        SnapshotError::Refused(why.to_string())
+    }
+}
+
+impl From<SnapshotError> for String {
+    fn from(e: SnapshotError) -> String {
+        e.to_string()
+    }
+}
+
+/// `map_err` helper: an io error with what was being done, and a hint
+/// where the user can act on it.
+fn ctx(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> SnapshotError {
+    move |source| {
+        let hint = match source.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => " (no space left: free some and retry)",
             Some(libc::EACCES) | Some(libc::EPERM) => {
                 " (permission denied: run as the workspace's owner)"
@@ -121,7 +166,11 @@ fn ctx(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> String {
             Some(libc::EROFS) => " (read-only filesystem)",
             _ => "",
         };
-        format!("{what}: {e}{hint}")
+        SnapshotError::Io {
+            what: what.to_string(),
+            source,
+            hint,
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::MAX_LISTED;
+use super::{SnapshotError, MAX_LISTED};
 use crate::layer::ops::{self, PRIVATE_PREFIXES};
 use crate::overlay::origin::{Origin, MOVED_IN_VALUE, MOVED_IN_XATTR, ORIGIN_XATTR};
 use crate::policy::Policy;
@@ -129,7 +129,7 @@ pub(super) fn xattr_verdict(
     value: &[u8],
     kind: Kind,
     policy: &Policy,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, SnapshotError> {
     if kind == Kind::Symlink {
         return Err("a symlink's xattrs are not restored".into());
     }
@@ -151,7 +151,8 @@ pub(super) fn xattr_verdict(
                 "not a valid {} mark for a {}: the overlay writes it differently",
                 String::from_utf8_lossy(mark),
                 kind.name()
-            ));
+            )
+            .into());
         }
         let prefix = if is_root() {
             PRIVATE_PREFIXES[0]
@@ -170,7 +171,8 @@ pub(super) fn xattr_verdict(
             return Err(format!(
                 "a file capability grants privilege like a setuid bit ({})",
                 policy.suid_rule()
-            ));
+            )
+            .into());
         }
         return if kind == Kind::File {
             Ok(name.to_vec())

@@ -12,7 +12,7 @@ use super::extract::{extract, RootMeta};
 use super::report::Report;
 use super::scan::{prescan, Scan};
 use super::store::{dir, file_name, info_in, open_snapshot, snapshots_dir, Info};
-use super::{ctx, progress_bar, IO_BUF, STAGING_PREFIX};
+use super::{ctx, progress_bar, SnapshotError, IO_BUF, STAGING_PREFIX};
 use crate::layer::safedir::{Role, SafeDir};
 use crate::layer::sys;
 use crate::policy::Policy;
@@ -27,7 +27,7 @@ fn check_room(
     policy: &Policy,
     archive: &Path,
     where_: &Path,
-) -> Result<(), String> {
+) -> Result<(), SnapshotError> {
     let q = policy.quota();
     if let Some(limit) = q.bytes.filter(|&b| scan.data_bytes > b) {
         return Err(format!(
@@ -35,7 +35,8 @@ fn check_room(
              (bytes={limit}); raise the quota in its policy file to restore it",
             archive.display(),
             scan.data_bytes
-        ));
+        )
+        .into());
     }
     if let Some(limit) = q.inodes.filter(|&i| scan.entries > i) {
         return Err(format!(
@@ -43,7 +44,8 @@ fn check_room(
              raise the quota in its policy file to restore it",
             archive.display(),
             scan.entries
-        ));
+        )
+        .into());
     }
     let st = sys::fstatfs(parent).map_err(ctx(format!("cannot statfs {}", where_.display())))?;
     #[allow(clippy::unnecessary_cast)]
@@ -59,7 +61,8 @@ fn check_room(
             archive.display(),
             scan.data_bytes,
             where_.display()
-        ));
+        )
+        .into());
     }
     if files > 0 && scan.entries > ffree {
         return Err(format!(
@@ -68,7 +71,8 @@ fn check_room(
             archive.display(),
             scan.entries,
             where_.display()
-        ));
+        )
+        .into());
     }
     Ok(())
 }
@@ -79,7 +83,10 @@ fn check_room(
 /// beside the upper, but only where nobody else can rename entries (the
 /// staging dir is exchanged with the upper by name). Returns its path (for
 /// messages), a descriptor and whether it is the work dir.
-fn staging_parent(upper: &Path, work: Option<&Path>) -> Result<(PathBuf, OwnedFd, bool), String> {
+fn staging_parent(
+    upper: &Path,
+    work: Option<&Path>,
+) -> Result<(PathBuf, OwnedFd, bool), SnapshotError> {
     let upper_dev = std::fs::symlink_metadata(upper)
         .map_err(ctx(format!("cannot stat upper dir {}", upper.display())))?
         .dev();
@@ -98,7 +105,7 @@ fn staging_parent(upper: &Path, work: Option<&Path>) -> Result<(PathBuf, OwnedFd
         return Err(format!(
             "upper dir {} is a mount point: it cannot be replaced atomically; restore into a workspace whose upper is a plain directory",
             upper.display()
-        ));
+        ).into());
     }
     Ok((parent.to_path_buf(), pfd, false))
 }
@@ -150,7 +157,7 @@ pub fn stage(
     id: &str,
     policy: &Policy,
     progress: bool,
-) -> Result<Staged, String> {
+) -> Result<Staged, SnapshotError> {
     snapshot_id::validate(OsStr::new(id))?;
     let snaps = snapshots_dir(state, false)?.ok_or_else(|| {
         format!(
@@ -188,7 +195,7 @@ pub fn stage(
         name,
     };
     // Invariant: every failure removes the staging tree.
-    let extracted = (|| -> Result<(), String> {
+    let extracted = (|| -> Result<(), SnapshotError> {
         let staging = SafeDir::open_at(
             &staged.parent_fd,
             &staged.name,
@@ -232,7 +239,7 @@ pub fn restore(
     id: &str,
     policy: &Policy,
     progress: bool,
-) -> Result<(Info, Report), String> {
+) -> Result<(Info, Report), SnapshotError> {
     let upper_name = upper
         .file_name()
         .ok_or_else(|| format!("upper dir {} has no name", upper.display()))?;

@@ -1,7 +1,7 @@
 //! The pass over an untrusted archive's headers before anything is
 //! extracted (`prescan`).
 
-use super::{ctx, META_LIMIT};
+use super::{ctx, SnapshotError, META_LIMIT};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -27,14 +27,14 @@ pub struct Scan {
 /// Longer than most functions on purpose: it is one loop over the tar
 /// reader's framing state (the offset, a pending PAX `size`), and reads
 /// best whole beside that reader, block by block.
-pub fn prescan(f: &File) -> Result<Scan, String> {
+pub fn prescan(f: &File) -> Result<Scan, SnapshotError> {
     const BLOCK: u64 = 512;
     let len = f.metadata().map_err(ctx("cannot stat the archive"))?.len();
     let truncated = |at: u64| {
-        format!(
+        SnapshotError::Archive(format!(
             "the archive is truncated (it ends at byte {len}, an entry at byte {at} goes \
              beyond): not a complete snapshot"
-        )
+        ))
     };
     let mut scan = Scan::default();
     let mut pos = 0u64;
@@ -63,7 +63,8 @@ pub fn prescan(f: &File) -> Result<Scan, String> {
             return Err(format!(
                 "the archive's header at byte {at} is damaged (checksum mismatch): not a \
                  complete snapshot"
-            ));
+            )
+            .into());
         }
         pos += BLOCK;
         let ty = h.entry_type();
@@ -85,7 +86,8 @@ pub fn prescan(f: &File) -> Result<Scan, String> {
                 "the archive's entry at byte {at} declares {size} bytes of metadata (PAX \
                  records or a long name), more than the {} MiB layerfs reads: refused",
                 META_LIMIT >> 20
-            ));
+            )
+            .into());
         }
         let padded = size
             .checked_add(BLOCK - 1)
@@ -104,7 +106,8 @@ pub fn prescan(f: &File) -> Result<Scan, String> {
             if *seen {
                 return Err(format!(
                     "the archive has two extension records for one entry (at byte {at})"
-                ));
+                )
+                .into());
             }
             *seen = true;
             if ty.is_pax_local_extensions() {

@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::scan::prescan;
-use super::{ctx, SNAPSHOTS};
+use super::{ctx, SnapshotError, SNAPSHOTS};
 use crate::layer::safedir::{Role, SafeDir};
 use crate::state::scratch::Scratch;
 use crate::state::snapshot_id;
@@ -33,8 +33,8 @@ pub(super) fn tmp_name(id: &str) -> String {
 
 /// `snapshots/` in the checked state dir, itself checked; created (0700)
 /// when `create`, else `None` when missing.
-pub fn snapshots_dir(state: &SafeDir, create: bool) -> Result<Option<SafeDir>, String> {
-    state.subdir(SNAPSHOTS, Role::Snapshots, create.then_some(0o700))
+pub fn snapshots_dir(state: &SafeDir, create: bool) -> Result<Option<SafeDir>, SnapshotError> {
+    Ok(state.subdir(SNAPSHOTS, Role::Snapshots, create.then_some(0o700))?)
 }
 
 /// Options of a save.
@@ -95,21 +95,21 @@ pub fn exists(state: &SafeDir, id: &str) -> bool {
 
 /// Info about snapshot `id` in the checked `snapshots/` (entries not
 /// counted).
-pub(super) fn info_in(d: &SafeDir, id: &str) -> Result<Info, String> {
+pub(super) fn info_in(d: &SafeDir, id: &str) -> Result<Info, SnapshotError> {
     let name = file_name(id);
     let p = d.shown(&name);
     let st = d.stat(&name).map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
-            format!(
+            SnapshotError::Refused(format!(
                 "no snapshot `{id}` in {} (see: layerfs snapshot list WORKSPACE)",
                 d.path().display()
-            )
+            ))
         } else {
             ctx(format!("cannot stat {}", p.display()))(e)
         }
     })?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(format!("{} is not a regular file", p.display()));
+        return Err(format!("{} is not a regular file", p.display()).into());
     }
     Ok(Info {
         id: id.to_string(),
@@ -120,18 +120,19 @@ pub(super) fn info_in(d: &SafeDir, id: &str) -> Result<Info, String> {
 }
 
 /// Info about snapshot `id` of the checked state dir.
-pub fn info_of(state: &SafeDir, id: &str) -> Result<Info, String> {
+pub fn info_of(state: &SafeDir, id: &str) -> Result<Info, SnapshotError> {
     match snapshots_dir(state, false)? {
         Some(d) => info_in(&d, id),
         None => Err(format!(
             "no snapshot `{id}`: {} does not exist (see: layerfs snapshot list WORKSPACE)",
             dir(state.path()).display()
-        )),
+        )
+        .into()),
     }
 }
 
 /// Opens snapshot `id` for reading, never following a symlink.
-pub(super) fn open_snapshot(d: &SafeDir, id: &str) -> Result<File, String> {
+pub(super) fn open_snapshot(d: &SafeDir, id: &str) -> Result<File, SnapshotError> {
     let name = file_name(id);
     d.open_file(&name, libc::O_RDONLY, 0)
         .map_err(ctx(format!("cannot open {}", d.shown(&name).display())))
@@ -139,7 +140,7 @@ pub(super) fn open_snapshot(d: &SafeDir, id: &str) -> Result<File, String> {
 
 /// Every snapshot in the state dir, oldest first (then by ID); `count`
 /// counts each one's entries (reading only headers, `prescan`).
-pub fn list(state: &SafeDir, count: bool) -> Result<Vec<Info>, String> {
+pub fn list(state: &SafeDir, count: bool) -> Result<Vec<Info>, SnapshotError> {
     let Some(d) = snapshots_dir(state, false)? else {
         return Ok(Vec::new());
     };
@@ -171,7 +172,7 @@ pub fn list(state: &SafeDir, count: bool) -> Result<Vec<Info>, String> {
 }
 
 /// Removes snapshot `id`.
-pub fn remove(state: &SafeDir, id: &str) -> Result<(), String> {
+pub fn remove(state: &SafeDir, id: &str) -> Result<(), SnapshotError> {
     let d = snapshots_dir(state, false)?
         .ok_or_else(|| format!("no snapshot `{id}` in {}", dir(state.path()).display()))?;
     info_in(&d, id)?;

@@ -60,7 +60,53 @@ fn try_extract(
         root,
         &mut report,
     );
-    (t, r)
+    (t, r.map_err(String::from))
+}
+
+#[test]
+fn a_tampered_archive_is_an_archive_error_naming_the_entry() {
+    type Entries<'a> = &'a [(&'a str, T, Option<&'a str>)];
+    let cases: &[(Entries, &str)] = &[
+        (
+            &[("./", T::Directory, None), ("../evil", T::Regular, None)],
+            "../evil",
+        ),
+        (
+            &[("./", T::Directory, None), ("d/x", T::Regular, None)],
+            "d/x",
+        ),
+        (
+            &[("./", T::Directory, None), ("h", T::Link, Some("later"))],
+            "h",
+        ),
+        (
+            &[
+                ("./", T::Directory, None),
+                ("x", T::Regular, None),
+                ("x", T::Regular, None),
+            ],
+            "x",
+        ),
+        (&[("x", T::Regular, None)], "root entry"),
+    ];
+    for (entries, names) in cases {
+        let t = tempfile::tempdir().unwrap();
+        let dst = t.path().join("dst");
+        let (d, _) = SafeDir::create(&dst, Role::Staging, 0o700).unwrap();
+        let root = RootMeta::of(&dst).unwrap();
+        let e = extract(
+            &archive(entries)[..],
+            &d,
+            &Policy::default(),
+            root,
+            &mut Report::default(),
+        )
+        .expect_err("a tampered archive was extracted");
+        assert!(
+            matches!(&e, SnapshotError::Archive(m) if m.contains(names)),
+            "{entries:?}: {e:?}"
+        );
+    }
 }
 
 use tar::EntryType as T;
@@ -125,7 +171,11 @@ fn tampered_archives_stay_inside() {
 #[test]
 fn archive_paths_are_made_safe() {
     for (raw, want) in [("./", ""), ("a//b/./c/", "a/b/c"), ("./x", "x"), (".", "")] {
-        assert_eq!(safe_rel(Path::new(raw)), Ok(PathBuf::from(want)), "{raw}");
+        assert_eq!(
+            safe_rel(Path::new(raw)).map_err(String::from),
+            Ok(PathBuf::from(want)),
+            "{raw}"
+        );
     }
     for raw in ["/etc", "a/../b", "..", "a/.."] {
         assert!(safe_rel(Path::new(raw)).is_err(), "{raw}");
