@@ -78,7 +78,19 @@ impl PidFile {
     }
 
     /// Writes the entry `name` in this user's first usable pid directory.
+    ///
+    /// The process is named `layerfs` first (its main thread's name, which
+    /// `/proc/PID/stat` shows): `is_daemon_alive` tells a registered
+    /// process from a later one given the same pid by that name, and a
+    /// daemon started under another file name — `layerfs run`'s own,
+    /// executed as `/proc/self/exe`, or a copied binary — would otherwise
+    /// count as gone while it serves. Called on the main thread.
     fn write(name: String, text: &str) -> io::Result<PidFile> {
+        if let Err(e) = nix::sys::prctl::set_name(c"layerfs") {
+            tracing::warn!(
+                "cannot name this process layerfs ({e}): state commands may not find it"
+            );
+        }
         let uid = nix::unistd::geteuid().as_raw();
         let mut last = io::Error::other("no pid directory");
         for path in dirs_for_uid(uid) {

@@ -853,3 +853,47 @@ fn status_of_a_dead_mount_says_it_is_stale_and_how_to_clear_it() {
     assert!(!is_mounted(&ws.mnt));
     drop(m);
 }
+
+/// A daemon started under another file name (a copied binary; `layerfs
+/// run`'s own, which runs as /proc/self/exe) is found from its mountpoint
+/// by the state commands and waited for by `umount`, as one started as
+/// `layerfs` is: the registry tells a live daemon from a reused pid by the
+/// process name, which the daemon sets itself.
+#[test]
+fn a_daemon_started_under_another_file_name_is_found_from_its_mountpoint() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("f"), "f\n").unwrap();
+    let renamed = ws.dir.path().join("agentfs-copy");
+    fs::copy(bin(), &renamed).unwrap();
+    let out = Command::new(&renamed)
+        .args(mount_args(&ws, &[]))
+        .output()
+        .unwrap();
+    let canon = fs::canonicalize(&ws.mnt).unwrap();
+    let m = BgMount {
+        mnt: ws.mnt.clone(),
+        pid: pidfile::find_daemon(&canon, None),
+    };
+    assert!(out.status.success(), "mount: {}", text(&out));
+    let pid = m.pid.unwrap_or_else(|| {
+        panic!(
+            "the registry does not find the daemon of {}",
+            ws.mnt.display()
+        )
+    });
+    fs::write(ws.mnt.join("mine"), "mine\n").unwrap();
+    let st = crate::harness::layerfs(&["status", "--json", &ws.mnt.display().to_string()]);
+    assert!(st.status.success(), "status: {}", text(&st));
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(v["mounted"], true, "{v}");
+    assert_eq!(v["pid"], pid, "{v}");
+    let d = crate::harness::layerfs(&["diff", &ws.mnt.display().to_string()]);
+    assert!(d.status.success(), "diff: {}", text(&d));
+    assert_eq!(String::from_utf8_lossy(&d.stdout), "A mine\n");
+    let u = crate::harness::layerfs(&["umount", &ws.mnt.display().to_string()]);
+    assert!(u.status.success(), "umount: {}", text(&u));
+    assert!(
+        !pidfile::is_daemon_alive(pid),
+        "umount returned before the daemon (pid {pid}) exited"
+    );
+}
