@@ -123,10 +123,9 @@ fn fork(ws: &Workspace, name: &str, n: usize) -> Fork {
     guard
 }
 
-#[test]
-fn a_checkpoint_keeps_the_view_across_remounts_and_kernel_overlay_agrees() {
-    let ws = Workspace::new();
-    let l = ws.lower();
+/// The shared tree the layered tests change: directories to rename,
+/// make opaque and keep, files to edit and delete.
+fn shared_tree(l: &Path) {
     fs::create_dir_all(l.join("d/sub")).unwrap();
     fs::create_dir_all(l.join("o")).unwrap();
     fs::create_dir_all(l.join("keep")).unwrap();
@@ -135,6 +134,13 @@ fn a_checkpoint_keeps_the_view_across_remounts_and_kernel_overlay_agrees() {
     fs::write(l.join("d/sub/x"), "x\n").unwrap();
     fs::write(l.join("o/y"), "y\n").unwrap();
     fs::write(l.join("keep/k"), "k\n").unwrap();
+}
+
+#[test]
+fn a_checkpoint_keeps_the_view_across_remounts_and_kernel_overlay_agrees() {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    shared_tree(l);
 
     let m = ws.mount();
     sh(
@@ -799,14 +805,7 @@ fn run_fork_runs_in_a_fresh_fork_of_a_checkpoint() {
 fn layered() -> (Workspace, std::collections::BTreeMap<String, String>) {
     let ws = Workspace::new();
     let l = ws.lower();
-    fs::create_dir_all(l.join("d/sub")).unwrap();
-    fs::create_dir_all(l.join("o")).unwrap();
-    fs::create_dir_all(l.join("keep")).unwrap();
-    fs::write(l.join("a"), "a\n").unwrap();
-    fs::write(l.join("gone"), "gone\n").unwrap();
-    fs::write(l.join("d/sub/x"), "x\n").unwrap();
-    fs::write(l.join("o/y"), "y\n").unwrap();
-    fs::write(l.join("keep/k"), "k\n").unwrap();
+    shared_tree(l);
     for (name, script) in [
         (
             "c1",

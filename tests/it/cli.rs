@@ -98,27 +98,16 @@ fn usage_errors_name_everything_missing_and_the_way_out() {
     let lower = ws.lower().to_str().unwrap();
     let upper = ws.lower().join("not/yet/upper");
     let mnt = ws.mnt.to_str().unwrap();
-    expect(
-        &[
-            "mount",
-            "--lower",
-            lower,
-            "--upper",
-            upper.to_str().unwrap(),
-            mnt,
-        ],
-        1,
-        "mount",
-        "the upper must be outside every lower",
-    );
-    let out = layerfs_quiet(&[
+    let args = [
         "mount",
         "--lower",
         lower,
         "--upper",
         upper.to_str().unwrap(),
         mnt,
-    ]);
+    ];
+    expect(&args, 1, "mount", "the upper must be outside every lower");
+    let out = layerfs_quiet(&args);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("mkdir"));
     assert!(!ws.lower().join("not").exists());
 
