@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use crate::state::workspace::Workspace;
-use crate::state::{checkpoint, ops};
+use crate::state::{checkpoint, export, ops};
 
 const CHECKPOINT_HELP: &str = "\
 WORKSPACE is a layerfs mountpoint, an upper directory or a state dir. A
@@ -26,7 +26,16 @@ Examples:
   layerfs checkpoint list --json ~/ws/upper
   layerfs fork ~/ws/upper base --upper ~/try1/upper ~/try1/mnt
   layerfs undo ~/ws/upper                 # back to the latest checkpoint
-  layerfs checkpoint rm ~/ws/upper base   # refused while anything stacks on it";
+  layerfs checkpoint rm ~/ws/upper base   # refused while anything stacks on it
+  layerfs checkpoint export ~/ws/upper base base.tar
+  layerfs checkpoint import ~/other/upper base.tar base   # then: layerfs fork ~/other/upper base …
+
+An export is one tar in the snapshot format holding the tree the
+checkpoint shows over the shared lowers (its layers merged into one when
+it stands on others). An import checks it as a snapshot restore does and
+adds it as a checkpoint of WORKSPACE over WORKSPACE's shared lowers: the
+archive does not record lowers, so import into a workspace over the same
+shared lowers as the exporting one.";
 
 #[derive(Args, Debug)]
 #[command(after_help = CHECKPOINT_HELP, args_conflicts_with_subcommands = true)]
@@ -63,6 +72,28 @@ enum CheckpointSub {
         #[arg(value_name = "NAME")]
         name: String,
     },
+    /// Write a checkpoint to a tar (snapshot format) another host can
+    /// import; the file must not exist.
+    Export {
+        #[arg(value_name = "WORKSPACE")]
+        workspace: PathBuf,
+        #[arg(value_name = "NAME")]
+        name: String,
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Add an exported checkpoint (or any snapshot tar) as a checkpoint
+    /// of WORKSPACE, over its shared lowers, so `layerfs fork` can use it.
+    Import {
+        #[arg(value_name = "WORKSPACE")]
+        workspace: PathBuf,
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// The checkpoint's name [default: the UTC time]; an existing
+        /// name is refused.
+        #[arg(value_name = "NAME")]
+        name: Option<String>,
+    },
 }
 
 impl CheckpointCmd {
@@ -72,11 +103,44 @@ impl CheckpointCmd {
             Some(CheckpointSub::Rm { workspace, name }) => Workspace::resolve(&workspace)
                 .and_then(|ws| checkpoint::remove(&ws, &name).map_err(String::from))
                 .map(|()| outln!("removed {name}")),
+            Some(CheckpointSub::Export {
+                workspace,
+                name,
+                file,
+            }) => Workspace::resolve(&workspace).and_then(|ws| {
+                let e = export::export(&ws, &name, &file)?;
+                outln!(
+                    "exported {name} to {} ({} entries, {} layer{})",
+                    file.display(),
+                    e.entries,
+                    e.layers,
+                    if e.layers == 1 { "" } else { "s merged" }
+                );
+                Ok(())
+            }),
+            Some(CheckpointSub::Import {
+                workspace,
+                file,
+                name,
+            }) => Workspace::resolve(&workspace).and_then(|ws| {
+                let (name, report) = export::import(&ws, &file, name.as_deref())?;
+                if !report.is_empty() {
+                    eprintln!(
+                        "layerfs checkpoint import: the archive held what the workspace's \
+                         policy does not allow; it was imported without it:"
+                    );
+                    for l in report.lines(20) {
+                        eprintln!("  {l}");
+                    }
+                }
+                outln!("{name}");
+                Ok(())
+            }),
             None => match &self.workspace {
                 None => {
                     return Err(CliError::usage(
                         "checkpoint",
-                        "give WORKSPACE [NAME], list or rm",
+                        "give WORKSPACE [NAME], list, rm, export or import",
                     ))
                 }
                 Some(w) => Workspace::resolve(w).and_then(|ws| {

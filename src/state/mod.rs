@@ -8,6 +8,7 @@
 pub mod checkpoint;
 pub mod control;
 pub mod diff;
+pub mod export;
 pub mod frozen;
 pub mod journal;
 pub mod moves;

@@ -237,7 +237,7 @@ pub fn snapshot_restore(
 
 /// The policy a restore checks the archive against: the workspace's
 /// policy file (named in its workspace.json), else the defaults.
-fn workspace_policy(ws: &Workspace) -> Result<Policy, String> {
+pub(crate) fn workspace_policy(ws: &Workspace) -> Result<Policy, String> {
     match &ws.policy {
         Some(p) => Policy::load(p).map_err(|e| {
             format!(

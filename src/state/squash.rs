@@ -103,24 +103,8 @@ pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackErro
         store.taken(n) || store.dir.stat(tmp_name(n, &ws.dir)).is_ok()
     });
     let tmp = tmp_name(&name, &ws.dir);
-    let roots: Vec<OwnedFd> = merged
-        .iter()
-        .map(|l| {
-            sys::open_path(&store.dir, OsStr::new(l)).map_err(io_ctx(format!(
-                "cannot open layer {}",
-                store.dir.shown(l).display()
-            )))
-        })
-        .collect::<Result<_, _>>()?;
-    let like = sys::fstat(&roots[0]).map_err(io_ctx("cannot stat the top merged layer"))?;
+    build(&store, &merged, &tmp)?;
     let what = || format!("cannot build {}", store.dir.shown(&tmp).display());
-    sys::mkdirat(&store.dir, OsStr::new(&tmp), 0o700).map_err(io_ctx(what()))?;
-    let out = sys::open_path(&store.dir, OsStr::new(&tmp)).map_err(io_ctx(what()))?;
-    let merge = Merge { roots: &roots };
-    merge
-        .dir(&out, &like, &roots[..1], &roots, b"/", false)
-        .map_err(io_ctx(what()))?;
-    crate::sys::syncfs(sys::open_dir(&out).map_err(io_ctx(what()))?).map_err(io_ctx(what()))?;
     crate::failpoint::crash("squash", "built");
     let top = store.record(&merged[0])?;
     let shared = checkpoint::shared_lowers(ws, &stack);
@@ -162,6 +146,32 @@ pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackErro
         crate::failpoint::crash("squash", "remove");
     }
     Ok(Some(Squashed { name, merged }))
+}
+
+/// Builds in the store the directory `tmp` (new) holding the merge of
+/// `layers` (topmost first) as kernel overlayfs would show them over what
+/// lies below, and syncs it (`syncfs`). Used by `squash` and by `export`
+/// of a checkpoint that stands on others.
+pub(crate) fn build(store: &frozen::Store, layers: &[String], tmp: &str) -> Result<(), StackError> {
+    let roots: Vec<OwnedFd> = layers
+        .iter()
+        .map(|l| {
+            sys::open_path(&store.dir, OsStr::new(l)).map_err(io_ctx(format!(
+                "cannot open layer {}",
+                store.dir.shown(l).display()
+            )))
+        })
+        .collect::<Result<_, _>>()?;
+    let like = sys::fstat(&roots[0]).map_err(io_ctx("cannot stat the top merged layer"))?;
+    let what = || format!("cannot build {}", store.dir.shown(tmp).display());
+    sys::mkdirat(&store.dir, OsStr::new(tmp), 0o700).map_err(io_ctx(what()))?;
+    let out = sys::open_path(&store.dir, OsStr::new(tmp)).map_err(io_ctx(what()))?;
+    let merge = Merge { roots: &roots };
+    merge
+        .dir(&out, &like, &roots[..1], &roots, b"/", false)
+        .map_err(io_ctx(what()))?;
+    crate::sys::syncfs(sys::open_dir(&out).map_err(io_ctx(what()))?).map_err(io_ctx(what()))?;
+    Ok(())
 }
 
 /// Where the layer `name` is built for the workspace whose state dir is

@@ -959,3 +959,108 @@ fn a_crash_at_any_step_of_a_squash_leaves_the_old_stack_or_the_new_one() {
         assert_eq!(left.len(), 1, "crash at {step}: the store keeps {left:?}");
     }
 }
+
+/// The tree a fork of checkpoint `name` of `ws` shows (fork `n`).
+fn fork_view(ws: &Workspace, name: &str, n: usize) -> std::collections::BTreeMap<String, String> {
+    let f = fork(ws, name, n);
+    let v = tree_view(&f.0);
+    drop(f);
+    v
+}
+
+#[test]
+fn an_exported_checkpoint_imported_into_another_workspace_forks_to_the_same_tree() {
+    // c1: edit, delete of a lower file, rename of a lower dir, symlink,
+    // chmod, hard link; c2 and c3 stand on it (whiteouts, opaque dirs,
+    // redirects through frozen layers).
+    let (ws, at_c3) = layered();
+    let at_c1 = fork_view(&ws, "c1", 1);
+    let out = ws.dir.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let (t3, t1) = (out.join("c3.tar"), out.join("c1.tar"));
+    let said = ok(&[&"checkpoint", &"export", &ws.upper, &"c3", &t3]);
+    assert!(said.contains("3 layers merged"), "{said}");
+    let said = ok(&[&"checkpoint", &"export", &ws.upper, &"c1", &t1]);
+    assert!(said.contains("1 layer)"), "{said}");
+    let e = refused(&[&"checkpoint", &"export", &ws.upper, &"c1", &t1]);
+    assert!(e.contains("exists already"), "{e}");
+    assert!(
+        !fs::read_dir(layer(&ws, "c1").parent().unwrap())
+            .unwrap()
+            .any(|e| e
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".export")),
+        "an export left its merged tree in the store"
+    );
+
+    // Another host: a fresh workspace over a copy of the shared lower.
+    let other = Workspace::new();
+    fs::remove_dir(other.lower()).unwrap();
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg(ws.lower())
+        .arg(other.lower())
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    assert!(other.mount().unmount());
+    assert_eq!(
+        ok(&[&"checkpoint", &"import", &other.upper, &t3, &"top"]).trim(),
+        "top"
+    );
+    assert_eq!(
+        ok(&[&"checkpoint", &"import", &other.upper, &t1, &"first"]).trim(),
+        "first"
+    );
+    assert_same(
+        &links_aside(&at_c3),
+        &links_aside(&fork_view(&other, "top", 2)),
+        "a fork of the imported c3",
+    );
+    assert_same(
+        &links_aside(&at_c1),
+        &links_aside(&fork_view(&other, "first", 3)),
+        "a fork of the imported c1",
+    );
+    // The importing workspace itself is unchanged.
+    assert!(is_empty(&other.upper));
+
+    // Refused: an existing name; an archive with a `..` entry (nothing
+    // is left in the store).
+    let e = refused(&[&"checkpoint", &"import", &other.upper, &t1, &"top"]);
+    assert!(e.contains("exists already"), "{e}");
+    let bad = out.join("bad.tar");
+    sh(
+        &out,
+        &format!(
+            "python3 -c 'import tarfile,io; t=tarfile.open(\"{}\",\"w\"); \
+             i=tarfile.TarInfo(\"../escape\"); i.size=2; t.addfile(i, io.BytesIO(b\"x\\n\")); \
+             t.close()'",
+            bad.display()
+        ),
+    );
+    let e = refused(&[&"checkpoint", &"import", &other.upper, &bad, &"evil"]);
+    assert!(
+        e.contains("..") && e.contains("nothing was imported"),
+        "{e}"
+    );
+    let store = other.dir.path().join(".upper.layerfs-state").join("layers");
+    let left: Vec<String> = fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("evil"))
+        .collect();
+    assert!(left.is_empty(), "a refused import left {left:?}");
+    assert!(!other.dir.path().join("escape").exists());
+    let e = refused(&[
+        &"fork",
+        &other.upper,
+        &"evil",
+        &"--upper",
+        &out.join("u"),
+        &out.join("m"),
+    ]);
+    assert!(e.contains("no checkpoint evil"), "{e}");
+}
