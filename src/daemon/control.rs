@@ -383,9 +383,9 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Status {
         uid: Some(daemon.uid),
         started: Some(humantime::format_rfc3339_seconds(daemon.started_at).to_string()),
         uptime_seconds: daemon.started.elapsed().as_secs_f64(),
-        paused: ov.gate.paused(),
+        paused: ov.gate().paused(),
         paused_by_you: conn.pause.is_some(),
-        read_only: ov.read_only,
+        read_only: ov.read_only(),
         upper_usage: Some(upper_usage(ov)),
         layers: Some(layers(ov, daemon.lower_timeout)),
         watches: Some(watches(ov)),
@@ -409,7 +409,7 @@ fn status(daemon: &Daemon, conn: &Conn<'_>) -> Status {
         // The daemon's fds and each caller's share of them for open files
         // (`layer::fds`, `overlay::share`).
         descriptors: Some(crate::layer::fds::report()),
-        open_files: Some(ov.files.shares.report()),
+        open_files: Some(ov.files().shares.report()),
     }
 }
 
@@ -420,7 +420,7 @@ fn watches(ov: &crate::overlay::Overlay) -> Watches {
     match ov.watch_usage() {
         Some(u) => Watches {
             enabled: true,
-            live: Some(ov.watch.as_ref().is_some_and(|w| w.live())),
+            live: Some(ov.watch().is_some_and(|w| w.live())),
             used: Some(u.used as u64),
             cap: Some(u.cap as u64),
             dirs_over_cap: Some(u.dirs_over_cap as u64),
@@ -465,7 +465,7 @@ fn transport(fs: &crate::fuse::FsHandle) -> Transport {
 /// mount, and, for a network lower, whether it answers (probed now, for
 /// at most half a second: status answers even while a lower hangs).
 fn layers(ov: &crate::overlay::Overlay, lower_timeout: Duration) -> LayersStatus {
-    let conditions = match &ov.reach {
+    let conditions = match ov.reach() {
         Some(r) => {
             r.check(Duration::from_millis(500));
             r.conditions()
@@ -503,10 +503,10 @@ fn layers(ov: &crate::overlay::Overlay, lower_timeout: Duration) -> LayersStatus
     LayersStatus {
         lowers,
         refused_requests: ov
-            .reach
+            .reach()
             .as_ref()
             .map(|r| r.refused.load(std::sync::atomic::Ordering::Relaxed)),
-        stalled_requests: ov.reach.as_ref().map(|r| r.stalled() as u64),
+        stalled_requests: ov.reach().map(|r| r.stalled() as u64),
     }
 }
 
@@ -514,9 +514,9 @@ fn layers(ov: &crate::overlay::Overlay, lower_timeout: Duration) -> LayersStatus
 /// limits when the policy sets them. Without a quota the upper is
 /// measured now (a walk of the upper).
 fn upper_usage(ov: &crate::overlay::Overlay) -> UpperUsage {
-    let limits = ov.quota.limits();
-    let (bytes, inodes, measured) = if ov.quota.limited() {
-        let (b, i) = ov.quota.used();
+    let limits = ov.quota().limits();
+    let (bytes, inodes, measured) = if ov.quota().limited() {
+        let (b, i) = ov.quota().used();
         (Some(b), Some(i), "counted")
     } else {
         let u = crate::overlay::quota::Usage::new(Default::default());

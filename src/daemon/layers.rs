@@ -42,14 +42,14 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
     let undo = matches!(req, Request::Undo { .. });
     let ov = daemon.fs.overlay();
     let what = if undo { "an undo" } else { "a checkpoint" };
-    if ov.read_only {
+    if ov.read_only() {
         return Err(format!(
             "the workspace is mounted read-only: {what} changes its upper; unmount it \
              (layerfs umount {}), then retry",
             daemon.mountpoint.display()
         ));
     }
-    if ov.reach.is_some() {
+    if ov.reach().is_some() {
         return Err(format!(
             "a lower of this mount is on a network filesystem: {what} of such a live mount \
              is not supported; unmount it (layerfs umount {}), retry, and mount it again",

@@ -40,7 +40,7 @@ pub fn serve(daemon: &Daemon, paths: &[String], gc: bool) -> Result<Changed, Str
         .map_err(|e| format!("cannot use the upper dir: {e}"))?;
     let layers = Layers::from_fds(dup(&upper_root, "upper dir")?, lowers)
         .map_err(|e| format!("cannot stat the upper dir: {e}"))?;
-    let work = dup(&ov.upper.work, "work dir")?;
+    let work = dup(&ov.upper().work, "work dir")?;
     let mut patterns = daemon.scratch.clone();
     patterns.extend(ov.policy().scratch().iter().cloned());
     let sc = scratch::Scratch::new(&patterns)?;

@@ -51,7 +51,7 @@ fn io_ctx(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> String
 /// `Request::Restore` of the staging dir `name`: see the module comment.
 pub fn serve(daemon: &Daemon, name: &str) -> Result<Restored, String> {
     let ov = daemon.fs.overlay();
-    if ov.read_only {
+    if ov.read_only() {
         return Err(
             "the workspace is mounted read-only: a restore changes its upper; \
                     unmount it (layerfs umount) and restore it unmounted"
@@ -64,13 +64,13 @@ pub fn serve(daemon: &Daemon, name: &str) -> Result<Restored, String> {
             "restore: {name:?} is not a staging dir name ({STAGING_PREFIX}*)"
         ));
     }
-    let work = &ov.upper.work;
+    let work = &ov.upper().work;
     let staged = sys::open_path(work, name).map_err(io_ctx(format!(
         "cannot open staging dir {}",
         daemon.work.join(name).display()
     )))?;
     let st = sys::fstat(&staged).map_err(io_ctx("cannot stat the staging dir"))?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_dev != ov.upper.layer.dev {
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_dev != ov.upper().layer.dev {
         return Err(format!(
             "staging dir {} is not a directory on the upper's filesystem",
             daemon.work.join(name).display()
@@ -148,10 +148,10 @@ pub(super) fn quiesce<'a>(
     let deadline = Instant::now() + DRAIN;
     loop {
         let writers: Vec<(String, u32)> = ov
-            .files
+            .files()
             .writers()
             .into_iter()
-            .filter(|(_, uid)| all_users || ov.files.shares.is_owner(*uid))
+            .filter(|(_, uid)| all_users || ov.files().shares.is_owner(*uid))
             .map(|(i, uid)| (ov.path_of(&i), uid))
             .collect();
         if writers.is_empty() {
@@ -181,7 +181,7 @@ pub(super) fn quiesce<'a>(
 /// The held directories and what they stood on: their old names may be
 /// cached by the kernel (as present or as absent).
 pub(super) fn held_dirs(ov: &crate::overlay::Overlay) -> Vec<(Arc<Inode>, Real)> {
-    ov.inodes
+    ov.inodes()
         .all()
         .into_iter()
         .filter(|i| i.is_dir())

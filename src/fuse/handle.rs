@@ -97,7 +97,7 @@ impl FsHandle {
                 let ov = &self.inner.ov;
                 let busy = ids
                     .into_iter()
-                    .filter_map(|(id, uid)| ov.inodes.get(id).map(|i| (ov.path_of(&i), uid)))
+                    .filter_map(|(id, uid)| ov.inodes().get(id).map(|i| (ov.path_of(&i), uid)))
                     .collect();
                 return (guard, busy);
             }
@@ -155,7 +155,7 @@ impl FsHandle {
     /// on it would stall every request of its CPU (request threads waiting
     /// on it are bounded by the lower guard instead).
     pub fn queue_answers(&self, acl: fuser::SessionACL) -> Option<QueueAnswers> {
-        if self.inner.ov.reach.is_some() {
+        if self.inner.ov.reach().is_some() {
             return None;
         }
         Some(QueueAnswers::new(&self.inner, acl))
@@ -178,7 +178,7 @@ impl FsHandle {
 
     /// Give the filesystem the session's notifier, for cache invalidations.
     pub fn set_notifier(&self, notifier: fuser::Notifier) {
-        if let Some(reach) = &self.inner.ov.reach {
+        if let Some(reach) = &self.inner.ov.reach() {
             // Answers given while a network lower was missing may be in
             // the kernel's caches: drop them all once it is back.
             let weak = Arc::downgrade(&self.inner);

@@ -40,7 +40,7 @@ pub(super) fn negotiate(
     io: &io_mode::IoModes,
     want_uring: bool,
 ) -> Negotiated {
-    let wanted = wanted(ov.reach.is_some());
+    let wanted = wanted(ov.reach().is_some());
     // Take what the kernel offers of them (the call adds all or none).
     let mut asked = wanted & config.capabilities();
     if let Err(missing) = config.add_capabilities(wanted) {
@@ -53,7 +53,7 @@ pub(super) fn negotiate(
         if ok {
             asked |= InitFlags::FUSE_PASSTHROUGH;
         }
-        io.set_passthrough(ok && !ov.quota.bytes_limited());
+        io.set_passthrough(ok && !ov.quota().bytes_limited());
     }
     let max_write = match config.set_max_write(1 << 20) {
         Ok(_) => 1 << 20,

@@ -159,7 +159,7 @@ impl IoModes {
             .map(|i| i.kind == libc::S_IFREG)
             .unwrap_or(false);
         // Writes through passthrough cannot be paused: the owner's only.
-        let may_pass = !o.writable || ov.files.shares.is_owner(o.uid);
+        let may_pass = !o.writable || ov.files().shares.is_owner(o.uid);
         if self.enabled.load(Ordering::Acquire) && o.upper && regular && cached_now == 0 && may_pass
         {
             let existing = st.backing.get(&id).and_then(Weak::upgrade);

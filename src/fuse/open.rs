@@ -28,7 +28,7 @@ impl Shared {
         flags: OpenFlags,
         halt: &dyn Halt,
     ) -> (crate::overlay::Result<Opened>, bool) {
-        let booking = if !self.ov().files.shares.is_owner(c.uid) {
+        let booking = if !self.ov().files().shares.is_owner(c.uid) {
             self.io
                 .book_daemon_write(ino.0)
                 .map_err(crate::overlay::Errno)
@@ -57,8 +57,8 @@ impl Shared {
     ) {
         loop {
             // Invariant: the pass is dropped before the next `enter`.
-            let _pass = self.ov.gate.enter();
-            let watch = long::Watch::new(c.pid, &self.ov.gate);
+            let _pass = self.ov.gate().enter();
+            let watch = long::Watch::new(c.pid, self.ov.gate());
             let r = self.open_file(c, ino, flags, &watch);
             if r.0.is_err() && watch.stopped() == Some(long::Stopped::PauseWanted) {
                 continue;
@@ -116,7 +116,7 @@ impl Shared {
         // is created (EMFILE, as open(2) checks for a free fd first).
         let created = self
             .ov()
-            .files
+            .files()
             .charge(c.uid)
             .and_then(|charge| Ok((self.ov().create_object(c, parent.0, name, kind)?, charge)));
         self.done(c, EvOp::Create, path, None, &created);

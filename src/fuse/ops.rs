@@ -312,7 +312,7 @@ impl fuser::Filesystem for LayerFs {
         reply: ReplyWrite,
     ) {
         // The data is copied only for a request parked by a pause.
-        if let Some(_pass) = self.ov().gate.try_enter() {
+        if let Some(_pass) = self.ov().gate().try_enter() {
             return self.inner.write(fh.0, offset, data, reply);
         }
         let data = data.to_vec();
@@ -586,7 +586,7 @@ impl fuser::Filesystem for LayerFs {
         let inner = self.inner.clone();
         self.inner.long.submit(req.uid(), move || {
             // On the pool thread: it may wait out a pause here.
-            let _pass = inner.ov.gate.enter();
+            let _pass = inner.ov.gate().enter();
             copy(&inner)
         })
     }

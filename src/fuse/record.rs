@@ -324,11 +324,11 @@ impl Recorder {
             return;
         }
         let seen = if passthrough {
-            ov.files.target(fh).and_then(|(_, fd)| seen(fd.as_ref()))
+            ov.files().target(fh).and_then(|(_, fd)| seen(fd.as_ref()))
         } else {
             None
         };
-        let ino = ov.files.target(fh).map_or(0, |(i, _)| i.id);
+        let ino = ov.files().target(fh).map_or(0, |(i, _)| i.id);
         let t = Track {
             ino,
             who: self.caller(c),
@@ -363,7 +363,7 @@ impl Recorder {
         }
         for fh in self.passthrough_handles(ino) {
             if after {
-                let now = ov.files.target(fh).and_then(|(_, fd)| seen(fd.as_ref()));
+                let now = ov.files().target(fh).and_then(|(_, fd)| seen(fd.as_ref()));
                 if let Some(t) = self.tracks[fh as usize % SHARDS].lock().get_mut(&fh) {
                     t.seen = now;
                 }
@@ -395,7 +395,7 @@ impl Recorder {
         };
         drop(shard);
         let Some(t) = track else { return };
-        let Some((inode, fd)) = ov.files.target(fh) else {
+        let Some((inode, fd)) = ov.files().target(fh) else {
             return;
         };
         let bytes = if t.passthrough {
@@ -410,7 +410,7 @@ impl Recorder {
             }
             None
         } else {
-            match ov.files.take_written(fh) {
+            match ov.files().take_written(fh) {
                 0 => return,
                 n => Some(n),
             }

@@ -91,14 +91,14 @@ impl LayerFs {
     /// paused the request is parked on a thread of its own until the pause
     /// ends, so the FUSE worker threads stay free for readers.
     pub(super) fn gated(&self, op: impl FnOnce(&Shared) + Send + 'static) {
-        if let Some(_pass) = self.inner.ov.gate.try_enter() {
+        if let Some(_pass) = self.inner.ov.gate().try_enter() {
             return op(&self.inner);
         }
         let inner = self.inner.clone();
         let parked = std::thread::Builder::new()
             .name("parked-write".into())
             .spawn(move || {
-                let _pass = inner.ov.gate.enter();
+                let _pass = inner.ov.gate().enter();
                 op(&inner)
             });
         if let Err(e) = parked {
@@ -182,7 +182,7 @@ impl contain::Admit for LayerFs {
     /// releases go on without the network lowers when no slot is to be
     /// had. Requests that never reach a lower pass freely.
     fn admit(&self, op: &'static str, ino: u64) -> Result<Self::Pass, Errno> {
-        let Some(reach) = &self.ov().reach else {
+        let Some(reach) = self.ov().reach() else {
             return Ok(None);
         };
         let free = matches!(

@@ -15,7 +15,7 @@ use crate::overlay::Overlay;
 /// Marks the watch live (from now on watched directories get the long
 /// timeout) and returns the fd to poll; `None` without a watch.
 pub fn start(ov: &Overlay) -> Option<std::os::fd::RawFd> {
-    let w = ov.watch.as_ref()?;
+    let w = ov.watch()?;
     w.set_live(true);
     Some(w.raw_fd())
 }
@@ -25,7 +25,7 @@ pub fn start(ov: &Overlay) -> Option<std::os::fd::RawFd> {
 /// instance failed: nothing counts as watched any more and lower entries
 /// fall back to the short timeout.
 pub fn drain(ov: &Overlay, n: &Notifier) -> bool {
-    let Some(w) = &ov.watch else {
+    let Some(w) = ov.watch() else {
         return false;
     };
     match w.next_changes() {
@@ -47,7 +47,7 @@ pub fn drain(ov: &Overlay, n: &Notifier) -> bool {
 /// Drops a directory's kept listing and the kernel's cached attributes and
 /// listing of it.
 pub fn forget_listing(ov: &Overlay, n: &Notifier, dir: u64) {
-    if let Some(d) = ov.inodes.get(dir) {
+    if let Some(d) = ov.inodes().get(dir) {
         d.listing.lock().take();
     }
     // Offset 0, length 0: the attributes and every cached page (for a
@@ -64,7 +64,7 @@ fn apply(ov: &Overlay, n: &Notifier, c: Change) {
         Change::Dir { dirs, gone } => {
             for d in dirs {
                 forget_listing(ov, n, d);
-                let Some(dir) = ov.inodes.get(d) else {
+                let Some(dir) = ov.inodes().get(d) else {
                     continue;
                 };
                 if gone {
@@ -82,10 +82,10 @@ fn apply(ov: &Overlay, n: &Notifier, c: Change) {
             // their attributes and cached data may be stale.
             let children: Vec<u64> = lower
                 .and_then(|l| sys::fstatat(l.as_ref(), &name).ok())
-                .map(|st| ov.ids.ids_of_file(st.st_dev, st.st_ino))
+                .map(|st| ov.ids().ids_of_file(st.st_dev, st.st_ino))
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|id| ov.inodes.get(*id).is_some())
+                .filter(|id| ov.inodes().get(*id).is_some())
                 .collect();
             for d in dirs {
                 forget_listing(ov, n, d);

@@ -132,31 +132,65 @@ fn watch_owner(dir: &Inode) -> watch::Owner {
 }
 
 pub struct Overlay {
-    pub upper: Upper,
+    upper: Upper,
     /// The lower layers, topmost first. Replaced whole, with writes
     /// paused, by a live checkpoint or undo (`set_lowers`): a layer's
     /// index in an inode's `Real` is its index in the vector current when
     /// the inode was resolved, so every held inode is re-resolved right
     /// after a replacement (`refresh_paths`). Read it through `lowers()`.
     stack: RwLock<Arc<Vec<Arc<Layer>>>>,
-    pub inodes: inode::InodeTable,
-    pub ids: inode::IdMap,
-    pub policy: RwLock<Arc<Policy>>,
-    pub quota: quota::Usage,
-    pub read_only: bool,
-    pub files: file::Handles,
+    inodes: inode::InodeTable,
+    ids: inode::IdMap,
+    policy: RwLock<Arc<Policy>>,
+    quota: quota::Usage,
+    read_only: bool,
+    files: file::Handles,
     /// Running as root: owners can be set, trusted xattrs written.
-    pub privileged: bool,
+    privileged: bool,
     /// Watches on lower directories, where inotify is available.
-    pub watch: Option<watch::LowerWatch>,
+    watch: Option<watch::LowerWatch>,
     /// Network lowers: lost/back probes and request admission (`None`
     /// when every lower is local).
-    pub reach: Option<Arc<crate::layer::reach::Reach>>,
+    reach: Option<Arc<crate::layer::reach::Reach>>,
     /// Held shared by every mutating operation; a pause holds it exclusively.
-    pub gate: gate::WriteGate,
+    gate: gate::WriteGate,
     /// Held shared by whatever adds a name; exclusively by a directory
     /// move that walks what it moves (see `guard::MoveLock`).
-    pub moves: guard::MoveLock,
+    moves: guard::MoveLock,
+}
+
+/// The door to the overlay's parts for the adapters above it (fuse,
+/// daemon, state, tools): read access only; the fields stay private so
+/// that only the overlay replaces or rebuilds them.
+impl Overlay {
+    pub fn upper(&self) -> &Upper {
+        &self.upper
+    }
+    pub fn inodes(&self) -> &inode::InodeTable {
+        &self.inodes
+    }
+    pub fn ids(&self) -> &inode::IdMap {
+        &self.ids
+    }
+    pub fn quota(&self) -> &quota::Usage {
+        &self.quota
+    }
+    /// Mounted read-only: every change is refused with EROFS.
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+    pub fn files(&self) -> &file::Handles {
+        &self.files
+    }
+    pub fn watch(&self) -> Option<&watch::LowerWatch> {
+        self.watch.as_ref()
+    }
+    pub fn reach(&self) -> Option<&Arc<crate::layer::reach::Reach>> {
+        self.reach.as_ref()
+    }
+    pub fn gate(&self) -> &gate::WriteGate {
+        &self.gate
+    }
 }
 
 /// What an overlay is built from: the layers, checked beforehand (see

@@ -248,9 +248,9 @@ impl Store for CoreStore {
 
     fn create(&self, tool: &str, p: &RelPath, data: &[u8], mode: u32) -> Result<()> {
         let (dir, name) = self.parent(p)?;
-        let _pass = self.ov.gate.enter();
+        let _pass = self.ov.gate().enter();
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
-        let made = self.ov.files.charge(self.ctx.uid).and_then(|charge| {
+        let made = self.ov.files().charge(self.ctx.uid).and_then(|charge| {
             let kind = NewKind::File { mode, flags };
             let (entry, fd) = self
                 .ov
@@ -281,7 +281,7 @@ impl Store for CoreStore {
 
     fn remove(&self, tool: &str, p: &RelPath, is_dir: bool) -> Result<()> {
         let (dir, name) = self.parent(p)?;
-        let _pass = self.ov.gate.enter();
+        let _pass = self.ov.gate().enter();
         let name = OsStr::new(name);
         let (op, r) = if is_dir {
             (EvOp::Rmdir, self.ov.rmdir(&self.ctx, dir.id, name))
@@ -294,7 +294,7 @@ impl Store for CoreStore {
     fn rename(&self, tool: &str, from: &RelPath, to: &RelPath, noreplace: bool) -> Result<()> {
         let (fdir, fname) = self.parent(from)?;
         let (tdir, tname) = self.parent(to)?;
-        let _pass = self.ov.gate.enter();
+        let _pass = self.ov.gate().enter();
         let flags = if noreplace { sys::RENAME_NOREPLACE } else { 0 };
         let r = self.ov.rename(
             &self.ctx,
@@ -309,7 +309,7 @@ impl Store for CoreStore {
 
     fn mkdir(&self, tool: &str, p: &RelPath) -> Result<()> {
         let (dir, name) = self.parent(p)?;
-        let _pass = self.ov.gate.enter();
+        let _pass = self.ov.gate().enter();
         let kind = NewKind::Dir { mode: 0o777 };
         let r = self
             .ov
