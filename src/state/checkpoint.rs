@@ -155,20 +155,7 @@ pub fn checkpoint(
     let _lock = guard(ws, &live, "a checkpoint")?;
     finish_pending(&ws.dir, &ws.upper, &ws.work)?;
     let Layers { store, mut stack } = open(&ws.dir, layers, true)?;
-    let name = match name {
-        Some(n) => {
-            let n = crate::state::snapshot_id::validate(OsStr::new(n))
-                .map_err(|e| StackError::Refused(e.replace("snapshot ID", "checkpoint name")))?;
-            if store.taken(n) {
-                return Err(StackError::Refused(format!(
-                    "checkpoint {n} exists already in {}; choose another name",
-                    store.path().display()
-                )));
-            }
-            n.to_string()
-        }
-        None => crate::state::snapshot_id::generate(|n| store.taken(n)),
-    };
+    let name = store.new_name(name)?;
     let (parent, upper_name) = upper_at(&ws.upper)?;
     let root = sys::fstatat(&parent, upper_name)
         .map_err(io_ctx(format!("cannot stat {}", ws.upper.display())))?;
@@ -527,15 +514,7 @@ pub fn list(ws: &Workspace) -> Result<Vec<Record>, StackError> {
 /// read or copied.
 pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathBuf>, StackError> {
     let Layers { store, stack } = open(&ws.dir, None, false)?;
-    let record = store
-        .record(name)?
-        .filter(|_| store.has_layer(name))
-        .ok_or_else(|| {
-            StackError::Refused(format!(
-                "no checkpoint {name} in {}; see layerfs checkpoint list",
-                store.path().display()
-            ))
-        })?;
+    let record = store.checkpoint(name)?;
     if frozen::read(new_state)?.is_some() {
         return Err(StackError::Refused(format!(
             "{} belongs to a workspace that stacks on layers already; give a new --upper",

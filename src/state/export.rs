@@ -46,15 +46,7 @@ pub struct Exported {
 pub fn export(ws: &Workspace, name: &str, file: &Path) -> Result<Exported, StackError> {
     let Layers { store, .. } = checkpoint::open(&ws.dir, None, false)
         .map_err(|_| StackError::Refused("this workspace has no checkpoint".into()))?;
-    let record = store
-        .record(name)?
-        .filter(|_| store.has_layer(name))
-        .ok_or_else(|| {
-            StackError::Refused(format!(
-                "no checkpoint {name} in {}; see layerfs checkpoint list",
-                store.path().display()
-            ))
-        })?;
+    let record = store.checkpoint(name)?;
     let layers = record.stack();
     if let Some(l) = layers.iter().find(|l| !store.has_layer(l)) {
         return Err(StackError::Refused(format!(
@@ -123,20 +115,7 @@ pub fn import(
 ) -> Result<(String, Report), StackError> {
     let policy = super::ops::workspace_policy(ws).map_err(StackError::Refused)?;
     let Layers { store, .. } = checkpoint::open(&ws.dir, None, true)?;
-    let name = match name {
-        Some(n) => {
-            let n = crate::state::snapshot_id::validate(OsStr::new(n))
-                .map_err(|e| StackError::Refused(e.replace("snapshot ID", "checkpoint name")))?;
-            if store.taken(n) {
-                return Err(StackError::Refused(format!(
-                    "checkpoint {n} exists already in {}; give another NAME",
-                    store.path().display()
-                )));
-            }
-            n.to_string()
-        }
-        None => crate::state::snapshot_id::generate(|n| store.taken(n)),
-    };
+    let name = store.new_name(name)?;
     let f = File::open(file).map_err(io_ctx(format!("cannot open {}", file.display())))?;
     let bad = |e: snapshot::SnapshotError| {
         StackError::Refused(format!("{}: {e}; nothing was imported", file.display()))
@@ -174,19 +153,7 @@ pub fn import(
             upper: ws.upper.clone(),
             squashed: Vec::new(),
         })?;
-        sys::renameat2(
-            &store.dir,
-            OsStr::new(&tmp),
-            &store.dir,
-            OsStr::new(&name),
-            sys::RENAME_NOREPLACE,
-        )
-        .map_err(io_ctx(format!(
-            "cannot rename {} to {}",
-            store.dir.shown(&tmp).display(),
-            store.dir.shown(&name).display()
-        )))?;
-        store.dir.sync().map_err(io_ctx(what()))?;
+        store.place(&tmp, &name)?;
         Ok(())
     })();
     if let Err(e) = result {

@@ -249,6 +249,57 @@ impl Store {
         self.dir.stat(name).is_ok() || self.dir.stat(record_file(name)).is_ok()
     }
 
+    /// The name a new layer takes: `given`, checked (a valid name not
+    /// taken in this store, else an error saying so), or a fresh one.
+    pub fn new_name(&self, given: Option<&str>) -> Result<String, StackError> {
+        let Some(n) = given else {
+            return Ok(crate::state::snapshot_id::generate(|n| self.taken(n)));
+        };
+        let n = crate::state::snapshot_id::validate(OsStr::new(n))
+            .map_err(|e| StackError::Refused(e.replace("snapshot ID", "checkpoint name")))?;
+        if self.taken(n) {
+            return Err(StackError::Refused(format!(
+                "checkpoint {n} exists already in {}; choose another name",
+                self.path().display()
+            )));
+        }
+        Ok(n.to_string())
+    }
+
+    /// Publishes the layer built aside as `tmp` under `name`: one rename
+    /// that never replaces (a layer appears whole or not at all), made
+    /// durable.
+    pub fn place(&self, tmp: &str, name: &str) -> Result<(), StackError> {
+        crate::layer::sys::renameat2(
+            &self.dir,
+            OsStr::new(tmp),
+            &self.dir,
+            OsStr::new(name),
+            crate::layer::sys::RENAME_NOREPLACE,
+        )
+        .map_err(io_ctx(format!(
+            "cannot rename {} to {}",
+            self.dir.shown(tmp).display(),
+            self.dir.shown(name).display()
+        )))?;
+        self.dir
+            .sync()
+            .map_err(io_ctx(format!("cannot sync {}", self.path().display())))
+    }
+
+    /// The record of checkpoint `name`, whose layer must be here too; an
+    /// error pointing at `checkpoint list` otherwise.
+    pub fn checkpoint(&self, name: &str) -> Result<Record, StackError> {
+        self.record(name)?
+            .filter(|_| self.has_layer(name))
+            .ok_or_else(|| {
+                StackError::Refused(format!(
+                    "no checkpoint {name} in {}; see layerfs checkpoint list",
+                    self.path().display()
+                ))
+            })
+    }
+
     /// Whether the layer directory `name` exists.
     pub fn has_layer(&self, name: &str) -> bool {
         self.dir

@@ -104,7 +104,6 @@ pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackErro
     });
     let tmp = tmp_name(&name, &ws.dir);
     build(&store, &merged, &tmp)?;
-    let what = || format!("cannot build {}", store.dir.shown(&tmp).display());
     crate::failpoint::crash("squash", "built");
     let top = store.record(&merged[0])?;
     let shared = checkpoint::shared_lowers(ws, &stack);
@@ -116,15 +115,7 @@ pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackErro
         upper: ws.upper.clone(),
         squashed: merged.clone(),
     })?;
-    sys::renameat2(
-        &store.dir,
-        OsStr::new(&tmp),
-        &store.dir,
-        OsStr::new(&name),
-        sys::RENAME_NOREPLACE,
-    )
-    .map_err(io_ctx(what()))?;
-    store.dir.sync().map_err(io_ctx(what()))?;
+    store.place(&tmp, &name)?;
     crate::failpoint::crash("squash", "layer");
     store.hold(&name, &ws.dir)?;
     for (i, k) in kept.iter().enumerate() {
