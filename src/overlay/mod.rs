@@ -19,6 +19,8 @@ pub mod origin;
 pub mod quota;
 pub mod readdir;
 pub mod refresh;
+mod remove;
+mod rename;
 pub mod share;
 pub mod watch;
 pub mod xattr;
