@@ -2,12 +2,18 @@
 //! single names and to return `io::Result`. Names passed here are single
 //! path components that the caller has already checked (`check_name`).
 
-use std::ffi::{CStr, CString, OsStr, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
+
+mod sqlite;
+mod xattr;
+
+pub use sqlite::*;
+pub use xattr::*;
 
 pub type Stat = libc::stat;
 
@@ -455,102 +461,6 @@ pub fn lseek(fd: &impl AsFd, off: i64, whence: i32) -> io::Result<i64> {
     }
 }
 
-/// Reads an xattr of the (non-symlink) file behind any fd.
-pub fn getxattr(fd: &impl AsRawFd, name: &CStr) -> io::Result<Vec<u8>> {
-    let p = proc_path(fd);
-    let mut buf = vec![0u8; 256];
-    loop {
-        // SAFETY: buf is writable for its length; p and name are valid.
-        let n = unsafe {
-            libc::getxattr(
-                p.as_ptr(),
-                name.as_ptr(),
-                buf.as_mut_ptr() as *mut libc::c_void,
-                buf.len(),
-            )
-        };
-        if n >= 0 {
-            buf.truncate(n as usize);
-            return Ok(buf);
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ERANGE) {
-            return Err(e);
-        }
-        // SAFETY: a size query with a null buffer.
-        let need = unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
-        if need < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        buf.resize(need as usize + 1, 0);
-    }
-}
-
-pub fn setxattr(fd: &impl AsRawFd, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
-    let p = proc_path(fd);
-    // SAFETY: valid pointers and lengths.
-    check(unsafe {
-        libc::setxattr(
-            p.as_ptr(),
-            name.as_ptr(),
-            value.as_ptr() as *const libc::c_void,
-            value.len(),
-            flags,
-        )
-    })
-    .map(drop)
-}
-
-pub fn removexattr(fd: &impl AsRawFd, name: &CStr) -> io::Result<()> {
-    let p = proc_path(fd);
-    // SAFETY: valid C strings.
-    check(unsafe { libc::removexattr(p.as_ptr(), name.as_ptr()) }).map(drop)
-}
-
-/// The raw NUL-separated xattr name list of the file behind any fd.
-/// Runs an xattr-listing call (`call(buf, len)`, as listxattr(2) takes
-/// them) until the buffer is large enough; the names, NUL-separated.
-fn list_names(
-    initial: usize,
-    call: impl Fn(*mut libc::c_char, usize) -> isize,
-) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; initial];
-    loop {
-        let n = call(buf.as_mut_ptr() as *mut libc::c_char, buf.len());
-        if n >= 0 {
-            buf.truncate(n as usize);
-            return Ok(buf);
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ERANGE) {
-            return Err(e);
-        }
-        // A size query with a null buffer.
-        let need = call(std::ptr::null_mut(), 0);
-        if need < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        buf.resize(need as usize + 1, 0);
-    }
-}
-
-/// The xattr names of a file opened for real (not `O_PATH`), NUL-separated.
-pub fn flistxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
-    // SAFETY: list_names passes a buffer writable for `len` bytes, or a
-    // null one with length 0 (a size query); fd is an open file.
-    list_names(256, |buf, len| unsafe {
-        libc::flistxattr(fd.as_raw_fd(), buf, len)
-    })
-}
-
-pub fn listxattr(fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
-    let p = proc_path(fd);
-    // SAFETY: as in flistxattr; p is a valid C string.
-    list_names(1024, |buf, len| unsafe {
-        libc::listxattr(p.as_ptr(), buf, len)
-    })
-}
-
 /// One directory entry as read from a layer.
 #[derive(Debug, Clone)]
 pub struct DirEntry {
@@ -658,121 +568,6 @@ pub fn open_by_handle(mount: &impl AsFd, handle: &[u8]) -> io::Result<OwnedFd> {
     }
     // SAFETY: a fresh fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
-}
-
-/// `listxattrat(2)` (Linux 6.13; the same number on every architecture).
-const SYS_LISTXATTRAT: libc::c_long = 465;
-
-/// The raw xattr name list of `name` in `dir`, not following a symlink:
-/// one call with `listxattrat` where the kernel has it, else through an
-/// `O_PATH` fd (symlinks then report none).
-pub fn listxattr_at(dir: &impl AsFd, name: &OsStr) -> io::Result<Vec<u8>> {
-    let n = cstr(name)?;
-    let mut buf = vec![0u8; 256];
-    loop {
-        // SAFETY: n is a valid C string; buf is writable for its length.
-        let r = unsafe {
-            libc::syscall(
-                SYS_LISTXATTRAT,
-                dir.as_fd().as_raw_fd(),
-                n.as_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
-                buf.as_mut_ptr(),
-                buf.len(),
-            )
-        };
-        if r >= 0 {
-            buf.truncate(r as usize);
-            return Ok(buf);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::ERANGE) => buf.resize(buf.len() * 4, 0),
-            Some(libc::ENOSYS) => {
-                let fd = open_path(dir, name)?;
-                if fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFLNK {
-                    return Ok(Vec::new());
-                }
-                return listxattr(&fd);
-            }
-            _ => return Err(e),
-        }
-    }
-}
-
-/// Name of the SQLite VFS `sqlite_fd_vfs` registers.
-pub const SQLITE_FD_VFS: &str = "layerfs-fd";
-
-/// The default VFS's `xFullPathname`, which `fd_full_pathname` delegates to.
-type FullPathname = unsafe extern "C" fn(
-    *mut rusqlite::ffi::sqlite3_vfs,
-    *const libc::c_char,
-    libc::c_int,
-    *mut libc::c_char,
-) -> libc::c_int;
-
-static DEFAULT_FULL_PATHNAME: std::sync::OnceLock<FullPathname> = std::sync::OnceLock::new();
-
-/// `xFullPathname` of the `layerfs-fd` VFS: a path beginning with
-/// `/proc/self/fd/` is used as given; any other goes to the default VFS.
-unsafe extern "C" fn fd_full_pathname(
-    vfs: *mut rusqlite::ffi::sqlite3_vfs,
-    path: *const libc::c_char,
-    n_out: libc::c_int,
-    out: *mut libc::c_char,
-) -> libc::c_int {
-    // SAFETY: SQLite passes a NUL-terminated path.
-    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes_with_nul();
-    if bytes.starts_with(b"/proc/self/fd/") {
-        if bytes.len() > n_out.max(0) as usize {
-            return rusqlite::ffi::SQLITE_CANTOPEN;
-        }
-        // SAFETY: `out` holds `n_out` bytes (SQLite's contract), at least
-        // `bytes.len()` as just checked; the buffers are distinct.
-        unsafe { std::ptr::copy_nonoverlapping(path, out, bytes.len()) };
-        return rusqlite::ffi::SQLITE_OK;
-    }
-    match DEFAULT_FULL_PATHNAME.get() {
-        // SAFETY: the default VFS's own function, with SQLite's arguments
-        // passed on unchanged (it does not use the VFS pointer).
-        Some(f) => unsafe { f(vfs, path, n_out, out) },
-        None => rusqlite::ffi::SQLITE_CANTOPEN,
-    }
-}
-
-/// Registers, once, an SQLite VFS named `SQLITE_FD_VFS`: the default one,
-/// except that a database path beginning with `/proc/self/fd/` is used as
-/// given. The default VFS turns every symbolic link in a path into its
-/// target first, which would make the magic link of a checked directory's
-/// descriptor (`layer::safedir`) the directory's path again, resolved by
-/// name through directories others may write. Through this VFS the
-/// database, its `-wal`, `-shm` and `-journal` files are all reached
-/// through the descriptor. Returns whether the VFS is available.
-pub fn sqlite_fd_vfs() -> bool {
-    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *REGISTERED.get_or_init(|| {
-        // SAFETY: sqlite3_vfs_find(NULL) initializes SQLite and returns
-        // the default VFS (or null), which SQLite never frees.
-        let base = unsafe { rusqlite::ffi::sqlite3_vfs_find(std::ptr::null()) };
-        if base.is_null() {
-            return false;
-        }
-        // SAFETY: base points at a live, initialized sqlite3_vfs.
-        let mut vfs: rusqlite::ffi::sqlite3_vfs = unsafe { *base };
-        let Some(full) = vfs.xFullPathname else {
-            return false;
-        };
-        let _ = DEFAULT_FULL_PATHNAME.set(full);
-        vfs.zName = c"layerfs-fd".as_ptr();
-        vfs.pNext = std::ptr::null_mut();
-        vfs.xFullPathname = Some(fd_full_pathname);
-        // The copy shares the default VFS's methods and app data (its
-        // `xOpen` finds the I/O methods there), and is leaked: SQLite
-        // keeps the pointer for the life of the process.
-        let vfs = Box::into_raw(Box::new(vfs));
-        // SAFETY: vfs is a valid sqlite3_vfs that lives forever.
-        unsafe { rusqlite::ffi::sqlite3_vfs_register(vfs, 0) == rusqlite::ffi::SQLITE_OK }
-    })
 }
 
 /// Makes the calling thread yield to the others: CPU nice 10 and the
