@@ -21,7 +21,7 @@
 //! group. The monitor above the init stays outside: it only waits.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -127,9 +127,54 @@ fn own_path(key: &str) -> Option<PathBuf> {
     })
 }
 
-fn write(dir: &Path, file: &str, value: &str) -> Result<(), String> {
-    fs::write(dir.join(file), value)
-        .map_err(|e| format!("writing {value} to {}: {e}", dir.join(file).display()))
+/// Why no cgroup could be made for a run: the run is refused, never run
+/// without the limits asked for.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot make a cgroup for {limits}: {why}; layerfs run does not run without the \
+     limits asked for (cgroup v1 needs root; cgroup v2 a delegated subtree, e.g. \
+     a systemd user session: systemd-run --user --scope layerfs run ...)"
+)]
+pub struct CgroupError {
+    /// The limits asked for, as given (`--memory 1G --pids 20`).
+    pub limits: String,
+    pub why: SetupError,
+}
+
+/// The step of making a run's cgroup that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("no cgroup v1 {0} hierarchy in /proc/self/cgroup")]
+    NoV1Hierarchy(&'static str),
+    #[error("no cgroup v2 entry in /proc/self/cgroup")]
+    NoV2Entry,
+    #[error("mkdir {}: {source}", dir.display())]
+    Mkdir { dir: PathBuf, source: io::Error },
+    #[error("writing {value} to {}: {source}", file.display())]
+    Write {
+        file: PathBuf,
+        value: String,
+        source: io::Error,
+    },
+    #[error("{}: {source}", dir.display())]
+    OpenProcs { dir: PathBuf, source: io::Error },
+}
+
+/// A `--cpus` or `--pids` value that is not a limit.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitArgError {
+    #[error("invalid --cpus `{0}`: a number of CPUs, at least 0.01 (e.g. 0.5, 2)")]
+    Cpus(String),
+    #[error("invalid --pids `{0}`: a number of processes, at least 1")]
+    Pids(String),
+}
+
+fn write(dir: &Path, file: &str, value: &str) -> Result<(), SetupError> {
+    fs::write(dir.join(file), value).map_err(|source| SetupError::Write {
+        file: dir.join(file),
+        value: value.to_string(),
+        source,
+    })
 }
 
 fn read(dir: &Path, file: &str) -> Option<String> {
@@ -150,7 +195,7 @@ fn keyed(dir: &Path, file: &str, key: &str) -> Option<u64> {
 
 impl Cgroup {
     /// Makes the run's cgroup with `limits` (at least one asked for).
-    pub fn create(limits: Limits) -> Result<Cgroup, String> {
+    pub fn create(limits: Limits) -> Result<Cgroup, CgroupError> {
         let started = Instant::now();
         let version = if Path::new(ROOT).join("cgroup.controllers").exists() {
             Version::V2
@@ -165,13 +210,9 @@ impl Cgroup {
             limits,
             setup: Duration::ZERO,
         };
-        let refuse = |why: String| {
-            format!(
-                "cannot make a cgroup for {}: {why}; layerfs run does not run without the \
-                 limits asked for (cgroup v1 needs root; cgroup v2 a delegated subtree, e.g. \
-                 a systemd user session: systemd-run --user --scope layerfs run ...)",
-                limits.named()
-            )
+        let refuse = |why: SetupError| CgroupError {
+            limits: limits.named(),
+            why,
         };
         match version {
             Version::V2 => cg.make_v2(&name).map_err(refuse)?,
@@ -182,7 +223,12 @@ impl Cgroup {
                 .write(true)
                 .custom_flags(libc::O_CLOEXEC)
                 .open(g.dir.join("cgroup.procs"))
-                .map_err(|e| refuse(format!("{}: {e}", g.dir.display())))?;
+                .map_err(|source| {
+                    refuse(SetupError::OpenProcs {
+                        dir: g.dir.clone(),
+                        source,
+                    })
+                })?;
             cg.procs.push(f);
         }
         cg.setup = started.elapsed();
@@ -194,9 +240,12 @@ impl Cgroup {
         controller: &'static str,
         parent: PathBuf,
         name: &str,
-    ) -> Result<PathBuf, String> {
+    ) -> Result<PathBuf, SetupError> {
         let dir = parent.join(name);
-        fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        fs::create_dir(&dir).map_err(|source| SetupError::Mkdir {
+            dir: dir.clone(),
+            source,
+        })?;
         self.groups.push(Group {
             controller,
             dir: dir.clone(),
@@ -204,7 +253,7 @@ impl Cgroup {
         Ok(dir)
     }
 
-    fn make_v1(&mut self, name: &str) -> Result<(), String> {
+    fn make_v1(&mut self, name: &str) -> Result<(), SetupError> {
         let l = self.limits;
         let mut wanted = vec!["memory", "cpuacct"];
         if l.pids.is_some() {
@@ -215,8 +264,7 @@ impl Cgroup {
         }
         for ctrl in wanted {
             let hier = Path::new(ROOT).join(ctrl);
-            let own = own_path(ctrl)
-                .ok_or_else(|| format!("no cgroup v1 {ctrl} hierarchy in /proc/self/cgroup"))?;
+            let own = own_path(ctrl).ok_or(SetupError::NoV1Hierarchy(ctrl))?;
             let dir = self.make_group(ctrl, hier.join(own), name)?;
             match ctrl {
                 "memory" => {
@@ -241,9 +289,9 @@ impl Cgroup {
         Ok(())
     }
 
-    fn make_v2(&mut self, name: &str) -> Result<(), String> {
+    fn make_v2(&mut self, name: &str) -> Result<(), SetupError> {
         let l = self.limits;
-        let own = own_path("").ok_or("no cgroup v2 entry in /proc/self/cgroup")?;
+        let own = own_path("").ok_or(SetupError::NoV2Entry)?;
         let parent = Path::new(ROOT).join(own);
         let mut enable = vec!["+memory", "+cpu"];
         if l.pids.is_some() {
@@ -368,22 +416,18 @@ impl Drop for Cgroup {
 }
 
 /// Parses `--cpus`: a positive number of CPUs (e.g. 0.5, 2).
-pub fn parse_cpus(s: &str) -> Result<f64, String> {
+pub fn parse_cpus(s: &str) -> Result<f64, LimitArgError> {
     match s.trim().parse::<f64>() {
         Ok(c) if c.is_finite() && c >= 0.01 => Ok(c),
-        _ => Err(format!(
-            "invalid --cpus `{s}`: a number of CPUs, at least 0.01 (e.g. 0.5, 2)"
-        )),
+        _ => Err(LimitArgError::Cpus(s.to_string())),
     }
 }
 
 /// Parses `--pids`: at least 1.
-pub fn parse_pids(s: &str) -> Result<u64, String> {
+pub fn parse_pids(s: &str) -> Result<u64, LimitArgError> {
     match s.trim().parse::<u64>() {
         Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!(
-            "invalid --pids `{s}`: a number of processes, at least 1"
-        )),
+        _ => Err(LimitArgError::Pids(s.to_string())),
     }
 }
 
@@ -400,6 +444,27 @@ mod tests {
         }
         assert_eq!(parse_pids("20").unwrap(), 20);
         assert!(parse_pids("0").is_err());
+    }
+
+    #[test]
+    fn refusals_name_the_limits_the_step_and_what_to_do() {
+        assert_eq!(
+            parse_cpus("0").unwrap_err().to_string(),
+            "invalid --cpus `0`: a number of CPUs, at least 0.01 (e.g. 0.5, 2)"
+        );
+        let e = CgroupError {
+            limits: "--pids 20".into(),
+            why: SetupError::Mkdir {
+                dir: PathBuf::from("/sys/fs/cgroup/x"),
+                source: io::Error::from_raw_os_error(libc::EACCES),
+            },
+        };
+        let m = e.to_string();
+        assert!(
+            m.starts_with("cannot make a cgroup for --pids 20: mkdir /sys/fs/cgroup/x: "),
+            "{m}"
+        );
+        assert!(m.contains("systemd-run --user --scope layerfs run"), "{m}");
     }
 
     #[test]

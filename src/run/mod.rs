@@ -211,7 +211,7 @@ fn launch(
     let cg = if opts.limits.any() {
         match cgroup::Cgroup::create(opts.limits) {
             Ok(c) => Some(c),
-            Err(m) => return (failed(Failure::Runtime(m)), None),
+            Err(e) => return (failed(Failure::Runtime(e.to_string())), None),
         }
     } else {
         None

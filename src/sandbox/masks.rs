@@ -55,14 +55,20 @@ const LOCKED_DOWN: u64 = libc::MOUNT_ATTR_RDONLY
     | libc::MOUNT_ATTR_NODEV
     | libc::MOUNT_ATTR_NOEXEC;
 
-fn mount_err(what: &str, target: &Path, e: impl std::fmt::Display) -> String {
-    format!("{what} {} in the sandbox: {e}", target.display())
+use super::error::SandboxError;
+
+fn mount_err(
+    what: &'static str,
+    target: &Path,
+    e: impl Into<super::error::SysError>,
+) -> SandboxError {
+    SandboxError::mount(what, target, e)
 }
 
 /// Covers `path` (if it exists): a directory with an empty read-only
 /// tmpfs, anything else with a read-only bind of the host's null device.
 /// Runs before the pivot, while the host's `/dev/null` is at that path.
-fn mask(path: &Path) -> Result<(), String> {
+fn mask(path: &Path) -> Result<(), SandboxError> {
     let Ok(meta) = fs::symlink_metadata(path) else {
         return Ok(());
     };
@@ -96,7 +102,7 @@ fn mask(path: &Path) -> Result<(), String> {
 }
 
 /// Binds `path` (if it exists) on itself, read-only with every mount below.
-fn read_only(path: &Path) -> Result<(), String> {
+fn read_only(path: &Path) -> Result<(), SandboxError> {
     if fs::symlink_metadata(path).is_err() {
         return Ok(());
     }
@@ -119,15 +125,17 @@ fn is_per_process(name: &str) -> bool {
 }
 
 /// Masks and freezes the sandbox's fresh `/proc` at `proc_dir`.
-pub fn protect_proc(proc_dir: &Path) -> Result<(), String> {
+pub fn protect_proc(proc_dir: &Path) -> Result<(), SandboxError> {
     for name in MASKED_PROC {
         mask(&proc_dir.join(name))?;
     }
     for name in READ_ONLY_PROC {
         read_only(&proc_dir.join(name))?;
     }
-    let entries = fs::read_dir(proc_dir)
-        .map_err(|e| format!("listing {} in the sandbox: {e}", proc_dir.display()))?;
+    let entries = fs::read_dir(proc_dir).map_err(|source| SandboxError::List {
+        path: proc_dir.to_path_buf(),
+        source,
+    })?;
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
@@ -149,7 +157,7 @@ pub fn protect_proc(proc_dir: &Path) -> Result<(), String> {
 
 /// Masks what moby masks of the sandbox's `/sys` at `sys_dir` (read-only
 /// already: the host's clone, or a sysfs mounted read-only).
-pub fn protect_sys(sys_dir: &Path) -> Result<(), String> {
+pub fn protect_sys(sys_dir: &Path) -> Result<(), SandboxError> {
     for rel in MASKED_SYS {
         mask(&sys_dir.join(rel))?;
     }
@@ -181,7 +189,7 @@ pub struct Hidden {
 /// reach the daemon's control socket in them. A directory already hidden
 /// by another, or not visible in the sandbox at all (under `/tmp`), is
 /// skipped.
-pub fn hide(stage: &Path, dirs: &[PathBuf]) -> Result<Hidden, String> {
+pub fn hide(stage: &Path, dirs: &[PathBuf]) -> Result<Hidden, SandboxError> {
     // The host's view is still at "/": resolve symlinks there, so each
     // path names what the clone shows under the stage.
     let mut canon: Vec<PathBuf> = dirs
@@ -218,7 +226,7 @@ pub fn hide(stage: &Path, dirs: &[PathBuf]) -> Result<Hidden, String> {
 impl Hidden {
     /// Makes every hiding tmpfs read-only (the mounts inside them keep
     /// their own flags).
-    pub fn seal(self) -> Result<(), String> {
+    pub fn seal(self) -> Result<(), SandboxError> {
         for m in &self.mounts {
             sys::set_mount_attr(At::Path(m), false, LOCKED_DOWN, 0)
                 .map_err(|e| mount_err("making read-only", m, e))?;

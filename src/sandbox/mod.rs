@@ -20,6 +20,7 @@ pub mod binds;
 mod confine;
 pub mod cwd;
 mod devices;
+pub mod error;
 mod init;
 mod masks;
 mod net;

@@ -149,7 +149,7 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("mounting /proc for the sandbox's pid namespace: {e}"))?;
-    masks::protect_proc(&proc_dir)?;
+    masks::protect_proc(&proc_dir).map_err(|e| e.to_string())?;
 
     let sys_dir = inside(l.stage, Path::new("/sys"));
     if l.fresh_sysfs {
@@ -162,11 +162,11 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
         )
         .map_err(|e| format!("mounting /sys for the sandbox's network namespace: {e}"))?;
     }
-    masks::protect_sys(&sys_dir)?;
+    masks::protect_sys(&sys_dir).map_err(|e| e.to_string())?;
 
     let mut hide = l.hide.to_vec();
     hide.push(l.workspace.to_path_buf());
-    let hidden = masks::hide(l.stage, &hide)?;
+    let hidden = masks::hide(l.stage, &hide).map_err(|e| e.to_string())?;
 
     // Last, so nothing mounted above (a /tmp holding it) covers it; inside
     // a hidden directory its place is made in the hiding tmpfs before that
@@ -181,7 +181,7 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
         .map_err(|e| format!("cannot place the workspace at {}: {e}", l.at.display()))?;
     sys::attach(ws.as_fd(), &target)
         .map_err(|e| new_api_error(&format!("attaching the workspace at {}", l.at.display()), e))?;
-    hidden.seal()?;
+    hidden.seal().map_err(|e| e.to_string())?;
     places.seal()?;
 
     pivot(l.stage)
