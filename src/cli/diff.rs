@@ -67,7 +67,7 @@ impl DiffCmd {
 
     fn diff(&self) -> Result<(), String> {
         let ws = self.state.resolve(&self.workspace)?;
-        let paths = reset::normalize_all(&ws, &self.paths)?;
+        let paths = reset::normalize_all(&ws, &self.paths).map_err(|e| e.to_string())?;
         // Every entry, as --files lists them (and --json, --stat count them);
         // --patch speaks for a directory's files in its own way.
         let beneath = (self.files || self.json || self.stat) && !self.patch;

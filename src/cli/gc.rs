@@ -70,5 +70,6 @@ impl GcCmd {
             &work,
             &done.moved_away,
         ))
+        .map_err(|e| e.to_string())
     }
 }

@@ -41,7 +41,7 @@ impl ResetCmd {
 
     fn reset(&self) -> Result<(), String> {
         let ws = self.state.resolve(&self.workspace)?;
-        let paths = reset::normalize_all(&ws, &self.paths)?;
+        let paths = reset::normalize_all(&ws, &self.paths).map_err(|e| e.to_string())?;
         let done = ops::reset(&ws, &paths, None)?;
         super::warn_all("reset", &done.warnings);
         for p in done.value {

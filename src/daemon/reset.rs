@@ -24,7 +24,8 @@ pub fn serve(daemon: &Daemon, paths: &[String], gc: bool) -> Result<Changed, Str
     let paths: Vec<OsString> = paths
         .iter()
         .map(|p| reset::normalize(Path::new(p), &[]))
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, reset::ResetError>>()
+        .map_err(|e| e.to_string())?;
     let dup = |fd: &std::os::fd::OwnedFd, what: &str| {
         fd.try_clone()
             .map_err(|e| format!("cannot use the {what}: {e}"))
@@ -79,7 +80,7 @@ pub fn serve(daemon: &Daemon, paths: &[String], gc: bool) -> Result<Changed, Str
         tracing::warn!("{e}");
     }
     match failed {
-        Some(e) if rel.is_empty() => Err(e),
+        Some(e) if rel.is_empty() => Err(e.to_string()),
         Some(e) => Err(format!("{e} (already reset: {})", rel.join(", "))),
         None => Ok(Changed { changed: rel }),
     }

@@ -133,8 +133,8 @@ fn reset_offline(ws: &Workspace, paths: &[OsString]) -> Result<Vec<OsString>, St
     let r = paths
         .iter()
         .try_for_each(|p| reset::reset_path(&layers, &work, p, &mut out));
-    reset::remove_moved_away(&work, &out.moved_away)?;
-    r.map(|()| out.changed)
+    reset::remove_moved_away(&work, &out.moved_away).map_err(|e| e.to_string())?;
+    r.map(|()| out.changed).map_err(|e| e.to_string())
 }
 
 /// Saves the upper as snapshot `id` (validated first; generated from the

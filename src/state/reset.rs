@@ -20,7 +20,7 @@ use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layer::ops::{is_opaque, is_whiteout, redirect};
@@ -28,12 +28,68 @@ use crate::layer::stack::{base_lookup, join, join_lower, lowers_at_path, Base, L
 use crate::layer::sys;
 use crate::overlay::origin::Origin;
 
+/// Why a reset (or `gc`) stopped: the path, the step and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ResetError {
+    #[error(
+        "path {} is outside the workspace; give a path relative to the workspace root",
+        .0.display()
+    )]
+    Outside(PathBuf),
+    #[error(
+        "path {} contains `..`; give a path inside the workspace, relative to its root",
+        .0.display()
+    )]
+    DotDot(PathBuf),
+    #[error("cannot open the upper root: {0}")]
+    OpenUpperRoot(io::Error),
+    #[error("cannot read the upper root: {0}")]
+    ReadUpperRoot(io::Error),
+    #[error("cannot open lower dir #{}: {source}", index + 1)]
+    OpenLower { index: usize, source: io::Error },
+    /// `what` the upper path could not be: read, opened, removed.
+    #[error("cannot {what} upper path {path}: {source}")]
+    Upper {
+        what: &'static str,
+        path: String,
+        source: io::Error,
+    },
+    #[error("cannot read the shared {path}: {source}")]
+    Shared { path: String, source: io::Error },
+    #[error("cannot remove the whiteout at {path}: {source}")]
+    Whiteout { path: String, source: io::Error },
+    /// A directory above `path` is deleted or no longer a directory
+    /// (`why`): that directory is what can be reset.
+    #[error("{dir} {why}, so {path} cannot come back alone; reset {dir} instead")]
+    NotAlone {
+        dir: String,
+        why: &'static str,
+        path: String,
+    },
+    /// An opaque directory above `path` hides the shared version.
+    #[error(
+        "{dir} replaced the shared directory (it is opaque), so the shared {path} cannot come \
+         back alone; reset {dir} instead"
+    )]
+    Opaque { dir: String, path: String },
+    #[error(
+        "the reset is done, but its old upper directory {name} in the work dir could not be \
+         removed: {source} (it is removed at the next mount)"
+    )]
+    MovedAway { name: String, source: io::Error },
+}
+
+fn upper_err(what: &'static str, rel: &OsStr) -> impl FnOnce(io::Error) -> ResetError {
+    let path = display(rel);
+    move |source| ResetError::Upper { what, path, source }
+}
+
 /// `normalize` for each command-line path of a workspace, whose absolute
 /// paths may name it by its mountpoint (when mounted) or its upper.
 pub fn normalize_all(
     ws: &super::workspace::Workspace,
     args: &[std::path::PathBuf],
-) -> Result<Vec<OsString>, String> {
+) -> Result<Vec<OsString>, ResetError> {
     let mut roots = vec![ws.upper.as_path()];
     if let Some(m) = &ws.mountpoint {
         roots.insert(0, m.as_path());
@@ -44,17 +100,12 @@ pub fn normalize_all(
 /// Turns a command-line path into a path relative to the workspace root
 /// ("" = the root itself). Absolute paths are accepted inside the given
 /// roots (mountpoint, upper); `..` never is.
-pub fn normalize(arg: &Path, roots: &[&Path]) -> Result<OsString, String> {
+pub fn normalize(arg: &Path, roots: &[&Path]) -> Result<OsString, ResetError> {
     let rel: &Path = if arg.is_absolute() {
         roots
             .iter()
             .find_map(|r| arg.strip_prefix(r).ok())
-            .ok_or_else(|| {
-                format!(
-                    "path {} is outside the workspace; give a path relative to the workspace root",
-                    arg.display()
-                )
-            })?
+            .ok_or_else(|| ResetError::Outside(arg.to_path_buf()))?
     } else {
         arg
     };
@@ -68,17 +119,9 @@ pub fn normalize(arg: &Path, roots: &[&Path]) -> Result<OsString, String> {
                 out.push(n);
             }
             Component::CurDir => {}
-            Component::ParentDir => {
-                return Err(format!(
-                    "path {} contains `..`; give a path inside the workspace, relative to its root",
-                    arg.display()
-                ))
-            }
+            Component::ParentDir => return Err(ResetError::DotDot(arg.to_path_buf())),
             Component::RootDir | Component::Prefix(_) => {
-                return Err(format!(
-                    "path {} is outside the workspace; give a path relative to the workspace root",
-                    arg.display()
-                ))
+                return Err(ResetError::Outside(arg.to_path_buf()))
             }
         }
     }
@@ -137,14 +180,11 @@ pub struct Outcome {
 /// pinned part per directory removed (quadratic in the depth). A tree
 /// left behind by a crash meanwhile goes with the work dir's cleaning at
 /// the next mount.
-pub fn remove_moved_away(work: &OwnedFd, names: &[OsString]) -> Result<(), String> {
+pub fn remove_moved_away(work: &OwnedFd, names: &[OsString]) -> Result<(), ResetError> {
     for n in names {
-        crate::layer::walk::remove_tree(work, n).map_err(|e| {
-            format!(
-                "the reset is done, but its old upper directory {} in the work dir \
-                 could not be removed: {e} (it is removed at the next mount)",
-                n.to_string_lossy()
-            )
+        crate::layer::walk::remove_tree(work, n).map_err(|source| ResetError::MovedAway {
+            name: n.to_string_lossy().into_owned(),
+            source,
         })?;
     }
     Ok(())
@@ -161,13 +201,12 @@ struct Parent {
 
 /// Walks the upper (and the shared version beside it) to the parent of
 /// `rel`. `Ok(None)`: the upper has nothing there, nothing to reset.
-fn walk_parent(layers: &Layers, rel: &OsStr) -> Result<Option<Parent>, String> {
-    let root = sys::open_path(&layers.upper, OsStr::new("."))
-        .map_err(|e| format!("cannot open the upper root: {e}"))?;
+fn walk_parent(layers: &Layers, rel: &OsStr) -> Result<Option<Parent>, ResetError> {
+    let root = sys::open_path(&layers.upper, OsStr::new(".")).map_err(ResetError::OpenUpperRoot)?;
     let mut base: Base = Vec::new();
     for (i, l) in layers.lowers.iter().enumerate() {
         let fd = sys::open_path(l, OsStr::new("."))
-            .map_err(|e| format!("cannot open lower dir #{}: {e}", i + 1))?;
+            .map_err(|source| ResetError::OpenLower { index: i, source })?;
         base.push((i, fd));
     }
     let mut cur = Parent {
@@ -184,26 +223,23 @@ fn walk_parent(layers: &Layers, rel: &OsStr) -> Result<Option<Parent>, String> {
         let st = match sys::fstatat(&cur.upper, name) {
             Ok(s) => s,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT)) => return Ok(None),
-            Err(e) => return Err(format!("cannot read upper path {}: {e}", display(&walked))),
+            Err(e) => return Err(upper_err("read", &walked)(e)),
         };
         if is_whiteout(&st) {
-            return Err(format!(
-                "{} is deleted in this workspace, so {} cannot come back alone; reset {} instead",
-                display(&walked),
-                display(rel),
-                display(&walked)
-            ));
+            return Err(ResetError::NotAlone {
+                dir: display(&walked),
+                why: "is deleted in this workspace",
+                path: display(rel),
+            });
         }
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-            return Err(format!(
-                "{} is no longer a directory in this workspace, so {} cannot come back alone; reset {} instead",
-                display(&walked),
-                display(rel),
-                display(&walked)
-            ));
+            return Err(ResetError::NotAlone {
+                dir: display(&walked),
+                why: "is no longer a directory in this workspace",
+                path: display(rel),
+            });
         }
-        let fd = sys::open_path(&cur.upper, name)
-            .map_err(|e| format!("cannot open upper path {}: {e}", display(&walked)))?;
+        let fd = sys::open_path(&cur.upper, name).map_err(upper_err("open", &walked))?;
         let nlowers = layers.lowers.len();
         let (base, base_path) = match redirect(&fd) {
             Some(r) => {
@@ -215,8 +251,11 @@ fn walk_parent(layers: &Layers, rel: &OsStr) -> Result<Option<Parent>, String> {
                 (lowers_at_path(layers, &old), Some(old))
             }
             None => {
-                let b = base_lookup(&cur.base, nlowers, name)
-                    .map_err(|e| format!("cannot read the shared {}: {e}", display(&walked)))?;
+                let b =
+                    base_lookup(&cur.base, nlowers, name).map_err(|source| ResetError::Shared {
+                        path: display(&walked),
+                        source,
+                    })?;
                 let dirs = match b {
                     Some(b) if b.st.st_mode & libc::S_IFMT == libc::S_IFDIR => b.dirs,
                     _ => Vec::new(),
@@ -248,15 +287,15 @@ pub fn reset_path(
     work: &OwnedFd,
     rel: &OsStr,
     out: &mut Outcome,
-) -> Result<(), String> {
+) -> Result<(), ResetError> {
     if rel.is_empty() {
-        let root = sys::open_path(&layers.upper, OsStr::new("."))
-            .map_err(|e| format!("cannot open the upper root: {e}"))?;
+        let root =
+            sys::open_path(&layers.upper, OsStr::new(".")).map_err(ResetError::OpenUpperRoot)?;
         for p in ["trusted.overlay.opaque", "user.overlay.opaque"] {
             let name = std::ffi::CString::new(p).expect("no NUL");
             let _ = sys::removexattr(&root, &name);
         }
-        for e in sys::read_dir(&root).map_err(|e| format!("cannot read the upper root: {e}"))? {
+        for e in sys::read_dir(&root).map_err(ResetError::ReadUpperRoot)? {
             reset_path(layers, work, &e.name, out)?;
         }
         out.changed.push(OsString::new());
@@ -267,20 +306,21 @@ pub fn reset_path(
     };
     let name = OsStr::from_bytes(rel.as_bytes().rsplit(|&b| b == b'/').next().unwrap_or(b""));
     let shared = base_lookup(&parent.base, layers.lowers.len(), name)
-        .map_err(|e| format!("cannot read the shared {}: {e}", display(rel)))?
+        .map_err(|source| ResetError::Shared {
+            path: display(rel),
+            source,
+        })?
         .is_some();
     if let (true, Some(op)) = (shared, &parent.opaque) {
-        return Err(format!(
-            "{} replaced the shared directory (it is opaque), so the shared {} cannot come back alone; reset {} instead",
-            display(op),
-            display(rel),
-            display(op)
-        ));
+        return Err(ResetError::Opaque {
+            dir: display(op),
+            path: display(rel),
+        });
     }
     let st = match sys::fstatat(&parent.upper, name) {
         Ok(s) => s,
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
-        Err(e) => return Err(format!("cannot read upper path {}: {e}", display(rel))),
+        Err(e) => return Err(upper_err("read", rel)(e)),
     };
     let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
     let moved_from = if is_dir {
@@ -305,7 +345,7 @@ pub fn reset_path(
         None
     };
     remove_upper(&parent.upper, name, work, is_dir, &mut out.moved_away)
-        .map_err(|e| format!("cannot remove upper path {}: {e}", display(rel)))?;
+        .map_err(upper_err("remove", rel))?;
     out.changed.push(rel.to_os_string());
     if let Some(old) = moved_from {
         let old_rel =
@@ -320,7 +360,7 @@ pub fn reset_path(
 
 /// Removes the whiteout a directory rename left at the old name `rel`, if
 /// it is still there and nothing else took the name.
-fn unhide_moved(layers: &Layers, rel: &OsStr) -> Result<bool, String> {
+fn unhide_moved(layers: &Layers, rel: &OsStr) -> Result<bool, ResetError> {
     let Ok(Some(parent)) = walk_parent(layers, rel) else {
         return Ok(false);
     };
@@ -330,8 +370,10 @@ fn unhide_moved(layers: &Layers, rel: &OsStr) -> Result<bool, String> {
     let name = OsStr::from_bytes(rel.as_bytes().rsplit(|&b| b == b'/').next().unwrap_or(b""));
     match sys::fstatat(&parent.upper, name) {
         Ok(st) if is_whiteout(&st) => {
-            sys::unlinkat(&parent.upper, name, false)
-                .map_err(|e| format!("cannot remove the whiteout at {}: {e}", display(rel)))?;
+            sys::unlinkat(&parent.upper, name, false).map_err(|source| ResetError::Whiteout {
+                path: display(rel),
+                source,
+            })?;
             Ok(true)
         }
         _ => Ok(false),
@@ -347,17 +389,18 @@ pub fn gc(
     work: &std::os::fd::OwnedFd,
     scratch: &super::scratch::Scratch,
     done: &mut Outcome,
-) -> Result<(), String> {
+) -> Result<(), ResetError> {
     use crate::layer::walk::{entry_mode, Step, Walker};
     let mut found = Vec::new();
     if scratch.is_empty() {
         return Ok(());
     }
-    let ctx = |w: &Walker, e: std::io::Error| {
-        format!("cannot read upper path {}: {e}", w.path().to_string_lossy())
+    let ctx = |w: &Walker, source: std::io::Error| ResetError::Upper {
+        what: "read",
+        path: w.path().to_string_lossy().into_owned(),
+        source,
     };
-    let mut w =
-        Walker::new(&layers.upper).map_err(|e| format!("cannot read the upper root: {e}"))?;
+    let mut w = Walker::new(&layers.upper).map_err(ResetError::ReadUpperRoot)?;
     while let Some(step) = w.step().map_err(|e| ctx(&w, e))? {
         let Step::Entry(e) = step else { continue };
         let p = w.child_path(&e.name);
