@@ -248,6 +248,10 @@ impl FsCmd {
     }
 
     /// Runs the verb: prints its plain output, returns its JSON.
+    ///
+    /// Long on purpose: one arm per verb of `layerfs fs`, each a call into
+    /// the `Workspace` and its plain output side by side; split, the verbs
+    /// would scatter over as many functions as arms.
     fn exec(self, json: bool) -> Out {
         match self {
             FsCmd::Ls { t, args } => {

@@ -160,6 +160,9 @@ pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 19] = [
 /// refused. A path option also given as a long option is refused; a value
 /// option (threads, timeouts, journal limits) given by `-o` wins over the
 /// long option's default.
+///
+/// Long on purpose: one arm per `-o` key, so the whole option table and
+/// its conflicts with the long options are read in one place.
 pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
     let raw = std::mem::take(&mut args.options);
     let mut lowers_from_o: Option<Vec<PathBuf>> = None;

@@ -58,6 +58,9 @@ fn as_far_as_it_exists(p: &std::path::Path) -> std::path::PathBuf {
 
 /// Turns raw arguments into a checked `Config`. May create the work
 /// directory and detach a stale layerfs mount on the mountpoint.
+///
+/// Long on purpose: each check in turn on the raw arguments, in the order
+/// the errors should be reported; most checks are helpers of their own.
 pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
     apply_mount_options(&mut args)?;
     missing_parts(&args)?;

@@ -253,6 +253,11 @@ fn start_uring(
 
 /// Mounts, serves until unmounted, and cleans up. `on_ready` runs once the
 /// mountpoint answers requests. An `Err` is the message for the user.
+///
+/// Long on purpose: the daemon's start-up order is the contract (state
+/// dir, control socket, layers, description, mount, queues, ready, serve,
+/// clean up) and each step's comment says why it comes where it does;
+/// the steps themselves are calls into their modules.
 fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(), String> {
     signals::block().map_err(|e| format!("blocking signals: {e}"))?;
     // Before the layers are opened: opening clears the work dir.

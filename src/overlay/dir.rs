@@ -232,6 +232,10 @@ impl Overlay {
     /// the quota (a link adds none). On failure nothing is left: the half
     /// built object is removed and the charge refunded, so the name is as
     /// it was (free, or held by its whiteout).
+    ///
+    /// Long on purpose: one arm per kind of object, and the undo on
+    /// failure (remove the half-built object, refund the charge) must see
+    /// every step that came before it.
     fn build_new(
         &self,
         ctx: &Ctx,

@@ -119,6 +119,12 @@ impl Overlay {
 
     /// `resolve` in the directory whose real files are `preal` (a walk of
     /// a subtree resolves directories no inode stands for).
+    ///
+    /// Long on purpose: the lookup is one pass down the stack (upper,
+    /// then each lower until a whiteout, an opaque directory or a
+    /// non-directory stops it, following redirects), and its state
+    /// (what was found, the redirect in force, degraded lowers) is carried
+    /// from layer to layer.
     pub(super) fn resolve_in(&self, preal: &Real, name: &OsStr) -> Result<Option<Resolved>> {
         // One view of the stack for the whole lookup; an index it does not
         // have comes from a parent resolved before a live checkpoint or

@@ -87,6 +87,11 @@ fn failed(msg: String) -> Ran {
 }
 
 /// Runs the command in a sandbox and waits until everything in it ended.
+///
+/// Long on purpose: it is one ordered sequence (terminal, pipes, the
+/// init's arguments, its fds and exec set-up, spawn, close our copies of
+/// the child's ends, cgroup hand-over, wait) whose steps share the fds
+/// they create; each fd's lifetime is visible in one place.
 pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     terminal::close_inherited_terminals();
     let caller = match CallerTerminal::detect() {

@@ -75,6 +75,10 @@ fn new_api_error(what: &str, e: std::io::Error) -> String {
 /// Builds the tree and pivots into it. Runs in the sandbox's init, which
 /// holds `CAP_SYS_ADMIN` over the new mount namespace and is pid 1 of the
 /// new pid namespace (a proc mount shows the pid namespace of its mounter).
+///
+/// Long on purpose: the mounts must happen in this order (private, clone,
+/// read-only, scratch, /dev, /proc, /sys, hiding, binds, the workspace,
+/// seal, pivot) and each step says why it comes where it does.
 pub fn build(l: &Layout<'_>) -> Result<(), String> {
     // Nothing done here may propagate back to the host's mounts.
     mount(

@@ -204,6 +204,9 @@ fn typed(v: impl serde::Serialize) -> Answer {
 }
 
 /// Runs one tool call on the workspace (blocking).
+///
+/// Long on purpose: one arm per tool, each parsing its arguments and
+/// calling the `Workspace`; the table of tools reads best as one match.
 fn call(ws: &Workspace, name: &str, a: Value) -> Result<Answer, ErrorData> {
     Ok(match name {
         "ls" => {
