@@ -109,7 +109,7 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
     let fail = |f: Failure| (Outcome::failed(f), true);
     let cwd = match cwd::check(&opts.cwd) {
         Ok(c) => c,
-        Err(m) => return fail(Failure::Usage(m)),
+        Err(e) => return fail(Failure::Usage(e.to_string())),
     };
     let at = match places::check(&opts.at, "--at") {
         Ok(a) => a,

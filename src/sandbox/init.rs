@@ -196,8 +196,8 @@ fn init(
         report.send(&Report::Failed(msg));
         return 1;
     }
-    if let Err(msg) = cwd::enter(&spec.at, spec.cwd.as_deref().unwrap_or(Path::new(""))) {
-        report.send(&Report::Usage(msg));
+    if let Err(e) = cwd::enter(&spec.at, spec.cwd.as_deref().unwrap_or(Path::new(""))) {
+        report.send(&Report::Usage(e.to_string()));
         return 1;
     }
     let pty = match terminal {
