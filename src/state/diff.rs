@@ -412,6 +412,11 @@ pub struct Filter {
     /// Moves the journal saw, to label an added file that continues a
     /// deleted shared one as its rename (`state::moves`).
     pub moves: Option<super::moves::Moves>,
+    /// Whether the upper's origin records name entries of these lowers
+    /// (they find moves and drift). False for a merged view whose records
+    /// name lowers by their place in stacks of other depths (`diff --base
+    /// shared`): moves then come from the journal only, and no drift shows.
+    pub origins: bool,
 }
 
 impl Filter {
@@ -857,6 +862,9 @@ impl Walk<'_> {
     /// Whether the upper file `name` in `dir` has an origin record whose
     /// shared original is no longer what was copied.
     fn drifted(&self, dir: &OwnedFd, name: &OsStr) -> bool {
+        if !self.filter.origins {
+            return false;
+        }
         let Ok(fd) = sys::open_path(dir, name) else {
             return false;
         };
@@ -879,7 +887,7 @@ impl Walk<'_> {
     /// Turns an added file whose origin is a deleted shared file into a
     /// rename of it (one added file per deleted original).
     fn match_moves(&mut self) {
-        if self.deleted.is_empty() {
+        if self.deleted.is_empty() || !self.filter.origins {
             return;
         }
         // Only now, and only when a shared file was deleted, are the added

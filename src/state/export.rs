@@ -27,7 +27,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use super::checkpoint::{self, Layers};
-use super::frozen::{io_ctx, Record, StackError};
+use super::frozen::{io_ctx, Record, StackError, Store};
 use super::snapshot::{self, Report, RootMeta};
 use super::workspace::Workspace;
 use crate::layer::safedir::{Role, SafeDir};
@@ -70,7 +70,7 @@ pub fn export(ws: &Workspace, name: &str, file: &Path) -> Result<Exported, Stack
                 io_ctx(format!("cannot create {}", file.display()))(e)
             }
         })?;
-    let tmp = (layers.len() > 1).then(|| format!(".{name}.{}.export", std::process::id()));
+    let tmp = (layers.len() > 1).then(|| Store::aside_name(name, std::process::id(), "export"));
     let result = (|| -> Result<u64, StackError> {
         let src = match &tmp {
             Some(t) => {
@@ -122,7 +122,8 @@ pub fn import(
     };
     snapshot::prescan(&f).map_err(bad)?;
     let root = RootMeta::of(&ws.upper).map_err(bad)?;
-    let tmp = format!(".{name}.{}.import", std::process::id());
+    store.sweep_aside();
+    let tmp = Store::aside_name(&name, std::process::id(), "import");
     let what = || format!("cannot create {}", store.dir.shown(&tmp).display());
     sys::mkdirat(&store.dir, OsStr::new(&tmp), 0o700).map_err(io_ctx(what()))?;
     let mut report = Report::default();

@@ -1064,3 +1064,103 @@ fn an_exported_checkpoint_imported_into_another_workspace_forks_to_the_same_tree
     ]);
     assert!(e.contains("no checkpoint evil"), "{e}");
 }
+
+/// Names in `ws`'s default layer store that end with `suffix`.
+fn store_leftovers(ws: &Workspace, suffix: &str) -> Vec<String> {
+    let store = ws.dir.path().join(".upper.layerfs-state").join("layers");
+    fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(suffix))
+        .collect()
+}
+
+#[test]
+fn diff_of_a_fork_is_against_its_checkpoint_and_with_base_shared_against_the_shared_tree() {
+    let ws = Workspace::new();
+    shared_tree(ws.lower());
+    // (A patch cannot make an empty directory: d2/sub keeps a file.)
+    fs::write(ws.lower().join("d/sub/w"), "w\n").unwrap();
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "echo more >> a && rm gone && mv d d2 && echo new1 > new1
+         mkdir nd && echo f > nd/f && ln -s a link",
+    );
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"base"]);
+    let f = fork(&ws, "base", 1);
+    sh(
+        &f.0,
+        "echo k2 >> keep/k && echo n1 > n1 && rm new1 && rm -rf o
+         mv d2/sub/x x2 && echo again >> a",
+    );
+
+    // Against the checkpoint: only what the fork changed.
+    let d = ok(&[&"diff", &f.0]);
+    let lines: Vec<&str> = d.lines().collect();
+    for l in ["M keep/k", "A n1", "D new1", "D o", "M a"] {
+        assert!(lines.contains(&l), "no `{l}` in:\n{d}");
+    }
+    for l in ["D gone", "R d -> d2", "A link", "A nd/ (1 entries)"] {
+        assert!(!lines.contains(&l), "a checkpoint's `{l}` in:\n{d}");
+    }
+
+    // Against the shared tree: the checkpoint's changes and the fork's.
+    let d = ok(&[&"diff", &"--base", &"shared", &f.0]);
+    let lines: Vec<&str> = d.lines().collect();
+    for l in ["M keep/k", "A n1", "D o", "M a", "D gone", "A link"] {
+        assert!(lines.contains(&l), "no `{l}` in:\n{d}");
+    }
+    assert!(lines.iter().any(|l| l.starts_with("A nd/")), "{d}");
+    assert!(!d.contains("new1"), "added then deleted, yet listed:\n{d}");
+    let files = ok(&[&"diff", &"--files", &"--base", &"shared", &f.0]);
+    assert!(files.lines().any(|l| l == "A nd/f"), "{files}");
+    assert!(files.lines().any(|l| l == "D o/y"), "{files}");
+    let json = ok(&[&"diff", &"--json", &"--base", &"shared", &f.0]);
+    assert!(
+        json.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .any(|v| v["path"] == "gone" && v["change"] == "deleted"),
+        "{json}"
+    );
+    let stat = ok(&[&"diff", &"--stat", &"--json", &"--base", &"shared", &f.0]);
+    let total: serde_json::Value = serde_json::from_str(stat.lines().last().unwrap()).unwrap();
+    let stat_cp = ok(&[&"diff", &"--stat", &"--json", &f.0]);
+    let total_cp: serde_json::Value =
+        serde_json::from_str(stat_cp.lines().last().unwrap()).unwrap();
+    assert!(
+        stat.contains("\"path\":\"gone\"") && !stat_cp.contains("\"path\":\"gone\""),
+        "{stat}\nagainst the checkpoint: {stat_cp}"
+    );
+    assert!(
+        total["renamed"].as_u64() > total_cp["renamed"].as_u64(),
+        "{stat}\nagainst the checkpoint: {stat_cp}"
+    );
+
+    // The patch against the shared tree turns a copy of it into the view.
+    let patch = ok(&[&"diff", &"--patch", &"--base", &"shared", &f.0]);
+    let tree = ws.dir.path().join("applied");
+    sh(
+        ws.dir.path(),
+        &format!("cp -a {} {}", ws.lower().display(), tree.display()),
+    );
+    fs::write(ws.dir.path().join("p.patch"), &patch).unwrap();
+    let out = crate::harness::bash(&tree, "git apply ../p.patch");
+    assert!(
+        out.status.success(),
+        "git apply: {}\n{patch}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sh(
+        ws.dir.path(),
+        &format!(
+            "diff -r --no-dereference {} {}",
+            tree.display(),
+            f.0.display()
+        ),
+    );
+    // Nothing of the merged views is left in the store.
+    assert_eq!(store_leftovers(&ws, ".diff"), Vec::<String>::new());
+    drop(f);
+}
