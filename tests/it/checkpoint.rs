@@ -1164,3 +1164,86 @@ fn diff_of_a_fork_is_against_its_checkpoint_and_with_base_shared_against_the_sha
     assert_eq!(store_leftovers(&ws, ".diff"), Vec::<String>::new());
     drop(f);
 }
+
+/// A process this test started, killed and reaped when dropped.
+struct Live(std::process::Child);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn leftovers_of_dead_imports_are_swept_by_import_squash_and_gc_but_not_a_live_one() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("shared"), "shared\n").unwrap();
+    let m = ws.mount_with(&["--scratch", "tmp/**"]);
+    fs::write(m.p("one"), "1\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c1"]);
+    let m = ws.mount_with(&["--scratch", "tmp/**"]);
+    fs::write(m.p("two"), "2\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c2"]);
+    let tar = ws.dir.path().join("c2.tar");
+    ok(&[&"checkpoint", &"export", &ws.upper, &"c2", &tar]);
+
+    let store = ws.dir.path().join(".upper.layerfs-state").join("layers");
+    // A process that is gone, and one that runs (as an import would).
+    let dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    let _ = { dead }.wait();
+    let live = Live(
+        Command::new("sleep")
+            .arg("600")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let live_dir = store.join(format!(".busy.{}.import", live.0.id()));
+    fs::create_dir_all(live_dir.join("sub")).unwrap();
+    let leave = |label: &str, kind: &str| {
+        let d = store.join(format!(".{label}.{dead_pid}.{kind}"));
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::write(d.join("sub/f"), "half\n").unwrap();
+        d
+    };
+
+    let d = leave("imp", "import");
+    ok(&[&"checkpoint", &"import", &ws.upper, &tar, &"again"]);
+    assert!(!d.exists(), "import left a dead import's {}", d.display());
+    assert!(
+        live_dir.exists(),
+        "import removed a live import's directory"
+    );
+
+    let d = leave("exp", "export");
+    ok(&[&"squash", &ws.upper]);
+    assert!(!d.exists(), "squash left a dead export's {}", d.display());
+    assert!(
+        live_dir.exists(),
+        "squash removed a live import's directory"
+    );
+
+    let d = leave("view0", "diff");
+    let out = layerfs(&["gc".as_ref(), ws.upper.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!d.exists(), "gc left a dead diff's {}", d.display());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("{}", d.display())),
+        "gc did not name what it removed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(live_dir.exists(), "gc removed a live import's directory");
+
+    drop(live);
+    ok(&[&"gc", &ws.upper]);
+    assert!(!live_dir.exists(), "a finished import's directory is left");
+}
