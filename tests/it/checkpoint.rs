@@ -1247,3 +1247,68 @@ fn leftovers_of_dead_imports_are_swept_by_import_squash_and_gc_but_not_a_live_on
     ok(&[&"gc", &ws.upper]);
     assert!(!live_dir.exists(), "a finished import's directory is left");
 }
+
+#[test]
+fn an_import_over_other_shared_lowers_is_refused_unless_forced_and_old_archives_still_import() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("shared"), "shared\n").unwrap();
+    let m = ws.mount();
+    fs::write(m.p("mine"), "mine\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c1"]);
+    let tar = ws.dir.path().join("c1.tar");
+    ok(&[&"checkpoint", &"export", &ws.upper, &"c1", &tar]);
+
+    // A workspace over another shared tree (one more file at its top).
+    let other = Workspace::new();
+    fs::write(other.lower().join("shared"), "shared\n").unwrap();
+    fs::write(other.lower().join("extra"), "extra\n").unwrap();
+    assert!(other.mount().unmount());
+    let e = refused(&[&"checkpoint", &"import", &other.upper, &tar, &"c1"]);
+    assert!(
+        e.contains("shared lower #1")
+            && e.contains(&ws.lower().display().to_string())
+            && e.contains(&other.lower().display().to_string())
+            && e.contains("--force")
+            && e.contains("nothing was imported"),
+        "{e}"
+    );
+    let store = other.dir.path().join(".upper.layerfs-state").join("layers");
+    assert!(!store.join("c1").exists(), "a refused import left c1");
+    ok(&[
+        &"checkpoint",
+        &"import",
+        &"--force",
+        &other.upper,
+        &tar,
+        &"c1",
+    ]);
+    let f = fork(&other, "c1", 1);
+    assert_eq!(fs::read_to_string(f.0.join("mine")).unwrap(), "mine\n");
+    assert!(f.0.join("extra").exists());
+    drop(f);
+
+    // The same tree elsewhere (a copy) is the same shared lower.
+    let copy = Workspace::new();
+    fs::remove_dir(copy.lower()).unwrap();
+    sh(
+        ws.dir.path(),
+        &format!("cp -a {} {}", ws.lower().display(), copy.lower().display()),
+    );
+    assert!(copy.mount().unmount());
+    ok(&[&"checkpoint", &"import", &copy.upper, &tar, &"c1"]);
+
+    // An archive without the record (an older export: the same tar
+    // without its first header and record block) imports anywhere.
+    let old = ws.dir.path().join("old.tar");
+    sh(
+        ws.dir.path(),
+        &format!("tail -c +1025 {} > {}", tar.display(), old.display()),
+    );
+    let listed = sh(ws.dir.path(), &format!("tar tf {}", old.display()));
+    assert!(listed.lines().any(|l| l == "mine"), "{listed}");
+    ok(&[&"checkpoint", &"import", &other.upper, &old, &"old"]);
+    let f = fork(&other, "old", 2);
+    assert_eq!(fs::read_to_string(f.0.join("mine")).unwrap(), "mine\n");
+    drop(f);
+}
