@@ -33,9 +33,11 @@ Examples:
 An export is one tar in the snapshot format holding the tree the
 checkpoint shows over the shared lowers (its layers merged into one when
 it stands on others). An import checks it as a snapshot restore does and
-adds it as a checkpoint of WORKSPACE over WORKSPACE's shared lowers: the
-archive does not record lowers, so import into a workspace over the same
-shared lowers as the exporting one.";
+adds it as a checkpoint of WORKSPACE over WORKSPACE's shared lowers. The
+archive names the shared lowers it was taken over (their paths and a
+fingerprint of each one's top directory: names, types, sizes); an import
+into a workspace whose shared lowers differ is refused (--force imports
+anyway). An archive without that record (a snapshot) imports as it is.";
 
 #[derive(Args, Debug)]
 #[command(after_help = CHECKPOINT_HELP, args_conflicts_with_subcommands = true)]
@@ -93,6 +95,11 @@ enum CheckpointSub {
         /// name is refused.
         #[arg(value_name = "NAME")]
         name: Option<String>,
+        /// Import even when the archive names other shared lowers than
+        /// WORKSPACE's (a fork then shows the checkpoint's changes over
+        /// WORKSPACE's shared tree).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -122,8 +129,9 @@ impl CheckpointCmd {
                 workspace,
                 file,
                 name,
+                force,
             }) => Workspace::resolve(&workspace).and_then(|ws| {
-                let (name, report) = export::import(&ws, &file, name.as_deref())?;
+                let (name, report) = export::import(&ws, &file, name.as_deref(), force)?;
                 if !report.is_empty() {
                     eprintln!(
                         "layerfs checkpoint import: the archive held what the workspace's \

@@ -17,13 +17,26 @@ deleted one is `D dir`. --files (and --json) list what is inside: every
 entry of a new directory, every shared entry beneath a deleted one
 (`D dir/x`) or a renamed one (`R old/x -> new/x`).
 Scratch paths are left out.
+A fork, or a workspace with checkpoints, is compared with its lowers: the
+checkpoint layers it stands on, then the shared lowers. `--base shared` compares
+its whole view with the shared lowers (renames then come from the journal only,
+and no conflict is marked); `--patch --base shared` applied to a copy of the
+shared tree gives the view.
 
 Examples:
   layerfs diff ~/ws/mnt                  # a live mount
   layerfs diff ~/ws/upper src            # an unmounted workspace, only src/
   layerfs diff --stat ~/ws/mnt           # counts and bytes per top-level entry
   layerfs diff --json ~/ws/mnt | jq -r 'select(.conflict) | .path'
-  layerfs diff --patch ~/ws/mnt > agent.patch";
+  layerfs diff --patch ~/ws/mnt > agent.patch
+  layerfs diff --base shared ~/try1/mnt   # a fork: its checkpoint's changes too";
+
+/// `--base`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Base {
+    Checkpoint,
+    Shared,
+}
 
 #[derive(Args, Debug)]
 #[command(after_help = DIFF_HELP)]
@@ -48,6 +61,13 @@ pub struct DiffCmd {
     #[arg(long)]
     stat: bool,
 
+    /// What the view is compared with: `checkpoint`, the workspace's lowers
+    /// (for a fork or a workspace with checkpoints: what changed since its
+    /// latest checkpoint); `shared`, the shared lowers only (everything its
+    /// checkpoint layers and its upper change together).
+    #[arg(long, value_enum, default_value_t = Base::Checkpoint, value_name = "BASE")]
+    base: Base,
+
     /// A live layerfs mountpoint, or the upper directory of an unmounted workspace.
     #[arg(value_name = "WORKSPACE")]
     workspace: PathBuf,
@@ -71,19 +91,24 @@ impl DiffCmd {
         // Every entry, as --files lists them (and --json, --stat count them);
         // --patch speaks for a directory's files in its own way.
         let beneath = (self.files || self.json || self.stat) && !self.patch;
-        let (layers, changes) = ops::changes(&ws, &paths, beneath)?;
+        let base = match self.base {
+            Base::Checkpoint => ops::DiffBase::Checkpoint,
+            Base::Shared => ops::DiffBase::Shared,
+        };
+        let diffed = ops::changes_against(&ws, &paths, beneath, base)?;
+        let (layers, changes) = (&diffed.layers, &diffed.changes);
         if self.stat {
-            return print_stat(&summary::stat(&layers, &changes), self.json);
+            return print_stat(&summary::stat(layers, changes), self.json);
         }
         let patches = if self.patch {
-            patch::patches(&layers, &changes)
+            patch::patches(layers, changes)
         } else {
             Vec::new()
         };
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
         if !(self.json || self.patch || self.files) {
-            for line in summary::fold(&changes, &paths) {
+            for line in summary::fold(changes, &paths) {
                 if writeln!(out, "{}", line.text()).is_err() {
                     // A closed pipe (`| head`) ends the output quietly.
                     return Ok(());

@@ -14,7 +14,9 @@ const GC_HELP: &str = "\
 Removes the upper's contents of every scratch path (`--scratch GLOB` on mount,
 `scratch GLOB` policy lines): each topmost matching path is reset to its shared
 version (usually: removed). On a live mount the daemon does it. Prints each
-path emptied.
+path emptied. Also removes what an interrupted `checkpoint import`, `checkpoint
+export` or `diff --base shared` left in the workspace's layer store (its process
+is gone), naming it on stderr.
 
 Examples:
   layerfs mount --scratch 'target/**' --scratch '*.pyc' ... ~/ws/mnt
@@ -38,6 +40,12 @@ impl GcCmd {
 
     fn gc(&self) -> Result<(), String> {
         let ws = self.state.resolve(&self.workspace)?;
+        for p in crate::state::checkpoint::sweep_aside(&ws) {
+            eprintln!(
+                "note: removed {} (left by an interrupted checkpoint import or export, or diff)",
+                p.display()
+            );
+        }
         let sc = scratch::of_workspace(&ws)?;
         if sc.is_empty() {
             return Err(format!(

@@ -256,6 +256,20 @@ pub fn take(ws: &Workspace, name: Option<&str>, layers: Option<&Path>) -> Result
     }
 }
 
+/// Removes from the layer store of `ws` what dead processes left aside
+/// (`Store::sweep_aside`: an interrupted import, export or diff), if it
+/// has a store; returns their paths.
+pub fn sweep_aside(ws: &Workspace) -> Vec<PathBuf> {
+    match open(&ws.dir, None, false) {
+        Ok(Layers { store, .. }) => store
+            .sweep_aside()
+            .into_iter()
+            .map(|n| store.path().join(n))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// The shared lowers of `ws` (its lowers without its frozen layers).
 pub fn shared_of(ws: &Workspace) -> Result<Vec<PathBuf>, StackError> {
     Ok(match frozen::read(&ws.dir)? {

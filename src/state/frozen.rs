@@ -455,11 +455,83 @@ impl Store {
         gone(self.dir.remove_file(record_file(name))).map_err(io_ctx(what()))?;
         self.dir.sync().map_err(io_ctx(what()))
     }
+
+    /// The name of a directory process `pid` builds aside in the store
+    /// for `label` (a checkpoint's name, or `view`) while it runs: an
+    /// `import`, an `export` or the view a `diff` compares. The next
+    /// `sweep_aside` removes it once that process is dead.
+    pub fn aside_name(label: &str, pid: u32, kind: &str) -> String {
+        debug_assert!(ASIDE.contains(&kind));
+        format!(".{label}.{pid}.{kind}")
+    }
+
+    /// Removes what processes that died left aside in the store
+    /// (`aside_name`: an interrupted import, export or diff), never what a
+    /// live process owns (its pid runs; a pid reused since only delays
+    /// the removal). Best effort; returns the names removed.
+    pub fn sweep_aside(&self) -> Vec<String> {
+        let Ok(entries) = self.dir.read_dir() else {
+            return Vec::new();
+        };
+        let mut gone = Vec::new();
+        for e in entries {
+            let Some(n) = e.name.to_str() else { continue };
+            let Some(pid) = aside_pid(n) else { continue };
+            if pid_alive(pid) {
+                continue;
+            }
+            if crate::layer::walk::remove_tree(&self.dir, &e.name).is_ok() {
+                gone.push(n.to_string());
+            }
+        }
+        gone
+    }
+}
+
+/// The kinds of `Store::aside_name`.
+const ASIDE: &[&str] = &["import", "export", "diff"];
+
+/// The pid of an `aside_name` (`.LABEL.PID.KIND`); `None` for any other.
+fn aside_pid(n: &str) -> Option<u32> {
+    let rest = n.strip_prefix('.')?;
+    let (rest, kind) = rest.rsplit_once('.')?;
+    if !ASIDE.contains(&kind) {
+        return None;
+    }
+    let (label, pid) = rest.rsplit_once('.')?;
+    if label.is_empty() || pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Whether process `pid` exists (a zombie counts as dead).
+fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aside_names_parse() {
+        let n = Store::aside_name("v1.2", 4242, "import");
+        assert_eq!(n, ".v1.2.4242.import");
+        assert_eq!(aside_pid(&n), Some(4242));
+        assert_eq!(aside_pid(".x.7.diff"), Some(7));
+        assert_eq!(aside_pid(".x.7.squash"), None);
+        assert_eq!(aside_pid("x.7.import"), None);
+        assert_eq!(aside_pid("..7.import"), None);
+        assert_eq!(aside_pid(".x.7a.import"), None);
+        assert!(pid_alive(std::process::id()));
+    }
 
     #[test]
     fn stack_round_trip_and_pending() {

@@ -76,17 +76,122 @@ pub fn changes(
     paths: &[OsString],
     beneath: bool,
 ) -> Result<(Layers, Vec<Change>), String> {
+    let d = changes_against(ws, paths, beneath, DiffBase::Checkpoint)?;
+    debug_assert!(d.view.is_none());
+    Ok((d.layers, d.changes))
+}
+
+/// What `diff` compares a workspace's view with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DiffBase {
+    /// Its lowers: the checkpoint layers it stands on, then the shared
+    /// lowers (what changed since its latest checkpoint or its fork).
+    #[default]
+    Checkpoint,
+    /// The shared lowers only: the whole view, checkpoint layers and
+    /// upper together.
+    Shared,
+}
+
+/// A diff's changes and the layers they were found in (for patches and
+/// counts), valid while it lives.
+pub struct Diffed {
+    pub layers: Layers,
+    pub changes: Vec<Change>,
+    /// The merged view `layers.upper` is, removed when dropped.
+    view: Option<MergedView>,
+}
+
+/// `changes` against `base`. Against the shared lowers, a workspace
+/// standing on checkpoint layers is compared as one layer: the merge of
+/// its upper and those layers (`squash::build_from`, hard links in the
+/// layer store, named `Store::aside_name(.., "diff")` and removed when the
+/// result is dropped). Its origin records name lowers by their place in
+/// other stacks, so renames are then found from the journal only and no
+/// drift is marked.
+pub fn changes_against(
+    ws: &Workspace,
+    paths: &[OsString],
+    beneath: bool,
+    base: DiffBase,
+) -> Result<Diffed, String> {
+    let view = match base {
+        DiffBase::Checkpoint => None,
+        DiffBase::Shared => MergedView::build(ws)?,
+    };
     let filter = Filter {
         scratch: scratch::of_workspace(ws)?,
         paths: paths.to_vec(),
         moves: Some(Moves::from_journal(&ws.journal_path())),
+        origins: view.is_none(),
     };
-    let layers = Layers::open(&ws.upper, &ws.lowers)?;
+    let layers = match &view {
+        Some(v) => Layers::open(&v.path(), &v.shared)?,
+        None => Layers::open(&ws.upper, &ws.lowers)?,
+    };
     let mut changes = diff::diff(&layers, &filter)?;
     if beneath {
         changes = super::summary::with_entries_beneath(&layers, changes, &filter.scratch);
     }
-    Ok((layers, changes))
+    Ok(Diffed {
+        layers,
+        changes,
+        view,
+    })
+}
+
+/// A workspace's upper and checkpoint layers merged into one directory
+/// of its layer store, over its shared lowers (`DiffBase::Shared`).
+struct MergedView {
+    store: super::frozen::Store,
+    name: String,
+    shared: Vec<std::path::PathBuf>,
+}
+
+impl MergedView {
+    /// `None` when the workspace stands on no checkpoint layer (its
+    /// lowers are the shared ones).
+    fn build(ws: &Workspace) -> Result<Option<MergedView>, String> {
+        let Some(stack) = super::frozen::read(&ws.dir)? else {
+            return Ok(None);
+        };
+        if stack.effective().is_empty() {
+            return Ok(None);
+        }
+        let shared = checkpoint::shared_lowers(ws, &stack);
+        let store = super::frozen::Store::open(&stack.store, false)?;
+        store.sweep_aside();
+        let open = |p: &std::path::Path| {
+            crate::layer::sys::open_root(p).map_err(|e| format!("cannot open {}: {e}", p.display()))
+        };
+        let mut roots = vec![open(&ws.upper)?];
+        for l in stack.effective() {
+            roots.push(open(&stack.store.join(l))?);
+        }
+        // One per diff, also among the threads of one process (the tools).
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name =
+            super::frozen::Store::aside_name(&format!("view{n}"), std::process::id(), "diff");
+        let view = MergedView {
+            store,
+            name,
+            shared,
+        };
+        // On failure the half-built view is removed by the drop.
+        super::squash::build_from(&view.store.dir, &roots, &view.name)?;
+        Ok(Some(view))
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.store.path().join(&self.name)
+    }
+}
+
+impl Drop for MergedView {
+    fn drop(&mut self) {
+        let _ = crate::layer::walk::remove_tree(&self.store.dir, OsStr::new(&self.name));
+    }
 }
 
 /// Resets `paths` (relative; "" = everything): on a live mount its

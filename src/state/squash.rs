@@ -64,6 +64,7 @@ pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackErro
     let Layers { store, mut stack } = checkpoint::open(&ws.dir, None, false)
         .map_err(|_| StackError::Refused("this workspace has no checkpoint".into()))?;
     sweep(&store, &ws.dir, &ws.upper);
+    store.sweep_aside();
     // Origin records in the upper name lowers by their index in the
     // stack (DESIGN.md §5): the stack changes only under an empty upper.
     let upper =
@@ -153,16 +154,31 @@ pub(crate) fn build(store: &frozen::Store, layers: &[String], tmp: &str) -> Resu
             )))
         })
         .collect::<Result<_, _>>()?;
-    let like = sys::fstat(&roots[0]).map_err(io_ctx("cannot stat the top merged layer"))?;
+    let out = build_from(&store.dir, &roots, tmp)?;
     let what = || format!("cannot build {}", store.dir.shown(tmp).display());
-    sys::mkdirat(&store.dir, OsStr::new(tmp), 0o700).map_err(io_ctx(what()))?;
-    let out = sys::open_path(&store.dir, OsStr::new(tmp)).map_err(io_ctx(what()))?;
-    let merge = Merge { roots: &roots };
-    merge
-        .dir(&out, &like, &roots[..1], &roots, b"/", false)
-        .map_err(io_ctx(what()))?;
     crate::sys::syncfs(sys::open_dir(&out).map_err(io_ctx(what()))?).map_err(io_ctx(what()))?;
     Ok(())
+}
+
+/// Builds in `dir` the directory `tmp` (new) holding the merge of the
+/// layers whose roots are `roots` (topmost first), as `build` does, but
+/// not synced; returns it (`O_PATH`). The roots must be on `dir`'s
+/// filesystem (files are hard links). Also used for the view `diff
+/// --base shared` compares (`state::ops`).
+pub(crate) fn build_from(
+    dir: &SafeDir,
+    roots: &[OwnedFd],
+    tmp: &str,
+) -> Result<OwnedFd, StackError> {
+    let like = sys::fstat(&roots[0]).map_err(io_ctx("cannot stat the top merged layer"))?;
+    let what = || format!("cannot build {}", dir.shown(tmp).display());
+    sys::mkdirat(dir, OsStr::new(tmp), 0o700).map_err(io_ctx(what()))?;
+    let out = sys::open_path(dir, OsStr::new(tmp)).map_err(io_ctx(what()))?;
+    let merge = Merge { roots };
+    merge
+        .dir(&out, &like, &roots[..1], roots, b"/", false)
+        .map_err(io_ctx(what()))?;
+    Ok(out)
 }
 
 /// Where the layer `name` is built for the workspace whose state dir is

@@ -1064,3 +1064,251 @@ fn an_exported_checkpoint_imported_into_another_workspace_forks_to_the_same_tree
     ]);
     assert!(e.contains("no checkpoint evil"), "{e}");
 }
+
+/// Names in `ws`'s default layer store that end with `suffix`.
+fn store_leftovers(ws: &Workspace, suffix: &str) -> Vec<String> {
+    let store = ws.dir.path().join(".upper.layerfs-state").join("layers");
+    fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(suffix))
+        .collect()
+}
+
+#[test]
+fn diff_of_a_fork_is_against_its_checkpoint_and_with_base_shared_against_the_shared_tree() {
+    let ws = Workspace::new();
+    shared_tree(ws.lower());
+    // (A patch cannot make an empty directory: d2/sub keeps a file.)
+    fs::write(ws.lower().join("d/sub/w"), "w\n").unwrap();
+    let m = ws.mount();
+    sh(
+        m.path(),
+        "echo more >> a && rm gone && mv d d2 && echo new1 > new1
+         mkdir nd && echo f > nd/f && ln -s a link",
+    );
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"base"]);
+    let f = fork(&ws, "base", 1);
+    sh(
+        &f.0,
+        "echo k2 >> keep/k && echo n1 > n1 && rm new1 && rm -rf o
+         mv d2/sub/x x2 && echo again >> a",
+    );
+
+    // Against the checkpoint: only what the fork changed.
+    let d = ok(&[&"diff", &f.0]);
+    let lines: Vec<&str> = d.lines().collect();
+    for l in ["M keep/k", "A n1", "D new1", "D o", "M a"] {
+        assert!(lines.contains(&l), "no `{l}` in:\n{d}");
+    }
+    for l in ["D gone", "R d -> d2", "A link", "A nd/ (1 entries)"] {
+        assert!(!lines.contains(&l), "a checkpoint's `{l}` in:\n{d}");
+    }
+
+    // Against the shared tree: the checkpoint's changes and the fork's.
+    let d = ok(&[&"diff", &"--base", &"shared", &f.0]);
+    let lines: Vec<&str> = d.lines().collect();
+    for l in ["M keep/k", "A n1", "D o", "M a", "D gone", "A link"] {
+        assert!(lines.contains(&l), "no `{l}` in:\n{d}");
+    }
+    assert!(lines.iter().any(|l| l.starts_with("A nd/")), "{d}");
+    assert!(!d.contains("new1"), "added then deleted, yet listed:\n{d}");
+    let files = ok(&[&"diff", &"--files", &"--base", &"shared", &f.0]);
+    assert!(files.lines().any(|l| l == "A nd/f"), "{files}");
+    assert!(files.lines().any(|l| l == "D o/y"), "{files}");
+    let json = ok(&[&"diff", &"--json", &"--base", &"shared", &f.0]);
+    assert!(
+        json.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .any(|v| v["path"] == "gone" && v["change"] == "deleted"),
+        "{json}"
+    );
+    let stat = ok(&[&"diff", &"--stat", &"--json", &"--base", &"shared", &f.0]);
+    let total: serde_json::Value = serde_json::from_str(stat.lines().last().unwrap()).unwrap();
+    let stat_cp = ok(&[&"diff", &"--stat", &"--json", &f.0]);
+    let total_cp: serde_json::Value =
+        serde_json::from_str(stat_cp.lines().last().unwrap()).unwrap();
+    assert!(
+        stat.contains("\"path\":\"gone\"") && !stat_cp.contains("\"path\":\"gone\""),
+        "{stat}\nagainst the checkpoint: {stat_cp}"
+    );
+    assert!(
+        total["renamed"].as_u64() > total_cp["renamed"].as_u64(),
+        "{stat}\nagainst the checkpoint: {stat_cp}"
+    );
+
+    // The patch against the shared tree turns a copy of it into the view.
+    let patch = ok(&[&"diff", &"--patch", &"--base", &"shared", &f.0]);
+    let tree = ws.dir.path().join("applied");
+    sh(
+        ws.dir.path(),
+        &format!("cp -a {} {}", ws.lower().display(), tree.display()),
+    );
+    fs::write(ws.dir.path().join("p.patch"), &patch).unwrap();
+    let out = crate::harness::bash(&tree, "git apply ../p.patch");
+    assert!(
+        out.status.success(),
+        "git apply: {}\n{patch}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sh(
+        ws.dir.path(),
+        &format!(
+            "diff -r --no-dereference {} {}",
+            tree.display(),
+            f.0.display()
+        ),
+    );
+    // Nothing of the merged views is left in the store.
+    assert_eq!(store_leftovers(&ws, ".diff"), Vec::<String>::new());
+    drop(f);
+}
+
+/// A process this test started, killed and reaped when dropped.
+struct Live(std::process::Child);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn leftovers_of_dead_imports_are_swept_by_import_squash_and_gc_but_not_a_live_one() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("shared"), "shared\n").unwrap();
+    let m = ws.mount_with(&["--scratch", "tmp/**"]);
+    fs::write(m.p("one"), "1\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c1"]);
+    let m = ws.mount_with(&["--scratch", "tmp/**"]);
+    fs::write(m.p("two"), "2\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c2"]);
+    let tar = ws.dir.path().join("c2.tar");
+    ok(&[&"checkpoint", &"export", &ws.upper, &"c2", &tar]);
+
+    let store = ws.dir.path().join(".upper.layerfs-state").join("layers");
+    // A process that is gone, and one that runs (as an import would).
+    let dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    let _ = { dead }.wait();
+    let live = Live(
+        Command::new("sleep")
+            .arg("600")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let live_dir = store.join(format!(".busy.{}.import", live.0.id()));
+    fs::create_dir_all(live_dir.join("sub")).unwrap();
+    let leave = |label: &str, kind: &str| {
+        let d = store.join(format!(".{label}.{dead_pid}.{kind}"));
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::write(d.join("sub/f"), "half\n").unwrap();
+        d
+    };
+
+    let d = leave("imp", "import");
+    ok(&[&"checkpoint", &"import", &ws.upper, &tar, &"again"]);
+    assert!(!d.exists(), "import left a dead import's {}", d.display());
+    assert!(
+        live_dir.exists(),
+        "import removed a live import's directory"
+    );
+
+    let d = leave("exp", "export");
+    ok(&[&"squash", &ws.upper]);
+    assert!(!d.exists(), "squash left a dead export's {}", d.display());
+    assert!(
+        live_dir.exists(),
+        "squash removed a live import's directory"
+    );
+
+    let d = leave("view0", "diff");
+    let out = layerfs(&["gc".as_ref(), ws.upper.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!d.exists(), "gc left a dead diff's {}", d.display());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("{}", d.display())),
+        "gc did not name what it removed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(live_dir.exists(), "gc removed a live import's directory");
+
+    drop(live);
+    ok(&[&"gc", &ws.upper]);
+    assert!(!live_dir.exists(), "a finished import's directory is left");
+}
+
+#[test]
+fn an_import_over_other_shared_lowers_is_refused_unless_forced_and_old_archives_still_import() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("shared"), "shared\n").unwrap();
+    let m = ws.mount();
+    fs::write(m.p("mine"), "mine\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c1"]);
+    let tar = ws.dir.path().join("c1.tar");
+    ok(&[&"checkpoint", &"export", &ws.upper, &"c1", &tar]);
+
+    // A workspace over another shared tree (one more file at its top).
+    let other = Workspace::new();
+    fs::write(other.lower().join("shared"), "shared\n").unwrap();
+    fs::write(other.lower().join("extra"), "extra\n").unwrap();
+    assert!(other.mount().unmount());
+    let e = refused(&[&"checkpoint", &"import", &other.upper, &tar, &"c1"]);
+    assert!(
+        e.contains("shared lower #1")
+            && e.contains(&ws.lower().display().to_string())
+            && e.contains(&other.lower().display().to_string())
+            && e.contains("--force")
+            && e.contains("nothing was imported"),
+        "{e}"
+    );
+    let store = other.dir.path().join(".upper.layerfs-state").join("layers");
+    assert!(!store.join("c1").exists(), "a refused import left c1");
+    ok(&[
+        &"checkpoint",
+        &"import",
+        &"--force",
+        &other.upper,
+        &tar,
+        &"c1",
+    ]);
+    let f = fork(&other, "c1", 1);
+    assert_eq!(fs::read_to_string(f.0.join("mine")).unwrap(), "mine\n");
+    assert!(f.0.join("extra").exists());
+    drop(f);
+
+    // The same tree elsewhere (a copy) is the same shared lower.
+    let copy = Workspace::new();
+    fs::remove_dir(copy.lower()).unwrap();
+    sh(
+        ws.dir.path(),
+        &format!("cp -a {} {}", ws.lower().display(), copy.lower().display()),
+    );
+    assert!(copy.mount().unmount());
+    ok(&[&"checkpoint", &"import", &copy.upper, &tar, &"c1"]);
+
+    // An archive without the record (an older export: the same tar
+    // without its first header and record block) imports anywhere.
+    let old = ws.dir.path().join("old.tar");
+    sh(
+        ws.dir.path(),
+        &format!("tail -c +1025 {} > {}", tar.display(), old.display()),
+    );
+    let listed = sh(ws.dir.path(), &format!("tar tf {}", old.display()));
+    assert!(listed.lines().any(|l| l == "mine"), "{listed}");
+    ok(&[&"checkpoint", &"import", &other.upper, &old, &"old"]);
+    let f = fork(&other, "old", 2);
+    assert_eq!(fs::read_to_string(f.0.join("mine")).unwrap(), "mine\n");
+    drop(f);
+}

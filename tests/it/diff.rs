@@ -1085,3 +1085,52 @@ fn diff_files_lists_the_entries_of_deleted_and_renamed_directories() {
     // Unmounted, from the upper: the same lines.
     assert_eq!(lines(&ok(&["diff", "--files", s(&ws.upper)])), want);
 }
+
+/// A file moved out of a shared directory that is then removed (`mv d/x
+/// y; rm -rf d`): kernel overlayfs's redirect cannot say it either, so
+/// `diff` shows the new file and the removed directory, and `--patch`
+/// applied with `git apply` to a copy of the shared tree gives the view.
+#[test]
+fn a_file_moved_out_of_a_removed_shared_directory_round_trips_through_the_patch() {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    for (p, text) in [
+        ("d/x", "x1\nx2\n"),
+        ("d/z", "z\n"),
+        ("d/sub/w", "w\n"),
+        ("keep", "k\n"),
+    ] {
+        write(&l.join(p), text.as_bytes());
+    }
+    let m = ws.mount();
+    sh(m.path(), "mv d/x y && rm -rf d && echo x3 >> y");
+    let d = ok(&["diff", s(m.path())]);
+    let lines: Vec<&str> = d.lines().collect();
+    assert!(lines.contains(&"D d"), "{d}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.ends_with(" y") || l.ends_with("-> y")),
+        "{d}"
+    );
+    let files = ok(&["diff", "--files", s(m.path())]);
+    for gone in ["D d/z", "D d/sub/w"] {
+        assert!(files.lines().any(|l| l == gone), "no `{gone}` in:\n{files}");
+    }
+    let patch = ok(&["diff", "--patch", s(m.path())]);
+    let tree = ws.dir.path().join("applied");
+    sh(ws.dir.path(), &format!("cp -a {} {}", s(l), s(&tree)));
+    fs::write(ws.dir.path().join("p.patch"), &patch).unwrap();
+    let out = crate::harness::bash(&tree, "git apply ../p.patch");
+    assert!(
+        out.status.success(),
+        "git apply: {}\n{patch}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sh(
+        ws.dir.path(),
+        &format!("diff -r --no-dereference {} {}", s(&tree), s(m.path())),
+    );
+    assert!(!tree.join("d").exists(), "{patch}");
+    assert_eq!(fs::read_to_string(tree.join("y")).unwrap(), "x1\nx2\nx3\n");
+}

@@ -379,3 +379,95 @@ fn scripts_demo_runs_as_the_readme_says() {
     }
     assert!(!text.contains("UNEXPECTED"), "{text}");
 }
+
+/// The fenced block after the heading `heading` in README.md.
+fn readme_block_after(heading: &str) -> String {
+    let text = fs::read_to_string(repo().join("README.md")).unwrap();
+    let after = text
+        .split_once(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("README.md has no heading {heading:?}"))
+        .1;
+    let body = after.split_once("```sh\n").expect("no ```sh block").1;
+    body.split_once("\n```")
+        .expect("an open block")
+        .0
+        .to_string()
+}
+
+/// Unmounts, when dropped, whatever is still mounted under a directory.
+struct Mounts(PathBuf);
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let root = self.0.to_string_lossy().into_owned();
+        for m in mounts.lines().filter_map(|l| l.split(' ').nth(1)) {
+            if m.starts_with(&root) {
+                let _ = std::process::Command::new(crate::harness::bin())
+                    .arg("umount")
+                    .arg(m)
+                    .status();
+            }
+        }
+    }
+}
+
+/// README's best-of-N example, run as written (its directory moved into
+/// the test's): four forks of one checkpoint, each with its own answer,
+/// each diff against the checkpoint, the winner applied back into the
+/// workspace, and no mount left.
+#[test]
+fn readme_best_of_n_runs_as_written() {
+    let script = readme_block_after("### Best of N: branch, compare, keep the winner");
+    assert!(script.contains("B=/tmp/bon;"), "{script}");
+    let dir = tempfile::Builder::new()
+        .prefix("layerfs-bon-test.")
+        .tempdir_in(crate::harness::test_root())
+        .unwrap();
+    let bon = dir.path().join("bon");
+    let _mounts = Mounts(bon.clone());
+    let bin_dir = dir.path().join("bin");
+    fs::create_dir(&bin_dir).unwrap();
+    std::os::unix::fs::symlink(crate::harness::bin(), bin_dir.join("layerfs")).unwrap();
+    let script = script.replace("B=/tmp/bon;", &format!("B={};", bon.display()));
+    let out = std::process::Command::new("bash")
+        .arg("-e")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(repo())
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                bin_dir.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{script}\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.contains(&"start"), "{stdout}");
+    assert_eq!(
+        lines.iter().filter(|l| **l == "A answer.txt").count(),
+        4,
+        "{stdout}"
+    );
+    assert!(lines.contains(&"attempt 3"), "{stdout}");
+    assert_eq!(
+        fs::read_to_string(bon.join("ws/upper/answer.txt")).unwrap(),
+        "attempt 3\n",
+        "the winner's change is not in the workspace's upper"
+    );
+    let mounts = fs::read_to_string("/proc/mounts").unwrap();
+    assert!(
+        !mounts.contains(&bon.to_string_lossy().into_owned()),
+        "the example left a mount"
+    );
+}

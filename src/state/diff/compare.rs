@@ -77,6 +77,9 @@ impl Walk<'_> {
     /// Whether the upper file `name` in `dir` has an origin record whose
     /// shared original is no longer what was copied.
     pub(super) fn drifted(&self, dir: &OwnedFd, name: &OsStr) -> bool {
+        if !self.filter.origins {
+            return false;
+        }
         let Ok(fd) = sys::open_path(dir, name) else {
             return false;
         };

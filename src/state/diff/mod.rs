@@ -254,6 +254,11 @@ pub struct Filter {
     /// Moves the journal saw, to label an added file that continues a
     /// deleted shared one as its rename (`state::moves`).
     pub moves: Option<super::moves::Moves>,
+    /// Whether the upper's origin records name entries of these lowers
+    /// (they find moves and drift). False for a merged view whose records
+    /// name lowers by their place in stacks of other depths (`diff --base
+    /// shared`): moves then come from the journal only, and no drift shows.
+    pub origins: bool,
 }
 
 impl Filter {

@@ -19,7 +19,7 @@ impl Walk<'_> {
     /// Turns an added file whose origin is a deleted shared file into a
     /// rename of it (one added file per deleted original).
     pub(super) fn match_moves(&mut self) {
-        if self.deleted.is_empty() {
+        if self.deleted.is_empty() || !self.filter.origins {
             return;
         }
         // Only now, and only when a shared file was deleted, are the added
