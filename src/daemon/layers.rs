@@ -74,6 +74,7 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
         claim: None,
         frozen: None,
         checkpoint: !undo,
+        swapped: false,
     };
     let out: Result<Done, String> = match req {
         Request::Undo { to } => checkpoint::undo(&ws, to.as_deref(), Some(&mut swap))
@@ -102,7 +103,13 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
     };
     drop(pause);
     let mut out = out?;
-    let inv = invalidate_swapped(daemon, &dirs_before);
+    // Nothing was swapped (a checkpoint or undo with nothing changed,
+    // `Stack::repeats`): the kernel's caches are still true.
+    let inv = if swap.swapped {
+        invalidate_swapped(daemon, &dirs_before)
+    } else {
+        Default::default()
+    };
     let out = match &mut out {
         Done::Undone(u) => {
             u.invalidated = inv;
@@ -135,6 +142,8 @@ struct Swap<'a> {
     /// before the exchange moves it into the store.
     frozen: Option<Layer>,
     checkpoint: bool,
+    /// Whether `commit` ran (the view was swapped).
+    swapped: bool,
 }
 
 impl Live for Swap<'_> {
@@ -154,6 +163,7 @@ impl Live for Swap<'_> {
     }
 
     fn commit(&mut self, frozen: Option<&Path>, dropped: usize) -> Result<(), String> {
+        self.swapped = true;
         let ov = self.daemon.fs.overlay();
         let old = ov.lowers();
         let new: Vec<Arc<Layer>> = match frozen {

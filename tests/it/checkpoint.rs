@@ -707,6 +707,53 @@ fn run_checkpoint_lets_undo_take_back_exactly_that_command_mounted_or_not() {
 }
 
 #[test]
+fn run_checkpoint_of_an_unchanged_workspace_makes_no_layer_and_undo_stays_exact() {
+    let ws = crate::run::workspace_for(crate::run::Caller::Root);
+    fs::write(ws.lower().join("a"), "a\n").unwrap();
+    let (lower, upper) = (ws.lower().to_str().unwrap(), ws.upper.to_str().unwrap());
+    let m = ws.mount();
+    let run = |script: &str| {
+        let out = run_ok(&[
+            "--lower",
+            lower,
+            "--upper",
+            upper,
+            "--checkpoint",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        crate::run::json_of(&out)["checkpoint"]
+            .as_str()
+            .expect("no checkpoint in --json")
+            .to_string()
+    };
+    let v0 = tree_view(m.path());
+    run("echo one > one");
+    let v1 = tree_view(m.path());
+    let changed = run("true");
+    let layers = stack_of(&ws);
+    // Nothing changed since `changed`: the next command's checkpoint is
+    // that layer again, and no layer is added.
+    assert_eq!(run("echo two > two"), changed);
+    assert_eq!(stack_of(&ws), layers);
+    assert_ne!(tree_view(m.path()), v1);
+    // Each undo takes back one command: `echo two`, then `true` (nothing
+    // to take back: the view stays), then `echo one`.
+    ok(&[&"undo", &m.path()]);
+    assert_same(&v1, &tree_view(m.path()), "undo of `echo two`");
+    ok(&[&"undo", &m.path()]);
+    assert_same(&v1, &tree_view(m.path()), "undo of `true`");
+    assert_eq!(stack_of(&ws), layers);
+    ok(&[&"undo", &m.path()]);
+    assert_same(&v0, &tree_view(m.path()), "undo of `echo one`");
+    assert!(m.unmount());
+    assert_same(&v0, &view_of(&ws), "after a remount");
+}
+
+#[test]
 fn run_fork_runs_in_a_fresh_fork_of_a_checkpoint() {
     let ws = crate::run::workspace_for(crate::run::Caller::Root);
     fs::write(ws.lower().join("shared"), "shared\n").unwrap();
