@@ -291,10 +291,11 @@ directories and redirects apply as kernel overlayfs applies them. The
 view does not change. The merged checkpoints' names are gone afterwards
 (undo --to and fork use the new layer's name, printed). The merged layer
 is built aside and switched to with one write of the stack; a crash at
-any point leaves the old stack or the new one. Refused while the
-workspace is mounted (unmount, squash, mount again), while its upper
-holds changes since the latest checkpoint (take one first), and when
-another workspace or checkpoint stacks on a layer to merge.
+any point leaves the old stack or the new one. A mounted workspace is
+squashed live: the layer is built while the mount serves, writes pause
+only for the switch, files open for reading read on. Refused while its
+upper holds changes since the latest checkpoint (take one first), and
+when another workspace or checkpoint stacks on a layer to merge.
 
 Example:
   layerfs checkpoint ~/ws/upper && layerfs squash ~/ws/upper --keep 5")]
@@ -310,7 +311,7 @@ pub struct SquashCmd {
 impl SquashCmd {
     pub fn run(self) -> Result<(), CliError> {
         let ws = Workspace::resolve(&self.workspace).or_fail("squash")?;
-        match crate::state::squash::squash(&ws, self.keep).or_fail("squash")? {
+        match crate::state::squash::take(&ws, self.keep).or_fail("squash")? {
             Some(s) => outln!(
                 "{}  (merged {} checkpoints: {})",
                 s.name,

@@ -34,7 +34,7 @@ use super::restore::{held_dirs, invalidate_swapped, quiesce};
 use super::served::Daemon;
 use crate::layer::{sys, Layer};
 use crate::state::checkpoint::{self, Live};
-use crate::state::protocol::{Checkpointed, Request, Undone};
+use crate::state::protocol::{Checkpointed, Request, SquashDone, Undone};
 use crate::state::workspace::Workspace;
 
 /// `Request::Checkpoint` or `Request::Undo`: see the module comment.
@@ -74,6 +74,7 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
         claim: None,
         frozen: None,
         checkpoint: !undo,
+        swapped: false,
     };
     let out: Result<Done, String> = match req {
         Request::Undo { to } => checkpoint::undo(&ws, to.as_deref(), Some(&mut swap))
@@ -102,7 +103,13 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
     };
     drop(pause);
     let mut out = out?;
-    let inv = invalidate_swapped(daemon, &dirs_before);
+    // Nothing was swapped (a checkpoint or undo with nothing changed,
+    // `Stack::repeats`): the kernel's caches are still true.
+    let inv = if swap.swapped {
+        invalidate_swapped(daemon, &dirs_before)
+    } else {
+        Default::default()
+    };
     let out = match &mut out {
         Done::Undone(u) => {
             u.invalidated = inv;
@@ -135,6 +142,8 @@ struct Swap<'a> {
     /// before the exchange moves it into the store.
     frozen: Option<Layer>,
     checkpoint: bool,
+    /// Whether `commit` ran (the view was swapped).
+    swapped: bool,
 }
 
 impl Live for Swap<'_> {
@@ -154,6 +163,7 @@ impl Live for Swap<'_> {
     }
 
     fn commit(&mut self, frozen: Option<&Path>, dropped: usize) -> Result<(), String> {
+        self.swapped = true;
         let ov = self.daemon.fs.overlay();
         let old = ov.lowers();
         let new: Vec<Arc<Layer>> = match frozen {
@@ -182,6 +192,92 @@ impl Live for Swap<'_> {
         if let Some(c) = self.claim.take() {
             self.daemon.upper_claims.lock().push(c);
         }
+        Ok(())
+    }
+}
+
+/// `Request::Squash`: `state::squash` with the daemon's part (`Resquash`):
+/// the merged layer is built while the mount serves; writes are paused
+/// only for the switch, during which the daemon serves the new stack and
+/// re-resolves every held inode. The view does not change; the kernel's
+/// caches are dropped after as after a checkpoint (the directories under
+/// the held inodes are new ones). Files open for reading in a merged
+/// layer read on (their inodes are linked into the new layer).
+pub fn serve_squash(daemon: &Daemon, keep: usize) -> Result<Value, String> {
+    let ov = daemon.fs.overlay();
+    if ov.reach().is_some() {
+        return Err(format!(
+            "a lower of this mount is on a network filesystem: a squash of such a live mount \
+             is not supported; unmount it (layerfs umount {}), retry, and mount it again",
+            daemon.mountpoint.display()
+        ));
+    }
+    let ws = Workspace::resolve_in(&daemon.upper, &daemon.state)?;
+    let dirs_before = held_dirs(ov);
+    let mut re = Resquash {
+        daemon,
+        pause: None,
+        swapped: false,
+    };
+    let out = crate::state::squash::squash(&ws, keep, Some(&mut re));
+    let swapped = re.swapped;
+    drop(re);
+    let done = out.map_err(String::from)?;
+    let mut reply = SquashDone::default();
+    if let Some(s) = done {
+        reply.name = s.name;
+        reply.merged = s.merged;
+    }
+    if swapped {
+        reply.invalidated = invalidate_swapped(daemon, &dirs_before);
+    }
+    tracing::info!("squash of the live mount: {reply:?}");
+    serde_json::to_value(&reply).map_err(|e| format!("cannot encode the reply: {e}"))
+}
+
+/// The daemon's part of a live squash (`squash::Live`).
+struct Resquash<'a> {
+    daemon: &'a Daemon,
+    pause: Option<crate::overlay::gate::PauseGuard<'a>>,
+    swapped: bool,
+}
+
+impl crate::state::squash::Live for Resquash<'_> {
+    fn pause(&mut self) -> Result<(), String> {
+        self.pause = Some(self.daemon.fs.overlay().pause_writes());
+        Ok(())
+    }
+
+    fn commit(&mut self, keep: usize, merged: usize, layer: &Path) -> Result<(), String> {
+        let ov = self.daemon.fs.overlay();
+        let old = ov.lowers();
+        if old.len() < keep + merged {
+            return Err(format!(
+                "the mount serves {} layers, fewer than the {} squashed and kept",
+                old.len(),
+                keep + merged
+            ));
+        }
+        let new_layer = Arc::new(Layer::open(layer, "checkpoint layer")?);
+        let new: Vec<Arc<Layer>> = old[..keep]
+            .iter()
+            .cloned()
+            .chain(std::iter::once(new_layer))
+            .chain(old[keep + merged..].iter().cloned())
+            .collect();
+        // The root's parts are set, not looked up: the same upper root
+        // over the new stack.
+        let root = ov
+            .upper_root()
+            .and_then(|r| sys::open_path(r.as_ref(), std::ffi::OsStr::new(".")))
+            .map_err(|e| format!("cannot open the upper dir being served: {e}"))?;
+        self.swapped = true;
+        ov.set_lowers(new);
+        if let Err(e) = ov.replace_upper_root(root) {
+            ov.set_lowers(old.to_vec());
+            return Err(e);
+        }
+        ov.refresh_paths(&[std::ffi::OsString::new()]);
         Ok(())
     }
 }

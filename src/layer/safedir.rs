@@ -509,6 +509,18 @@ impl SafeDir {
         self.sync()
     }
 
+    /// `replace_file` without the fsyncs: atomic (a reader sees the old
+    /// file or the new one), not yet durable when it returns. For what a
+    /// crash may lose without harm.
+    pub fn replace_file_unsynced(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let tmp = format!(".{name}.tmp");
+        let mut f = self.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
+        f.write_all(bytes)?;
+        drop(f);
+        self.rename(&tmp, name, 0)
+    }
+
     /// The names in this directory.
     pub fn read_dir(&self) -> io::Result<Vec<sys::DirEntry>> {
         sys::read_dir(&self.fd)

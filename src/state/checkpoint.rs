@@ -45,6 +45,7 @@ pub fn open(state: &SafeDir, given: Option<&Path>, create: bool) -> Result<Layer
         store: std::fs::canonicalize(store.path()).unwrap_or_else(|_| path.clone()),
         layers: Vec::new(),
         pending_undo: None,
+        repeats: 0,
     });
     Ok(Layers { store, stack })
 }
@@ -155,6 +156,13 @@ pub fn checkpoint(
     let _lock = guard(ws, &live, "a checkpoint")?;
     finish_pending(&ws.dir, &ws.upper, &ws.work)?;
     let Layers { store, mut stack } = open(&ws.dir, layers, true)?;
+    if name.is_none() && !stack.layers.is_empty() && upper_is_empty(&ws.upper)? {
+        // Nothing changed since the top layer: it is this checkpoint too.
+        // No layer, no swap, nothing to sync (`Stack::repeats`).
+        stack.repeats = stack.repeats.saturating_add(1);
+        frozen::write_repeats(&ws.dir, &stack)?;
+        return Ok(stack.layers[0].clone());
+    }
     let name = store.new_name(name)?;
     let (parent, upper_name) = upper_at(&ws.upper)?;
     let root = sys::fstatat(&parent, upper_name)
@@ -195,6 +203,7 @@ pub fn checkpoint(
     }
     let below = stack.clone();
     stack.layers.insert(0, name.clone());
+    stack.repeats = 0;
     store.hold(&name, &ws.dir)?;
     frozen::write(&ws.dir, &stack)?;
     crate::failpoint::crash("checkpoint", "stack");
@@ -268,6 +277,15 @@ pub fn sweep_aside(ws: &Workspace) -> Vec<PathBuf> {
             .collect(),
         Err(_) => Vec::new(),
     }
+}
+
+/// Whether the upper directory holds nothing (no change since the top
+/// layer, or since the shared lowers without one).
+pub(crate) fn upper_is_empty(upper: &Path) -> Result<bool, StackError> {
+    let fd = sys::open_root(upper).map_err(io_ctx(format!("cannot open {}", upper.display())))?;
+    Ok(sys::read_dir(&fd)
+        .map_err(io_ctx(format!("cannot list {}", upper.display())))?
+        .is_empty())
 }
 
 /// The shared lowers of `ws` (its lowers without its frozen layers).
@@ -351,14 +369,20 @@ pub fn undo(
         StackError::Refused(_) => StackError::Refused("this workspace has no checkpoint".into()),
         e => e,
     })?;
-    let upper =
-        sys::open_root(&ws.upper).map_err(io_ctx(format!("cannot open {}", ws.upper.display())))?;
-    let empty = sys::read_dir(&upper)
-        .map_err(io_ctx(format!("cannot list {}", ws.upper.display())))?
-        .is_empty();
+    let empty = upper_is_empty(&ws.upper)?;
+    if empty && to.is_none() && stack.repeats > 0 && !stack.layers.is_empty() {
+        // The latest checkpoint was the top layer again (nothing changed
+        // before it): taking it back changes nothing but the count.
+        stack.repeats -= 1;
+        frozen::write(&ws.dir, &stack)?;
+        return Ok((stack.layers[0].clone(), 0));
+    }
     let target = undo_target(&stack, to, empty).map_err(StackError::Refused)?;
     let dropped: Vec<String> = stack.layers[..stack.layers.len() - target.len()].to_vec();
     let landed = target[0].clone();
+    if !dropped.is_empty() {
+        stack.repeats = 0;
+    }
     stack.pending_undo = Some(target);
     frozen::write(&ws.dir, &stack)?;
     crate::failpoint::crash("undo", "pending");
@@ -551,6 +575,7 @@ pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathB
             store: stack.store.clone(),
             layers,
             pending_undo: None,
+            repeats: 0,
         },
     )?;
     Ok(record.lowers)
@@ -594,6 +619,7 @@ mod tests {
             store: PathBuf::from("/s"),
             layers: l.iter().map(|s| s.to_string()).collect(),
             pending_undo: None,
+            repeats: 0,
         }
     }
 

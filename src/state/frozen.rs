@@ -78,6 +78,11 @@ pub struct Stack {
     /// An undo decided but maybe not finished: the stack it leaves
     /// (`state::checkpoint::finish_pending`).
     pub pending_undo: Option<Vec<String>>,
+    /// Checkpoints taken since the top layer with nothing changed (an
+    /// empty upper): each is the top layer again, made no new layer; an
+    /// undo with an empty upper takes one of these back before it takes
+    /// the top layer off (`state::checkpoint`).
+    pub repeats: u32,
 }
 
 impl Stack {
@@ -86,6 +91,7 @@ impl Stack {
             "store": self.store.to_string_lossy(),
             "layers": self.layers,
             "pending": self.pending_undo.as_ref().map(|l| json!({ "undo": l })),
+            "repeats": self.repeats,
         })
     }
 
@@ -118,10 +124,12 @@ pub fn read(state: &SafeDir) -> Result<Option<Stack>, StackError> {
     for n in layers.iter().chain(pending_undo.iter().flatten()) {
         crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e))?;
     }
+    let repeats = v["repeats"].as_u64().unwrap_or(0).min(u32::MAX as u64) as u32;
     Ok(Some(Stack {
         store: PathBuf::from(store),
         layers,
         pending_undo,
+        repeats,
     }))
 }
 
@@ -131,6 +139,20 @@ pub fn write(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
     text.push('\n');
     state
         .replace_file(STACK_FILE, text.as_bytes())
+        .map_err(io_ctx(format!(
+            "cannot write {}",
+            state.shown(STACK_FILE).display()
+        )))
+}
+
+/// Writes the stack atomically but without waiting for the disk: for a
+/// change of `repeats` only, which no view depends on (a crash may keep
+/// the old count; the layers it names are the same).
+pub fn write_repeats(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
+    let mut text = serde_json::to_string_pretty(&stack.to_json()).unwrap_or_default();
+    text.push('\n');
+    state
+        .replace_file_unsynced(STACK_FILE, text.as_bytes())
         .map_err(io_ctx(format!(
             "cannot write {}",
             state.shown(STACK_FILE).display()
@@ -542,6 +564,7 @@ mod tests {
             store: t.path().join("store"),
             layers: vec!["b".into(), "a".into()],
             pending_undo: None,
+            repeats: 0,
         };
         write(&state, &s).unwrap();
         assert_eq!(read(&state).unwrap().as_ref(), Some(&s));
@@ -591,6 +614,7 @@ mod tests {
                 store: store.path().to_path_buf(),
                 layers: vec!["b".into(), "a".into()],
                 pending_undo: None,
+                repeats: 0,
             },
         )
         .unwrap();
@@ -604,6 +628,7 @@ mod tests {
                 store: store.path().to_path_buf(),
                 layers: vec!["a".into()],
                 pending_undo: None,
+                repeats: 0,
             },
         )
         .unwrap();

@@ -56,6 +56,12 @@ pub enum Request {
         #[serde(default)]
         to: Option<String>,
     },
+    /// Merges the layers below the `keep` newest into one and serves
+    /// the new stack: `SquashDone`.
+    Squash {
+        #[serde(default)]
+        keep: usize,
+    },
 }
 
 impl Request {
@@ -71,6 +77,7 @@ impl Request {
         "restore",
         "checkpoint",
         "undo",
+        "squash",
     ];
 
     /// What a well-formed request of `cmd` looks like, for the message
@@ -83,6 +90,7 @@ impl Request {
             "restore" => r#"{"cmd":"restore","staging":NAME} (a staging dir in the work dir)"#,
             "checkpoint" => r#"{"cmd":"checkpoint","name":NAME?,"layers":DIR?}"#,
             "undo" => r#"{"cmd":"undo","to":NAME?}"#,
+            "squash" => r#"{"cmd":"squash","keep":N?}"#,
             _ => r#"{"cmd":"CMD"}"#,
         }
     }
@@ -166,6 +174,17 @@ pub struct Restored {
 #[serde(default)]
 pub struct Checkpointed {
     pub name: String,
+    #[serde(flatten)]
+    pub invalidated: Invalidated,
+}
+
+/// The answer to `Squash`: the new layer (empty when there was nothing
+/// to squash) and the layers it replaced, topmost first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SquashDone {
+    pub name: String,
+    pub merged: Vec<String>,
     #[serde(flatten)]
     pub invalidated: Invalidated,
 }
@@ -338,6 +357,7 @@ mod tests {
                 layers: Some("/l".into()),
             },
             Request::Undo { to: None },
+            Request::Squash { keep: 2 },
         ];
         let mut seen = Vec::new();
         for r in &all {

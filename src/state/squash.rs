@@ -45,34 +45,38 @@ pub struct Squashed {
     pub merged: Vec<String>,
 }
 
-/// `layerfs squash`: merges every layer of `ws`'s stack below its `keep`
-/// newest into one. `Ok(None)` when fewer than two would be merged.
-/// Refused for a mounted workspace and when a layer to merge is stood on
-/// by anything but this workspace's own stack.
-pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackError> {
-    crate::failpoint::init();
-    if let Some(mp) = &ws.mountpoint {
-        return Err(StackError::Refused(format!(
-            "{} is mounted: squash works on an unmounted workspace; unmount it (layerfs \
-             umount {}), squash, and mount it again",
-            mp.display(),
-            mp.display()
-        )));
+/// What the daemon of a mounted workspace does around the switch of a
+/// squash (`daemon::layers`): the merged layer is built while the mount
+/// serves; only the switch happens with writes paused.
+pub trait Live {
+    /// Pauses writes until the squash returns.
+    fn pause(&mut self) -> Result<(), String>;
+    /// Right after the stack on disk switched: serves `layer` in place of
+    /// the `merged` layers below the `keep` newest.
+    fn commit(&mut self, keep: usize, merged: usize, layer: &Path) -> Result<(), String>;
+}
+
+/// `layerfs squash` of `ws` whether it is mounted or not: a mounted
+/// workspace's daemon squashes live (`daemon::layers`).
+pub fn take(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, String> {
+    match ws.client() {
+        Some(client) => {
+            let v: super::protocol::SquashDone =
+                client?.call(&super::protocol::Request::Squash { keep })?;
+            Ok((!v.name.is_empty()).then_some(Squashed {
+                name: v.name,
+                merged: v.merged,
+            }))
+        }
+        None => squash(ws, keep, None).map_err(String::from),
     }
-    let _lock = checkpoint::lock_upper(&ws.upper)?;
-    checkpoint::finish_pending(&ws.dir, &ws.upper, &ws.work)?;
-    let Layers { store, mut stack } = checkpoint::open(&ws.dir, None, false)
-        .map_err(|_| StackError::Refused("this workspace has no checkpoint".into()))?;
-    sweep(&store, &ws.dir, &ws.upper);
-    store.sweep_aside();
+}
+
+/// Refuses a squash over an upper that holds changes.
+fn require_empty_upper(ws: &Workspace) -> Result<(), StackError> {
     // Origin records in the upper name lowers by their index in the
     // stack (DESIGN.md §5): the stack changes only under an empty upper.
-    let upper =
-        sys::open_root(&ws.upper).map_err(io_ctx(format!("cannot open {}", ws.upper.display())))?;
-    if !sys::read_dir(&upper)
-        .map_err(io_ctx(format!("cannot list {}", ws.upper.display())))?
-        .is_empty()
-    {
+    if !checkpoint::upper_is_empty(&ws.upper)? {
         return Err(StackError::Refused(format!(
             "upper {} holds changes since the latest checkpoint: squash changes the stack \
              under an empty upper only; take a checkpoint first (layerfs checkpoint {}), \
@@ -81,6 +85,38 @@ pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackErro
             ws.upper.display()
         )));
     }
+    Ok(())
+}
+
+/// `layerfs squash`: merges every layer of `ws`'s stack below its `keep`
+/// newest into one. `Ok(None)` when fewer than two would be merged.
+/// Refused when a layer to merge is stood on by anything but this
+/// workspace's own stack. A mounted workspace's daemon passes `live`: the
+/// layer is built while the mount serves, then, writes paused, the upper
+/// is checked empty again, the stack switched and served (`Live`).
+pub fn squash(
+    ws: &Workspace,
+    keep: usize,
+    mut live: Option<&mut dyn Live>,
+) -> Result<Option<Squashed>, StackError> {
+    crate::failpoint::init();
+    let _lock = match (&ws.mountpoint, &live) {
+        (_, Some(_)) => None,
+        (Some(mp), None) => {
+            return Err(StackError::Refused(format!(
+                "{} is mounted: a squash of a live mount goes through its daemon (give the \
+                 mountpoint or the upper to layerfs, not this library call)",
+                mp.display()
+            )))
+        }
+        (None, None) => Some(checkpoint::lock_upper(&ws.upper)?),
+    };
+    checkpoint::finish_pending(&ws.dir, &ws.upper, &ws.work)?;
+    let Layers { store, mut stack } = checkpoint::open(&ws.dir, None, false)
+        .map_err(|_| StackError::Refused("this workspace has no checkpoint".into()))?;
+    sweep(&store, &ws.dir, &ws.upper);
+    store.sweep_aside();
+    require_empty_upper(ws)?;
     if stack.layers.len() < keep + 2 {
         return Ok(None);
     }
@@ -119,6 +155,17 @@ pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackErro
     store.place(&tmp, &name)?;
     crate::failpoint::crash("squash", "layer");
     store.hold(&name, &ws.dir)?;
+    if let Some(l) = live.as_deref_mut() {
+        // Writes paused from here: the upper must still be empty (a
+        // copy-up meanwhile recorded its origin by the old stack), and
+        // stays so until the new stack is served. An unused layer left
+        // here is removed by the next squash (`sweep`).
+        l.pause().map_err(StackError::Refused)?;
+        if let Err(e) = require_empty_upper(ws) {
+            let _ = store.remove(&name);
+            return Err(e);
+        }
+    }
     for (i, k) in kept.iter().enumerate() {
         if let Some(mut r) = store.record(k)? {
             r.below = kept[i + 1..]
@@ -133,6 +180,16 @@ pub fn squash(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackErro
     stack.layers = kept.into_iter().chain([name.clone()]).collect();
     frozen::write(&ws.dir, &stack)?;
     crate::failpoint::crash("squash", "stack");
+    if let Some(l) = live {
+        l.commit(keep, merged.len(), &store.path().join(&name))
+            .map_err(|e| {
+                StackError::Refused(format!(
+                    "{e}; the squash is done on disk but the mount cannot serve it: unmount \
+                     the workspace and mount it again (the merged layers are removed by the \
+                     next squash)"
+                ))
+            })?;
+    }
     for l in &merged {
         store.remove(l)?;
         crate::failpoint::crash("squash", "remove");

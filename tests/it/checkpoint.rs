@@ -707,6 +707,53 @@ fn run_checkpoint_lets_undo_take_back_exactly_that_command_mounted_or_not() {
 }
 
 #[test]
+fn run_checkpoint_of_an_unchanged_workspace_makes_no_layer_and_undo_stays_exact() {
+    let ws = crate::run::workspace_for(crate::run::Caller::Root);
+    fs::write(ws.lower().join("a"), "a\n").unwrap();
+    let (lower, upper) = (ws.lower().to_str().unwrap(), ws.upper.to_str().unwrap());
+    let m = ws.mount();
+    let run = |script: &str| {
+        let out = run_ok(&[
+            "--lower",
+            lower,
+            "--upper",
+            upper,
+            "--checkpoint",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        crate::run::json_of(&out)["checkpoint"]
+            .as_str()
+            .expect("no checkpoint in --json")
+            .to_string()
+    };
+    let v0 = tree_view(m.path());
+    run("echo one > one");
+    let v1 = tree_view(m.path());
+    let changed = run("true");
+    let layers = stack_of(&ws);
+    // Nothing changed since `changed`: the next command's checkpoint is
+    // that layer again, and no layer is added.
+    assert_eq!(run("echo two > two"), changed);
+    assert_eq!(stack_of(&ws), layers);
+    assert_ne!(tree_view(m.path()), v1);
+    // Each undo takes back one command: `echo two`, then `true` (nothing
+    // to take back: the view stays), then `echo one`.
+    ok(&[&"undo", &m.path()]);
+    assert_same(&v1, &tree_view(m.path()), "undo of `echo two`");
+    ok(&[&"undo", &m.path()]);
+    assert_same(&v1, &tree_view(m.path()), "undo of `true`");
+    assert_eq!(stack_of(&ws), layers);
+    ok(&[&"undo", &m.path()]);
+    assert_same(&v0, &tree_view(m.path()), "undo of `echo one`");
+    assert!(m.unmount());
+    assert_same(&v0, &view_of(&ws), "after a remount");
+}
+
+#[test]
 fn run_fork_runs_in_a_fresh_fork_of_a_checkpoint() {
     let ws = crate::run::workspace_for(crate::run::Caller::Root);
     fs::write(ws.lower().join("shared"), "shared\n").unwrap();
@@ -907,10 +954,6 @@ fn squash_keeps_the_newest_layers_and_forks_of_them() {
     let e = refused(&[&"squash", &ws.upper, &"--keep", &"1"]);
     assert!(e.contains("also stood on by workspace"), "{e}");
     drop(f);
-    let m = ws.mount();
-    let e = refused(&[&"squash", &ws.upper]);
-    assert!(e.contains("is mounted"), "{e}");
-    assert!(m.unmount());
     // The forks are gone (their state dirs with them): nothing else
     // stands on the layers.
     for n in ["fork1", "fork2"] {
@@ -929,6 +972,86 @@ fn squash_keeps_the_newest_layers_and_forks_of_them() {
     // A fork of the kept checkpoint stands on the squashed layer.
     let f = fork(&ws, "c3", 3);
     assert_same(&at_c3, &tree_view(&f.0), "a fork of c3 after the squash");
+}
+
+#[test]
+fn a_live_squash_keeps_the_view_while_a_reader_holds_a_file_and_kernel_overlay_agrees() {
+    let (ws, _) = layered();
+    let m = ws.mount();
+    // Changes since the latest checkpoint: refused (their origin records
+    // index the stack), until a live checkpoint takes them.
+    sh(m.path(), "echo top > top");
+    let e = refused(&[&"squash", &m.path()]);
+    assert!(e.contains("take a checkpoint first"), "{e}");
+    ok(&[&"checkpoint", &m.path(), &"c4"]);
+    let view = tree_view(m.path());
+    // A reader holds a file of a merged layer open, half read.
+    let whole = fs::read(m.p("d3/sub/x")).unwrap();
+    let mut reader = fs::File::open(m.p("d3/sub/x")).unwrap();
+    let mut head = vec![0u8; 2];
+    std::io::Read::read_exact(&mut reader, &mut head).unwrap();
+    let out = ok(&[&"squash", &m.path()]);
+    let name = out.split_whitespace().next().unwrap().to_string();
+    assert!(out.contains("merged 4 checkpoints"), "{out}");
+    assert_eq!(stack_of(&ws), std::slice::from_ref(&name));
+    for c in ["c1", "c2", "c3", "c4"] {
+        assert!(!layer(&ws, c).exists(), "{c} is still in the store");
+    }
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut reader, &mut rest).unwrap();
+    assert_eq!([head, rest].concat(), whole, "the open file read on");
+    drop(reader);
+    assert_same(
+        &view,
+        &tree_view(m.path()),
+        "the live mount after the squash",
+    );
+    // The mount goes on over the new stack.
+    sh(m.path(), "echo after > after && rm three");
+    let later = tree_view(m.path());
+    assert!(m.unmount());
+    assert_same(&later, &view_of(&ws), "a remount after the live squash");
+    ok(&[&"undo", &ws.upper]);
+    assert_same(&view, &view_of(&ws), "undo after the live squash");
+    assert_same(
+        &links_aside(&view),
+        &links_aside(&kernel_view(&ws, &[&name])),
+        "kernel overlayfs over the squashed layer",
+    );
+}
+
+#[test]
+fn a_crash_of_the_daemon_at_any_step_of_a_live_squash_leaves_the_old_stack_or_the_new_one() {
+    for step in ["built", "layer", "records", "stack", "remove"] {
+        let (ws, view) = layered();
+        let m = ws.mount_env(
+            &[],
+            &[("LAYERFS_FAILPOINT", &format!("abort:squash:{step}"))],
+        );
+        let out = layerfs(&[std::ffi::OsStr::new("squash"), m.path().as_os_str()]);
+        assert!(!out.status.success(), "squash survived a crash at {step}");
+        drop(m);
+        let stack = stack_of(&ws);
+        assert!(
+            stack == ["c3", "c2", "c1"] || (stack.len() == 1 && !stack[0].starts_with('c')),
+            "daemon killed at {step}: a mixed stack {stack:?}"
+        );
+        let m = ws.mount();
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("daemon killed in a live squash at {step}"),
+        );
+        // The next squash, live, finishes or redoes it.
+        ok(&[&"squash", &m.path()]);
+        assert_eq!(stack_of(&ws).len(), 1, "crash at {step}");
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("live squash after a crash at {step}"),
+        );
+        assert!(m.unmount());
+    }
 }
 
 #[test]
