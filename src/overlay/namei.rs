@@ -424,9 +424,12 @@ impl Overlay {
     /// directory. Called when its watches are registered and by the
     /// watcher, off the request path, for each change it reports there.
     pub fn read_lower_mtime(&self, dir: &Inode) {
+        // Taken apart from `lower_mtime`: `fix_stat` takes that lock
+        // inside `real`'s.
+        let lowers = dir.real.read().lowers.clone();
         // Held while reading: of two readers, the later value is stored.
         let mut kept = dir.lower_mtime.lock();
-        *kept = newest_mtime(&dir.real.read().lowers);
+        *kept = newest_mtime(&lowers);
     }
 
     /// The path of an object relative to the mount root ("" for the root),
