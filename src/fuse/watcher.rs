@@ -45,9 +45,12 @@ pub fn drain(ov: &Overlay, n: &Notifier) -> bool {
 }
 
 /// Drops a directory's kept listing and the kernel's cached attributes and
-/// listing of it.
+/// listing of it, after reading its lowers' mtime again (what its stat
+/// reports while it is watched, `Overlay::read_lower_mtime`): the stat that
+/// follows the invalidation must not be answered with the old one.
 pub fn forget_listing(ov: &Overlay, n: &Notifier, dir: u64) {
     if let Some(d) = ov.inodes().get(dir) {
+        ov.read_lower_mtime(&d);
         d.listing.lock().take();
     }
     // Offset 0, length 0: the attributes and every cached page (for a
@@ -63,12 +66,16 @@ fn apply(ov: &Overlay, n: &Notifier, c: Change) {
         }
         Change::Dir { dirs, gone } => {
             for d in dirs {
+                let dir = ov.inodes().get(d);
+                if let (true, Some(dir)) = (gone, &dir) {
+                    // Unwatched from now on: its stat reads the lowers.
+                    dir.watched.store(false, Ordering::Release);
+                }
                 forget_listing(ov, n, d);
-                let Some(dir) = ov.inodes().get(d) else {
+                let Some(dir) = dir else {
                     continue;
                 };
                 if gone {
-                    dir.watched.store(false, Ordering::Release);
                     if let Some(p) = dir.parent() {
                         let name = dir.loc.read().name.clone();
                         let _ = n.inval_entry(INodeNo(p.id), &name);

@@ -189,6 +189,11 @@ pub struct Inode {
     pub watched: AtomicBool,
     /// The lower layers whose directories were last registered for watching.
     pub watched_layers: Mutex<Option<Vec<usize>>>,
+    /// For a watched directory: the newest mtime (seconds, nanoseconds) of
+    /// its lower directories, read when the watch was registered and again
+    /// by the watcher at each change it reports (`Overlay::read_lower_mtime`),
+    /// so a stat of it costs no syscall per lower.
+    pub lower_mtime: Mutex<Option<(i64, i64)>>,
 }
 
 /// The last reference to a chain of inodes (a deep directory the kernel
@@ -247,6 +252,7 @@ impl Inode {
             listing_len: Default::default(),
             watched: AtomicBool::new(false),
             watched_layers: Mutex::new(None),
+            lower_mtime: Mutex::new(None),
         }
     }
 

@@ -396,6 +396,11 @@ impl Overlay {
             None => lowers.is_empty(),
         };
         *watched_layers = Some(layers);
+        if ok {
+            // Read after the watches are in place: a change from now on is
+            // reported, and the watcher reads the mtimes again.
+            self.read_lower_mtime(dir);
+        }
         dir.watched.store(ok, std::sync::atomic::Ordering::Release);
     }
 

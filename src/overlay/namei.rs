@@ -407,20 +407,35 @@ impl Overlay {
             // stacked on this mount (another layerfs whose lower it is, an
             // NFS export, `make`) sees only the mtime; with the upper's
             // alone a rename in a shared directory left such a client's
-            // cached listing stale for good.
+            // cached listing stale for good. A watched directory's lower
+            // mtime is the one the watcher last read (it reads it again
+            // before it invalidates the kernel's copy); an unwatched one's
+            // is read here, one fstat per lower.
             if !real.lowers.is_empty() {
-                for (_, l) in &real.lowers {
-                    let Some(ls) = l.get().ok().and_then(|fd| sys::fstat(fd.as_ref()).ok()) else {
-                        continue;
-                    };
-                    if (ls.st_mtime, ls.st_mtime_nsec) > (st.st_mtime, st.st_mtime_nsec) {
-                        st.st_mtime = ls.st_mtime;
-                        st.st_mtime_nsec = ls.st_mtime_nsec;
-                    }
+                let kept = match self.trusted(inode) {
+                    true => *inode.lower_mtime.lock(),
+                    false => None,
+                };
+                let lower = kept.or_else(|| newest_mtime(&real.lowers));
+                if let Some(m) = lower.filter(|m| *m > (st.st_mtime, st.st_mtime_nsec)) {
+                    (st.st_mtime, st.st_mtime_nsec) = m;
                 }
             }
         }
         st
+    }
+
+    /// Reads the newest mtime of directory `dir`'s lower directories into
+    /// `Inode::lower_mtime`, which `fix_stat` reports for a watched
+    /// directory. Called when its watches are registered and by the
+    /// watcher, off the request path, for each change it reports there.
+    pub fn read_lower_mtime(&self, dir: &Inode) {
+        // Taken apart from `lower_mtime`: `fix_stat` takes that lock
+        // inside `real`'s.
+        let lowers = dir.real.read().lowers.clone();
+        // Held while reading: of two readers, the later value is stored.
+        let mut kept = dir.lower_mtime.lock();
+        *kept = newest_mtime(&lowers);
     }
 
     /// The path of an object relative to the mount root ("" for the root),
@@ -560,4 +575,14 @@ impl PathCache {
         }
         slots.push(entry);
     }
+}
+
+/// The newest mtime (seconds, nanoseconds) of these lower directories,
+/// one fstat each; `None` when none could be read.
+fn newest_mtime(lowers: &[(usize, Arc<RealFd>)]) -> Option<(i64, i64)> {
+    lowers
+        .iter()
+        .filter_map(|(_, l)| l.get().ok().and_then(|fd| sys::fstat(fd.as_ref()).ok()))
+        .map(|ls| (ls.st_mtime, ls.st_mtime_nsec))
+        .max()
 }

@@ -1501,6 +1501,74 @@ fn a_watched_merged_directory_shows_its_lowers_newest_mtime() {
     assert_eq!(list_names(m.path()), set(&["manual", "mine"]));
 }
 
+/// A stat of a watched merged directory reads no lower: the mtime it
+/// reports was read by the watcher when the watch was set and at each
+/// change since. Traced with strace: `stat --cached=never` makes the kernel
+/// ask the daemon every time, and a daemon that read each lower at each
+/// stat would show one fstat of a lower directory per lower per stat.
+#[test]
+fn a_watched_merged_directory_is_stated_without_reading_its_lowers() {
+    use std::io::{BufRead, BufReader};
+    const LOWERS: usize = 4;
+    const STATS: usize = 10;
+    let ws = Workspace::with_lowers(LOWERS);
+    for (i, l) in ws.lowers.iter().enumerate() {
+        write(&l.join(format!("d/f{i}")), b"f");
+    }
+    let m = ws.mount();
+    fs::write(m.p("d/mine"), "m").unwrap();
+    // Looked up, hence watched.
+    assert!(fs::metadata(m.p("d")).unwrap().is_dir());
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("trace");
+    let mut strace = Command::new("strace")
+        .args(["-f", "-y", "-e", "trace=newfstatat,fstat,statx", "-o"])
+        .arg(&log)
+        .args(["-p", &m.pid().to_string()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn strace");
+    // strace says on stderr when it is attached to every thread.
+    let mut err = BufReader::new(strace.stderr.take().unwrap());
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains("attached") {
+        line.clear();
+    }
+    assert!(line.contains("attached"), "strace did not attach: {line}");
+    for _ in 0..STATS {
+        let out = Command::new("stat")
+            .args(["--cached=never", "-c", "%Y"])
+            .arg(m.p("d"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    // SAFETY: strace is this test's own child, still running.
+    assert_eq!(unsafe { libc::kill(strace.id() as i32, libc::SIGINT) }, 0);
+    strace.wait().unwrap();
+    let trace = fs::read_to_string(&log).unwrap();
+    let getattrs = trace.matches(&format!("{}/d>", ws.upper.display())).count();
+    let lower_reads: Vec<&str> = trace
+        .lines()
+        .filter(|l| {
+            ws.lowers
+                .iter()
+                .any(|w| l.contains(&format!("{}/d>", w.display())))
+        })
+        .collect();
+    // The stats reached the daemon (each reads the upper directory) ...
+    assert!(
+        getattrs >= STATS,
+        "{getattrs} reads of the upper dir:\n{trace}"
+    );
+    // ... and none of them read a lower directory.
+    assert!(
+        lower_reads.is_empty(),
+        "lower directories read:\n{}",
+        lower_reads.join("\n")
+    );
+}
+
 /// A lower directory replaced from outside (removed and made again) ends
 /// its watch; the new one is watched from its next lookup on.
 #[test]
