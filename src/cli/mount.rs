@@ -94,8 +94,9 @@ pub struct MountCmd {
     #[arg(long)]
     io_uring: bool,
 
-    /// Read-only opens of lower files go straight to the lower file
-    /// (FUSE passthrough, as root): their reads never reach the daemon.
+    /// Read-only opens of lower files of 1 MiB or more go straight to the
+    /// lower file (FUSE passthrough, as root): their reads never reach the
+    /// daemon.
     /// Trade-off: while a lower file is open this way, opening it for
     /// writing or truncating it fails with ETXTBSY ("text file busy")
     /// until those descriptors are closed. Without this option only files

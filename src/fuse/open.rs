@@ -30,7 +30,7 @@ impl Shared {
     ) -> (crate::overlay::Result<Opened>, bool) {
         // Before the copy-up: refused while the lower file is passed
         // through to readers (`io_mode`); ended when the open is decided.
-        if let Err(e) = self.io.begin_write(ino.0) {
+        if let Err(e) = self.io.begin_write(self.ov(), ino.0) {
             let path = self.ov().inode(ino.0).map(|i| self.ov().path_of(&i));
             tracing::info!(
                 path = %path.as_deref().unwrap_or("?"),

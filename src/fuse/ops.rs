@@ -138,7 +138,7 @@ impl fuser::Filesystem for LayerFs {
             // file is passed through to readers (`io_mode`).
             let truncates = a.size.is_some() && a.fh.is_none();
             if truncates {
-                if let Err(e) = s.io.begin_write(ino.0) {
+                if let Err(e) = s.io.begin_write(s.ov(), ino.0) {
                     return reply.error(Errno::from_i32(e));
                 }
             }

@@ -10,6 +10,7 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::time::Duration;
 
 use crate::harness::*;
 use crate::netlower::status_json;
@@ -60,6 +61,30 @@ fn lower_passthrough_reads_never_reach_the_daemon() {
     );
     assert_eq!(out.trim(), "same", "{out}");
     drop(f);
+    drop(m);
+}
+
+#[test]
+fn small_lower_files_stay_with_the_daemon_and_keep_their_semantics() {
+    // Below 1 MiB a backing file costs more than it saves: such files are
+    // read through the daemon even with --lower-passthrough, and a reader
+    // opened before a copy-up reads the upper copy afterwards.
+    let ws = Workspace::new();
+    let small = vec![b's'; 64 << 10];
+    fs::write(ws.lower().join("small.txt"), &small).unwrap();
+    let m = ws.mount_with(&["--lower-passthrough"]);
+    assert!(read_counting(&m, "small.txt", &small) > 0);
+    let mut reader = fs::File::open(m.p("small.txt")).unwrap();
+    let mut w = fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("small.txt"))
+        .unwrap();
+    w.write_all(b"UPPER").unwrap();
+    drop(w);
+    let mut got = Vec::new();
+    reader.read_to_end(&mut got).unwrap();
+    assert_eq!(&got[..5], b"UPPER");
+    assert!(got[5..] == small[5..]);
     drop(m);
 }
 
@@ -182,5 +207,50 @@ fn without_lower_passthrough_a_reader_sees_the_copy_up() {
     let mut got = String::new();
     reader.read_to_string(&mut got).unwrap();
     assert_eq!(got, "UPPER data\n");
+    drop(m);
+}
+
+#[test]
+fn a_reloaded_policy_that_lifts_readonly_refuses_writes_while_read_through() {
+    let ws = Workspace::new();
+    let data = pattern();
+    fs::create_dir(ws.lower().join("ro")).unwrap();
+    fs::write(ws.lower().join("ro/f.bin"), &data).unwrap();
+    let pf = policy_file(&ws, "readonly ro/**\n");
+    let m = ws.mount_with(&["--policy", pf.to_str().unwrap()]);
+    let before = reads(m.path());
+    let mut reader = fs::File::open(m.p("ro/f.bin")).unwrap();
+    let open_write = || {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(m.p("ro/f.bin"))
+            .map_err(|e| errno(&e))
+    };
+    assert_eq!(open_write().err(), Some(libc::EROFS));
+    // The rule goes away while the file is read through the lower file:
+    // an open for writing is then refused as busy, not with EIO, and
+    // nothing is copied up.
+    fs::write(&pf, "# no rules\n").unwrap();
+    // SAFETY: kill takes only integers and touches no memory; the pid (> 0) is the daemon's.
+    assert_eq!(
+        unsafe { libc::kill(m.pid() as libc::pid_t, libc::SIGHUP) },
+        0
+    );
+    assert!(eventually(Duration::from_secs(5), || open_write().err()
+        != Some(libc::EROFS)));
+    assert_eq!(open_write().err(), Some(libc::ETXTBSY));
+    assert!(!ws.upper.join("ro/f.bin").exists());
+    let mut got = Vec::new();
+    reader.read_to_end(&mut got).unwrap();
+    assert!(got == data);
+    assert_eq!(reads(m.path()), before, "reads reached the daemon");
+    drop(reader);
+    let mut w = fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("ro/f.bin"))
+        .unwrap();
+    w.write_all(b"new").unwrap();
+    drop(w);
+    assert_eq!(&fs::read(m.p("ro/f.bin")).unwrap()[..3], b"new");
     drop(m);
 }
