@@ -14,7 +14,9 @@
 //! can come while it is open:
 //! on a read-only mount, or when a `readonly` rule covers the file (a
 //! policy reload may lift the rule later). With `--lower-passthrough`
-//! every such read-only open of a lower file is. While such opens of a node
+//! every such read-only open of a lower file is — except on a network
+//! lower, whose reads the daemon watches for a server that stops
+//! answering. While such opens of a node
 //! exist, whatever would change its data — an open for writing, a
 //! truncation by path — is refused with `ETXTBSY` before anything is
 //! changed (`begin_write`, which first waits a moment for the RELEASE of
@@ -250,6 +252,9 @@ impl IoModes {
                 || (!o.upper
                     && !st.writing.contains_key(&id)
                     && (self.lower_all || no_copy_up(ov, id))
+                    // A network lower's reads stay where the lower guard
+                    // sees them (a server that stops answering).
+                    && !ov.involves_remote(id)
                     && large(o)));
         if self.enabled.load(Ordering::Acquire)
             && (as_upper || as_lower)
