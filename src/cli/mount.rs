@@ -94,6 +94,17 @@ pub struct MountCmd {
     #[arg(long)]
     io_uring: bool,
 
+    /// Read-only opens of lower files of 1 MiB or more go straight to the
+    /// lower file (FUSE passthrough, as root): their reads never reach the
+    /// daemon.
+    /// Trade-off: while a lower file is open this way, opening it for
+    /// writing or truncating it fails with ETXTBSY ("text file busy")
+    /// until those descriptors are closed. Without this option only files
+    /// that cannot be copied up (a read-only mount, a `readonly` rule)
+    /// are read this way.
+    #[arg(long)]
+    lower_passthrough: bool,
+
     /// How soon changes made to a lower from outside become visible
     /// through the mount where they cannot be watched, e.g. 1s, 500ms.
     /// Local lower directories are watched with inotify: changes there
@@ -121,6 +132,7 @@ pub struct MountCmd {
     /// Comma-separated mount options, kernel-overlay style:
     /// lowerdir=A:B (first topmost), upperdir=DIR, workdir=DIR, and
     /// layerfs's own state=, policy=, scratch=, log_file=, threads=, io_uring,
+    /// lower_passthrough,
     /// lower_timeout=, max_watches=, journal_max_size=, journal_max_age=,
     /// no_journal,
     /// allow_other, nonempty, ro, noexec (each as its long option); generic mount
@@ -172,6 +184,7 @@ impl MountCmd {
             policy_file: self.policy,
             threads: self.threads,
             io_uring: self.io_uring,
+            lower_passthrough: self.lower_passthrough,
             lower_timeout: Some(self.lower_timeout),
             max_watches: self.max_watches,
             log_file: self.log_file,

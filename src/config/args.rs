@@ -26,6 +26,8 @@ pub struct MountArgs {
     pub threads: Option<usize>,
     /// `--io-uring` or `-o io_uring`.
     pub io_uring: bool,
+    /// `--lower-passthrough` or `-o lower_passthrough`.
+    pub lower_passthrough: bool,
     pub lower_timeout: Option<Duration>,
     pub max_watches: Option<usize>,
     pub log_file: Option<PathBuf>,

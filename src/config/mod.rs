@@ -61,6 +61,9 @@ pub struct Config {
     /// `--io-uring`: serve requests through per-CPU io_uring queues when
     /// the kernel offers them.
     pub io_uring: bool,
+    /// `--lower-passthrough`: every read-only open of a lower file passes
+    /// it through to the kernel (`fuse::io_mode`).
+    pub lower_passthrough: bool,
     /// How long the kernel may trust names and attributes of lower entries
     /// before asking again: changes made to a lower from outside show up
     /// through the mount within this time.

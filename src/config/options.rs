@@ -82,7 +82,7 @@ pub const IGNORED_OPTIONS: [&str; 35] = [
 /// The mount options layerfs itself understands (`-o KEY=VALUE` or `-o
 /// FLAG`), as `(key, the value's name or None for a flag, meaning)`: one
 /// list for the parser's error message and the mount.fuse.layerfs man page.
-pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 19] = [
+pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 20] = [
     (
         "lowerdir",
         Some("DIR[:DIR…]"),
@@ -111,6 +111,11 @@ pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 19] = [
         "io_uring",
         None,
         "per-CPU io_uring request queues (as --io-uring)",
+    ),
+    (
+        "lower_passthrough",
+        None,
+        "read-only opens of lower files bypass the daemon (as --lower-passthrough)",
     ),
     (
         "lower_timeout",
@@ -227,6 +232,10 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
             "io_uring" => {
                 flag(value)?;
                 args.io_uring = true;
+            }
+            "lower_passthrough" => {
+                flag(value)?;
+                args.lower_passthrough = true;
             }
             "lower_timeout" => {
                 args.lower_timeout = Some(parse_duration(&need(value)?).map_err(bad)?);

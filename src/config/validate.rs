@@ -167,6 +167,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         policy,
         threads: args.threads.unwrap_or_else(default_threads),
         io_uring: args.io_uring,
+        lower_passthrough: args.lower_passthrough,
         lower_timeout: args.lower_timeout.unwrap_or(DEFAULT_LOWER_TIMEOUT),
         max_watches: args.max_watches,
         log_file,

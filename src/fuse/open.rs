@@ -28,6 +28,18 @@ impl Shared {
         flags: OpenFlags,
         halt: &dyn Halt,
     ) -> (crate::overlay::Result<Opened>, bool) {
+        // Before the copy-up: refused while the lower file is passed
+        // through to readers (`io_mode`); ended when the open is decided.
+        if let Err(e) = self.io.begin_write(self.ov(), ino.0) {
+            let path = self.ov().inode(ino.0).map(|i| self.ov().path_of(&i));
+            tracing::info!(
+                path = %path.as_deref().unwrap_or("?"),
+                "open for writing refused (ETXTBSY): the lower file is open for reading \
+                 through lower passthrough; it can be opened for writing once those \
+                 descriptors are closed"
+            );
+            return (Err(crate::overlay::Errno(e)), false);
+        }
         let booking = if !self.ov().files().shares.is_owner(c.uid) {
             self.io
                 .book_daemon_write(ino.0)
@@ -39,6 +51,9 @@ impl Shared {
         let r = booking.and_then(|_| self.ov().open_halting(c, ino.0, flags.0, halt));
         if booked && r.is_err() {
             self.io.cancel_booking(ino.0);
+        }
+        if r.is_err() {
+            self.io.end_write(ino.0);
         }
         (r, booked)
     }

@@ -134,9 +134,20 @@ impl fuser::Filesystem for LayerFs {
         let c = ctx(req, 0);
         self.gated(move |s| {
             let path = s.path(ino.0);
+            // A truncation by path changes the data: not while the lower
+            // file is passed through to readers (`io_mode`).
+            let truncates = a.size.is_some() && a.fh.is_none();
+            if truncates {
+                if let Err(e) = s.io.begin_write(s.ov(), ino.0) {
+                    return reply.error(Errno::from_i32(e));
+                }
+            }
             s.rec.around_setattr(s.ov(), ino.0, false);
             let r = s.ov().setattr(&c, ino.0, &a);
             s.rec.around_setattr(s.ov(), ino.0, true);
+            if truncates {
+                s.io.end_write(ino.0);
+            }
             let errno = r.as_ref().err().map_or(0, |e| e.0);
             s.rec.done(&c, &setattr_rows(&a), path, None, errno);
             s.reply_attr(ino, r, reply)

@@ -72,7 +72,7 @@ impl LayerFs {
                 notifier: OnceLock::new(),
                 lower_ttl: cfg.lower_timeout,
                 upper_ttl: cfg.lower_timeout.max(Duration::from_secs(60)),
-                io: io_mode::IoModes::new(root),
+                io: io_mode::IoModes::new(root, cfg.lower_passthrough),
                 rec: Default::default(),
                 want_uring: cfg.io_uring,
                 negotiated: OnceLock::new(),

@@ -159,6 +159,31 @@ impl Overlay {
         Ok(())
     }
 
+    /// Whether `guard_inode` would refuse every change to the object `id`
+    /// (a `readonly` or `hide` rule covers one of its names), without
+    /// recording a denial: no copy-up of it can come through the mount
+    /// while the policy stands.
+    pub fn changes_refused(&self, id: u64) -> bool {
+        let policy = self.policy();
+        if !policy.has_path_rules() {
+            return false;
+        }
+        let Ok(inode) = self.inode(id) else {
+            return false;
+        };
+        let refused = |path: &str| {
+            let c = policy.classify(path);
+            c.readonly.is_some() || c.hidden.is_some()
+        };
+        if refused(&self.path_of(&inode)) {
+            return true;
+        }
+        let others = inode.loc.read().others.clone();
+        others
+            .iter()
+            .any(|(parent, name)| refused(&self.child_path(parent, name)))
+    }
+
     /// Whether the object `obj`, `name` in `parent`, comes from a lower:
     /// what protection is about. Asks the parent's lowers, not only the
     /// object: one resolved from its upper copy does not record the lower

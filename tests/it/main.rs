@@ -23,6 +23,7 @@ mod docs;
 mod fulldisk;
 mod identity;
 mod layering;
+mod lower_passthrough;
 mod manpages;
 mod modes;
 mod mount_helper;
