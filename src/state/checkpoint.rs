@@ -76,7 +76,8 @@ fn guard(
     match (&ws.mountpoint, live) {
         (_, Some(_)) => Ok(None),
         (Some(mp), None) => Err(StackError::Refused(format!(
-            "{} is mounted: {what} of a live mount goes through its daemon (give the              mountpoint or the upper to layerfs, not this library call)",
+            "{} is mounted: {what} of a live mount goes through its daemon (give the \
+             mountpoint or the upper to layerfs, not this library call)",
             mp.display()
         ))),
         (None, None) => lock_upper(&ws.upper).map(Some),
@@ -492,7 +493,8 @@ pub fn mount_layers(state: &Path, upper: &Path, work: &Path) -> Result<Vec<PathB
     for l in &layers {
         if !l.is_dir() {
             return Err(StackError::Refused(format!(
-                "checkpoint layer {} of this workspace's stack ({}) is missing; restore it,                  or remove {} to mount without the checkpoints",
+                "checkpoint layer {} of this workspace's stack ({}) is missing; restore it, \
+                 or remove {} to mount without the checkpoints",
                 l.display(),
                 dir.shown(frozen::STACK_FILE).display(),
                 dir.shown(frozen::STACK_FILE).display()
