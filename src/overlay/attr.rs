@@ -48,6 +48,9 @@ impl Overlay {
     /// what it opened, as a file deleted while open.
     pub fn getattr(&self, id: u64, fh: Option<u64>) -> Result<(Stat, bool)> {
         let inode = self.inode(id)?;
+        if let Some(st) = *inode.removed.lock() {
+            return Ok((st, false));
+        }
         let fd = match (self.real_fd(&inode), fh) {
             (Err(Errno(libc::EIO)), Some(fh)) if inode.real.read().identity().is_none() => {
                 self.file(fh)?.1

@@ -97,6 +97,11 @@ impl Overlay {
         data: Data,
         halt: &dyn Halt,
     ) -> Result<Arc<OwnedFd>> {
+        // A removed directory is not brought back by a change made through
+        // an fd still open on it (its name may hold another object now).
+        if inode.removed.lock().is_some() {
+            return err(libc::ENOENT);
+        }
         if let Some(u) = inode.upper_fd()? {
             return Ok(u);
         }

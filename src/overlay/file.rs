@@ -501,9 +501,20 @@ impl Overlay {
         Ok(list)
     }
 
+    /// fsync(2) of a directory (opened without the daemon: no handle).
+    ///
+    /// A directory removed since it was opened has nothing left to sync,
+    /// and fsync of it succeeds, as on a local filesystem: its upper's
+    /// cached fd was closed at the removal (`RealFd::release`) and its
+    /// handle no longer opens (`ESTALE`), which is not an error here.
     pub fn fsyncdir(&self, id: u64) -> Result<()> {
         let inode = self.inode(id)?;
-        if let Some(u) = inode.upper_fd()? {
+        let upper = match inode.upper_fd() {
+            Ok(u) => u,
+            Err(e) if e.raw_os_error() == Some(libc::ESTALE) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(u) = upper {
             let d = sys::open_dir(u.as_ref())?;
             sys::fsync(&d, false)?;
         }

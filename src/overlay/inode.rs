@@ -194,6 +194,12 @@ pub struct Inode {
     /// by the watcher at each change it reports (`Overlay::read_lower_mtime`),
     /// so a stat of it costs no syscall per lower.
     pub lower_mtime: Mutex<Option<(i64, i64)>>,
+    /// For a directory removed while the kernel still holds it (an open
+    /// fd, a shell's cwd): its attributes when it was removed, link count
+    /// 0. Its upper fd was let go (`RealFd::release`), so this is what a
+    /// stat of it answers, and nothing may change it (`Overlay::copy_up`
+    /// refuses with `ENOENT`).
+    pub removed: Mutex<Option<crate::layer::sys::Stat>>,
 }
 
 /// The last reference to a chain of inodes (a deep directory the kernel
@@ -253,6 +259,7 @@ impl Inode {
             watched: AtomicBool::new(false),
             watched_layers: Mutex::new(None),
             lower_mtime: Mutex::new(None),
+            removed: Mutex::new(None),
         }
     }
 

@@ -247,7 +247,11 @@ impl Overlay {
         };
         let name = inode.loc.read().name.clone();
         let fresh = match self.resolve(&parent, &name) {
-            Ok(Some(r)) if r.st.st_mode & libc::S_IFMT == inode.kind => r.real,
+            Ok(Some(r)) if r.st.st_mode & libc::S_IFMT == inode.kind => {
+                // A directory removed before stands on this one now.
+                *inode.removed.lock() = None;
+                r.real
+            }
             Ok(_) => Real::default(),
             Err(e) => {
                 tracing::warn!(path = %self.path_of(inode), "cannot re-resolve after the layers changed: {e}");

@@ -106,6 +106,9 @@ impl Overlay {
             // A removed directory lets go of its fd at once (see
             // `RealFd::release`): `rm -rf` of a deep tree stays linear.
             (false, true) if is_dir(st) => {
+                let mut gone = *st;
+                gone.st_nlink = 0;
+                *victim.removed.lock() = Some(gone);
                 if let Some(u) = &real.upper {
                     u.release();
                 }

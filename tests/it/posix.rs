@@ -1809,3 +1809,70 @@ fn a_sticky_directory_stops_a_non_root_user_deleting_others_files() {
     );
     assert_unchanged(&before);
 }
+
+/// A directory removed while it is open (an fd, a shell's cwd) acts as on
+/// a local filesystem: fsync succeeds (nothing is left to sync), fstat
+/// answers with link count 0, it lists empty; a change through the fd is
+/// refused (ENOENT) and never reaches a new directory made under its old
+/// name. (Found by the stress campaign: a racing `rmdir` made fsync and
+/// fstat fail with ESTALE, the removed directory's handle no longer
+/// opening.)
+#[test]
+fn a_directory_removed_while_open_acts_as_on_a_local_filesystem() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("shared/keep"), b"k");
+    let m = ws.mount();
+    for name in ["new", "shared/gone"] {
+        let p = m.p(name);
+        fs::create_dir_all(&p).unwrap();
+        let dir = fs::File::open(&p).unwrap();
+        dir.sync_all()
+            .unwrap_or_else(|e| panic!("fsync of {name} before its removal: {e}"));
+        fs::remove_dir(&p).unwrap();
+        dir.sync_all()
+            .unwrap_or_else(|e| panic!("fsync of {name} after its removal: {e}"));
+        dir.sync_data()
+            .unwrap_or_else(|e| panic!("fdatasync of {name} after its removal: {e}"));
+        let st = dir
+            .metadata()
+            .unwrap_or_else(|e| panic!("fstat of {name} after its removal: {e}"));
+        assert!(st.is_dir(), "{name}");
+        assert_eq!(st.nlink(), 0, "{name}: a removed directory has no links");
+        // A new directory under the old name is another object: a chmod
+        // through the old fd does not reach it.
+        fs::create_dir(&p).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        let e = dir
+            .set_permissions(fs::Permissions::from_mode(0o700))
+            .expect_err("chmod through the fd of a removed directory");
+        assert_eq!(errno(&e), libc::ENOENT, "{name}");
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o755,
+            "{name}: the new directory is untouched"
+        );
+        fs::remove_dir(&p).unwrap();
+    }
+    // A lower directory (copied up by nothing but its removal's whiteout).
+    let d = m.p("shared");
+    fs::remove_file(m.p("shared/keep")).unwrap();
+    let dir = fs::File::open(&d).unwrap();
+    fs::remove_dir(&d).unwrap();
+    dir.sync_all()
+        .unwrap_or_else(|e| panic!("fsync of a removed lower directory: {e}"));
+    assert_eq!(dir.metadata().unwrap().nlink(), 0);
+    fs::create_dir(&d).unwrap();
+    let e = dir
+        .set_permissions(fs::Permissions::from_mode(0o700))
+        .expect_err("chmod through the fd of a removed lower directory");
+    assert_eq!(errno(&e), libc::ENOENT);
+    // Its listing is empty (the kernel answers for a removed directory).
+    let mut d = nix::dir::Dir::from_fd(std::os::fd::IntoRawFd::into_raw_fd(dir)).unwrap();
+    assert_eq!(
+        d.iter()
+            .filter_map(|e| e.ok())
+            .filter(|e| ![".", ".."].contains(&e.file_name().to_str().unwrap()))
+            .count(),
+        0
+    );
+}
