@@ -1470,6 +1470,132 @@ fn outside_lower_changes_show_at_once_even_with_a_long_cache_timeout() {
     assert_eq!(fs::read(m.p("newdir/inside")).unwrap(), b"i");
 }
 
+/// The attributes of a lower file in a watched directory are trusted for
+/// the long timeout, not `--lower-timeout`: the watch reports changes to a
+/// directory's children, and the daemon drops the kernel's copy of every
+/// name of the changed file. With a ten-minute `--lower-timeout` each
+/// outside change below (mode, size, content, a replacement renamed over
+/// the name, a change through another hard link, a change to a file
+/// renamed in the lower) can only show because of that invalidation.
+#[test]
+fn outside_attribute_changes_of_watched_lower_files_show_at_once() {
+    let ws = Workspace::new();
+    let l = |rel: &str| ws.lower().join(rel);
+    write(&l("d/chmod"), b"mode");
+    write(&l("d/append"), b"short");
+    write(&l("d/truncate"), b"a longer text");
+    write(&l("d/replace"), b"old");
+    write(&l("d/link1"), b"linked");
+    fs::hard_link(l("d/link1"), l("d/link2")).unwrap();
+    write(&l("d/before"), b"moved");
+    let m = ws.mount_with(&["--lower-timeout", "10m"]);
+    // Prime the kernel's attributes and pages of every name.
+    for n in [
+        "chmod", "append", "truncate", "replace", "link1", "link2", "before",
+    ] {
+        fs::read(m.p(&format!("d/{n}"))).unwrap();
+        fs::metadata(m.p(&format!("d/{n}"))).unwrap();
+    }
+    assert!(fs::symlink_metadata(m.p("d/after")).is_err());
+
+    fs::set_permissions(l("d/chmod"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(l("d/append"))
+        .unwrap()
+        .write_all(b", now longer")
+        .unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(l("d/truncate"))
+        .unwrap()
+        .set_len(1)
+        .unwrap();
+    write(&l("d/replacement"), b"brand new content");
+    fs::rename(l("d/replacement"), l("d/replace")).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(l("d/link1"))
+        .unwrap()
+        .write_all(b" and grown")
+        .unwrap();
+    fs::rename(l("d/before"), l("d/after")).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(l("d/after"))
+        .unwrap()
+        .write_all(b" and grown")
+        .unwrap();
+
+    let t = LOWER_CHANGE_TIMEOUT;
+    let shows = |rel: &str, want: &[u8]| {
+        poll_until(t, || {
+            fs::metadata(m.p(rel)).map(|md| md.len()).ok() == Some(want.len() as u64)
+                && fs::read(m.p(rel)).ok().as_deref() == Some(want)
+        })
+    };
+    assert!(
+        poll_until(t, || fs::metadata(m.p("d/chmod"))
+            .map(|md| md.mode() & 0o777)
+            .ok()
+            == Some(0o600)),
+        "an outside chmod not seen within {t:?}: {:o}",
+        fs::metadata(m.p("d/chmod")).unwrap().mode()
+    );
+    assert!(shows("d/append", b"short, now longer"), "append not seen");
+    assert!(shows("d/truncate", b"a"), "truncate not seen");
+    assert!(
+        shows("d/replace", b"brand new content"),
+        "a file renamed over the name not seen"
+    );
+    assert!(
+        shows("d/link1", b"linked and grown"),
+        "the changed hard link not seen"
+    );
+    assert!(
+        shows("d/link2", b"linked and grown"),
+        "the other name of a changed hard link not seen"
+    );
+    assert!(
+        shows("d/after", b"moved and grown"),
+        "a file renamed in the lower and then changed not seen"
+    );
+    assert!(poll_until(t, || fs::symlink_metadata(m.p("d/before")).is_err()));
+}
+
+/// A directory beyond `--max-watches` is not watched: the attributes of
+/// its lower files get `--lower-timeout`, so an outside change still shows
+/// once that passes (with the long timeout of watched entries it would
+/// stay hidden for a minute).
+#[test]
+fn lower_files_in_an_unwatched_directory_keep_the_short_timeout() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("d/f"), b"short");
+    let m = ws.mount_with(&["--max-watches", "1", "--lower-timeout", "1s"]);
+    assert_eq!(fs::read(m.p("d/f")).unwrap(), b"short");
+    assert_eq!(fs::metadata(m.p("d/f")).unwrap().len(), 5);
+    let status = crate::harness::layerfs(&["status", "--json", m.path().to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(
+        v["watches"]["dirs_over_cap"].as_u64().unwrap_or(0) > 0,
+        "d should be beyond the cap: {v}"
+    );
+    fs::OpenOptions::new()
+        .append(true)
+        .open(ws.lower().join("d/f"))
+        .unwrap()
+        .write_all(b", now longer")
+        .unwrap();
+    let t = Duration::from_secs(5);
+    assert!(
+        poll_until(t, || fs::metadata(m.p("d/f")).map(|md| md.len()).ok()
+            == Some(17)
+            && fs::read(m.p("d/f")).ok().as_deref()
+                == Some(&b"short, now longer"[..])),
+        "a change in an unwatched directory not seen within {t:?}"
+    );
+}
+
 /// A merged directory's mtime follows an outside change to its lower even
 /// while the lower is watched: the watch keeps this mount's kernel cache
 /// right, but a client stacked on the mount (another layerfs whose lower
