@@ -108,42 +108,47 @@ impl CheckpointCmd {
         let r = match self.sub {
             Some(CheckpointSub::List { json, workspace }) => list(&workspace, json),
             Some(CheckpointSub::Rm { workspace, name }) => Workspace::resolve(&workspace)
+                .map_err(String::from)
                 .and_then(|ws| checkpoint::remove(&ws, &name).map_err(String::from))
                 .map(|()| outln!("removed {name}")),
             Some(CheckpointSub::Export {
                 workspace,
                 name,
                 file,
-            }) => Workspace::resolve(&workspace).and_then(|ws| {
-                let e = export::export(&ws, &name, &file)?;
-                outln!(
-                    "exported {name} to {} ({} entries, {} layer{})",
-                    file.display(),
-                    e.entries,
-                    e.layers,
-                    if e.layers == 1 { "" } else { "s merged" }
-                );
-                Ok(())
-            }),
+            }) => Workspace::resolve(&workspace)
+                .map_err(String::from)
+                .and_then(|ws| {
+                    let e = export::export(&ws, &name, &file)?;
+                    outln!(
+                        "exported {name} to {} ({} entries, {} layer{})",
+                        file.display(),
+                        e.entries,
+                        e.layers,
+                        if e.layers == 1 { "" } else { "s merged" }
+                    );
+                    Ok(())
+                }),
             Some(CheckpointSub::Import {
                 workspace,
                 file,
                 name,
                 force,
-            }) => Workspace::resolve(&workspace).and_then(|ws| {
-                let (name, report) = export::import(&ws, &file, name.as_deref(), force)?;
-                if !report.is_empty() {
-                    eprintln!(
-                        "layerfs checkpoint import: the archive held what the workspace's \
+            }) => Workspace::resolve(&workspace)
+                .map_err(String::from)
+                .and_then(|ws| {
+                    let (name, report) = export::import(&ws, &file, name.as_deref(), force)?;
+                    if !report.is_empty() {
+                        eprintln!(
+                            "layerfs checkpoint import: the archive held what the workspace's \
                          policy does not allow; it was imported without it:"
-                    );
-                    for l in report.lines(20) {
-                        eprintln!("  {l}");
+                        );
+                        for l in report.lines(20) {
+                            eprintln!("  {l}");
+                        }
                     }
-                }
-                outln!("{name}");
-                Ok(())
-            }),
+                    outln!("{name}");
+                    Ok(())
+                }),
             None => match &self.workspace {
                 None => {
                     return Err(CliError::usage(
@@ -151,7 +156,7 @@ impl CheckpointCmd {
                         "give WORKSPACE [NAME], list, rm, export or import",
                     ))
                 }
-                Some(w) => Workspace::resolve(w).and_then(|ws| {
+                Some(w) => Workspace::resolve(w).map_err(String::from).and_then(|ws| {
                     let done =
                         ops::checkpoint(&ws, self.name.as_deref(), self.layers.as_deref(), None)?;
                     super::warn_all("checkpoint", &done.warnings);

@@ -26,5 +26,6 @@ impl StateArg {
             Some(state) => Workspace::resolve_in(arg, state),
             None => Workspace::resolve(arg),
         }
+        .map_err(String::from)
     }
 }

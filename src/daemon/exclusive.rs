@@ -114,7 +114,7 @@ fn claim_dirs_noting(
     })?;
     // The work dir as `layerfs mount` checked it (`layer::safedir`).
     let work_safe = SafeDir::open(work_dir, Role::Work)
-        .map_err(plain)?
+        .map_err(|e| plain(e.to_string()))?
         .ok_or_else(|| plain(format!("work dir {} does not exist", work_dir.display())))?;
     let work_file = work_safe
         .open_self()

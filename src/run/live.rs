@@ -62,7 +62,7 @@ pub fn find(
             Some(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     };
-    let ws = Workspace::resolve(&mountpoint).map_err(Failure::Runtime)?;
+    let ws = Workspace::resolve(&mountpoint).map_err(|e| Failure::Runtime(e.to_string()))?;
     // The checkpoints it stands on are its own; the shared lowers must match.
     let shared = crate::state::checkpoint::shared_of(&ws)
         .map_err(|e| Failure::Runtime(format!("{}: {e}", mountpoint.display())))?;

@@ -370,9 +370,9 @@ fn persistent_mountpoint(mp: &Path) -> Result<(), String> {
                 mp.display()
             ));
         }
-        return SafeDir::stable_parent_fd(mp, Role::RunMountpoint).map(drop);
+        return Ok(SafeDir::stable_parent_fd(mp, Role::RunMountpoint).map(drop)?);
     }
-    SafeDir::create_stable(mp, Role::RunMountpoint, 0o755).map(drop)
+    Ok(SafeDir::create_stable(mp, Role::RunMountpoint, 0o755).map(drop)?)
 }
 
 /// How the run holds its workspace mount.
@@ -406,7 +406,8 @@ impl Workspace {
                 .upper
                 .clone()
                 .unwrap_or_else(|| rundir.ephemeral_upper());
-            let src = crate::state::workspace::Workspace::resolve(source).map_err(runtime)?;
+            let src = crate::state::workspace::Workspace::resolve(source)
+                .map_err(|e| runtime(e.to_string()))?;
             let (_, shared, layers) =
                 crate::state::checkpoint::fork_at(&src, name, &upper).map_err(runtime)?;
             lowers = shared;

@@ -421,14 +421,12 @@ pub fn finish_pending_live(
     let Some(target) = stack.pending_undo.take() else {
         return Ok(());
     };
-    let work = SafeDir::open(work, crate::layer::safedir::Role::Work)
-        .map_err(StackError::Refused)?
-        .ok_or_else(|| {
-            StackError::Refused(format!(
-                "work dir {} does not exist; mount the workspace once to create it",
-                work.display()
-            ))
-        })?;
+    let work = SafeDir::open(work, crate::layer::safedir::Role::Work)?.ok_or_else(|| {
+        StackError::Refused(format!(
+            "work dir {} does not exist; mount the workspace once to create it",
+            work.display()
+        ))
+    })?;
     let (parent, upper_name) = upper_at(upper)?;
     let root = sys::fstatat(&parent, upper_name)
         .map_err(io_ctx(format!("cannot stat {}", upper.display())))?;
@@ -483,9 +481,7 @@ pub fn finish_pending_live(
 /// serves above its shared lowers, topmost first, after finishing a
 /// pending undo; each must be a directory.
 pub fn mount_layers(state: &Path, upper: &Path, work: &Path) -> Result<Vec<PathBuf>, StackError> {
-    let Some(dir) =
-        SafeDir::open(state, crate::layer::safedir::Role::State).map_err(StackError::Refused)?
-    else {
+    let Some(dir) = SafeDir::open(state, crate::layer::safedir::Role::State)? else {
         return Ok(Vec::new());
     };
     finish_pending(&dir, upper, work)?;

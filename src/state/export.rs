@@ -156,8 +156,7 @@ pub fn import(
             OsStr::new(&tmp),
             store.dir.shown(&tmp),
             Role::Staging,
-        )
-        .map_err(StackError::Refused)?;
+        )?;
         snapshot::extract(BufReader::new(f), &staging, &policy, root, &mut report).map_err(bad)?;
         let sfd = staging.open_self().map_err(io_ctx(what()))?;
         crate::sys::syncfs(&sfd).map_err(io_ctx(what()))?;

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::layer::safedir::{Role, SafeDir};
+use crate::layer::safedir::{Role, SafeDir, SafeDirError};
 
 /// A workspace's stack, in its state dir.
 pub const STACK_FILE: &str = "layers.json";
@@ -40,6 +40,8 @@ pub enum StackError {
     Corrupt { file: PathBuf, why: String },
     /// The operation is refused; the text says why and what to do.
     Refused(String),
+    /// The state dir, work dir or store was refused (`layer::safedir`).
+    Dir(SafeDirError),
 }
 
 impl fmt::Display for StackError {
@@ -48,11 +50,18 @@ impl fmt::Display for StackError {
             StackError::Io { what, source } => write!(f, "{what}: {source}"),
             StackError::Corrupt { file, why } => write!(f, "{}: {why}", file.display()),
             StackError::Refused(why) => f.write_str(why),
+            StackError::Dir(e) => e.fmt(f),
         }
     }
 }
 
 impl std::error::Error for StackError {}
+
+impl From<SafeDirError> for StackError {
+    fn from(e: SafeDirError) -> StackError {
+        StackError::Dir(e)
+    }
+}
 
 impl From<StackError> for String {
     fn from(e: StackError) -> String {
@@ -253,13 +262,13 @@ impl Store {
     /// Opens the store at `path`, creating it (0700) when `create`.
     pub fn open(path: &Path, create: bool) -> Result<Store, StackError> {
         let dir = if create {
-            SafeDir::create(path, Role::Layers, 0o700).map(|(d, _)| d)
+            SafeDir::create(path, Role::Layers, 0o700).map(|(d, _)| d)?
         } else {
-            SafeDir::open(path, Role::Layers).and_then(|d| {
-                d.ok_or_else(|| format!("layer store {} does not exist", path.display()))
-            })
+            SafeDir::open(path, Role::Layers)?.ok_or_else(|| {
+                StackError::Refused(format!("layer store {} does not exist", path.display()))
+            })?
         };
-        dir.map(|dir| Store { dir }).map_err(StackError::Refused)
+        Ok(Store { dir })
     }
 
     pub fn path(&self) -> &Path {
@@ -387,8 +396,7 @@ impl Store {
     pub fn hold(&self, name: &str, state: &SafeDir) -> Result<(), StackError> {
         let holds = self
             .dir
-            .subdir(&holds_dir(name), Role::Layers, Some(0o700))
-            .map_err(StackError::Refused)?
+            .subdir(&holds_dir(name), Role::Layers, Some(0o700))?
             .ok_or_else(|| StackError::Refused(format!("cannot create holds of {name}")))?;
         let (dev, ino) = state.id();
         let link = format!("{dev:x}-{ino:x}");

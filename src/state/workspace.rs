@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::control::SOCKET_FILE;
 use crate::host::{mounts, pidfile};
-use crate::layer::safedir::{Role, SafeDir};
+use crate::layer::safedir::{Role, SafeDir, SafeDirError};
 
 /// Name of the description file in a state directory.
 pub const WORKSPACE_FILE: &str = "workspace.json";
@@ -62,12 +62,12 @@ pub fn default_state_dir(upper: &Path) -> PathBuf {
 /// Creates the state directory (mode 0700) if it is missing, and opens it
 /// checked (`SafeDir`): an existing one that is a symlink, belongs to
 /// another user or is writable by others is refused.
-pub fn create_state_dir(dir: &Path) -> Result<SafeDir, String> {
+pub fn create_state_dir(dir: &Path) -> Result<SafeDir, SafeDirError> {
     SafeDir::create(dir, Role::State, 0o700).map(|(d, _)| d)
 }
 
 /// Opens an existing state directory, checked; `Ok(None)` when missing.
-pub fn open_state_dir(dir: &Path) -> Result<Option<SafeDir>, String> {
+pub fn open_state_dir(dir: &Path) -> Result<Option<SafeDir>, SafeDirError> {
     SafeDir::open(dir, Role::State)
 }
 
@@ -128,25 +128,19 @@ pub fn write_description(state: &SafeDir, d: &Description<'_>) -> io::Result<()>
     state.replace_file(WORKSPACE_FILE, text.as_bytes())
 }
 
-fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, String> {
+fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, WorkspaceError> {
     let file = state.shown(WORKSPACE_FILE);
-    let bad = |what: &str| {
-        format!(
-            "{}: {what}; remount the workspace to rewrite it",
-            file.display()
-        )
-    };
-    let r: Record = serde_json::from_str(text).map_err(|e| {
-        if e.is_data() {
-            bad(&format!("not a workspace description ({e})"))
+    let r: Record = serde_json::from_str(text).map_err(|source| {
+        let what = if source.is_data() {
+            "not a workspace description"
         } else {
-            bad(&format!("not valid JSON ({e})"))
-        }
+            "not valid JSON"
+        };
+        WorkspaceError::BadDescription { file, what, source }
     })?;
     // Frozen layers (checkpoints) on top of the shared lowers: what the
     // mount serves, and what diff and reset compare the upper with.
-    let lowers = super::frozen::frozen_paths(&state)
-        .map_err(|e| e.to_string())?
+    let lowers = super::frozen::frozen_paths(&state)?
         .into_iter()
         .chain(r.lowers.into_iter().map(PathBuf::from))
         .collect();
@@ -164,7 +158,7 @@ fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, Strin
 }
 
 /// Reads the description in a state directory; `None` when it has none.
-fn read_description(state: Arc<SafeDir>) -> Result<Option<Workspace>, String> {
+fn read_description(state: Arc<SafeDir>) -> Result<Option<Workspace>, WorkspaceError> {
     let file = state.shown(WORKSPACE_FILE);
     let mut text = String::new();
     match state
@@ -173,12 +167,13 @@ fn read_description(state: Arc<SafeDir>) -> Result<Option<Workspace>, String> {
     {
         Ok(_) => parse_description(state, &text).map(Some),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Err(format!(
-            "{}: permission denied: the workspace belongs to another user; run as that user \
-             (or root)",
-            file.display()
-        )),
-        Err(e) => Err(format!("{}: {e}", file.display())),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            Err(WorkspaceError::Foreign { file })
+        }
+        Err(e) => Err(WorkspaceError::Io {
+            path: file,
+            source: e,
+        }),
     }
 }
 
@@ -203,7 +198,7 @@ fn socket_live(state: &SafeDir) -> bool {
 /// user's workspace, or their daemon's control socket; `Workspace::resolve`
 /// then makes sure the workspace it describes is that user's
 /// (`check_owner`).
-pub fn open_state_to_read(state: &Path) -> Result<Option<SafeDir>, String> {
+pub fn open_state_to_read(state: &Path) -> Result<Option<SafeDir>, SafeDirError> {
     use std::os::unix::fs::MetadataExt;
     let extra = if nix::unistd::geteuid().is_root() {
         std::fs::symlink_metadata(state).ok().map(|m| m.uid())
@@ -216,18 +211,20 @@ pub fn open_state_to_read(state: &Path) -> Result<Option<SafeDir>, String> {
 /// Connects to the daemon serving the workspace whose state directory is
 /// `state_dir` (opened checked; root may talk to a user's daemon, see
 /// `open_state_to_read`).
-pub fn connect(state_dir: &Path) -> Result<super::control::Client, String> {
+pub fn connect(state_dir: &Path) -> Result<super::control::Client, WorkspaceError> {
     match open_state_to_read(state_dir)? {
-        Some(dir) => super::control::Client::connect_dir(&dir),
-        None => Err(format!(
-            "no state dir {}: the workspace is not mounted (or was never mounted)",
-            state_dir.display()
-        )),
+        Some(dir) => super::control::Client::connect_dir(&dir).map_err(WorkspaceError::Control),
+        None => Err(WorkspaceError::NoStateDir {
+            state: state_dir.to_path_buf(),
+        }),
     }
 }
 
 /// Opens the state dir `state` of a workspace, which must exist.
-fn existing_state(state: &Path, what: impl FnOnce() -> String) -> Result<Arc<SafeDir>, String> {
+fn existing_state(
+    state: &Path,
+    what: impl FnOnce() -> WorkspaceError,
+) -> Result<Arc<SafeDir>, WorkspaceError> {
     match open_state_to_read(state)? {
         Some(d) => Ok(Arc::new(d)),
         None => Err(what()),
@@ -237,7 +234,7 @@ fn existing_state(state: &Path, what: impl FnOnce() -> String) -> Result<Arc<Saf
 /// A state dir of another user (which only root accepts) must describe a
 /// workspace whose upper that user owns: its `workspace.json` cannot point
 /// root at anyone else's files.
-fn check_owner(ws: &Workspace) -> Result<(), String> {
+fn check_owner(ws: &Workspace) -> Result<(), WorkspaceError> {
     use std::os::unix::fs::MetadataExt;
     let owner = ws.dir.owner();
     if crate::layer::safedir::trusted_owner(owner) {
@@ -245,12 +242,11 @@ fn check_owner(ws: &Workspace) -> Result<(), String> {
     }
     match std::fs::symlink_metadata(&ws.upper) {
         Ok(m) if m.uid() == owner => Ok(()),
-        _ => Err(format!(
-            "state dir {} belongs to uid {owner}, but the upper it names ({}) does not: \
-             refused; run the command as uid {owner}",
-            ws.state.display(),
-            ws.upper.display()
-        )),
+        _ => Err(WorkspaceError::ForeignUpper {
+            state: ws.state.clone(),
+            owner,
+            upper: ws.upper.clone(),
+        }),
     }
 }
 
@@ -259,50 +255,36 @@ impl Workspace {
     /// upper directory or an unmounted mountpoint (the state dir it
     /// records, `state::place`, else the upper's default one), or a state
     /// directory itself. Errors say what to do.
-    pub fn resolve(arg: &Path) -> Result<Workspace, String> {
-        let abs = std::path::absolute(arg).map_err(|e| format!("{}: {e}", arg.display()))?;
+    pub fn resolve(arg: &Path) -> Result<Workspace, WorkspaceError> {
+        let abs = std::path::absolute(arg).map_err(|e| WorkspaceError::io(arg, e))?;
         let canon = std::fs::canonicalize(&abs).unwrap_or(abs.clone());
         if let Some(m) = mounts::find(&canon).or_else(|| mounts::find(&abs)) {
             if !m.is_layerfs() {
-                return Err(format!(
-                    "{} is a {} mount, not a layerfs workspace; give a layerfs mountpoint or an \
-                     upper directory",
-                    canon.display(),
-                    m.fstype
-                ));
+                return Err(WorkspaceError::NotLayerfs {
+                    path: canon,
+                    fstype: m.fstype,
+                });
             }
-            let state = state_of_mount(&m.mount_point).ok_or_else(|| {
-                format!(
-                    "{} is a layerfs mount but its daemon's registry entry cannot be read (it \
-                     belongs to another user, or the daemon is gone); run as the user who \
-                     mounted it, or give the upper directory",
-                    m.mount_point.display()
-                )
+            let state =
+                state_of_mount(&m.mount_point).ok_or_else(|| WorkspaceError::NoRegistryEntry {
+                    mountpoint: m.mount_point.clone(),
+                })?;
+            let dir = existing_state(&state, || WorkspaceError::StateGone {
+                mountpoint: m.mount_point.clone(),
+                state: state.clone(),
             })?;
-            let dir = existing_state(&state, || {
-                format!(
-                    "{}: its state dir {} is gone; remount the workspace",
-                    m.mount_point.display(),
-                    state.display()
-                )
-            })?;
-            let mut ws = read_description(dir)?.ok_or_else(|| {
-                format!(
-                    "{}: no {WORKSPACE_FILE} in state dir {}; remount the workspace",
-                    m.mount_point.display(),
-                    state.display()
-                )
+            let mut ws = read_description(dir)?.ok_or_else(|| WorkspaceError::NoDescription {
+                mountpoint: m.mount_point.clone(),
+                state: state.clone(),
             })?;
             check_owner(&ws)?;
             ws.mountpoint = Some(m.mount_point);
             return Ok(ws);
         }
         if !canon.is_dir() {
-            return Err(format!(
-                "{}: no such directory; give a layerfs mountpoint or the upper directory of a \
-                 workspace",
-                arg.display()
-            ));
+            return Err(WorkspaceError::NoSuchDirectory {
+                path: arg.to_path_buf(),
+            });
         }
         // The state directory itself (it holds a workspace.json), or an
         // upper or unmounted mountpoint with the state dir it records
@@ -325,11 +307,11 @@ impl Workspace {
     /// `resolve` with the state dir given (`--state DIR`): `arg` must be
     /// that workspace's upper, its mountpoint (live or last) or the state
     /// dir itself.
-    pub fn resolve_in(arg: &Path, state: &Path) -> Result<Workspace, String> {
+    pub fn resolve_in(arg: &Path, state: &Path) -> Result<Workspace, WorkspaceError> {
         let abs = |p: &Path| {
             std::path::absolute(p)
                 .map(|a| std::fs::canonicalize(&a).unwrap_or(a))
-                .map_err(|e| format!("{}: {e}", p.display()))
+                .map_err(|e| WorkspaceError::io(p, e))
         };
         let (canon, state) = (abs(arg)?, abs(state)?);
         let of = (canon != state).then_some(canon.as_path());
@@ -339,30 +321,21 @@ impl Workspace {
     /// The workspace described in the state dir `state`; when it was
     /// reached from the directory `of` (an upper or a mountpoint), the
     /// description must name `of` as one or the other.
-    fn from_state(state: &Path, of: Option<&Path>) -> Result<Workspace, String> {
+    fn from_state(state: &Path, of: Option<&Path>) -> Result<Workspace, WorkspaceError> {
         let shown = of.unwrap_or(state);
-        let missing = || {
-            format!(
-                "{} is not a layerfs mountpoint, and {} has no {WORKSPACE_FILE}: give a live \
-                 mountpoint, or the upper directory or mountpoint of a workspace mounted at \
-                 least once (with --state DIR mounts from before this layerfs version, give \
-                 --state DIR too)",
-                shown.display(),
-                state.display()
-            )
+        let missing = || WorkspaceError::NotAWorkspace {
+            shown: shown.to_path_buf(),
+            state: state.to_path_buf(),
         };
         let dir = existing_state(state, missing)?;
         let mut ws = read_description(dir)?.ok_or_else(missing)?;
         if let Some(of) = of {
             if ws.upper != of && ws.last_mountpoint.as_deref() != Some(of) {
-                return Err(format!(
-                    "state dir {} describes the workspace of upper {}, not {}: it was copied \
-                     or moved; remount the workspace (layerfs mount … --upper {}) to rewrite it",
-                    state.display(),
-                    ws.upper.display(),
-                    of.display(),
-                    of.display()
-                ));
+                return Err(WorkspaceError::Moved {
+                    state: state.to_path_buf(),
+                    upper: ws.upper,
+                    of: of.to_path_buf(),
+                });
             }
         }
         ws.state = state.to_path_buf();
@@ -388,13 +361,143 @@ impl Workspace {
     }
 
     /// The work dir, opened checked (it must exist).
-    pub fn work_dir(&self) -> Result<SafeDir, String> {
-        SafeDir::open(&self.work, Role::Work)?.ok_or_else(|| {
-            format!(
-                "work dir {} does not exist; mount the workspace once to create it",
-                self.work.display()
-            )
+    pub fn work_dir(&self) -> Result<SafeDir, WorkspaceError> {
+        SafeDir::open(&self.work, Role::Work)?.ok_or_else(|| WorkspaceError::NoWorkDir {
+            work: self.work.clone(),
         })
+    }
+}
+
+/// Why a workspace could not be found or read: which path, what is wrong,
+/// and what to do. The text is what the commands print.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// A checked directory (state or work dir) was refused.
+    #[error(transparent)]
+    Dir(#[from] SafeDirError),
+    /// The frozen layers recorded in the state dir cannot be read.
+    #[error(transparent)]
+    Frozen(#[from] super::frozen::StackError),
+    /// The system refused a call on `path`.
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    /// `workspace.json` does not parse (`what`: as JSON, or as a
+    /// description).
+    #[error("{}: {what} ({source}); remount the workspace to rewrite it", file.display())]
+    BadDescription {
+        file: PathBuf,
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    /// `workspace.json` is another user's.
+    #[error(
+        "{}: permission denied: the workspace belongs to another user; run as that user \
+         (or root)",
+        file.display()
+    )]
+    Foreign { file: PathBuf },
+    /// The daemon's control socket did not answer.
+    #[error("{0}")]
+    Control(String),
+    /// `connect` to a state dir that is not there.
+    #[error(
+        "no state dir {}: the workspace is not mounted (or was never mounted)",
+        state.display()
+    )]
+    NoStateDir { state: PathBuf },
+    /// Root reading a user's state dir that names an upper not theirs.
+    #[error(
+        "state dir {} belongs to uid {owner}, but the upper it names ({}) does not: \
+         refused; run the command as uid {owner}",
+        state.display(),
+        upper.display()
+    )]
+    ForeignUpper {
+        state: PathBuf,
+        owner: u32,
+        upper: PathBuf,
+    },
+    /// A mount of another file system.
+    #[error(
+        "{} is a {fstype} mount, not a layerfs workspace; give a layerfs mountpoint or an \
+         upper directory",
+        path.display()
+    )]
+    NotLayerfs { path: PathBuf, fstype: String },
+    /// A layerfs mount whose daemon's pid file cannot be read.
+    #[error(
+        "{} is a layerfs mount but its daemon's registry entry cannot be read (it \
+         belongs to another user, or the daemon is gone); run as the user who \
+         mounted it, or give the upper directory",
+        mountpoint.display()
+    )]
+    NoRegistryEntry { mountpoint: PathBuf },
+    /// A live mount whose state dir was removed.
+    #[error(
+        "{}: its state dir {} is gone; remount the workspace",
+        mountpoint.display(),
+        state.display()
+    )]
+    StateGone { mountpoint: PathBuf, state: PathBuf },
+    /// A live mount whose state dir has no `workspace.json`.
+    #[error(
+        "{}: no {WORKSPACE_FILE} in state dir {}; remount the workspace",
+        mountpoint.display(),
+        state.display()
+    )]
+    NoDescription { mountpoint: PathBuf, state: PathBuf },
+    /// The argument is not a directory.
+    #[error(
+        "{}: no such directory; give a layerfs mountpoint or the upper directory of a \
+         workspace",
+        path.display()
+    )]
+    NoSuchDirectory { path: PathBuf },
+    /// A directory with no workspace recorded for it.
+    #[error(
+        "{} is not a layerfs mountpoint, and {} has no {WORKSPACE_FILE}: give a live \
+         mountpoint, or the upper directory or mountpoint of a workspace mounted at \
+         least once (with --state DIR mounts from before this layerfs version, give \
+         --state DIR too)",
+        shown.display(),
+        state.display()
+    )]
+    NotAWorkspace { shown: PathBuf, state: PathBuf },
+    /// A state dir that describes another upper (copied or moved).
+    #[error(
+        "state dir {} describes the workspace of upper {}, not {}: it was copied \
+         or moved; remount the workspace (layerfs mount … --upper {}) to rewrite it",
+        state.display(),
+        upper.display(),
+        of.display(),
+        of.display()
+    )]
+    Moved {
+        state: PathBuf,
+        upper: PathBuf,
+        of: PathBuf,
+    },
+    /// The work dir is missing.
+    #[error(
+        "work dir {} does not exist; mount the workspace once to create it",
+        work.display()
+    )]
+    NoWorkDir { work: PathBuf },
+}
+
+impl WorkspaceError {
+    fn io(path: &Path, source: io::Error) -> Self {
+        WorkspaceError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// For callers whose errors are still text: the message.
+impl From<WorkspaceError> for String {
+    fn from(e: WorkspaceError) -> String {
+        e.to_string()
     }
 }
 
@@ -473,6 +576,8 @@ mod tests {
         ] {
             std::fs::write(&file, text).unwrap();
             let e = read_description(state.clone()).unwrap_err();
+            assert!(matches!(e, WorkspaceError::BadDescription { .. }), "{e:?}");
+            let e = e.to_string();
             assert!(e.contains(says), "{e}");
             assert!(e.contains("remount the workspace to rewrite it"), "{e}");
         }

@@ -180,7 +180,8 @@ impl Workspace {
         let (upper, state) = self.state_at.as_ref().ok_or_else(|| {
             ToolError::new(tool, What::State("the workspace has no state dir".into()))
         })?;
-        crate::state::workspace::Workspace::resolve_in(upper, state).map_err(failed(tool))
+        crate::state::workspace::Workspace::resolve_in(upper, state)
+            .map_err(|e| failed(tool)(e.to_string()))
     }
 
     /// Who the journal's rows of a state operation name.

@@ -272,7 +272,7 @@ fn handshake<F: fuser::Filesystem>(
     let mut reply = [0u8; 512];
     let n = socket::recv(mine.as_raw_fd(), &mut reply, socket::MsgFlags::empty())
         .map_err(|e| format!("reading its INIT reply: {e}"))?;
-    if n < abi::OUT_HEADER_LEN || abi::u32_at(&reply, 4) != 0 {
+    if abi::reply_header(&reply[..n]).is_none_or(|h| h.error != 0) {
         return Err("its request threads refused INIT".into());
     }
     Ok(session)

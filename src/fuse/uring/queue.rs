@@ -22,15 +22,16 @@ use std::sync::{mpsc, Arc};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use nix::sys::socket::{sendmsg, MsgFlags};
 
-use super::abi::{self, u32_at, u64_at};
+use super::abi::{self, OutHeader, ReqHeader};
 use super::{Fast, Req, Stats, FUSE_GETATTR, FUSE_GETXATTR};
+use zerocopy::FromZeros;
 
 /// `user_data` of the pending receive on the socket pair; entries use
 /// their index.
 const RECV: u64 = u64::MAX;
 
 struct Entry {
-    header: Vec<u8>,
+    header: Box<ReqHeader>,
     payload: Vec<u8>,
     /// The iovec pair REGISTER points at.
     iov: [libc::iovec; 2],
@@ -38,12 +39,12 @@ struct Entry {
 
 impl Entry {
     fn new(payload: usize) -> Entry {
-        let mut header = vec![0u8; abi::HEADER_LEN];
+        let mut header = Box::new(ReqHeader::new_zeroed());
         let mut payload = vec![0u8; payload];
         let iov = [
             libc::iovec {
-                iov_base: header.as_mut_ptr().cast(),
-                iov_len: header.len(),
+                iov_base: std::ptr::from_mut::<ReqHeader>(&mut header).cast(),
+                iov_len: std::mem::size_of::<ReqHeader>(),
             },
             libc::iovec {
                 iov_base: payload.as_mut_ptr().cast(),
@@ -270,11 +271,10 @@ impl Run {
         }
         let e = &self.entries[i];
         let h = &e.header;
-        let len = u32_at(h, abi::IN_OUT) as usize;
-        let opcode = u32_at(h, abi::IN_OUT + 4);
-        let unique = u64_at(h, abi::IN_OUT + 8);
-        let psz = u32_at(h, abi::PAYLOAD_SZ) as usize;
-        let commit_id = u64_at(h, abi::COMMIT_ID);
+        let head = h.request();
+        let (len, opcode, unique) = (head.len as usize, head.opcode, head.unique);
+        let psz = h.ring_ent_in_out.payload_sz as usize;
+        let commit_id = h.ring_ent_in_out.commit_id;
         let first = len
             .checked_sub(abi::IN_HEADER_LEN + psz)
             .filter(|&n| n <= abi::OP_IN_LEN && psz <= e.payload.len());
@@ -290,10 +290,10 @@ impl Run {
             if let Some(fast) = &self.q.fast {
                 let req = Req {
                     opcode,
-                    nodeid: u64_at(h, abi::IN_OUT + 16),
-                    uid: u32_at(h, abi::IN_OUT + 24),
+                    nodeid: head.nodeid,
+                    uid: head.uid,
                 };
-                let arg = &h[abi::OP_IN..abi::OP_IN + first];
+                let arg = &h.op_in[..first];
                 if let Some(r) = fast.answer(req, arg, &e.payload[..psz], &mut self.scratch) {
                     return self.answered(ring, i, commit_id, unique, r);
                 }
@@ -303,8 +303,8 @@ impl Run {
             return self.fail(ring, i, commit_id, unique, libc::EIO);
         }
         let parts = [
-            IoSlice::new(&h[abi::IN_OUT..abi::IN_OUT + abi::IN_HEADER_LEN]),
-            IoSlice::new(&h[abi::OP_IN..abi::OP_IN + first]),
+            IoSlice::new(h.request_bytes()),
+            IoSlice::new(&h.op_in[..first]),
             IoSlice::new(&e.payload[..psz]),
         ];
         self.inflight.insert(unique, (i, commit_id));
@@ -353,11 +353,10 @@ impl Run {
             return;
         }
         let n = res as usize;
-        if n < abi::OUT_HEADER_LEN {
+        let Some(OutHeader { unique, .. }) = abi::reply_header(&self.reply[..n]) else {
             tracing::error!("queue {}: a {n}-byte reply is too short", self.q.qid);
             return self.push_recv(ring);
-        }
-        let unique = u64_at(&self.reply, 8);
+        };
         match self.inflight.remove(&unique) {
             Some((i, commit_id)) => self.commit(ring, i, commit_id, n),
             None => tracing::error!(
@@ -371,6 +370,7 @@ impl Run {
     /// Copies the reply in `self.reply[..n]` into entry `i` and commits it.
     fn commit(&mut self, ring: &mut Ring, i: usize, commit_id: u64, n: usize) {
         let out = &self.reply[..n];
+        let head = abi::reply_header(out).expect("`received` checked its length");
         let body = &out[abi::OUT_HEADER_LEN..];
         let e = &mut self.entries[i];
         if body.len() > e.payload.len() {
@@ -379,14 +379,10 @@ impl Run {
                 self.q.qid,
                 body.len()
             );
-            let unique = u64_at(out, 8);
-            return self.fail(ring, i, commit_id, unique, libc::EIO);
+            return self.fail(ring, i, commit_id, head.unique, libc::EIO);
         }
-        e.header[abi::IN_OUT..abi::IN_OUT + abi::OUT_HEADER_LEN]
-            .copy_from_slice(&out[..abi::OUT_HEADER_LEN]);
+        e.header.set_reply(head, body.len());
         e.payload[..body.len()].copy_from_slice(body);
-        e.header[abi::PAYLOAD_SZ..abi::PAYLOAD_SZ + 4]
-            .copy_from_slice(&(body.len() as u32).to_ne_bytes());
         self.commit_entry(ring, i, commit_id);
     }
 
@@ -404,24 +400,25 @@ impl Run {
             Err(errno) => return self.fail(ring, i, commit_id, unique, errno),
         };
         let e = &mut self.entries[i];
-        let mut out = [0u8; abi::OUT_HEADER_LEN];
-        out[0..4].copy_from_slice(&((abi::OUT_HEADER_LEN + n) as u32).to_ne_bytes());
-        out[8..16].copy_from_slice(&unique.to_ne_bytes());
-        e.header[abi::IN_OUT..abi::IN_OUT + abi::OUT_HEADER_LEN].copy_from_slice(&out);
+        let out = OutHeader {
+            len: (abi::OUT_HEADER_LEN + n) as u32,
+            error: 0,
+            unique,
+        };
+        e.header.set_reply(out, n);
         e.payload[..n].copy_from_slice(&self.scratch[..n]);
-        e.header[abi::PAYLOAD_SZ..abi::PAYLOAD_SZ + 4].copy_from_slice(&(n as u32).to_ne_bytes());
         self.commit_entry(ring, i, commit_id);
     }
 
     /// Answers entry `i`'s request with `errno` and re-arms the entry.
     fn fail(&mut self, ring: &mut Ring, i: usize, commit_id: u64, unique: u64, errno: i32) {
         let e = &mut self.entries[i];
-        let mut out = [0u8; abi::OUT_HEADER_LEN];
-        out[0..4].copy_from_slice(&(abi::OUT_HEADER_LEN as u32).to_ne_bytes());
-        out[4..8].copy_from_slice(&(-errno).to_ne_bytes());
-        out[8..16].copy_from_slice(&unique.to_ne_bytes());
-        e.header[abi::IN_OUT..abi::IN_OUT + abi::OUT_HEADER_LEN].copy_from_slice(&out);
-        e.header[abi::PAYLOAD_SZ..abi::PAYLOAD_SZ + 4].copy_from_slice(&0u32.to_ne_bytes());
+        let out = OutHeader {
+            len: abi::OUT_HEADER_LEN as u32,
+            error: -errno,
+            unique,
+        };
+        e.header.set_reply(out, 0);
         self.commit_entry(ring, i, commit_id);
     }
 

@@ -134,6 +134,9 @@ pub enum SnapshotError {
     /// dir's checks, the policy, the ID): the message says why.
     #[error("{0}")]
     Refused(String),
+    /// The state dir, `snapshots/` or a staging dir was refused.
+    #[error(transparent)]
+    Dir(#[from] crate::layer::safedir::SafeDirError),
 }
 
 impl From<String> for SnapshotError {

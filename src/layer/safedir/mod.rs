@@ -42,6 +42,9 @@ use std::path::{Component, Path, PathBuf};
 
 use super::sys;
 
+mod error;
+pub use error::SafeDirError;
+
 /// What a checked directory is for: names it in messages and says how to
 /// fix a refused one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,9 +215,8 @@ fn fix(path: &Path, problem_is_mode: bool, role: Role) -> String {
 
 /// Splits `path` (made absolute, `.` dropped) into its parent and its last
 /// name, which must be a plain name.
-fn split(path: &Path, role: Role) -> Result<(PathBuf, OsString, PathBuf), String> {
-    let abs = std::path::absolute(path)
-        .map_err(|e| format!("{} {}: {e}", role.what(), path.display()))?;
+fn split(path: &Path, role: Role) -> Result<(PathBuf, OsString, PathBuf), SafeDirError> {
+    let abs = std::path::absolute(path).map_err(|e| SafeDirError::io(role, path, e))?;
     let abs: PathBuf = abs
         .components()
         .filter(|c| *c != Component::CurDir)
@@ -223,12 +225,10 @@ fn split(path: &Path, role: Role) -> Result<(PathBuf, OsString, PathBuf), String
         (Some(parent), Some(Component::Normal(name))) => {
             Ok((parent.to_path_buf(), name.to_os_string(), abs.clone()))
         }
-        _ => Err(format!(
-            "{} {}: not a directory layerfs can keep its state in (it has no plain last \
-             name); give another path",
-            role.what(),
-            path.display()
-        )),
+        _ => Err(SafeDirError::NoPlainName {
+            role,
+            path: path.to_path_buf(),
+        }),
     }
 }
 
@@ -239,7 +239,7 @@ fn o_path_dir() -> i32 {
 impl SafeDir {
     /// Opens the existing directory `path` and checks it; `Ok(None)` when
     /// nothing is at that name.
-    pub fn open(path: &Path, role: Role) -> Result<Option<SafeDir>, String> {
+    pub fn open(path: &Path, role: Role) -> Result<Option<SafeDir>, SafeDirError> {
         Self::open_trusting(path, role, None)
     }
 
@@ -252,12 +252,12 @@ impl SafeDir {
         path: &Path,
         role: Role,
         extra: Option<u32>,
-    ) -> Result<Option<SafeDir>, String> {
+    ) -> Result<Option<SafeDir>, SafeDirError> {
         let (parent, name, abs) = split(path, role)?;
         let pfd = match sys::open_root(&parent) {
             Ok(fd) => fd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("{} {}: {e}", role.what(), abs.display())),
+            Err(e) => return Err(SafeDirError::io(role, &abs, e)),
         };
         Self::open_in(&pfd, &name, abs, role, extra)
     }
@@ -265,15 +265,13 @@ impl SafeDir {
     /// Opens `path`, creating it first (mode `mode`, never more than
     /// 0755) when it is missing; returns whether it was created. The
     /// parent must exist.
-    pub fn create(path: &Path, role: Role, mode: u32) -> Result<(SafeDir, bool), String> {
+    pub fn create(path: &Path, role: Role, mode: u32) -> Result<(SafeDir, bool), SafeDirError> {
         let (parent, name, abs) = split(path, role)?;
-        let pfd = sys::open_root(&parent).map_err(|e| {
-            format!(
-                "{} {}: cannot open its parent {}: {e}",
-                role.what(),
-                abs.display(),
-                parent.display()
-            )
+        let pfd = sys::open_root(&parent).map_err(|e| SafeDirError::Parent {
+            role,
+            path: abs.clone(),
+            parent: parent.clone(),
+            source: e,
         })?;
         Self::create_in(&pfd, &name, abs, role, mode, None)
     }
@@ -281,7 +279,11 @@ impl SafeDir {
     /// `create`, for a directory layerfs later names by path (see the
     /// module comment): every directory on the way to it must keep others
     /// from renaming its entries.
-    pub fn create_stable(path: &Path, role: Role, mode: u32) -> Result<(SafeDir, bool), String> {
+    pub fn create_stable(
+        path: &Path,
+        role: Role,
+        mode: u32,
+    ) -> Result<(SafeDir, bool), SafeDirError> {
         let (parent, name, abs) = split(path, role)?;
         let pfd = stable_parent(&parent, &abs, role)?;
         Self::create_in(&pfd, &name, abs, role, mode, None)
@@ -290,7 +292,7 @@ impl SafeDir {
     /// Only the check `create_stable` makes of the way to `path` (for a
     /// name that is a mountpoint already), returning a descriptor of the
     /// parent it checked.
-    pub fn stable_parent_fd(path: &Path, role: Role) -> Result<OwnedFd, String> {
+    pub fn stable_parent_fd(path: &Path, role: Role) -> Result<OwnedFd, SafeDirError> {
         let (parent, _, abs) = split(path, role)?;
         stable_parent(&parent, &abs, role)
     }
@@ -302,16 +304,19 @@ impl SafeDir {
         name: &OsStr,
         shown: PathBuf,
         role: Role,
-    ) -> Result<SafeDir, String> {
-        let what = format!("{} {} does not exist", role.what(), shown.display());
+    ) -> Result<SafeDir, SafeDirError> {
+        let missing = SafeDirError::Missing {
+            role,
+            path: shown.clone(),
+        };
         Self::open_in(
             parent,
-            single_name(name).map_err(|e| e.to_string())?,
+            single_name(name).map_err(SafeDirError::Name)?,
             shown,
             role,
             None,
         )?
-        .ok_or(what)
+        .ok_or(missing)
     }
 
     fn create_in(
@@ -321,26 +326,21 @@ impl SafeDir {
         role: Role,
         mode: u32,
         extra: Option<u32>,
-    ) -> Result<(SafeDir, bool), String> {
+    ) -> Result<(SafeDir, bool), SafeDirError> {
         let created = match sys::mkdirat(pfd, name, mode & 0o755) {
             Ok(()) => true,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => false,
             Err(e) => {
-                return Err(format!(
-                    "{} {}: cannot create it: {e}{}",
-                    role.what(),
-                    abs.display(),
-                    role.elsewhere()
-                ))
+                return Err(SafeDirError::Create {
+                    role,
+                    path: abs,
+                    source: e,
+                })
             }
         };
         match Self::open_in(pfd, name, abs.clone(), role, extra)? {
             Some(d) => Ok((d, created)),
-            None => Err(format!(
-                "{} {} vanished right after it was created (another process removed it); retry",
-                role.what(),
-                abs.display()
-            )),
+            None => Err(SafeDirError::Vanished { role, path: abs }),
         }
     }
 
@@ -350,14 +350,14 @@ impl SafeDir {
         abs: PathBuf,
         role: Role,
         extra: Option<u32>,
-    ) -> Result<Option<SafeDir>, String> {
+    ) -> Result<Option<SafeDir>, SafeDirError> {
         let fd = match sys::openat2(pfd, name, o_path_dir(), 0, 0) {
             Ok(fd) => fd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
                 return Err(not_a_dir(pfd, name, &abs, role));
             }
-            Err(e) => return Err(format!("{} {}: {e}", role.what(), abs.display())),
+            Err(e) => return Err(SafeDirError::io(role, &abs, e)),
         };
         Self::checked(fd, abs, role, extra).map(Some)
     }
@@ -367,25 +367,23 @@ impl SafeDir {
         path: PathBuf,
         role: Role,
         extra: Option<u32>,
-    ) -> Result<SafeDir, String> {
-        let st = sys::fstat(&fd).map_err(|e| format!("{} {}: {e}", role.what(), path.display()))?;
+    ) -> Result<SafeDir, SafeDirError> {
+        let st = sys::fstat(&fd).map_err(|e| SafeDirError::io(role, &path, e))?;
         if let Some(problem) = leaf_problem(&st, extra) {
             let is_mode = trusted_owner(st.st_uid) || extra == Some(st.st_uid);
             if !is_mode && euid() == 0 {
-                return Err(format!(
-                    "{} {} {problem}: check what it holds and remove it (`rm -r {}`){}",
-                    role.what(),
-                    path.display(),
-                    shell_quote(&path),
-                    role.elsewhere()
-                ));
+                return Err(SafeDirError::OthersForRoot {
+                    role,
+                    path,
+                    problem,
+                });
             }
-            return Err(format!(
-                "{} {} {problem}; {}",
-                role.what(),
-                path.display(),
-                fix(&path, is_mode, role)
-            ));
+            return Err(SafeDirError::Untrusted {
+                role,
+                path,
+                problem,
+                is_mode,
+            });
         }
         Ok(SafeDir {
             fd,
@@ -406,7 +404,7 @@ impl SafeDir {
         name: &str,
         role: Role,
         create: Option<u32>,
-    ) -> Result<Option<SafeDir>, String> {
+    ) -> Result<Option<SafeDir>, SafeDirError> {
         let abs = self.path.join(name);
         let name = OsStr::new(name);
         match create {
@@ -589,89 +587,76 @@ fn single_name(name: &OsStr) -> io::Result<&OsStr> {
 
 /// The message for a name that is no directory: a symlink (with its
 /// target) or something else.
-fn not_a_dir(pfd: &OwnedFd, name: &OsStr, abs: &Path, role: Role) -> String {
+fn not_a_dir(pfd: &OwnedFd, name: &OsStr, abs: &Path, role: Role) -> SafeDirError {
     let st = sys::fstatat(pfd, name).ok();
-    let is_link = st.is_some_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFLNK);
-    let owner = st.map(|s| s.st_uid);
-    if is_link {
+    let path = abs.to_path_buf();
+    if st.is_some_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFLNK) {
         let target = sys::open_path(pfd, name)
             .and_then(|fd| sys::readlink_fd(&fd))
-            .map(|t| format!(" (to {})", Path::new(&t).display()))
-            .unwrap_or_default();
-        format!(
-            "{} {} is a symbolic link{target}, owned by {}: layerfs never follows a link \
-             there, since whoever can write its parent could point it anywhere; {}",
-            role.what(),
-            abs.display(),
-            owner.map_or("someone".into(), who),
-            fix(abs, false, role)
-        )
+            .ok()
+            .map(PathBuf::from);
+        SafeDirError::Symlink {
+            role,
+            path,
+            target,
+            owner: st.map(|s| s.st_uid),
+        }
     } else {
-        format!(
-            "{} {} exists and is not a directory; {}",
-            role.what(),
-            abs.display(),
-            fix(abs, false, role)
-        )
+        SafeDirError::NotADirectory { role, path }
     }
 }
 
 /// Opens `parent` after checking that no one but the caller and root can
 /// rename anything from `/` down to it (see the module comment). `abs` and
 /// `role` name the directory this is for.
-fn stable_parent(parent: &Path, abs: &Path, role: Role) -> Result<OwnedFd, String> {
-    let canon = std::fs::canonicalize(parent).map_err(|e| {
-        format!(
-            "{} {}: cannot resolve its parent {}: {e}",
-            role.what(),
-            abs.display(),
-            parent.display()
-        )
-    })?;
-    let mut cur = sys::open_root(Path::new("/"))
-        .map_err(|e| format!("{} {}: cannot open /: {e}", role.what(), abs.display()))?;
+fn stable_parent(parent: &Path, abs: &Path, role: Role) -> Result<OwnedFd, SafeDirError> {
+    let way = |step: String, source| SafeDirError::Way {
+        role,
+        path: abs.to_path_buf(),
+        step,
+        source,
+    };
+    let canon = std::fs::canonicalize(parent)
+        .map_err(|e| way(format!("cannot resolve its parent {}", parent.display()), e))?;
+    let mut cur = sys::open_root(Path::new("/")).map_err(|e| way("cannot open /".into(), e))?;
     let mut at = PathBuf::from("/");
     let mut names = canon.components().filter_map(|c| match c {
         Component::Normal(n) => Some(n.to_os_string()),
         _ => None,
     });
     loop {
-        let st = sys::fstat(&cur).map_err(|e| format!("{}: {e}", at.display()))?;
+        let st = sys::fstat(&cur).map_err(|e| SafeDirError::WayStat {
+            at: at.clone(),
+            source: e,
+        })?;
         let mode = st.st_mode & 0o7777;
         if !trusted_owner(st.st_uid) {
-            return Err(format!(
-                "{} {}: {} on the way to it belongs to {}, who could rename it and put \
-                 something else there; {}",
-                role.what(),
-                abs.display(),
-                at.display(),
-                who(st.st_uid),
-                role.elsewhere().trim_start_matches(", or ")
-            ));
+            return Err(SafeDirError::WayForeign {
+                role,
+                path: abs.to_path_buf(),
+                at,
+                owner: st.st_uid,
+            });
         }
         if mode & 0o022 != 0 && mode & libc::S_ISVTX == 0 {
-            return Err(format!(
-                "{} {}: {} on the way to it is writable by others (mode {mode:04o}) without \
-                 the sticky bit, so they could rename it and put something else there; run \
-                 `chmod +t {}`{}",
-                role.what(),
-                abs.display(),
-                at.display(),
-                shell_quote(&at),
-                role.elsewhere()
-            ));
+            return Err(SafeDirError::WayWritable {
+                role,
+                path: abs.to_path_buf(),
+                at,
+                mode,
+            });
         }
         let Some(name) = names.next() else {
             return Ok(cur);
         };
         at.push(&name);
         cur = sys::openat2(&cur, &name, o_path_dir(), 0, 0).map_err(|e| {
-            format!(
-                "{} {}: {} changed while it was checked ({e}); retry",
-                role.what(),
-                abs.display(),
-                at.display()
-            )
+            SafeDirError::WayChanged {
+                role,
+                path: abs.to_path_buf(),
+                at: at.clone(),
+                source: e,
+            }
         })?;
     }
 }
@@ -698,7 +683,7 @@ mod tests {
         assert!(d.open_file("../s", libc::O_RDONLY, 0).is_err());
 
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = SafeDir::open(&p, Role::State).unwrap_err();
+        let e = SafeDir::open(&p, Role::State).unwrap_err().to_string();
         assert!(
             e.contains("writable by group and others") && e.contains("chmod go-w"),
             "{e}"
@@ -706,7 +691,9 @@ mod tests {
 
         let l = t.path().join("link");
         std::os::unix::fs::symlink(t.path(), &l).unwrap();
-        let e = SafeDir::create(&l, Role::Work, 0o700).unwrap_err();
+        let e = SafeDir::create(&l, Role::Work, 0o700)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("is a symbolic link") && e.contains("--work DIR"),
             "{e}"
@@ -722,7 +709,9 @@ mod tests {
         let shared = t.path().join("shared");
         std::fs::create_dir(&shared).unwrap();
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = SafeDir::create_stable(&shared.join("m"), Role::RunMountpoint, 0o755).unwrap_err();
+        let e = SafeDir::create_stable(&shared.join("m"), Role::RunMountpoint, 0o755)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("without the sticky bit") && e.contains("chmod +t"),
             "{e}"
