@@ -496,7 +496,19 @@ impl Watch {
         while open.iter().any(|o| *o) {
             let mut sources: Vec<Source> = Vec::new();
             let mut pfds: Vec<PollFd> = Vec::new();
-            for (i, pipe) in pipes.iter().enumerate().filter(|(i, _)| open[*i]) {
+            // Once the command is killed for its output, its stdout and
+            // stderr are not read until the report pipe (held by the
+            // monitor and the init) closes: a writer then blocks on a full
+            // pipe until its SIGKILL lands, instead of writing on as fast
+            // as it is drained while the kill cascades through the pid
+            // namespace (tens of MB on a loaded host). What it wrote is
+            // still all read and counted after.
+            let held = self.output_stopped && self.killed && open[2];
+            for (i, pipe) in pipes
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| open[*i] && !(held && *i < 2))
+            {
                 sources.push(Source::Pipe(i));
                 pfds.push(PollFd::new(pipe.as_fd(), PollFlags::POLLIN));
             }

@@ -24,11 +24,13 @@ fn max_output_stops_a_command_that_keeps_writing() {
         assert_eq!(v["exit_code"], 137, "{v}");
         assert_eq!(v["truncated"], true, "{v}");
         // Stopped once past the bound; what the command wrote until the
-        // kernel's kill reached it is drained and counted on top (a few
-        // MiB at most for `yes`; without the stop it runs forever).
+        // kernel's kill reached it is counted on top: at most what fits in
+        // its pipes, which are not read again until the sandbox is gone
+        // (without that, a loaded host let `yes` write tens of MB more;
+        // without the stop it runs forever).
         let total = v["output_bytes"].as_u64().unwrap();
         assert!(
-            (BOUND_1000..BOUND_1000 + (16 << 20)).contains(&total),
+            (BOUND_1000..BOUND_1000 + (2 << 20)).contains(&total),
             "{caller:?}: {total}"
         );
         assert!(
