@@ -59,6 +59,7 @@ impl Overlay {
         }
         if !reverted_here {
             victim.name_gone(parent.id, name);
+            self.dir_removed(&victim, upper_st);
         }
         Ok(())
     }
@@ -77,6 +78,25 @@ impl Overlay {
     /// file's) pinned, as a local filesystem keeps an unlinked inode alive
     /// while it is referenced; a removed directory, which holds nothing to
     /// read, does not.
+    /// A directory's only name is gone (rmdir, or replaced by a rename):
+    /// what a stat through an fd still open on it answers from now on,
+    /// link count 0 (`Inode::removed`). `st` is its upper's stat when it
+    /// had one; a shared-only directory's is read from its lower.
+    pub(super) fn dir_removed(&self, victim: &Inode, st: Option<Stat>) {
+        if !victim.is_dir() {
+            return;
+        }
+        let st = st.or_else(|| {
+            let real = victim.real.read();
+            let (_, l) = real.lowers.first()?;
+            l.get().ok().and_then(|fd| sys::fstat(fd.as_ref()).ok())
+        });
+        if let Some(mut gone) = st {
+            gone.st_nlink = 0;
+            *victim.removed.lock() = Some(gone);
+        }
+    }
+
     pub(super) fn removed_link(
         &self,
         victim: &Inode,
@@ -106,9 +126,6 @@ impl Overlay {
             // A removed directory lets go of its fd at once (see
             // `RealFd::release`): `rm -rf` of a deep tree stays linear.
             (false, true) if is_dir(st) => {
-                let mut gone = *st;
-                gone.st_nlink = 0;
-                *victim.removed.lock() = Some(gone);
                 if let Some(u) = &real.upper {
                     u.release();
                 }

@@ -302,6 +302,7 @@ impl Overlay {
         }
         if let Some(d) = dst {
             d.name_gone(m.newparent.id, m.newname);
+            self.dir_removed(d, replaced_st);
         }
         if src.is_dir() {
             self.seal_moved_dir(src, &up.src, up.dst_lower_here)?;

@@ -1947,6 +1947,8 @@ fn a_sticky_directory_stops_a_non_root_user_deleting_others_files() {
 fn a_directory_removed_while_open_acts_as_on_a_local_filesystem() {
     let ws = Workspace::new();
     write(&ws.lower().join("shared/keep"), b"k");
+    fs::create_dir(ws.lower().join("plain")).unwrap();
+    fs::create_dir(ws.lower().join("over")).unwrap();
     let m = ws.mount();
     for name in ["new", "shared/gone"] {
         let p = m.p(name);
@@ -1978,6 +1980,38 @@ fn a_directory_removed_while_open_acts_as_on_a_local_filesystem() {
             "{name}: the new directory is untouched"
         );
         fs::remove_dir(&p).unwrap();
+    }
+    // Shared-only directories (no upper copy), removed by rmdir and
+    // replaced by a rename, and a new one replaced by a rename.
+    for (victim, how) in [
+        ("plain", "rmdir"),
+        ("over", "rename"),
+        ("newover", "rename"),
+    ] {
+        let p = m.p(victim);
+        if victim == "newover" {
+            fs::create_dir(&p).unwrap();
+        }
+        let dir = fs::File::open(&p).unwrap();
+        if how == "rmdir" {
+            fs::remove_dir(&p).unwrap();
+            fs::create_dir(&p).unwrap();
+        } else {
+            fs::create_dir(m.p("incoming")).unwrap();
+            fs::rename(m.p("incoming"), &p).unwrap();
+        }
+        dir.sync_all()
+            .unwrap_or_else(|e| panic!("fsync of {victim} after {how}: {e}"));
+        assert_eq!(dir.metadata().unwrap().nlink(), 0, "{victim} after {how}");
+        let e = dir
+            .set_permissions(fs::Permissions::from_mode(0o700))
+            .expect_err("chmod through the fd of a removed directory");
+        assert_eq!(errno(&e), libc::ENOENT, "{victim} after {how}");
+        assert_ne!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o700,
+            "{victim}: the directory now at the name is untouched"
+        );
     }
     // A lower directory (copied up by nothing but its removal's whiteout).
     let d = m.p("shared");
