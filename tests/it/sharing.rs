@@ -646,15 +646,22 @@ fn unless_hung<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Opt
 /// for each open as it returns; exits at the next line.
 const OPENERS: &str = r#"
 import os, sys, threading, errno
+lock = threading.Lock()
+def say(line):
+    # One write per line: print() from threads writes the text and its
+    # newline apart, and two lines could interleave ("openedopened").
+    with lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 def opener(p):
     try:
         os.open(p, os.O_WRONLY)
-        print("opened", flush=True)
+        say("opened")
     except OSError as e:
-        print(errno.errorcode[e.errno], flush=True)
+        say(errno.errorcode[e.errno])
 for p in sys.argv[1:]:
     threading.Thread(target=opener, args=(p,), daemon=True).start()
-print("started", flush=True)
+say("started")
 sys.stdin.readline()
 "#;
 
