@@ -10,6 +10,7 @@ use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layer::safedir::{Role, SafeDir};
 
@@ -66,15 +67,31 @@ impl PidFile {
         PidFile::write(file_name(mountpoint), &text)
     }
 
-    /// Records this process as holding the workspace of `upper` in
-    /// process, with no mount (the agent tools' core, `tools`). A mount
-    /// that finds the upper locked by a process registered so refuses at
-    /// once instead of waiting for it as for a daemon starting or
-    /// stopping. The name (`=in-process-PID.pid`) is one `file_name` never
-    /// makes (it escapes `=`), so it cannot shadow a mount's entry.
-    pub fn in_process(upper: &Path) -> io::Result<PidFile> {
-        let text = format!("{}\n\n{}\n", std::process::id(), upper.display());
-        PidFile::write(format!("{IN_PROCESS}{}.pid", std::process::id()), &text)
+    /// Records this process as holding the workspace of `upper` (and its
+    /// work dir `work`) in process, with no mount (the agent tools' core,
+    /// `tools`). A mount that finds the upper locked by a process
+    /// registered so for that upper refuses at once instead of waiting for
+    /// it as for a daemon starting or stopping.
+    ///
+    /// One process may hold several workspaces (a library user, the test
+    /// suite): each claim has an entry of its own, named
+    /// `=in-process-PID-N.pid` (N counts this process's claims), which its
+    /// drop removes. `file_name` never makes such a name (it escapes `=`),
+    /// so it cannot shadow a mount's entry.
+    pub fn in_process(upper: &Path, work: &Path) -> io::Result<PidFile> {
+        static CLAIMS: AtomicU64 = AtomicU64::new(0);
+        let n = CLAIMS.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let text = format!(
+            "{pid}
+
+{}
+{}
+",
+            upper.display(),
+            work.display()
+        );
+        PidFile::write(format!("{IN_PROCESS}{pid}-{n}.pid"), &text)
     }
 
     /// Writes the entry `name` in this user's first usable pid directory.
@@ -240,8 +257,9 @@ pub enum Registration {
         mountpoint: PathBuf,
         state: Option<PathBuf>,
     },
-    /// It holds a workspace in process, with no mount (`tools`).
-    InProcess,
+    /// It holds workspaces in process, with no mount (`tools`): the
+    /// upper and work dirs of each of its claims.
+    InProcess { held: Vec<PathBuf> },
     /// Its user's registry was read and names it nowhere: a daemon that
     /// has not registered yet, or has already removed its entry.
     Unregistered,
@@ -260,6 +278,8 @@ pub fn registration_of_pid(pid: u32) -> Registration {
         return Registration::Unknown;
     }
     let mut read_any = false;
+    let mut in_process = false;
+    let mut held = Vec::new();
     for dir in dirs_for_uid(md.uid()) {
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
@@ -274,7 +294,10 @@ pub fn registration_of_pid(pid: u32) -> Registration {
                 continue;
             }
             if e.file_name().as_bytes().starts_with(IN_PROCESS.as_bytes()) {
-                return Registration::InProcess;
+                // "PID", "", then the directories this claim holds.
+                held.extend(lines.skip(1).filter(|l| !l.is_empty()).map(PathBuf::from));
+                in_process = true;
+                continue;
             }
             let Some(mountpoint) = lines.next().map(PathBuf::from) else {
                 continue;
@@ -283,7 +306,9 @@ pub fn registration_of_pid(pid: u32) -> Registration {
             return Registration::Serving { mountpoint, state };
         }
     }
-    if read_any {
+    if in_process {
+        Registration::InProcess { held }
+    } else if read_any {
         Registration::Unregistered
     } else {
         Registration::Unknown

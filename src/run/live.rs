@@ -10,8 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::daemon::exclusive;
-use crate::host::mounts;
+use crate::host::{holder, mounts};
 use crate::state::workspace::Workspace;
 
 use super::outcome::Failure;
@@ -37,7 +36,7 @@ pub fn find(
 ) -> Result<Option<LiveMount>, Failure> {
     let deadline = Instant::now() + SETTLE;
     let (pid, mountpoint) = loop {
-        match exclusive::serving_daemon(upper) {
+        match holder::serving_daemon(upper) {
             None => return Ok(None),
             Some((pid, Some(mp))) if mounts::find(&mp).is_some_and(|m| m.is_layerfs()) => {
                 break (pid, mp)

@@ -96,22 +96,23 @@ fn upper_at(upper: &Path) -> Result<(OwnedFd, &OsStr), StackError> {
     Ok((fd, name))
 }
 
-/// Locks the upper as a mount does (`daemon::exclusive`), so no mount
-/// starts on it while the stack changes; released when dropped.
+/// Locks the upper as a mount does (`host::holder`: a daemon on its way
+/// out is waited for), so no mount starts on it while the stack changes;
+/// released when dropped.
 pub fn lock_upper(upper: &Path) -> Result<std::fs::File, StackError> {
-    let f =
-        std::fs::File::open(upper).map_err(io_ctx(format!("cannot open {}", upper.display())))?;
-    crate::sys::flock(&f, libc::LOCK_EX | libc::LOCK_NB).map_err(|e| {
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            StackError::Refused(format!(
-                "upper {} is in use by a layerfs mount; unmount it first",
-                upper.display()
-            ))
-        } else {
-            io_ctx(format!("cannot lock {}", upper.display()))(e)
-        }
-    })?;
-    Ok(f)
+    crate::host::holder::lock(
+        upper,
+        |h| {
+            format!(
+                "upper {} is in use by a layerfs mount ({}); unmount it first ({})",
+                upper.display(),
+                h.describe(),
+                h.umount_hint()
+            )
+        },
+        &mut |m| tracing::warn!("{m}"),
+    )
+    .map_err(StackError::Refused)
 }
 
 /// Makes the empty directory `name` in `dir` with the mode and owner of
