@@ -22,6 +22,10 @@ pub(super) fn daemon_ids() -> (u32, u32, u32) {
     )
 }
 
+/// How long a row written outside the writer thread waits for the
+/// database (`record_as`).
+pub(super) const ONE_OFF_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Records an undo operation (`reset`, `gc`, `snapshot save`/`restore`)
 /// as one row of the journal at `db`, written by the command that ran it:
 /// `what` names the paths or the snapshot, `entries` how many entries it
@@ -42,6 +46,11 @@ pub fn record_as(db: &Path, op: EvOp, what: &str, entries: u64, comm: &str) -> R
     }
     let (pid, uid, gid) = daemon_ids();
     let conn = open_rw(db).map_err(|e| format!("journal {}: {e}", db.display()))?;
+    // The daemon's writer may hold the database for a while under load
+    // (it runs at a lower priority, in batches): the row of a state
+    // operation waits for it rather than being lost.
+    conn.busy_timeout(ONE_OFF_WAIT)
+        .map_err(|e| format!("journal {}: {e}", db.display()))?;
     conn.execute(
         "INSERT INTO events (time, op, path, result, bytes, pid, comm, uid, gid)
          VALUES (?1, ?2, ?3, 'ok', ?4, ?5, ?6, ?7, ?8)",

@@ -316,3 +316,29 @@ fn a_full_queue_drops_and_counts() {
         .unwrap();
     assert_eq!(lost as u64, dropped);
 }
+
+/// A state operation's row waits for the database while another writer
+/// (the daemon's, busy under load) holds it, and is not lost.
+#[test]
+fn a_one_off_row_waits_for_a_busy_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("journal.db");
+    drop(super::schema::open_rw(&db).unwrap());
+    let holder = Connection::open(&db).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let hold = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        holder.execute_batch("COMMIT").unwrap();
+    });
+    let start = Instant::now();
+    record_as(&db, EvOp::Reset, "new.txt", 1, "t:reset").unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(1400));
+    hold.join().unwrap();
+    let c = Connection::open(&db).unwrap();
+    let n: i64 = c
+        .query_row("SELECT count(*) FROM events WHERE op = 'reset'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(n, 1);
+}
