@@ -106,12 +106,22 @@ async fn serve_stdio(server: Server) -> Result<(), String> {
 /// mode 0600: the socket is the workspace's door). Ends on SIGINT/SIGTERM.
 async fn serve_unix(server: Server, path: PathBuf) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
+    // Bound under a temporary name and linked to `path` once it listens:
+    // a client that waits for the socket to appear never finds it refusing
+    // connections (bind makes the file before listen). The link fails on
+    // an existing `path`, as bind would.
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
     // Created 0600 from the start (not chmod after bind, when another user
     // could already connect): no other thread creates files meanwhile.
     let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
-    let bound = tokio::net::UnixListener::bind(&path);
+    let bound = tokio::net::UnixListener::bind(&tmp);
     nix::sys::stat::umask(old);
     let listener = bound.map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    let placed = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    placed.map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
     let mode = std::fs::symlink_metadata(&path).map(|m| m.permissions().mode() & 0o777);
     if !matches!(mode, Ok(0o600)) {
         return Err(format!(
