@@ -46,6 +46,19 @@ pub struct ControlSocket {
     id: (u64, u64),
 }
 
+/// Why a request failed: the message the client gets.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("cannot encode the reply: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error(transparent)]
+    Reset(#[from] super::reset::LiveResetError),
+    #[error(transparent)]
+    Restore(#[from] super::restore::RestoreError),
+    #[error(transparent)]
+    Layers(#[from] super::layers::LayersError),
+}
+
 /// Why the socket could not be bound.
 #[derive(Debug)]
 pub enum BindError {
@@ -290,7 +303,11 @@ fn serve_conn(stream: UnixStream, daemon: &Daemon) {
         if line.trim().is_empty() {
             continue;
         }
-        let answer = match Request::parse(&line).and_then(|r| dispatch(daemon, &mut conn, &r)) {
+        let answered = match Request::parse(&line) {
+            Ok(r) => dispatch(daemon, &mut conn, &r).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let answer = match answered {
             Ok(mut v) => {
                 if let Some(o) = v.as_object_mut() {
                     o.insert("ok".into(), Value::Bool(true));
@@ -309,8 +326,8 @@ fn serve_conn(stream: UnixStream, daemon: &Daemon) {
 }
 
 /// The reply as it goes on the wire (before the `ok` marker is added).
-fn reply(r: impl Serialize) -> Result<Value, String> {
-    serde_json::to_value(r).map_err(|e| format!("cannot encode the reply: {e}"))
+fn reply(r: impl Serialize) -> Result<Value, RequestError> {
+    serde_json::to_value(r).map_err(RequestError::Encode)
 }
 
 /// Answers one request. An `Err` is the message for the client.
@@ -318,7 +335,7 @@ pub fn dispatch<'a>(
     daemon: &'a Daemon,
     conn: &mut Conn<'a>,
     req: &Request,
-) -> Result<Value, String> {
+) -> Result<Value, RequestError> {
     match req {
         Request::Status => reply(status(daemon, conn)),
         Request::Pause { wait_ms } => {

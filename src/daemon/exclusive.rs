@@ -18,12 +18,56 @@
 //! the work dir is cleared.
 
 use std::fs::File;
+use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::layer::safedir::{Role, SafeDir};
+
+/// Why the upper or work dir could not be claimed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The upper is locked by another daemon (`holder` describes it,
+    /// `hint` says how to unmount it).
+    #[error(
+        "another layerfs daemon serves this workspace: its upper dir {} is already in use by \
+         {holder}; unmount it first ({hint}), or give this mount another --upper",
+        upper.display()
+    )]
+    UpperInUse {
+        upper: PathBuf,
+        holder: String,
+        hint: String,
+    },
+    #[error(
+        "work dir {} is already in use by another layerfs mount ({holder}); give each mount \
+         its own --work DIR, or unmount the other one first ({hint})",
+        work.display()
+    )]
+    WorkInUse {
+        work: PathBuf,
+        holder: String,
+        hint: String,
+    },
+    /// The work dir, refused by its rules.
+    #[error(transparent)]
+    WorkDir(#[from] crate::layer::safedir::SafeDirError),
+    #[error("work dir {} does not exist", .0.display())]
+    NoWorkDir(PathBuf),
+    #[error("cannot open {}: {source}", dir.display())]
+    Open { dir: PathBuf, source: io::Error },
+    #[error("cannot lock {}: {source}", dir.display())]
+    Lock { dir: PathBuf, source: io::Error },
+}
+
+/// For `tools`, which words a refusal itself.
+impl From<ClaimError> for String {
+    fn from(e: ClaimError) -> String {
+        e.to_string()
+    }
+}
 
 /// Held for as long as the daemon serves; dropping it releases the locks.
 pub struct Claim {
@@ -49,22 +93,22 @@ const NOTE_AFTER: Duration = Duration::from_secs(2);
 /// message says so as the control socket's does, naming the daemon and
 /// its mountpoint. A holder without a live mount is waited for (see
 /// `lock_file`); what the wait has to say goes to the log.
-pub fn claim(cfg: &Config) -> Result<Claim, String> {
+pub fn claim(cfg: &Config) -> Result<Claim, ClaimError> {
     claim_noting(cfg, &mut |m| tracing::warn!("{m}"))
 }
 
 /// `claim`, saying through `note` that it waits for a departing daemon
 /// (`layerfs mount` in the background checks first from the terminal).
-pub fn claim_noting(cfg: &Config, note: &mut dyn FnMut(String)) -> Result<Claim, String> {
+pub fn claim_noting(cfg: &Config, note: &mut dyn FnMut(String)) -> Result<Claim, ClaimError> {
     claim_dirs_noting(&cfg.upper, &cfg.work, note).map_err(|b| b.message)
 }
 
-/// Why an upper or work dir could not be claimed: the message, and the
+/// Why an upper or work dir could not be claimed: the reason, and the
 /// live daemon holding it when that is the reason (so an in-process user
 /// of the core, `tools`, can work through that daemon's mount instead).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Busy {
-    pub message: String,
+    pub message: ClaimError,
     /// The holder's pid and mountpoint, when a live daemon holds the lock.
     pub holder: Option<(u32, Option<std::path::PathBuf>)>,
 }
@@ -91,20 +135,16 @@ fn claim_dirs_noting(
     work_dir: &Path,
     note: &mut dyn FnMut(String),
 ) -> Result<Claim, Busy> {
-    let plain = |message: String| Busy {
+    let plain = |message: ClaimError| Busy {
         message,
         holder: None,
     };
     let upper = lock(
         upper_dir,
-        |h| {
-            format!(
-                "another layerfs daemon serves this workspace: its upper dir {} is already in \
-                 use by {}; unmount it first ({}), or give this mount another --upper",
-                upper_dir.display(),
-                h.describe(),
-                h.umount_hint()
-            )
+        |h| ClaimError::UpperInUse {
+            upper: upper_dir.to_path_buf(),
+            holder: h.describe(),
+            hint: h.umount_hint(),
         },
         note,
     )
@@ -114,22 +154,21 @@ fn claim_dirs_noting(
     })?;
     // The work dir as `layerfs mount` checked it (`layer::safedir`).
     let work_safe = SafeDir::open(work_dir, Role::Work)
-        .map_err(|e| plain(e.to_string()))?
-        .ok_or_else(|| plain(format!("work dir {} does not exist", work_dir.display())))?;
-    let work_file = work_safe
-        .open_self()
-        .map_err(|e| plain(format!("cannot open {}: {e}", work_dir.display())))?;
+        .map_err(|e| plain(e.into()))?
+        .ok_or_else(|| plain(ClaimError::NoWorkDir(work_dir.to_path_buf())))?;
+    let work_file = work_safe.open_self().map_err(|source| {
+        plain(ClaimError::Open {
+            dir: work_dir.to_path_buf(),
+            source,
+        })
+    })?;
     let work = lock_file(
         work_file,
         work_dir,
-        |h| {
-            format!(
-                "work dir {} is already in use by another layerfs mount ({}); give each mount \
-                 its own --work DIR, or unmount the other one first ({})",
-                work_dir.display(),
-                h.describe(),
-                h.umount_hint()
-            )
+        |h| ClaimError::WorkInUse {
+            work: work_dir.to_path_buf(),
+            holder: h.describe(),
+            hint: h.umount_hint(),
         },
         note,
     )
@@ -145,10 +184,13 @@ fn claim_dirs_noting(
 /// holds it.
 fn lock(
     dir: &Path,
-    busy: impl Fn(&Holder) -> String,
+    busy: impl Fn(&Holder) -> ClaimError,
     note: &mut dyn FnMut(String),
-) -> Result<File, String> {
-    let f = File::open(dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+) -> Result<File, ClaimError> {
+    let f = File::open(dir).map_err(|source| ClaimError::Open {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
     lock_file(f, dir, busy, note)
 }
 
@@ -164,9 +206,9 @@ fn lock(
 fn lock_file(
     f: File,
     dir: &Path,
-    busy: impl Fn(&Holder) -> String,
+    busy: impl Fn(&Holder) -> ClaimError,
     note: &mut dyn FnMut(String),
-) -> Result<File, String> {
+) -> Result<File, ClaimError> {
     let start = Instant::now();
     let mut noted = false;
     let mut last = None;
@@ -175,7 +217,10 @@ fn lock_file(
             return Ok(f);
         };
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(format!("cannot lock {}: {e}", dir.display()));
+            return Err(ClaimError::Lock {
+                dir: dir.to_path_buf(),
+                source: e,
+            });
         }
         let holder = f
             .metadata()
@@ -339,10 +384,14 @@ mod tests {
     #[test]
     fn a_second_lock_is_refused_naming_the_holder_and_freed_on_drop() {
         let dir = tempfile::tempdir().unwrap();
-        let busy = |h: &Holder| format!("already in use by {}", h.describe());
+        let busy = |h: &Holder| ClaimError::UpperInUse {
+            upper: dir.path().to_path_buf(),
+            holder: h.describe(),
+            hint: h.umount_hint(),
+        };
         let note = &mut |m: String| panic!("a live holder is not waited for: {m}");
         let first = lock(dir.path(), busy, note).unwrap();
-        let err = lock(dir.path(), busy, note).unwrap_err();
+        let err = lock(dir.path(), busy, note).unwrap_err().to_string();
         assert!(err.contains("already in use"), "{err}");
         assert!(
             err.contains(&format!("pid {}", std::process::id())),
