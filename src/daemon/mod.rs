@@ -68,9 +68,9 @@ pub enum DaemonError {
         .0.display()
     )]
     StateDirVanished(PathBuf),
-    /// Another daemon answers on the control socket (its message).
-    #[error("{0}")]
-    ControlInUse(String),
+    /// Another daemon answers on the control socket.
+    #[error(transparent)]
+    ControlInUse(control::BindError),
     /// Opening the layers and starting the filesystem (their message).
     #[error("{0}")]
     Filesystem(String),
@@ -333,10 +333,10 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     // refused before anything is mounted.
     let control = match control::bind(state_dir.clone()) {
         Ok(c) => Some(c),
-        Err(control::BindError::InUse(msg)) => return Err(DaemonError::ControlInUse(msg)),
-        Err(control::BindError::Other(msg)) => {
+        Err(e @ control::BindError::InUse { .. }) => return Err(DaemonError::ControlInUse(e)),
+        Err(e) => {
             tracing::warn!(
-                "{msg}; status, pause and the other state commands will not reach this mount"
+                "{e}; status, pause and the other state commands will not reach this mount"
             );
             None
         }

@@ -34,6 +34,21 @@ pub enum HostsError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A live mount keeps the policy it was mounted with.
+    #[error(
+        "--allow-host cannot change the policy of the live mount at {}: add `{}` to its policy \
+         file and remount it, or unmount it and let layerfs run mount",
+        mountpoint.display(),
+        prefixes
+            .iter()
+            .map(|p| format!("allow-host {}", p.display()))
+            .collect::<Vec<_>>()
+            .join("`, `")
+    )]
+    LiveMount {
+        mountpoint: PathBuf,
+        prefixes: Vec<PathBuf>,
+    },
 }
 
 /// Writes the policy the run mounts with into `dir`; returns its path.
@@ -70,17 +85,11 @@ pub fn extended_policy(
 }
 
 /// Why a live mount cannot take `--allow-host`.
-pub fn refused_for_live(mountpoint: &Path, prefixes: &[PathBuf]) -> String {
-    let lines: Vec<String> = prefixes
-        .iter()
-        .map(|p| format!("allow-host {}", p.display()))
-        .collect();
-    format!(
-        "--allow-host cannot change the policy of the live mount at {}: add `{}` to its \
-         policy file and remount it, or unmount it and let layerfs run mount",
-        mountpoint.display(),
-        lines.join("`, `")
-    )
+pub fn refused_for_live(mountpoint: &Path, prefixes: &[PathBuf]) -> HostsError {
+    HostsError::LiveMount {
+        mountpoint: mountpoint.to_path_buf(),
+        prefixes: prefixes.to_vec(),
+    }
 }
 
 #[cfg(test)]

@@ -465,8 +465,8 @@ impl Workspace {
                     live::find(&upper, &lowers, policy.as_deref()).map_err(End::Failed)?
                 {
                     if !opts.allow_host.is_empty() {
-                        let m = hosts::refused_for_live(&live.mountpoint, &opts.allow_host);
-                        return Err(End::Failed(Failure::Usage(m)));
+                        let e = hosts::refused_for_live(&live.mountpoint, &opts.allow_host);
+                        return Err(End::Failed(Failure::Usage(e.to_string())));
                     }
                     return Ok(Workspace::live(upper, live));
                 }
