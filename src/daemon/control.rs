@@ -576,3 +576,33 @@ fn upper_usage(ov: &crate::overlay::Overlay) -> UpperUsage {
         quota_inodes: limits.inodes,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_in_use_names_the_daemon_that_answered_or_says_it_did_not() {
+        let socket = PathBuf::from("/s/control.sock");
+        let named = BindError::InUse {
+            socket: socket.clone(),
+            holder: Some((42, "/mnt/w".into())),
+        };
+        assert_eq!(
+            named.to_string(),
+            "another layerfs daemon serves this workspace: its control socket /s/control.sock \
+             answers (pid 42, mounted at /mnt/w); unmount it first (layerfs umount /mnt/w), or \
+             give this mount another --state DIR"
+        );
+        let unnamed = BindError::InUse {
+            socket,
+            holder: None,
+        };
+        assert!(
+            unnamed
+                .to_string()
+                .contains("answers (its daemon); unmount it first (layerfs umount MOUNTPOINT)"),
+            "{unnamed}"
+        );
+    }
+}

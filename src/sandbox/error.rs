@@ -118,3 +118,26 @@ impl SandboxError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_without_the_mount_api_is_named_as_such() {
+        let old = SandboxError::mount_api(
+            "cloning the host's mount tree",
+            io::Error::from_raw_os_error(libc::ENOSYS),
+        );
+        assert_eq!(
+            old.to_string(),
+            "cloning the host's mount tree: this kernel lacks the mount API the sandbox needs \
+             (open_tree, move_mount, mount_setattr: Linux 5.12 or later)"
+        );
+        let other =
+            SandboxError::mount_api("binding tmp", io::Error::from_raw_os_error(libc::EPERM));
+        let e = other.to_string();
+        assert!(e.starts_with("binding tmp: "), "{e}");
+        assert!(!e.contains("mount API"), "{e}");
+    }
+}
