@@ -196,7 +196,9 @@ impl HelperCli {
             self.say(&shown, "mounting");
         }
         let cfg = config::validate(args)?;
-        daemon::start(cfg).map(|()| 0).map_err(ConfigError::Invalid)
+        daemon::start(cfg)
+            .map(|()| 0)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 
     fn say(&self, args: &MountArgs, what: &str) {

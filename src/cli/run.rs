@@ -252,7 +252,7 @@ fn parse_fork(s: &str) -> Result<(PathBuf, String), String> {
     }
 }
 
-fn parse_env(s: &str) -> Result<(OsString, OsString), String> {
+fn parse_env(s: &str) -> Result<(OsString, OsString), crate::run::env::AssignmentError> {
     crate::run::env::parse_assignment(std::ffi::OsStr::new(s))
 }
 

@@ -15,7 +15,7 @@ use std::fs;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,67 +46,95 @@ pub struct ControlSocket {
     id: (u64, u64),
 }
 
-/// Why the socket could not be bound.
-#[derive(Debug)]
+/// Why a request failed: the message the client gets.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("cannot encode the reply: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error(transparent)]
+    Reset(#[from] super::reset::LiveResetError),
+    #[error(transparent)]
+    Restore(#[from] super::restore::RestoreError),
+    #[error(transparent)]
+    Layers(#[from] super::layers::LayersError),
+}
+
+/// Why the socket (`socket`, as shown to the user) could not be bound.
+/// Only `InUse` refuses the mount; with any other the mount can still
+/// serve, without its control socket.
+#[derive(Debug, thiserror::Error)]
 pub enum BindError {
     /// Another daemon answers on it: this workspace is mounted already.
-    InUse(String),
-    /// Anything else (a read-only state dir, …): the mount can still serve.
-    Other(String),
+    /// `holder`: the pid and mountpoint it reported, if it answered.
+    #[error(
+        "another layerfs daemon serves this workspace: its control socket {} answers ({}); \
+         unmount it first ({}), or give this mount another --state DIR",
+        socket.display(),
+        holder.as_ref().map_or_else(
+            || "its daemon".to_string(),
+            |(pid, mnt)| format!("pid {pid}, mounted at {mnt}")
+        ),
+        holder.as_ref().map_or_else(
+            || "layerfs umount MOUNTPOINT".to_string(),
+            |(_, mnt)| format!("layerfs umount {mnt}")
+        )
+    )]
+    InUse {
+        socket: PathBuf,
+        holder: Option<(u64, String)>,
+    },
+    #[error(
+        "{} exists and is not a socket: move it away (the state dir holds the control socket \
+         there)",
+        .0.display()
+    )]
+    NotASocket(PathBuf),
+    #[error("removing stale {}: {source}", socket.display())]
+    RemoveStale { socket: PathBuf, source: io::Error },
+    #[error("control socket {}: {source}", socket.display())]
+    Connect { socket: PathBuf, source: io::Error },
+    #[error(
+        "cannot create control socket {}: {source} (is the state dir writable?)",
+        socket.display()
+    )]
+    Create { socket: PathBuf, source: io::Error },
+    #[error("{}: {source}", socket.display())]
+    Stat { socket: PathBuf, source: io::Error },
 }
 
 /// Binds `control.sock` in the checked state dir `state`. A stale socket
 /// (nothing listening) is replaced; a live one means another daemon
 /// serves this workspace.
-pub fn bind(state: Arc<SafeDir>) -> Result<ControlSocket, BindError> {
-    bind_inner(state).map_err(|(in_use, msg)| {
-        if in_use {
-            BindError::InUse(msg)
-        } else {
-            BindError::Other(msg)
-        }
-    })
-}
-
-fn bind_inner(dir: Arc<SafeDir>) -> Result<ControlSocket, (bool, String)> {
+pub fn bind(dir: Arc<SafeDir>) -> Result<ControlSocket, BindError> {
     // Reached through the directory's descriptor; `shown` only names it.
     let path = dir.fd_path(SOCKET_FILE);
     let shown = dir.shown(SOCKET_FILE);
-    let p = shown.display();
     if let Ok(st) = dir.stat(SOCKET_FILE) {
         if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-            return Err((
-                false,
-                format!(
-                    "{p} exists and is not a socket: move it away (the state dir holds the \
-                     control socket there)"
-                ),
-            ));
+            return Err(BindError::NotASocket(shown));
         }
         match UnixStream::connect(&path) {
             Ok(s) => {
-                let (who, hint) = match ask_status(s) {
-                    Some((pid, mnt)) => (
-                        format!("pid {pid}, mounted at {mnt}"),
-                        format!("layerfs umount {mnt}"),
-                    ),
-                    None => ("its daemon".into(), "layerfs umount MOUNTPOINT".into()),
-                };
-                return Err((
-                    true,
-                    format!(
-                        "another layerfs daemon serves this workspace: its control socket {p} \
-                         answers ({who}); unmount it first ({hint}), or give this mount \
-                         another --state DIR"
-                    ),
-                ));
+                return Err(BindError::InUse {
+                    socket: shown,
+                    holder: ask_status(s),
+                });
             }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                tracing::info!("replacing stale control socket {p}");
-                dir.remove_file(SOCKET_FILE)
-                    .map_err(|e| (false, format!("removing stale {p}: {e}")))?;
+                tracing::info!("replacing stale control socket {}", shown.display());
+                if let Err(source) = dir.remove_file(SOCKET_FILE) {
+                    return Err(BindError::RemoveStale {
+                        socket: shown,
+                        source,
+                    });
+                }
             }
-            Err(e) => return Err((false, format!("control socket {p}: {e}"))),
+            Err(source) => {
+                return Err(BindError::Connect {
+                    socket: shown,
+                    source,
+                })
+            }
         }
     }
     // Created 0600 from the start: no moment where others may connect.
@@ -115,16 +143,20 @@ fn bind_inner(dir: Arc<SafeDir>) -> Result<ControlSocket, (bool, String)> {
     let old = umask(Mode::from_bits_truncate(0o177));
     let bound = UnixListener::bind(&path);
     umask(old);
-    let listener = bound.map_err(|e| {
-        (
-            false,
-            format!("cannot create control socket {p}: {e} (is the state dir writable?)"),
-        )
-    })?;
+    let listener = match bound {
+        Ok(l) => l,
+        Err(source) => {
+            return Err(BindError::Create {
+                socket: shown,
+                source,
+            })
+        }
+    };
     let _ = fs::set_permissions(&path, fs::Permissions::from_mode(0o600));
-    let st = dir
-        .stat(SOCKET_FILE)
-        .map_err(|e| (false, format!("{p}: {e}")))?;
+    let st = dir.stat(SOCKET_FILE).map_err(|source| BindError::Stat {
+        socket: shown,
+        source,
+    })?;
     Ok(ControlSocket {
         listener,
         dir,
@@ -290,7 +322,11 @@ fn serve_conn(stream: UnixStream, daemon: &Daemon) {
         if line.trim().is_empty() {
             continue;
         }
-        let answer = match Request::parse(&line).and_then(|r| dispatch(daemon, &mut conn, &r)) {
+        let answered = match Request::parse(&line) {
+            Ok(r) => dispatch(daemon, &mut conn, &r).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let answer = match answered {
             Ok(mut v) => {
                 if let Some(o) = v.as_object_mut() {
                     o.insert("ok".into(), Value::Bool(true));
@@ -309,8 +345,8 @@ fn serve_conn(stream: UnixStream, daemon: &Daemon) {
 }
 
 /// The reply as it goes on the wire (before the `ok` marker is added).
-fn reply(r: impl Serialize) -> Result<Value, String> {
-    serde_json::to_value(r).map_err(|e| format!("cannot encode the reply: {e}"))
+fn reply(r: impl Serialize) -> Result<Value, RequestError> {
+    serde_json::to_value(r).map_err(RequestError::Encode)
 }
 
 /// Answers one request. An `Err` is the message for the client.
@@ -318,7 +354,7 @@ pub fn dispatch<'a>(
     daemon: &'a Daemon,
     conn: &mut Conn<'a>,
     req: &Request,
-) -> Result<Value, String> {
+) -> Result<Value, RequestError> {
     match req {
         Request::Status => reply(status(daemon, conn)),
         Request::Pause { wait_ms } => {
@@ -538,5 +574,35 @@ fn upper_usage(ov: &crate::overlay::Overlay) -> UpperUsage {
         how: measured.into(),
         quota_bytes: limits.bytes,
         quota_inodes: limits.inodes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_in_use_names_the_daemon_that_answered_or_says_it_did_not() {
+        let socket = PathBuf::from("/s/control.sock");
+        let named = BindError::InUse {
+            socket: socket.clone(),
+            holder: Some((42, "/mnt/w".into())),
+        };
+        assert_eq!(
+            named.to_string(),
+            "another layerfs daemon serves this workspace: its control socket /s/control.sock \
+             answers (pid 42, mounted at /mnt/w); unmount it first (layerfs umount /mnt/w), or \
+             give this mount another --state DIR"
+        );
+        let unnamed = BindError::InUse {
+            socket,
+            holder: None,
+        };
+        assert!(
+            unnamed
+                .to_string()
+                .contains("answers (its daemon); unmount it first (layerfs umount MOUNTPOINT)"),
+            "{unnamed}"
+        );
     }
 }

@@ -18,11 +18,53 @@
 //! the work dir is cleared.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::config::Config;
-use crate::host::holder::{lock, lock_file, serving_daemon, DEPARTURE};
+use crate::host::holder::{lock, lock_file, serving_daemon, LockError, DEPARTURE};
 use crate::layer::safedir::{Role, SafeDir};
+
+/// Why the upper or work dir could not be claimed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The upper is locked by another daemon (`holder` describes it,
+    /// `hint` says how to unmount it).
+    #[error(
+        "another layerfs daemon serves this workspace: its upper dir {} is already in use by \
+         {holder}; unmount it first ({hint}), or give this mount another --upper",
+        upper.display()
+    )]
+    UpperInUse {
+        upper: PathBuf,
+        holder: String,
+        hint: String,
+    },
+    #[error(
+        "work dir {} is already in use by another layerfs mount ({holder}); give each mount \
+         its own --work DIR, or unmount the other one first ({hint})",
+        work.display()
+    )]
+    WorkInUse {
+        work: PathBuf,
+        holder: String,
+        hint: String,
+    },
+    /// The work dir, refused by its rules.
+    #[error(transparent)]
+    WorkDir(#[from] crate::layer::safedir::SafeDirError),
+    #[error("work dir {} does not exist", .0.display())]
+    NoWorkDir(PathBuf),
+    /// The dir could not be opened or locked.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+}
+
+/// For `tools`, which words a refusal itself.
+impl From<ClaimError> for String {
+    fn from(e: ClaimError) -> String {
+        e.to_string()
+    }
+}
 
 /// Held for as long as the daemon serves; dropping it releases the locks.
 pub struct Claim {
@@ -41,22 +83,22 @@ pub struct Claim {
 /// message says so as the control socket's does, naming the daemon and
 /// its mountpoint. A holder without a live mount is waited for (see
 /// `lock_file`); what the wait has to say goes to the log.
-pub fn claim(cfg: &Config) -> Result<Claim, String> {
+pub fn claim(cfg: &Config) -> Result<Claim, ClaimError> {
     claim_noting(cfg, &mut |m| tracing::warn!("{m}"))
 }
 
 /// `claim`, saying through `note` that it waits for a departing daemon
 /// (`layerfs mount` in the background checks first from the terminal).
-pub fn claim_noting(cfg: &Config, note: &mut dyn FnMut(String)) -> Result<Claim, String> {
+pub fn claim_noting(cfg: &Config, note: &mut dyn FnMut(String)) -> Result<Claim, ClaimError> {
     claim_dirs_noting(&cfg.upper, &cfg.work, note).map_err(|b| b.message)
 }
 
-/// Why an upper or work dir could not be claimed: the message, and the
+/// Why an upper or work dir could not be claimed: the reason, and the
 /// live daemon holding it when that is the reason (so an in-process user
 /// of the core, `tools`, can work through that daemon's mount instead).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Busy {
-    pub message: String,
+    pub message: ClaimError,
     /// The holder's pid and mountpoint, when a live daemon holds the lock.
     pub holder: Option<(u32, Option<std::path::PathBuf>)>,
 }
@@ -83,20 +125,16 @@ fn claim_dirs_noting(
     work_dir: &Path,
     note: &mut dyn FnMut(String),
 ) -> Result<Claim, Busy> {
-    let plain = |message: String| Busy {
+    let plain = |message: ClaimError| Busy {
         message,
         holder: None,
     };
     let upper = lock(
         upper_dir,
-        |h| {
-            format!(
-                "another layerfs daemon serves this workspace: its upper dir {} is already in \
-                 use by {}; unmount it first ({}), or give this mount another --upper",
-                upper_dir.display(),
-                h.describe(),
-                h.umount_hint()
-            )
+        |h| ClaimError::UpperInUse {
+            upper: upper_dir.to_path_buf(),
+            holder: h.describe(),
+            hint: h.umount_hint(),
         },
         note,
     )
@@ -106,22 +144,24 @@ fn claim_dirs_noting(
     })?;
     // The work dir as `layerfs mount` checked it (`layer::safedir`).
     let work_safe = SafeDir::open(work_dir, Role::Work)
-        .map_err(|e| plain(e.to_string()))?
-        .ok_or_else(|| plain(format!("work dir {} does not exist", work_dir.display())))?;
-    let work_file = work_safe
-        .open_self()
-        .map_err(|e| plain(format!("cannot open {}: {e}", work_dir.display())))?;
+        .map_err(|e| plain(e.into()))?
+        .ok_or_else(|| plain(ClaimError::NoWorkDir(work_dir.to_path_buf())))?;
+    let work_file = work_safe.open_self().map_err(|source| {
+        plain(
+            LockError::Open {
+                dir: work_dir.to_path_buf(),
+                source,
+            }
+            .into(),
+        )
+    })?;
     let work = lock_file(
         work_file,
         work_dir,
-        |h| {
-            format!(
-                "work dir {} is already in use by another layerfs mount ({}); give each mount \
-                 its own --work DIR, or unmount the other one first ({})",
-                work_dir.display(),
-                h.describe(),
-                h.umount_hint()
-            )
+        |h| ClaimError::WorkInUse {
+            work: work_dir.to_path_buf(),
+            holder: h.describe(),
+            hint: h.umount_hint(),
         },
         note,
     )

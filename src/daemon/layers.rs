@@ -25,48 +25,107 @@
 //! (whose probes name lowers by their index in the stack).
 
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::restore::{held_dirs, invalidate_swapped, quiesce};
+use super::control::RequestError;
+use super::restore::{held_dirs, invalidate_swapped, open_upper_parent, quiesce, RestoreError};
 use super::served::Daemon;
 use crate::layer::{sys, Layer};
 use crate::state::checkpoint::{self, Live};
 use crate::state::protocol::{Checkpointed, Request, SquashDone, Undone};
 use crate::state::workspace::Workspace;
 
+/// Why a live checkpoint, undo or squash was refused or failed; `what`
+/// names the operation ("a checkpoint", "an undo", "a squash").
+#[derive(Debug, thiserror::Error)]
+pub enum LayersError {
+    #[error(
+        "the workspace is mounted read-only: {what} changes its upper; unmount it (layerfs \
+         umount {}), then retry",
+        mountpoint.display()
+    )]
+    ReadOnly {
+        what: &'static str,
+        mountpoint: PathBuf,
+    },
+    #[error(
+        "a lower of this mount is on a network filesystem: {what} of such a live mount is not \
+         supported; unmount it (layerfs umount {}), retry, and mount it again",
+        mountpoint.display()
+    )]
+    NetworkLower {
+        what: &'static str,
+        mountpoint: PathBuf,
+    },
+    #[error(transparent)]
+    Workspace(#[from] crate::state::workspace::WorkspaceError),
+    /// Reaching the upper's parent, or quiescing the mount.
+    #[error(transparent)]
+    Quiesce(#[from] RestoreError),
+    /// The steps on disk (`state::checkpoint`, `state::squash`): their
+    /// own message.
+    #[error("{0}")]
+    State(String),
+    #[error("{0:?} is neither a checkpoint nor an undo")]
+    NotLayers(Request),
+    /// Opening (`what`: "open", "lock") the empty directory that becomes
+    /// the upper.
+    #[error("cannot {what} the new upper dir: {source}")]
+    NewUpper {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("the new upper dir was not opened before the exchange")]
+    NewUpperNotOpened,
+    /// Opening a layer to serve (the core's message).
+    #[error("{0}")]
+    Layer(String),
+    /// Serving the new upper root (the core's message).
+    #[error("{0}")]
+    UpperRoot(String),
+    #[error("the mount serves {served} layers, fewer than the {needed} squashed and kept")]
+    FewerLayers { served: usize, needed: usize },
+    #[error("cannot open the upper dir being served: {0}")]
+    ServedUpper(#[source] std::io::Error),
+}
+
+/// The steps on disk call the daemon's part (`checkpoint::Live`,
+/// `squash::Live`) with strings.
+impl From<LayersError> for String {
+    fn from(e: LayersError) -> String {
+        e.to_string()
+    }
+}
+
 /// `Request::Checkpoint` or `Request::Undo`: see the module comment.
-pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
+pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, RequestError> {
     let undo = matches!(req, Request::Undo { .. });
     let ov = daemon.fs.overlay();
     let what = if undo { "an undo" } else { "a checkpoint" };
     if ov.read_only() {
-        return Err(format!(
-            "the workspace is mounted read-only: {what} changes its upper; unmount it \
-             (layerfs umount {}), then retry",
-            daemon.mountpoint.display()
-        ));
+        return Err(LayersError::ReadOnly {
+            what,
+            mountpoint: daemon.mountpoint.clone(),
+        }
+        .into());
     }
     if ov.reach().is_some() {
-        return Err(format!(
-            "a lower of this mount is on a network filesystem: {what} of such a live mount \
-             is not supported; unmount it (layerfs umount {}), retry, and mount it again",
-            daemon.mountpoint.display()
-        ));
+        return Err(LayersError::NetworkLower {
+            what,
+            mountpoint: daemon.mountpoint.clone(),
+        }
+        .into());
     }
-    let ws = Workspace::resolve_in(&daemon.upper, &daemon.state)?;
-    let (Some(parent_path), Some(upper_name)) = (daemon.upper.parent(), daemon.upper.file_name())
-    else {
-        return Err(format!(
-            "upper dir {} has no parent",
-            daemon.upper.display()
-        ));
-    };
-    let parent = sys::open_root(parent_path)
-        .map_err(|e| format!("cannot open {}: {e}", parent_path.display()))?;
-    let pause = quiesce(daemon, &parent, upper_name, !undo)?;
+    let ws = Workspace::resolve_in(&daemon.upper, &daemon.state).map_err(LayersError::from)?;
+    if daemon.upper.parent().is_none() {
+        let e = RestoreError::UpperWithoutParent(daemon.upper.clone());
+        return Err(LayersError::from(e).into());
+    }
+    let (parent, _, upper_name) = open_upper_parent(&daemon.upper).map_err(LayersError::from)?;
+    let pause = quiesce(daemon, &parent, upper_name, !undo).map_err(LayersError::from)?;
     let dirs_before = held_dirs(ov);
     let mut swap = Swap {
         daemon,
@@ -76,7 +135,7 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
         checkpoint: !undo,
         swapped: false,
     };
-    let out: Result<Done, String> = match req {
+    let out: Result<Done, LayersError> = match req {
         Request::Undo { to } => checkpoint::undo(&ws, to.as_deref(), Some(&mut swap))
             .map(|(at, dropped)| {
                 Done::Undone(Undone {
@@ -85,7 +144,7 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
                     ..Undone::default()
                 })
             })
-            .map_err(String::from),
+            .map_err(|e| LayersError::State(e.to_string())),
         Request::Checkpoint { name, layers } => checkpoint::checkpoint(
             &ws,
             name.as_deref(),
@@ -98,8 +157,8 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
                 ..Checkpointed::default()
             })
         })
-        .map_err(String::from),
-        other => Err(format!("{other:?} is neither a checkpoint nor an undo")),
+        .map_err(|e| LayersError::State(e.to_string())),
+        other => Err(LayersError::NotLayers(other.clone())),
     };
     drop(pause);
     let mut out = out?;
@@ -120,9 +179,14 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
             serde_json::to_value(c)
         }
     }
-    .map_err(|e| format!("cannot encode the reply: {e}"))?;
+    .map_err(RequestError::Encode)?;
     tracing::info!("{what} of the live mount: {out}");
     Ok(out)
+}
+
+/// A new frozen layer at `path`, opened to serve.
+fn open_layer(path: &Path) -> Result<Layer, LayersError> {
+    Layer::open(path, "checkpoint layer").map_err(|e| LayersError::Layer(e.to_string()))
 }
 
 /// What a checkpoint or an undo answers.
@@ -148,14 +212,12 @@ struct Swap<'a> {
 
 impl Live for Swap<'_> {
     fn prepare(&mut self, fresh: OwnedFd) -> Result<(), String> {
-        let dir = std::fs::File::from(
-            sys::open_dir(&fresh).map_err(|e| format!("cannot open the new upper dir: {e}"))?,
-        );
-        crate::sys::flock(&dir, libc::LOCK_EX | libc::LOCK_NB)
-            .map_err(|e| format!("cannot lock the new upper dir: {e}"))?;
+        let new_upper = |what| move |source| LayersError::NewUpper { what, source };
+        let dir = std::fs::File::from(sys::open_dir(&fresh).map_err(new_upper("open"))?);
+        crate::sys::flock(&dir, libc::LOCK_EX | libc::LOCK_NB).map_err(new_upper("lock"))?;
         if self.checkpoint {
             // Still the served upper: the exchange moves it into the store.
-            self.frozen = Some(Layer::open(&self.daemon.upper, "checkpoint layer")?);
+            self.frozen = Some(open_layer(&self.daemon.upper)?);
         }
         self.claim = Some(dir);
         self.root = Some(fresh);
@@ -170,7 +232,7 @@ impl Live for Swap<'_> {
             Some(path) => {
                 let mut layer = match self.frozen.take() {
                     Some(l) => l,
-                    None => Layer::open(path, "checkpoint layer")?,
+                    None => open_layer(path)?,
                 };
                 layer.path = path.to_path_buf();
                 std::iter::once(Arc::new(layer))
@@ -179,14 +241,11 @@ impl Live for Swap<'_> {
             }
             None => old.iter().skip(dropped).cloned().collect(),
         };
-        let root = self
-            .root
-            .take()
-            .ok_or("the new upper dir was not opened before the exchange")?;
+        let root = self.root.take().ok_or(LayersError::NewUpperNotOpened)?;
         ov.set_lowers(new);
         if let Err(e) = ov.replace_upper_root(root) {
             ov.set_lowers(old.to_vec());
-            return Err(e);
+            return Err(LayersError::UpperRoot(e.to_string()).into());
         }
         ov.refresh_paths(&[std::ffi::OsString::new()]);
         if let Some(c) = self.claim.take() {
@@ -203,16 +262,16 @@ impl Live for Swap<'_> {
 /// caches are dropped after as after a checkpoint (the directories under
 /// the held inodes are new ones). Files open for reading in a merged
 /// layer read on (their inodes are linked into the new layer).
-pub fn serve_squash(daemon: &Daemon, keep: usize) -> Result<Value, String> {
+pub fn serve_squash(daemon: &Daemon, keep: usize) -> Result<Value, RequestError> {
     let ov = daemon.fs.overlay();
     if ov.reach().is_some() {
-        return Err(format!(
-            "a lower of this mount is on a network filesystem: a squash of such a live mount \
-             is not supported; unmount it (layerfs umount {}), retry, and mount it again",
-            daemon.mountpoint.display()
-        ));
+        return Err(LayersError::NetworkLower {
+            what: "a squash",
+            mountpoint: daemon.mountpoint.clone(),
+        }
+        .into());
     }
-    let ws = Workspace::resolve_in(&daemon.upper, &daemon.state)?;
+    let ws = Workspace::resolve_in(&daemon.upper, &daemon.state).map_err(LayersError::from)?;
     let dirs_before = held_dirs(ov);
     let mut re = Resquash {
         daemon,
@@ -222,7 +281,7 @@ pub fn serve_squash(daemon: &Daemon, keep: usize) -> Result<Value, String> {
     let out = crate::state::squash::squash(&ws, keep, Some(&mut re));
     let swapped = re.swapped;
     drop(re);
-    let done = out.map_err(String::from)?;
+    let done = out.map_err(|e| LayersError::State(e.to_string()))?;
     let mut reply = SquashDone::default();
     if let Some(s) = done {
         reply.name = s.name;
@@ -232,7 +291,7 @@ pub fn serve_squash(daemon: &Daemon, keep: usize) -> Result<Value, String> {
         reply.invalidated = invalidate_swapped(daemon, &dirs_before);
     }
     tracing::info!("squash of the live mount: {reply:?}");
-    serde_json::to_value(&reply).map_err(|e| format!("cannot encode the reply: {e}"))
+    serde_json::to_value(&reply).map_err(RequestError::Encode)
 }
 
 /// The daemon's part of a live squash (`squash::Live`).
@@ -252,13 +311,13 @@ impl crate::state::squash::Live for Resquash<'_> {
         let ov = self.daemon.fs.overlay();
         let old = ov.lowers();
         if old.len() < keep + merged {
-            return Err(format!(
-                "the mount serves {} layers, fewer than the {} squashed and kept",
-                old.len(),
-                keep + merged
-            ));
+            return Err(LayersError::FewerLayers {
+                served: old.len(),
+                needed: keep + merged,
+            }
+            .into());
         }
-        let new_layer = Arc::new(Layer::open(layer, "checkpoint layer")?);
+        let new_layer = Arc::new(open_layer(layer)?);
         let new: Vec<Arc<Layer>> = old[..keep]
             .iter()
             .cloned()
@@ -270,12 +329,12 @@ impl crate::state::squash::Live for Resquash<'_> {
         let root = ov
             .upper_root()
             .and_then(|r| sys::open_path(r.as_ref(), std::ffi::OsStr::new(".")))
-            .map_err(|e| format!("cannot open the upper dir being served: {e}"))?;
+            .map_err(LayersError::ServedUpper)?;
         self.swapped = true;
         ov.set_lowers(new);
         if let Err(e) = ov.replace_upper_root(root) {
             ov.set_lowers(old.to_vec());
-            return Err(e);
+            return Err(LayersError::UpperRoot(e.to_string()).into());
         }
         ov.refresh_paths(&[std::ffi::OsString::new()]);
         Ok(())

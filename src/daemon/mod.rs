@@ -22,6 +22,7 @@ mod signals;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
+use std::path::PathBuf;
 
 use nix::unistd::ForkResult;
 
@@ -30,12 +31,73 @@ use crate::fuse::{session_config, Contained, LayerFs};
 use crate::host::pidfile::PidFile;
 use notify::SdNotify;
 
+/// Why the mount failed, or its serving ended in error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("log file {}: {source}", path.display())]
+    Log {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("pipe: {0}")]
+    Pipe(#[source] std::io::Error),
+    #[error("fork: {0}")]
+    Fork(#[source] std::io::Error),
+    /// The background daemon exited without a word; `log`: where it
+    /// logged, if anywhere.
+    #[error(
+        "the daemon exited before the mount was live ({})",
+        log.as_ref().map_or_else(
+            || "rerun with --foreground to see why".to_string(),
+            |p| format!("see {}", p.display())
+        )
+    )]
+    ExitedEarly { log: Option<PathBuf> },
+    /// What the background daemon reported before it exited.
+    #[error("{0}")]
+    Child(String),
+    #[error(transparent)]
+    Claim(#[from] exclusive::ClaimError),
+    #[error("blocking signals: {0}")]
+    Signals(#[source] nix::Error),
+    /// The state dir, refused by its rules.
+    #[error(transparent)]
+    StateDir(#[from] crate::layer::safedir::SafeDirError),
+    #[error(
+        "state dir {} vanished before the mount started; mount again",
+        .0.display()
+    )]
+    StateDirVanished(PathBuf),
+    /// Another daemon answers on the control socket.
+    #[error(transparent)]
+    ControlInUse(control::BindError),
+    /// Opening the layers and starting the filesystem (their message).
+    #[error("{0}")]
+    Filesystem(String),
+    #[error(transparent)]
+    Mount(#[from] mounts::MountError),
+    #[error("duplicating the FUSE fd: {0}")]
+    DupFuse(#[source] std::io::Error),
+    #[error("FUSE handshake on {} failed: {source}", mountpoint.display())]
+    Handshake {
+        mountpoint: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("starting the service thread: {0}")]
+    ServiceThread(#[source] std::io::Error),
+    #[error("serving {} failed: {source}", mountpoint.display())]
+    Serve {
+        mountpoint: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Mounts and serves `cfg`. In background mode the calling process
 /// returns as soon as the mount is live (or failed) while a detached child
 /// keeps serving. `Err` is why the mount failed or ended in error, for the
 /// caller to print with its own prefix (`layerfs mount: `,
 /// `mount.fuse.layerfs: `): the one exit path of `cli::exit`.
-pub fn start(cfg: Config) -> Result<(), String> {
+pub fn start(cfg: Config) -> Result<(), DaemonError> {
     let log = open_log(&cfg)?;
     if cfg.foreground {
         if let Some(f) = &log {
@@ -68,7 +130,7 @@ fn forget_created_work(cfg: &Config) {
     }
 }
 
-fn open_log(cfg: &Config) -> Result<Option<File>, String> {
+fn open_log(cfg: &Config) -> Result<Option<File>, DaemonError> {
     let Some(path) = &cfg.log_file else {
         return Ok(None);
     };
@@ -77,7 +139,10 @@ fn open_log(cfg: &Config) -> Result<Option<File>, String> {
         .append(true)
         .open(path)
         .map(Some)
-        .map_err(|e| format!("log file {}: {e}", path.display()))
+        .map_err(|source| DaemonError::Log {
+            path: path.clone(),
+            source,
+        })
 }
 
 fn redirect_fd(from: i32, to: i32) {
@@ -86,11 +151,11 @@ fn redirect_fd(from: i32, to: i32) {
 
 /// Forks; the child detaches and serves, the parent waits on a pipe for
 /// "ok" (mount live) or the error text.
-fn background(cfg: Config, log: Option<File>) -> Result<(), String> {
-    let (mut reader, writer) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
+fn background(cfg: Config, log: Option<File>) -> Result<(), DaemonError> {
+    let (mut reader, writer) = std::io::pipe().map_err(DaemonError::Pipe)?;
     // Nothing has spawned a thread before `start` (checked by the fork).
     match crate::sys::fork_single_threaded() {
-        Err(e) => Err(format!("fork: {e}")),
+        Err(e) => Err(DaemonError::Fork(e)),
         Ok(ForkResult::Parent { child }) => {
             drop(writer);
             let mut answer = String::new();
@@ -100,15 +165,11 @@ fn background(cfg: Config, log: Option<File>) -> Result<(), String> {
             }
             let _ = nix::sys::wait::waitpid(child, None);
             if answer.trim().is_empty() {
-                let hint = match &cfg.log_file {
-                    Some(p) => format!("see {}", p.display()),
-                    None => "rerun with --foreground to see why".into(),
-                };
-                Err(format!(
-                    "the daemon exited before the mount was live ({hint})"
-                ))
+                Err(DaemonError::ExitedEarly {
+                    log: cfg.log_file.clone(),
+                })
             } else {
-                Err(answer.trim().to_string())
+                Err(DaemonError::Child(answer.trim().to_string()))
             }
         }
         Ok(ForkResult::Child) => {
@@ -135,7 +196,7 @@ fn background(cfg: Config, log: Option<File>) -> Result<(), String> {
                     forget_created_work(&cfg);
                     tracing::error!("{e}");
                     if let Some(mut w) = writer.take() {
-                        let _ = w.write_all(e.as_bytes());
+                        let _ = w.write_all(e.to_string().as_bytes());
                     }
                     1
                 }
@@ -258,33 +319,29 @@ fn start_uring(
 /// dir, control socket, layers, description, mount, queues, ready, serve,
 /// clean up) and each step's comment says why it comes where it does;
 /// the steps themselves are calls into their modules.
-fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(), String> {
-    signals::block().map_err(|e| format!("blocking signals: {e}"))?;
+fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(), DaemonError> {
+    signals::block().map_err(DaemonError::Signals)?;
     // Before the layers are opened: opening clears the work dir.
     let _claim = exclusive::claim(cfg)?;
     // The state dir, checked again and held open: the control socket,
     // the journal and workspace.json are reached through its descriptor.
     let state_dir = std::sync::Arc::new(
-        crate::state::workspace::open_state_dir(&cfg.state)?.ok_or_else(|| {
-            format!(
-                "state dir {} vanished before the mount started; mount again",
-                cfg.state.display()
-            )
-        })?,
+        crate::state::workspace::open_state_dir(&cfg.state)?
+            .ok_or_else(|| DaemonError::StateDirVanished(cfg.state.clone()))?,
     );
     // The control socket first: a workspace another daemon serves is
     // refused before anything is mounted.
     let control = match control::bind(state_dir.clone()) {
         Ok(c) => Some(c),
-        Err(control::BindError::InUse(msg)) => return Err(msg),
-        Err(control::BindError::Other(msg)) => {
+        Err(e @ control::BindError::InUse { .. }) => return Err(DaemonError::ControlInUse(e)),
+        Err(e) => {
             tracing::warn!(
-                "{msg}; status, pause and the other state commands will not reach this mount"
+                "{e}; status, pause and the other state commands will not reach this mount"
             );
             None
         }
     };
-    let fs = LayerFs::new(cfg)?;
+    let fs = LayerFs::new(cfg).map_err(|e| DaemonError::Filesystem(e.to_string()))?;
     let handle = fs.handle();
     let journal = cfg.journal.clone().map(|opts| {
         let j = crate::state::journal::Journal::start_in(state_dir.clone(), opts);
@@ -312,7 +369,7 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
             Ok(d) => Some(d),
             Err(e) => {
                 let _ = crate::host::mounts::detach(&cfg.mountpoint);
-                return Err(format!("duplicating the FUSE fd: {e}"));
+                return Err(DaemonError::DupFuse(e));
             }
         }
     } else {
@@ -322,10 +379,10 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
         Ok(s) => s,
         Err(e) => {
             let _ = crate::host::mounts::detach(&cfg.mountpoint);
-            return Err(format!(
-                "FUSE handshake on {} failed: {e}",
-                cfg.mountpoint.display()
-            ));
+            return Err(DaemonError::Handshake {
+                mountpoint: cfg.mountpoint.clone(),
+                source: e,
+            });
         }
     };
     handle.set_notifier(session.notifier());
@@ -354,7 +411,7 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
     });
     if let Err(e) = service::spawn(ctx, served, handle.lower_watch()) {
         let _ = crate::host::mounts::detach(&cfg.mountpoint);
-        return Err(format!("starting the service thread: {e}"));
+        return Err(DaemonError::ServiceThread(e));
     }
 
     tracing::info!(
@@ -398,7 +455,10 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
             if crate::host::mounts::find(&cfg.mountpoint).is_some_and(|m| m.is_layerfs()) {
                 let _ = crate::host::mounts::detach(&cfg.mountpoint);
             }
-            Err(format!("serving {} failed: {e}", cfg.mountpoint.display()))
+            Err(DaemonError::Serve {
+                mountpoint: cfg.mountpoint.clone(),
+                source: e,
+            })
         }
     }
 }

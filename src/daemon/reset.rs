@@ -15,20 +15,52 @@ use crate::layer::stack::Layers;
 use crate::state::protocol::Changed;
 use crate::state::{reset, scratch};
 
+/// Why a live `reset` or `gc` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveResetError {
+    /// A path given, or a step of the reset itself.
+    #[error(transparent)]
+    Reset(#[from] reset::ResetError),
+    /// Duplicating the descriptor of `what` ("lower dir", "upper dir",
+    /// "work dir").
+    #[error("cannot use the {what}: {source}")]
+    Dup {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("cannot use the upper dir: {0}")]
+    UpperRoot(#[source] std::io::Error),
+    #[error("cannot stat the upper dir: {0}")]
+    StatUpper(#[source] std::io::Error),
+    /// The scratch globs of the mount and its policy (their own message).
+    #[error("{0}")]
+    Scratch(String),
+    #[error(
+        "this workspace has no scratch paths; mount it with --scratch GLOB or add `scratch \
+         GLOB` to its policy"
+    )]
+    NoScratch,
+    /// A step failed after `done` (relative paths) were already reset.
+    #[error("{source} (already reset: {})", done.join(", "))]
+    Partial {
+        source: reset::ResetError,
+        done: Vec<String>,
+    },
+}
+
 /// How long a reset waits for passthrough write opens to close.
 const DRAIN: Duration = Duration::from_secs(2);
 
 /// `Request::Reset` of `paths`, or `Request::Gc` when `gc`.
-pub fn serve(daemon: &Daemon, paths: &[String], gc: bool) -> Result<Changed, String> {
+pub fn serve(daemon: &Daemon, paths: &[String], gc: bool) -> Result<Changed, LiveResetError> {
     let ov = daemon.fs.overlay();
     let paths: Vec<OsString> = paths
         .iter()
         .map(|p| reset::normalize(Path::new(p), &[]))
-        .collect::<Result<_, reset::ResetError>>()
-        .map_err(|e| e.to_string())?;
-    let dup = |fd: &std::os::fd::OwnedFd, what: &str| {
+        .collect::<Result<_, reset::ResetError>>()?;
+    let dup = |fd: &std::os::fd::OwnedFd, what: &'static str| {
         fd.try_clone()
-            .map_err(|e| format!("cannot use the {what}: {e}"))
+            .map_err(|source| LiveResetError::Dup { what, source })
     };
     let lowers = ov
         .lowers()
@@ -36,21 +68,16 @@ pub fn serve(daemon: &Daemon, paths: &[String], gc: bool) -> Result<Changed, Str
         .map(|l| dup(&l.root, "lower dir"))
         .collect::<Result<Vec<_>, _>>()?;
     // The upper as served now (a live restore may have replaced it).
-    let upper_root = ov
-        .upper_root()
-        .map_err(|e| format!("cannot use the upper dir: {e}"))?;
+    let upper_root = ov.upper_root().map_err(LiveResetError::UpperRoot)?;
     let layers = Layers::from_fds(dup(&upper_root, "upper dir")?, lowers)
-        .map_err(|e| format!("cannot stat the upper dir: {e}"))?;
+        .map_err(LiveResetError::StatUpper)?;
     let work = dup(&ov.upper().work, "work dir")?;
     let mut patterns = daemon.scratch.clone();
     patterns.extend(ov.policy().scratch().iter().cloned());
-    let sc = scratch::Scratch::new(&patterns)?;
+    let sc =
+        scratch::Scratch::new(&patterns).map_err(|e| LiveResetError::Scratch(e.to_string()))?;
     if gc && sc.is_empty() {
-        return Err(
-            "this workspace has no scratch paths; mount it with --scratch GLOB \
-                    or add `scratch GLOB` to its policy"
-                .into(),
-        );
+        return Err(LiveResetError::NoScratch);
     }
     // Whatever was changed before an error is still refreshed and
     // invalidated: the mount never shows a stale view.
@@ -80,8 +107,8 @@ pub fn serve(daemon: &Daemon, paths: &[String], gc: bool) -> Result<Changed, Str
         tracing::warn!("{e}");
     }
     match failed {
-        Some(e) if rel.is_empty() => Err(e.to_string()),
-        Some(e) => Err(format!("{e} (already reset: {})", rel.join(", "))),
+        Some(e) if rel.is_empty() => Err(e.into()),
+        Some(source) => Err(LiveResetError::Partial { source, done: rel }),
         None => Ok(Changed { changed: rel }),
     }
 }

@@ -32,6 +32,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,71 +45,153 @@ use crate::state::snapshot::STAGING_PREFIX;
 /// How long the restore waits for write opens to close.
 const DRAIN: Duration = Duration::from_secs(5);
 
-fn io_ctx(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> String {
-    move |e| format!("{what}: {e}")
+/// Why a live restore (or the quiescing a live checkpoint, undo or
+/// squash shares with it) was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error(
+        "the workspace is mounted read-only: a restore changes its upper; unmount it \
+         (layerfs umount) and restore it unmounted"
+    )]
+    ReadOnly,
+    #[error("restore: {0:?} is not a staging dir name ({STAGING_PREFIX}*)")]
+    NotStagingName(OsString),
+    #[error("cannot open staging dir {}: {source}", path.display())]
+    OpenStaging {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot stat the staging dir: {0}")]
+    StatStaging(#[source] std::io::Error),
+    #[error(
+        "staging dir {} is not a directory on the upper's filesystem",
+        .0.display()
+    )]
+    StagingNotOnUpper(PathBuf),
+    #[error("upper dir {} has no name", .0.display())]
+    UpperWithoutName(PathBuf),
+    #[error("upper dir {} has no parent", .0.display())]
+    UpperWithoutParent(PathBuf),
+    /// Opening the upper's parent directory.
+    #[error("cannot open {}: {source}", path.display())]
+    OpenParent {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot exchange staging dir {} with upper dir {}: {source}",
+        staging.display(),
+        upper.display()
+    )]
+    Exchange {
+        staging: PathBuf,
+        upper: PathBuf,
+        source: std::io::Error,
+    },
+    /// Serving the exchanged tree failed (`why`, the core's message); the
+    /// exchange was undone.
+    #[error("{why}; the upper is unchanged")]
+    NotServed { why: String },
+    /// Serving the exchanged tree failed, and undoing the exchange too:
+    /// the old upper is left at `staging`.
+    #[error(
+        "{why}; and the old upper cannot be put back ({source}): it is {}; unmount, move it \
+         back to {} by hand and mount again",
+        staging.display(),
+        upper.display()
+    )]
+    NotPutBack {
+        why: String,
+        staging: PathBuf,
+        upper: PathBuf,
+        source: std::io::Error,
+    },
+    /// Files open for writing through the mount: each path (relative to
+    /// the mount) with the uid holding it.
+    #[error("{}", open_for_writing(.0))]
+    OpenForWriting(Vec<(String, u32)>),
+    #[error("cannot stat the upper dir being served: {0}")]
+    StatServed(#[source] std::io::Error),
+    #[error("cannot stat {}: {source}", upper.display())]
+    StatUpper {
+        upper: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{} is no longer the upper dir this mount serves (it was moved or replaced behind the \
+         mount); unmount and mount again, then retry",
+        .0.display()
+    )]
+    UpperReplaced(PathBuf),
+}
+
+/// The upper's parent directory, opened, with the upper's name in it.
+pub(super) fn open_upper_parent(
+    upper: &Path,
+) -> Result<(std::os::fd::OwnedFd, &Path, &OsStr), RestoreError> {
+    let name = upper
+        .file_name()
+        .ok_or_else(|| RestoreError::UpperWithoutName(upper.to_path_buf()))?;
+    let parent_path = upper
+        .parent()
+        .ok_or_else(|| RestoreError::UpperWithoutParent(upper.to_path_buf()))?;
+    let parent = sys::open_root(parent_path).map_err(|source| RestoreError::OpenParent {
+        path: parent_path.to_path_buf(),
+        source,
+    })?;
+    Ok((parent, parent_path, name))
 }
 
 /// `Request::Restore` of the staging dir `name`: see the module comment.
-pub fn serve(daemon: &Daemon, name: &str) -> Result<Restored, String> {
+pub fn serve(daemon: &Daemon, name: &str) -> Result<Restored, RestoreError> {
     let ov = daemon.fs.overlay();
     if ov.read_only() {
-        return Err(
-            "the workspace is mounted read-only: a restore changes its upper; \
-                    unmount it (layerfs umount) and restore it unmounted"
-                .into(),
-        );
+        return Err(RestoreError::ReadOnly);
     }
     let name = OsStr::new(name);
     if !name.as_bytes().starts_with(STAGING_PREFIX.as_bytes()) || name.as_bytes().contains(&b'/') {
-        return Err(format!(
-            "restore: {name:?} is not a staging dir name ({STAGING_PREFIX}*)"
-        ));
+        return Err(RestoreError::NotStagingName(name.to_os_string()));
     }
     let work = &ov.upper().work;
-    let staged = sys::open_path(work, name).map_err(io_ctx(format!(
-        "cannot open staging dir {}",
-        daemon.work.join(name).display()
-    )))?;
-    let st = sys::fstat(&staged).map_err(io_ctx("cannot stat the staging dir"))?;
+    let staging = daemon.work.join(name);
+    let staged = match sys::open_path(work, name) {
+        Ok(fd) => fd,
+        Err(source) => {
+            return Err(RestoreError::OpenStaging {
+                path: staging,
+                source,
+            })
+        }
+    };
+    let st = sys::fstat(&staged).map_err(RestoreError::StatStaging)?;
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_dev != ov.upper().layer.dev {
-        return Err(format!(
-            "staging dir {} is not a directory on the upper's filesystem",
-            daemon.work.join(name).display()
-        ));
+        return Err(RestoreError::StagingNotOnUpper(staging));
     }
-    let upper_name = daemon
-        .upper
-        .file_name()
-        .ok_or_else(|| format!("upper dir {} has no name", daemon.upper.display()))?;
-    let parent_path = daemon
-        .upper
-        .parent()
-        .ok_or_else(|| format!("upper dir {} has no parent", daemon.upper.display()))?;
-    let parent = sys::open_root(parent_path)
-        .map_err(io_ctx(format!("cannot open {}", parent_path.display())))?;
+    let (parent, parent_path, upper_name) = open_upper_parent(&daemon.upper)?;
 
     let pause = quiesce(daemon, &parent, upper_name, false)?;
     // What the held directories stood on before: their old names may be
     // cached by the kernel (as present or as absent).
     let dirs_before = held_dirs(ov);
-    sys::renameat2(work, name, &parent, upper_name, sys::RENAME_EXCHANGE).map_err(io_ctx(
-        format!(
-            "cannot exchange staging dir {} with upper dir {}",
-            daemon.work.join(name).display(),
-            daemon.upper.display()
-        ),
-    ))?;
+    if let Err(source) = sys::renameat2(work, name, &parent, upper_name, sys::RENAME_EXCHANGE) {
+        return Err(RestoreError::Exchange {
+            staging,
+            upper: daemon.upper.clone(),
+            source,
+        });
+    }
     if let Err(e) = ov.replace_upper_root(staged) {
         // Put the old upper back: it is still the served one.
         let back = sys::renameat2(work, name, &parent, upper_name, sys::RENAME_EXCHANGE);
+        let why = e.to_string();
         return Err(match back {
-            Ok(()) => format!("{e}; the upper is unchanged"),
-            Err(b) => format!(
-                "{e}; and the old upper cannot be put back ({b}): it is {}; unmount, move it \
-                 back to {} by hand and mount again",
-                daemon.work.join(name).display(),
-                daemon.upper.display()
-            ),
+            Ok(()) => RestoreError::NotServed { why },
+            Err(source) => RestoreError::NotPutBack {
+                why,
+                staging,
+                upper: daemon.upper.clone(),
+                source,
+            },
         });
     }
     ov.refresh_paths(&[OsString::new()]);
@@ -137,11 +220,11 @@ pub(super) fn quiesce<'a>(
     parent: &impl std::os::fd::AsFd,
     upper_name: &OsStr,
     all_users: bool,
-) -> Result<crate::overlay::gate::PauseGuard<'a>, String> {
+) -> Result<crate::overlay::gate::PauseGuard<'a>, RestoreError> {
     let ov = daemon.fs.overlay();
     let (pause, busy) = daemon.fs.pause_writes(DRAIN);
     if !busy.is_empty() {
-        return Err(open_for_writing(&busy));
+        return Err(RestoreError::OpenForWriting(busy));
     }
     // Opens for writing wait at the gate now; wait for those already
     // open to close.
@@ -158,22 +241,20 @@ pub(super) fn quiesce<'a>(
             break;
         }
         if Instant::now() >= deadline {
-            return Err(open_for_writing(&writers));
+            return Err(RestoreError::OpenForWriting(writers));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
     let served = ov
         .upper_root()
         .and_then(|r| sys::fstat(r.as_ref()))
-        .map_err(io_ctx("cannot stat the upper dir being served"))?;
-    let at_path = sys::fstatat(parent, upper_name)
-        .map_err(io_ctx(format!("cannot stat {}", daemon.upper.display())))?;
+        .map_err(RestoreError::StatServed)?;
+    let at_path = sys::fstatat(parent, upper_name).map_err(|source| RestoreError::StatUpper {
+        upper: daemon.upper.clone(),
+        source,
+    })?;
     if (served.st_dev, served.st_ino) != (at_path.st_dev, at_path.st_ino) {
-        return Err(format!(
-            "{} is no longer the upper dir this mount serves (it was moved or replaced \
-             behind the mount); unmount and mount again, then retry",
-            daemon.upper.display()
-        ));
+        return Err(RestoreError::UpperReplaced(daemon.upper.clone()));
     }
     Ok(pause)
 }

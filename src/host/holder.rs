@@ -12,9 +12,27 @@
 //! not executed yet.
 
 use std::fs::File;
+use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// Why a dir's lock could not be taken, other than its holder (which the
+/// caller words: `lock`'s `busy`).
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("cannot open {}: {source}", dir.display())]
+    Open { dir: PathBuf, source: io::Error },
+    #[error("cannot lock {}: {source}", dir.display())]
+    Lock { dir: PathBuf, source: io::Error },
+}
+
+/// For callers that word their refusals as text.
+impl From<LockError> for String {
+    fn from(e: LockError) -> String {
+        e.to_string()
+    }
+}
 
 /// How long a mount waits for a daemon that holds the upper or work dir
 /// but no longer serves a live mount (it is shutting down after a plain
@@ -32,12 +50,15 @@ const PRESUMED: Duration = Duration::from_secs(1);
 
 /// Takes the lock on `dir`; `busy` words the refusal when a live daemon
 /// holds it.
-pub fn lock(
+pub fn lock<E: From<LockError>>(
     dir: &Path,
-    busy: impl Fn(&Holder) -> String,
+    busy: impl Fn(&Holder) -> E,
     note: &mut dyn FnMut(String),
-) -> Result<File, String> {
-    let f = File::open(dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+) -> Result<File, E> {
+    let f = File::open(dir).map_err(|source| LockError::Open {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
     lock_file(f, dir, busy, note)
 }
 
@@ -50,12 +71,12 @@ pub fn lock(
 /// scripts, fstab users and `systemctl restart` do), or registered and
 /// about to mount. It is waited for, up to `DEPARTURE`, with a `note`
 /// after `NOTE_AFTER`; one that mounts meanwhile is refused then.
-pub fn lock_file(
+pub fn lock_file<E: From<LockError>>(
     f: File,
     dir: &Path,
-    busy: impl Fn(&Holder) -> String,
+    busy: impl Fn(&Holder) -> E,
     note: &mut dyn FnMut(String),
-) -> Result<File, String> {
+) -> Result<File, E> {
     let start = Instant::now();
     let mut noted = false;
     let mut last = None;
@@ -64,7 +85,11 @@ pub fn lock_file(
             return Ok(f);
         };
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(format!("cannot lock {}: {e}", dir.display()));
+            return Err(LockError::Lock {
+                dir: dir.to_path_buf(),
+                source: e,
+            }
+            .into());
         }
         let holder = f
             .metadata()

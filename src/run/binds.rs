@@ -25,7 +25,89 @@ use std::path::{Path, PathBuf};
 use nix::unistd::{faccessat, AccessFlags};
 
 use crate::sandbox::binds::{identity, Bind, HOME};
-use crate::sandbox::places;
+use crate::sandbox::places::{self, PlaceError};
+
+/// Why `layerfs run` refuses a `--home`, `--bind` or `--ro-bind`: each
+/// variant names the option (`what`) and the host path as given (`host`).
+#[derive(Debug, thiserror::Error)]
+pub enum BindArgError {
+    #[error("--home needs private, host or a directory")]
+    EmptyHome,
+    /// The host path cannot be resolved or read.
+    #[error("{what} {}: {source}", host.display())]
+    Host {
+        what: &'static str,
+        host: PathBuf,
+        source: std::io::Error,
+    },
+    /// The sandbox path breaks a rule of `places::check`.
+    #[error(transparent)]
+    Place(#[from] PlaceError),
+    #[error(
+        "{what} {}: {} is the sandbox's private /run; choose another path",
+        host.display(),
+        to.display()
+    )]
+    PrivateRun {
+        what: &'static str,
+        host: PathBuf,
+        to: PathBuf,
+    },
+    #[error(
+        "{what} {}: {} overlaps the workspace at {}; bind elsewhere (the workspace changes \
+         only through its mount)",
+        host.display(),
+        to.display(),
+        at.display()
+    )]
+    OverlapsWorkspace {
+        what: &'static str,
+        host: PathBuf,
+        to: PathBuf,
+        at: PathBuf,
+    },
+    /// It overlaps `dir`, one of the workspace's private directories.
+    #[error(
+        "{what} {}: overlaps the workspace's own directory {}, which the sandbox hides",
+        host.display(),
+        dir.display()
+    )]
+    OverlapsPrivate {
+        what: &'static str,
+        host: PathBuf,
+        dir: PathBuf,
+    },
+    #[error(
+        "{what} {}: overlaps the lower {}, which changes only through the workspace (use \
+         --ro-bind to read it elsewhere)",
+        host.display(),
+        lower.display()
+    )]
+    OverlapsLower {
+        what: &'static str,
+        host: PathBuf,
+        lower: PathBuf,
+    },
+    /// A writable bind under `tree` (`/proc`, `/sys`, `/dev`).
+    #[error("{what} {}: {tree} cannot be bound writable", host.display())]
+    KernelTree {
+        what: &'static str,
+        host: PathBuf,
+        tree: &'static str,
+    },
+    /// The caller may not read (or, `writable`, write) the host path.
+    #[error(
+        "{what} {}: you may not {} it ({source})",
+        host.display(),
+        if *writable { "write" } else { "read" }
+    )]
+    Access {
+        what: &'static str,
+        host: PathBuf,
+        writable: bool,
+        source: nix::Error,
+    },
+}
 
 /// One `--bind`/`--ro-bind` as given: `HOST[:SANDBOX]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,11 +131,11 @@ pub enum Home {
 
 impl Home {
     /// Parses `--home`'s value.
-    pub fn parse(s: &str) -> Result<Home, String> {
+    pub fn parse(s: &str) -> Result<Home, BindArgError> {
         Ok(match s {
             "private" => Home::Private,
             "host" => Home::Host,
-            "" => return Err("--home needs private, host or a directory".into()),
+            "" => return Err(BindArgError::EmptyHome),
             d => Home::Dir(PathBuf::from(d)),
         })
     }
@@ -94,23 +176,29 @@ fn overlaps(a: &Path, b: &Path) -> bool {
 }
 
 /// Checks one bind as the caller; `what` names the option for messages.
-pub fn check(arg: &BindArg, fence: &Fence<'_>, what: &str) -> Result<Bind, String> {
-    let shown = arg.host.display();
-    let from = std::fs::canonicalize(&arg.host).map_err(|e| format!("{what} {shown}: {e}"))?;
+pub fn check(arg: &BindArg, fence: &Fence<'_>, what: &'static str) -> Result<Bind, BindArgError> {
+    let host = || arg.host.clone();
+    let io = |source| BindArgError::Host {
+        what,
+        host: host(),
+        source,
+    };
+    let from = std::fs::canonicalize(&arg.host).map_err(io)?;
     let to = places::check(arg.sandbox.as_deref().unwrap_or(&from), what)?;
     if ["/run", "/var/run"].iter().any(|r| to.starts_with(r)) {
-        return Err(format!(
-            "{what} {shown}: {} is the sandbox's private /run; choose another path",
-            to.display()
-        ));
+        return Err(BindArgError::PrivateRun {
+            what,
+            host: host(),
+            to,
+        });
     }
     if overlaps(&to, fence.at) {
-        return Err(format!(
-            "{what} {shown}: {} overlaps the workspace at {}; bind elsewhere (the \
-             workspace changes only through its mount)",
-            to.display(),
-            fence.at.display()
-        ));
+        return Err(BindArgError::OverlapsWorkspace {
+            what,
+            host: host(),
+            to,
+            at: fence.at.to_path_buf(),
+        });
     }
     let canon = |p: &PathBuf| std::fs::canonicalize(p).ok();
     if let Some(p) = fence
@@ -119,11 +207,11 @@ pub fn check(arg: &BindArg, fence: &Fence<'_>, what: &str) -> Result<Bind, Strin
         .filter_map(canon)
         .find(|p| overlaps(&from, p))
     {
-        return Err(format!(
-            "{what} {shown}: overlaps the workspace's own directory {}, which the sandbox \
-             hides",
-            p.display()
-        ));
+        return Err(BindArgError::OverlapsPrivate {
+            what,
+            host: host(),
+            dir: p,
+        });
     }
     if arg.writable {
         if let Some(p) = fence
@@ -132,20 +220,24 @@ pub fn check(arg: &BindArg, fence: &Fence<'_>, what: &str) -> Result<Bind, Strin
             .filter_map(canon)
             .find(|p| overlaps(&from, p))
         {
-            return Err(format!(
-                "{what} {shown}: overlaps the lower {}, which changes only through the \
-                 workspace (use --ro-bind to read it elsewhere)",
-                p.display()
-            ));
+            return Err(BindArgError::OverlapsLower {
+                what,
+                host: host(),
+                lower: p,
+            });
         }
         if let Some(r) = ["/proc", "/sys", "/dev"]
             .iter()
             .find(|r| from.starts_with(r))
         {
-            return Err(format!("{what} {shown}: {r} cannot be bound writable"));
+            return Err(BindArgError::KernelTree {
+                what,
+                host: host(),
+                tree: r,
+            });
         }
     }
-    let meta = std::fs::metadata(&from).map_err(|e| format!("{what} {shown}: {e}"))?;
+    let meta = std::fs::metadata(&from).map_err(io)?;
     let mut need = AccessFlags::R_OK;
     if meta.is_dir() {
         need |= AccessFlags::X_OK;
@@ -153,11 +245,15 @@ pub fn check(arg: &BindArg, fence: &Fence<'_>, what: &str) -> Result<Bind, Strin
     if arg.writable {
         need |= AccessFlags::W_OK;
     }
-    faccessat(None, &from, need, nix::fcntl::AtFlags::AT_EACCESS).map_err(|e| {
-        let how = if arg.writable { "write" } else { "read" };
-        format!("{what} {shown}: you may not {how} it ({e})")
+    faccessat(None, &from, need, nix::fcntl::AtFlags::AT_EACCESS).map_err(|source| {
+        BindArgError::Access {
+            what,
+            host: host(),
+            writable: arg.writable,
+            source,
+        }
     })?;
-    let (dev, ino) = identity(&from).map_err(|e| format!("{what} {shown}: {e}"))?;
+    let (dev, ino) = identity(&from).map_err(io)?;
     Ok(Bind {
         writable: arg.writable,
         dev,
@@ -223,7 +319,7 @@ mod tests {
             (arg(Path::new("/proc/sys"), "/ps", true), "writable"),
             (arg(&d.path().join("nope"), "/n", false), "No such file"),
         ] {
-            let e = check(&a, &fence, "--bind").unwrap_err();
+            let e = check(&a, &fence, "--bind").unwrap_err().to_string();
             assert!(e.contains(says), "{a:?}: {e}");
         }
     }

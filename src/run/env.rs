@@ -18,18 +18,20 @@ pub struct EnvPlan {
     pub set: Vec<(OsString, OsString)>,
 }
 
+/// An `--env` value that is not `NAME=VALUE`.
+#[derive(Debug, thiserror::Error)]
+#[error("--env {}: expected NAME=VALUE", .0.to_string_lossy())]
+pub struct AssignmentError(pub OsString);
+
 /// Parses `--env NAME=VALUE`: a name without `=` and not empty.
-pub fn parse_assignment(s: &OsStr) -> Result<(OsString, OsString), String> {
+pub fn parse_assignment(s: &OsStr) -> Result<(OsString, OsString), AssignmentError> {
     let b = s.as_bytes();
     match b.iter().position(|c| *c == b'=') {
         Some(i) if i > 0 => Ok((
             OsStr::from_bytes(&b[..i]).to_os_string(),
             OsStr::from_bytes(&b[i + 1..]).to_os_string(),
         )),
-        _ => Err(format!(
-            "--env {}: expected NAME=VALUE",
-            s.to_string_lossy()
-        )),
+        _ => Err(AssignmentError(s.to_os_string())),
     }
 }
 

@@ -12,16 +12,56 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::policy::Policy;
+use crate::policy::{Policy, PolicyError};
+
+/// Why the run's extended policy cannot be written.
+#[derive(Debug, thiserror::Error)]
+pub enum HostsError {
+    /// Reading the `--policy` file.
+    #[error("--policy {}: {source}", path.display())]
+    Policy {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// An `--allow-host` prefix that cannot be a policy line.
+    #[error("--allow-host {}: give an absolute path without spaces or `#`", .0.display())]
+    Prefix(PathBuf),
+    /// The policy with the prefixes added does not parse.
+    #[error("--allow-host: {0}")]
+    Check(#[source] PolicyError),
+    #[error("writing {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A live mount keeps the policy it was mounted with.
+    #[error(
+        "--allow-host cannot change the policy of the live mount at {}: add `{}` to its policy \
+         file and remount it, or unmount it and let layerfs run mount",
+        mountpoint.display(),
+        prefixes
+            .iter()
+            .map(|p| format!("allow-host {}", p.display()))
+            .collect::<Vec<_>>()
+            .join("`, `")
+    )]
+    LiveMount {
+        mountpoint: PathBuf,
+        prefixes: Vec<PathBuf>,
+    },
+}
 
 /// Writes the policy the run mounts with into `dir`; returns its path.
 pub fn extended_policy(
     policy: Option<&Path>,
     prefixes: &[PathBuf],
     dir: &Path,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, HostsError> {
     let mut text = match policy {
-        Some(p) => fs::read_to_string(p).map_err(|e| format!("--policy {}: {e}", p.display()))?,
+        Some(p) => fs::read_to_string(p).map_err(|source| HostsError::Policy {
+            path: p.to_path_buf(),
+            source,
+        })?,
         None => String::new(),
     };
     if !text.is_empty() && !text.ends_with('\n') {
@@ -32,31 +72,24 @@ pub fn extended_policy(
             .to_str()
             .filter(|s| p.is_absolute() && !s.chars().any(|c| c.is_whitespace() || c == '#'));
         let Some(s) = shown else {
-            return Err(format!(
-                "--allow-host {}: give an absolute path without spaces or `#`",
-                p.display()
-            ));
+            return Err(HostsError::Prefix(p.clone()));
         };
         text.push_str(&format!("allow-host {s}\n"));
     }
-    Policy::parse(&text).map_err(|e| format!("--allow-host: {e}"))?;
+    Policy::parse(&text).map_err(HostsError::Check)?;
     let path = dir.join("policy");
-    fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
-    Ok(path)
+    match fs::write(&path, text) {
+        Ok(()) => Ok(path),
+        Err(source) => Err(HostsError::Write { path, source }),
+    }
 }
 
 /// Why a live mount cannot take `--allow-host`.
-pub fn refused_for_live(mountpoint: &Path, prefixes: &[PathBuf]) -> String {
-    let lines: Vec<String> = prefixes
-        .iter()
-        .map(|p| format!("allow-host {}", p.display()))
-        .collect();
-    format!(
-        "--allow-host cannot change the policy of the live mount at {}: add `{}` to its \
-         policy file and remount it, or unmount it and let layerfs run mount",
-        mountpoint.display(),
-        lines.join("`, `")
-    )
+pub fn refused_for_live(mountpoint: &Path, prefixes: &[PathBuf]) -> HostsError {
+    HostsError::LiveMount {
+        mountpoint: mountpoint.to_path_buf(),
+        prefixes: prefixes.to_vec(),
+    }
 }
 
 #[cfg(test)]

@@ -36,6 +36,41 @@ use relay::Relay;
 use rundir::RunDir;
 use signals::StopSignals;
 
+/// A step of preparing the run's workspace that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("upper {} has no name to place a mountpoint beside it", .0.display())]
+    UpperWithoutName(PathBuf),
+    /// The persistent upper's mountpoint already holds a mount that is
+    /// not a layerfs mount of the caller's (`owner`: its uid, if known).
+    #[error(
+        "run mountpoint {} is already a {fstype} mount of {}: unmount it first (umount {})",
+        mountpoint.display(),
+        owner.map_or_else(|| "another user".to_string(), |u| format!("uid {u}")),
+        mountpoint.display()
+    )]
+    MountpointTaken {
+        mountpoint: PathBuf,
+        fstype: String,
+        owner: Option<u32>,
+    },
+    /// The mountpoint beside the upper, refused by its rules.
+    #[error(transparent)]
+    Mountpoint(#[from] crate::layer::safedir::SafeDirError),
+    /// The workspace of the upper, not found.
+    #[error(transparent)]
+    Workspace(#[from] crate::state::workspace::WorkspaceError),
+    #[error(
+        "--checkpoint: the workspace of {} is not served at {}",
+        upper.display(),
+        mountpoint.display()
+    )]
+    NotServed { upper: PathBuf, mountpoint: PathBuf },
+    /// The checkpoint before the command (the state layer's message).
+    #[error("--checkpoint: {0}")]
+    Checkpoint(String),
+}
+
 /// What `layerfs run` was asked to do.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -99,7 +134,7 @@ macro_rules! say {
 pub fn execute(opts: Options) -> i32 {
     let (outcome, stdout_at_line_start) = match StopSignals::install() {
         Ok(stop) => run(&opts, &stop),
-        Err(e) => (Outcome::failed(Failure::Runtime(e)), true),
+        Err(e) => (Outcome::failed(Failure::Runtime(e.to_string())), true),
     };
     summarize(&opts, &outcome, stdout_at_line_start);
     outcome.exit_code()
@@ -113,16 +148,16 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
     };
     let at = match places::check(&opts.at, "--at") {
         Ok(a) => a,
-        Err(m) => return fail(Failure::Usage(m)),
+        Err(e) => return fail(Failure::Usage(e.to_string())),
     };
     if !geteuid().is_root() {
-        if let Err(m) = userns::probe() {
-            return fail(Failure::Runtime(m));
+        if let Err(e) = userns::probe() {
+            return fail(Failure::Runtime(e.to_string()));
         }
     }
     let rundir = match RunDir::create() {
         Ok(d) => d,
-        Err(m) => return fail(Failure::Runtime(m)),
+        Err(e) => return fail(Failure::Runtime(e.to_string())),
     };
     let mut relay = Relay::new(opts.max_output);
     let mut outcome = match Workspace::acquire(opts, &rundir, stop) {
@@ -138,9 +173,9 @@ fn run(opts: &Options, stop: &StopSignals) -> (Outcome, bool) {
             };
             let (ran, resources) = match &checkpoint {
                 Ok(_) => launch(opts, &ws, &rundir, (&at, &cwd), &mut relay, stop),
-                Err(m) => (
+                Err(e) => (
                     supervise::Ran {
-                        end: End::Failed(Failure::Runtime(m.clone())),
+                        end: End::Failed(Failure::Runtime(e.to_string())),
                         duration: Duration::ZERO,
                     },
                     None,
@@ -206,7 +241,7 @@ fn launch(
     };
     let binds = match checked_binds(opts, &fence) {
         Ok(b) => b,
-        Err(m) => return (failed(Failure::Usage(m)), None),
+        Err(e) => return (failed(Failure::Usage(e.to_string())), None),
     };
     let cg = if opts.limits.any() {
         match cgroup::Cgroup::create(opts.limits) {
@@ -240,7 +275,7 @@ fn launch(
 fn checked_binds(
     opts: &Options,
     fence: &binds::Fence<'_>,
-) -> Result<Vec<crate::sandbox::binds::Bind>, String> {
+) -> Result<Vec<crate::sandbox::binds::Bind>, binds::BindArgError> {
     let mut out = Vec::new();
     if let binds::Home::Dir(d) = &opts.home {
         let home = binds::BindArg {
@@ -334,13 +369,10 @@ fn canonical(p: &Path) -> PathBuf {
 /// a hidden sibling, like the default work and state dirs. Stable across
 /// runs, so absolute paths tools record in the workspace (a Python venv,
 /// build caches) stay valid from one run to the next.
-pub fn default_mountpoint(upper: &Path) -> Result<PathBuf, String> {
-    let name = upper.file_name().ok_or_else(|| {
-        format!(
-            "upper {} has no name to place a mountpoint beside it",
-            upper.display()
-        )
-    })?;
+pub fn default_mountpoint(upper: &Path) -> Result<PathBuf, RunError> {
+    let name = upper
+        .file_name()
+        .ok_or_else(|| RunError::UpperWithoutName(upper.to_path_buf()))?;
     let parent = upper.parent().unwrap_or(Path::new("/"));
     Ok(parent.join(format!(".{}.layerfs-mnt", name.to_string_lossy())))
 }
@@ -355,20 +387,16 @@ pub fn default_mountpoint(upper: &Path) -> Result<PathBuf, String> {
 /// workspace mounted over a directory of their choosing. A stale layerfs
 /// mount of the caller's left there by a killed run is left to the mount
 /// daemon, which detaches it.
-fn persistent_mountpoint(mp: &Path) -> Result<(), String> {
+fn persistent_mountpoint(mp: &Path) -> Result<(), RunError> {
     use crate::layer::safedir::{Role, SafeDir};
     if let Some(m) = crate::host::mounts::find(mp) {
         let mine = m.is_layerfs() && m.owner_uid() == Some(geteuid().as_raw());
         if !mine {
-            return Err(format!(
-                "run mountpoint {} is already a {} mount of {}: unmount it first \
-                 (umount {})",
-                mp.display(),
-                m.fstype,
-                m.owner_uid()
-                    .map_or_else(|| "another user".to_string(), |u| format!("uid {u}")),
-                mp.display()
-            ));
+            return Err(RunError::MountpointTaken {
+                mountpoint: mp.to_path_buf(),
+                fstype: m.fstype.clone(),
+                owner: m.owner_uid(),
+            });
         }
         return Ok(SafeDir::stable_parent_fd(mp, Role::RunMountpoint).map(drop)?);
     }
@@ -437,18 +465,18 @@ impl Workspace {
                     live::find(&upper, &lowers, policy.as_deref()).map_err(End::Failed)?
                 {
                     if !opts.allow_host.is_empty() {
-                        let m = hosts::refused_for_live(&live.mountpoint, &opts.allow_host);
-                        return Err(End::Failed(Failure::Usage(m)));
+                        let e = hosts::refused_for_live(&live.mountpoint, &opts.allow_host);
+                        return Err(End::Failed(Failure::Usage(e.to_string())));
                     }
                     return Ok(Workspace::live(upper, live));
                 }
-                let mp = default_mountpoint(&upper).map_err(runtime)?;
+                let mp = default_mountpoint(&upper).map_err(|e| runtime(e.to_string()))?;
                 (upper, mp)
             }
         };
         let made = opts.upper.is_some().then(|| mountpoint.clone());
         if opts.upper.is_some() {
-            persistent_mountpoint(&mountpoint).map_err(runtime)?;
+            persistent_mountpoint(&mountpoint).map_err(|e| runtime(e.to_string()))?;
         } else {
             daemon::ensure_dir(&mountpoint).map_err(|e| {
                 runtime(format!("creating mountpoint {}: {e}", mountpoint.display()))
@@ -459,9 +487,9 @@ impl Workspace {
         } else {
             Some(
                 hosts::extended_policy(policy.as_deref(), &opts.allow_host, rundir.path())
-                    .map_err(|m| {
+                    .map_err(|e| {
                         remove_empty_dir(made.as_deref());
-                        End::Failed(Failure::Usage(m))
+                        End::Failed(Failure::Usage(e.to_string()))
                     })?,
             )
         };
@@ -528,20 +556,19 @@ impl Workspace {
 
     /// `--checkpoint`: checkpoints the mounted workspace through its
     /// daemon and records it in the journal; returns its name.
-    fn checkpoint(&self) -> Result<String, String> {
+    fn checkpoint(&self) -> Result<String, RunError> {
         // By its upper: a daemon this run started is not registered under
         // the name `layerfs` (it runs as /proc/self/exe), so its mountpoint
         // does not lead to its state dir.
         let ws = crate::state::workspace::Workspace::resolve(&self.upper)?;
         if ws.mountpoint.is_none() {
-            return Err(format!(
-                "--checkpoint: the workspace of {} is not served at {}",
-                self.upper.display(),
-                self.mountpoint.display()
-            ));
+            return Err(RunError::NotServed {
+                upper: self.upper.clone(),
+                mountpoint: self.mountpoint.clone(),
+            });
         }
         let done = crate::state::ops::checkpoint(&ws, None, None, None)
-            .map_err(|e| format!("--checkpoint: {e}"))?;
+            .map_err(|e| RunError::Checkpoint(e.to_string()))?;
         for w in &done.warnings {
             say!("layerfs run: warning: {w}");
         }

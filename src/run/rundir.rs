@@ -10,33 +10,55 @@
 //! file and is never swept.
 
 use std::fs;
+use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::layer::walk::remove_path;
+
+/// A step on the run's temporary directory that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunDirError {
+    #[error(
+        "cannot create a temporary directory {}: {source} (set TMPDIR to a writable directory)",
+        template.display()
+    )]
+    Create {
+        template: PathBuf,
+        source: nix::Error,
+    },
+    #[error("writing {}: {source}", path.display())]
+    Write { path: PathBuf, source: io::Error },
+    #[error("creating {}: {source}", path.display())]
+    Mkdir { path: PathBuf, source: io::Error },
+    #[error("cannot remove {}: {source}", path.display())]
+    Remove { path: PathBuf, source: io::Error },
+}
 
 pub struct RunDir {
     path: PathBuf,
 }
 
 impl RunDir {
-    pub fn create() -> Result<RunDir, String> {
+    pub fn create() -> Result<RunDir, RunDirError> {
         sweep_stale(&std::env::temp_dir());
         let template = std::env::temp_dir().join(format!("{PREFIX}XXXXXX"));
-        let path = nix::unistd::mkdtemp(&template).map_err(|e| {
-            format!(
-                "cannot create a temporary directory {}: {e} (set TMPDIR to a writable \
-                 directory)",
-                template.display()
-            )
-        })?;
+        let path = match nix::unistd::mkdtemp(&template) {
+            Ok(p) => p,
+            Err(source) => return Err(RunDirError::Create { template, source }),
+        };
         let dir = RunDir { path };
         let me = std::process::id();
         let owner = format!("{me} {}\n", start_time(me).unwrap_or(0));
-        fs::write(dir.path.join(OWNER), owner)
-            .map_err(|e| format!("writing {}: {e}", dir.path.join(OWNER).display()))?;
-        fs::create_dir(dir.stage())
-            .map_err(|e| format!("creating {}: {e}", dir.stage().display()))?;
+        let owner_file = dir.path.join(OWNER);
+        fs::write(&owner_file, owner).map_err(|source| RunDirError::Write {
+            path: owner_file,
+            source,
+        })?;
+        fs::create_dir(dir.stage()).map_err(|source| RunDirError::Mkdir {
+            path: dir.stage(),
+            source,
+        })?;
         Ok(dir)
     }
 
@@ -71,7 +93,7 @@ impl RunDir {
 
     /// Removes everything but an ephemeral workspace's upper, work and
     /// state dirs (`--keep`).
-    pub fn remove_transient(&self) -> Vec<String> {
+    pub fn remove_transient(&self) -> Vec<RunDirError> {
         let mut errors = Vec::new();
         for p in [
             self.stage(),
@@ -84,18 +106,21 @@ impl RunDir {
                 Ok(_) => fs::remove_file(&p),
                 Err(_) => Ok(()),
             };
-            if let Err(e) = r {
-                errors.push(format!("cannot remove {}: {e}", p.display()));
+            if let Err(source) = r {
+                errors.push(RunDirError::Remove { path: p, source });
             }
         }
         errors
     }
 
     /// Removes the whole directory.
-    pub fn remove(self) -> Result<(), String> {
+    pub fn remove(self) -> Result<(), RunDirError> {
         // Fd-relative at any depth; directories the command left without
         // owner write or search permission (`chmod 0555`) are given it back.
-        remove_path(&self.path).map_err(|e| format!("cannot remove {}: {e}", self.path.display()))
+        remove_path(&self.path).map_err(|source| RunDirError::Remove {
+            path: self.path,
+            source,
+        })
     }
 }
 

@@ -10,6 +10,19 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 use crate::sandbox::STOP_SIGNALS;
 
+/// Why the signals a run reads could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SignalError {
+    /// Blocking `what` ("signals", "SIGWINCH") in this process.
+    #[error("blocking {what}: {source}")]
+    Block {
+        what: &'static str,
+        source: nix::Error,
+    },
+    #[error("signalfd: {0}")]
+    Signalfd(#[source] nix::Error),
+}
+
 /// A stop request. Even one the terminal sent to the whole foreground
 /// process group (Ctrl-C when stdin is no terminal, a hangup) has not
 /// reached the command: it runs in a session of its own.
@@ -26,15 +39,19 @@ impl StopSignals {
     /// Blocks the stop signals in this (single-threaded) process and
     /// opens a signalfd for them. Children get an empty mask (std resets
     /// it before exec).
-    pub fn install() -> Result<StopSignals, String> {
+    pub fn install() -> Result<StopSignals, SignalError> {
         let mut set = SigSet::empty();
         for s in STOP_SIGNALS {
             set.add(s);
         }
-        nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None)
-            .map_err(|e| format!("blocking signals: {e}"))?;
+        nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None).map_err(
+            |source| SignalError::Block {
+                what: "signals",
+                source,
+            },
+        )?;
         let fd = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-            .map_err(|e| format!("signalfd: {e}"))?;
+            .map_err(SignalError::Signalfd)?;
         Ok(StopSignals { fd })
     }
 

@@ -96,7 +96,7 @@ pub fn run(l: &Launch<'_>, relay: &mut Relay, stop: &StopSignals) -> Ran {
     terminal::close_inherited_terminals();
     let caller = match CallerTerminal::detect() {
         Ok(c) => c,
-        Err(m) => return failed(m),
+        Err(e) => return failed(e.to_string()),
     };
     // The socket the init sends the command's terminal on.
     let sockets = match &caller {

@@ -30,6 +30,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::termios::{self, SetArg, Termios};
 
 use super::relay::Stream;
+use super::signals::SignalError;
 use crate::sandbox::terminal as pty;
 
 /// The caller's terminal, while a command runs on a pseudo-terminal.
@@ -58,7 +59,7 @@ fn with_std_fd<R>(fd: RawFd, f: impl FnOnce(BorrowedFd<'_>) -> R) -> R {
 
 impl CallerTerminal {
     /// The caller's terminal, if any of stdin, stdout, stderr is one.
-    pub fn detect() -> Result<Option<CallerTerminal>, String> {
+    pub fn detect() -> Result<Option<CallerTerminal>, SignalError> {
         let fds: Vec<i32> = (0..3).filter(|fd| is_terminal(*fd)).collect();
         if fds.is_empty() {
             return Ok(None);
@@ -69,10 +70,14 @@ impl CallerTerminal {
             && nix::unistd::tcgetpgrp(std::io::stdin()).is_ok_and(|g| g == nix::unistd::getpgrp());
         let mut set = SigSet::empty();
         set.add(Signal::SIGWINCH);
-        nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None)
-            .map_err(|e| format!("blocking SIGWINCH: {e}"))?;
+        nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None).map_err(
+            |source| SignalError::Block {
+                what: "SIGWINCH",
+                source,
+            },
+        )?;
         let winch = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-            .map_err(|e| format!("signalfd: {e}"))?;
+            .map_err(SignalError::Signalfd)?;
         Ok(Some(CallerTerminal {
             fds,
             input,

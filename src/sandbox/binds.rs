@@ -15,13 +15,50 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::places::{Kind, Places};
+use super::error::SysError;
+use super::places::{Kind, PlaceError, Places};
 use super::sys::{self, At};
 
 /// Where the command's home directory is in the sandbox, unless
 /// `--home host`: the same path every run, so absolute paths tools record
 /// in a kept home (`--home DIR`) stay valid.
 pub const HOME: &str = "/home/sandbox";
+
+/// Why a checked host path cannot be bound into the sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// `layerfs __sandbox --bind` given the wrong number of values.
+    #[error("--bind takes 3 values, got {0}")]
+    Values(usize),
+    /// `layerfs __sandbox --bind`'s first value is not `rw|ro:DEV:INO`.
+    #[error("--bind {0:?}: expected rw|ro:DEV:INO")]
+    Id(OsString),
+    /// Cloning the host path, or setting its flags.
+    #[error("binding {}: {source}", from.display())]
+    Clone { from: PathBuf, source: SysError },
+    /// The host path is no longer the object `layerfs run` checked.
+    #[error("refusing to bind {}: it was replaced after it was checked", from.display())]
+    Replaced { from: PathBuf },
+    /// No place for the bind at `to` in the sandbox.
+    #[error("binding {} at {}: {source}", from.display(), to.display())]
+    Place {
+        from: PathBuf,
+        to: PathBuf,
+        source: PlaceError,
+    },
+    /// Attaching the clone at its place `to`.
+    #[error("binding {} at {}: {source}", from.display(), to.display())]
+    Attach {
+        from: PathBuf,
+        to: PathBuf,
+        source: std::io::Error,
+    },
+    /// No place for the private home at `HOME`.
+    #[error(transparent)]
+    HomePlace(PlaceError),
+    #[error("mounting the private {HOME}: {0}")]
+    Home(#[source] std::io::Error),
+}
 
 /// One checked bind.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,11 +85,11 @@ impl Bind {
     }
 
     /// Reads `to_args`'s values back.
-    pub fn from_args(v: &[OsString]) -> Result<Bind, String> {
+    pub fn from_args(v: &[OsString]) -> Result<Bind, BindError> {
         let [id, from, to] = v else {
-            return Err(format!("--bind takes 3 values, got {}", v.len()));
+            return Err(BindError::Values(v.len()));
         };
-        let bad = || format!("--bind {id:?}: expected rw|ro:DEV:INO");
+        let bad = || BindError::Id(id.clone());
         let id = std::str::from_utf8(id.as_bytes()).map_err(|_| bad())?;
         let mut parts = id.split(':');
         let writable = match parts.next() {
@@ -60,8 +97,9 @@ impl Bind {
             Some("ro") => false,
             _ => return Err(bad()),
         };
-        let mut num =
-            || -> Result<u64, String> { parts.next().and_then(|n| n.parse().ok()).ok_or_else(bad) };
+        let mut num = || -> Result<u64, BindError> {
+            parts.next().and_then(|n| n.parse().ok()).ok_or_else(bad)
+        };
         Ok(Bind {
             writable,
             dev: num()?,
@@ -74,15 +112,18 @@ impl Bind {
 
 /// A clone of `b.from`, refused unless its root is the object `layerfs
 /// run` checked; with whether it is a directory.
-pub fn clone_checked(b: &Bind) -> Result<(OwnedFd, bool), String> {
-    let shown = b.from.display();
-    let tree = sys::clone_tree(&b.from).map_err(|e| format!("binding {shown}: {e}"))?;
+pub fn clone_checked(b: &Bind) -> Result<(OwnedFd, bool), BindError> {
+    let failed = |e: SysError| BindError::Clone {
+        from: b.from.clone(),
+        source: e,
+    };
+    let tree = sys::clone_tree(&b.from).map_err(|e| failed(e.into()))?;
     let st = nix::sys::stat::fstat(std::os::fd::AsRawFd::as_raw_fd(&tree))
-        .map_err(|e| format!("binding {shown}: {e}"))?;
+        .map_err(|e| failed(e.into()))?;
     if (st.st_dev, st.st_ino) != (b.dev, b.ino) {
-        return Err(format!(
-            "refusing to bind {shown}: it was replaced after it was checked"
-        ));
+        return Err(BindError::Replaced {
+            from: b.from.clone(),
+        });
     }
     let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
     Ok((tree, is_dir))
@@ -90,7 +131,7 @@ pub fn clone_checked(b: &Bind) -> Result<(OwnedFd, bool), String> {
 
 /// Binds each of `binds` under the new root at `stage`, shallowest target
 /// first (so a bind inside another's target lands on it).
-pub fn attach(stage: &Path, places: &mut Places, binds: &[Bind]) -> Result<(), String> {
+pub fn attach(stage: &Path, places: &mut Places, binds: &[Bind]) -> Result<(), BindError> {
     let mut order: Vec<&Bind> = binds.iter().collect();
     order.sort_by_key(|b| b.to.components().count());
     for b in order {
@@ -99,23 +140,40 @@ pub fn attach(stage: &Path, places: &mut Places, binds: &[Bind]) -> Result<(), S
         if !b.writable {
             flags |= libc::MOUNT_ATTR_RDONLY;
         }
-        sys::set_mount_attr(At::Fd(tree.as_fd()), true, flags, 0)
-            .map_err(|e| format!("binding {}: {e}", b.from.display()))?;
+        sys::set_mount_attr(At::Fd(tree.as_fd()), true, flags, 0).map_err(|e| {
+            BindError::Clone {
+                from: b.from.clone(),
+                source: e.into(),
+            }
+        })?;
         let kind = if is_dir { Kind::Dir } else { Kind::File };
         let target = places
             .ensure(stage, &b.to, kind)
-            .map_err(|e| format!("binding {} at {}: {e}", b.from.display(), b.to.display()))?;
-        sys::attach(tree.as_fd(), &target)
-            .map_err(|e| format!("binding {} at {}: {e}", b.from.display(), b.to.display()))?;
+            .map_err(|source| BindError::Place {
+                from: b.from.clone(),
+                to: b.to.clone(),
+                source,
+            })?;
+        sys::attach(tree.as_fd(), &target).map_err(|source| BindError::Attach {
+            from: b.from.clone(),
+            to: b.to.clone(),
+            source,
+        })?;
     }
     Ok(())
 }
 
 /// Attaches the private home directory `dir` (a detached clone of a
 /// directory of the sandbox's tmpfs) at `HOME`.
-pub fn attach_private_home(stage: &Path, places: &mut Places, dir: OwnedFd) -> Result<(), String> {
-    let target = places.ensure(stage, Path::new(HOME), Kind::Dir)?;
-    sys::attach(dir.as_fd(), &target).map_err(|e| format!("mounting the private {HOME}: {e}"))
+pub fn attach_private_home(
+    stage: &Path,
+    places: &mut Places,
+    dir: OwnedFd,
+) -> Result<(), BindError> {
+    let target = places
+        .ensure(stage, Path::new(HOME), Kind::Dir)
+        .map_err(BindError::HomePlace)?;
+    sys::attach(dir.as_fd(), &target).map_err(BindError::Home)
 }
 
 /// The device and inode of `path` (followed).
@@ -162,7 +220,7 @@ mod tests {
         assert!(clone_checked(&bind).is_ok());
         fs::remove_dir(&a).unwrap();
         fs::rename(&b, &a).unwrap();
-        let e = clone_checked(&bind).unwrap_err();
+        let e = clone_checked(&bind).unwrap_err().to_string();
         assert!(e.contains("replaced after it was checked"), "{e}");
     }
 }

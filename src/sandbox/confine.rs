@@ -15,6 +15,17 @@
 
 use super::sys;
 
+/// A step of confining the command that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error("leaving the caller's session keyring: {0}")]
+    Keyring(#[source] std::io::Error),
+    #[error("restricting abstract Unix sockets with Landlock: {0}")]
+    Landlock(#[source] std::io::Error),
+    #[error("dropping root's capabilities for the command: {0}")]
+    Capabilities(#[source] std::io::Error),
+}
+
 /// `LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET` (Landlock ABI 6).
 const LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1;
 /// The first Landlock ABI with scopes.
@@ -48,23 +59,22 @@ pub fn scopes_abstract_sockets() -> bool {
 /// Applies the above to the calling process (the command's, before exec),
 /// which still holds every capability in the sandbox's user namespace;
 /// `root`: the command runs as uid 0.
-pub fn command(root: bool) -> Result<(), String> {
+pub fn command(root: bool) -> Result<(), ConfineError> {
     // A kernel without keyrings (ENOSYS) has nothing to leave.
     if let Err(e) = sys::join_new_session_keyring() {
         if e.raw_os_error() != Some(libc::ENOSYS) {
-            return Err(format!("leaving the caller's session keyring: {e}"));
+            return Err(ConfineError::Keyring(e));
         }
     }
     if scopes_abstract_sockets() {
         sys::landlock_restrict_scopes(LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET)
-            .map_err(|e| format!("restricting abstract Unix sockets with Landlock: {e}"))?;
+            .map_err(ConfineError::Landlock)?;
     }
     if root {
         let keep = ROOT_CAPABILITIES
             .iter()
             .fold(0u64, |m, (cap, _)| m | (1u64 << cap));
-        sys::limit_capabilities(keep)
-            .map_err(|e| format!("dropping root's capabilities for the command: {e}"))?;
+        sys::limit_capabilities(keep).map_err(ConfineError::Capabilities)?;
     }
     Ok(())
 }

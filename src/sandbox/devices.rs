@@ -14,6 +14,7 @@ use std::path::Path;
 
 use nix::mount::{mount, MsFlags};
 
+use super::error::{SandboxError, SysError};
 use super::sys::{self, At};
 
 /// Host device nodes bound into the sandbox (skipped if the host lacks one).
@@ -28,17 +29,32 @@ const LINKS: [(&str, &str); 5] = [
     ("ptmx", "pts/ptmx"),
 ];
 
-fn mount_err(what: &str, target: &Path, e: impl std::fmt::Display) -> String {
-    format!(
-        "mounting {what} on {} in the sandbox: {e}",
-        target.display()
-    )
+fn mount_err(fs: &'static str, target: &Path, e: impl Into<SysError>) -> SandboxError {
+    SandboxError::MountOn {
+        fs,
+        path: target.to_path_buf(),
+        source: e.into(),
+    }
+}
+
+fn create_err(path: &Path) -> impl FnOnce(std::io::Error) -> SandboxError + '_ {
+    move |source| SandboxError::Create {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn read_only_err(path: &Path) -> impl FnOnce(std::io::Error) -> SandboxError + '_ {
+    move |source| SandboxError::ReadOnly {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Builds the sandbox's `/dev` at `dev` (the new root's `/dev`), while the
 /// host's `/dev` is still reachable at `/dev`; `shm` is the detached
 /// directory mount to show at `/dev/shm`.
-pub fn populate(dev: &Path, shm: OwnedFd) -> Result<(), String> {
+pub fn populate(dev: &Path, shm: OwnedFd) -> Result<(), SandboxError> {
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV;
     mount(Some("tmpfs"), dev, Some("tmpfs"), flags, Some("mode=0755"))
         .map_err(|e| mount_err("a tmpfs", dev, e))?;
@@ -48,7 +64,7 @@ pub fn populate(dev: &Path, shm: OwnedFd) -> Result<(), String> {
             continue;
         }
         let node = dev.join(name);
-        fs::File::create(&node).map_err(|e| format!("creating {}: {e}", node.display()))?;
+        fs::File::create(&node).map_err(create_err(&node))?;
         mount(
             Some(&host),
             &node,
@@ -56,17 +72,21 @@ pub fn populate(dev: &Path, shm: OwnedFd) -> Result<(), String> {
             MsFlags::MS_BIND,
             None::<&str>,
         )
-        .map_err(|e| mount_err(&host.display().to_string(), &node, e))?;
+        .map_err(|source| SandboxError::BindNode {
+            host: host.clone(),
+            path: node.clone(),
+            source,
+        })?;
         sys::set_mount_attr(
             At::Path(&node),
             false,
             libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
             0,
         )
-        .map_err(|e| format!("making {} read-only: {e}", node.display()))?;
+        .map_err(read_only_err(&node))?;
     }
     let pts = dev.join("pts");
-    fs::create_dir(&pts).map_err(|e| format!("creating {}: {e}", pts.display()))?;
+    fs::create_dir(&pts).map_err(create_err(&pts))?;
     mount(
         Some("devpts"),
         &pts,
@@ -76,14 +96,14 @@ pub fn populate(dev: &Path, shm: OwnedFd) -> Result<(), String> {
     )
     .map_err(|e| mount_err("devpts", &pts, e))?;
     let shm_dir = dev.join("shm");
-    fs::create_dir(&shm_dir).map_err(|e| format!("creating {}: {e}", shm_dir.display()))?;
+    fs::create_dir(&shm_dir).map_err(create_err(&shm_dir))?;
     sys::attach(shm.as_fd(), &shm_dir).map_err(|e| mount_err("a tmpfs", &shm_dir, e))?;
     for (name, target) in LINKS {
         let link = dev.join(name);
-        symlink(target, &link).map_err(|e| format!("creating {}: {e}", link.display()))?;
+        symlink(target, &link).map_err(create_err(&link))?;
     }
     // Nothing may be created in /dev itself from now on; the mounts in it
     // (pts, shm, the nodes) keep their own flags.
     sys::set_mount_attr(At::Path(dev), false, libc::MOUNT_ATTR_RDONLY, 0)
-        .map_err(|e| format!("making {} read-only: {e}", dev.display()))
+        .map_err(read_only_err(dev))
 }

@@ -31,11 +31,41 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{geteuid, ForkResult, Pid};
 
-use super::binds::Bind;
+use super::binds::{Bind, BindError};
+use super::confine::ConfineError;
+use super::error::SandboxError;
 use super::report::{parse_forward, Report, Reporter};
 use super::rootfs::{self, Layout};
+use super::terminal::TerminalError;
+use super::userns::UsernsError;
 use super::userns::{self, IdMap};
 use super::{confine, cwd, net, sys, terminal, Spec, STOP_SIGNALS};
+
+/// Why the monitor or the init could not start the command; its text is
+/// the `failed` report `layerfs run` prints.
+#[derive(Debug, thiserror::Error)]
+enum InitError {
+    #[error("cannot create the sandbox's namespaces: {0}")]
+    Namespaces(#[source] nix::Error),
+    #[error("fork: {0}")]
+    Fork(#[source] std::io::Error),
+    #[error("waiting for the sandbox's init: {0}")]
+    Wait(#[source] nix::Error),
+    #[error("setsid: {0}")]
+    Setsid(#[source] nix::Error),
+    #[error("PR_SET_DUMPABLE: {0}")]
+    NotDumpable(#[source] std::io::Error),
+    #[error(transparent)]
+    Userns(#[from] UsernsError),
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    #[error(transparent)]
+    Tree(#[from] SandboxError),
+    #[error(transparent)]
+    Terminal(#[from] TerminalError),
+    #[error(transparent)]
+    Confine(#[from] ConfineError),
+}
 
 /// Entry point of `layerfs __sandbox` (the monitor); returns its exit code.
 pub fn main(spec: Spec) -> i32 {
@@ -99,8 +129,8 @@ pub fn main(spec: Spec) -> i32 {
     }
     match monitor(&spec, &report, control, terminal, cgroup_go, &ignored) {
         Ok(()) => 0,
-        Err(msg) => {
-            report.send(&Report::Failed(msg));
+        Err(e) => {
+            report.send(&Report::Failed(e.to_string()));
             125
         }
     }
@@ -114,7 +144,7 @@ fn monitor(
     terminal: Option<OwnedFd>,
     cgroup_go: Option<OwnedFd>,
     ignored: &[Signal],
-) -> Result<(), String> {
+) -> Result<(), InitError> {
     // A private IPC namespace: the host's System V shared memory, message
     // queues and semaphores (a database's, say) are not reachable.
     let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC;
@@ -122,12 +152,11 @@ fn monitor(
         flags |= CloneFlags::CLONE_NEWNET;
     }
     if geteuid().is_root() {
-        nix::sched::unshare(flags)
-            .map_err(|e| format!("cannot create the sandbox's namespaces: {e}"))?;
+        nix::sched::unshare(flags).map_err(InitError::Namespaces)?;
     } else {
         userns::enter(flags, &IdMap::own())?;
     }
-    match sys::fork_single_threaded().map_err(|e| format!("fork: {e}"))? {
+    match sys::fork_single_threaded().map_err(InitError::Fork)? {
         ForkResult::Child => {
             let _ = sys::set_parent_death_signal(Signal::SIGKILL);
             sys::exit_child(init(spec, report, control, terminal, cgroup_go, ignored))
@@ -141,7 +170,7 @@ fn monitor(
                 match waitpid(child, None) {
                     Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => return Ok(()),
                     Err(nix::Error::EINTR) | Ok(_) => continue,
-                    Err(e) => return Err(format!("waiting for the sandbox's init: {e}")),
+                    Err(e) => return Err(InitError::Wait(e)),
                 }
             }
         }
@@ -152,7 +181,7 @@ fn monitor(
 /// then goes into a user namespace of its own (every id mapped to itself):
 /// the kernel locks every mount it inherits there, so even root cannot
 /// remount the host read-write or unmount what hides it.
-fn prepare(spec: &Spec) -> Result<(), String> {
+fn prepare(spec: &Spec) -> Result<(), InitError> {
     if spec.no_network {
         net::loopback_up()?;
     }
@@ -190,10 +219,10 @@ fn init(
     // a command could reach through it, and not dumpable, so the command
     // cannot ptrace it or open its descriptors through /proc/1/fd.
     let hardened = nix::unistd::setsid()
-        .map_err(|e| format!("setsid: {e}"))
-        .and_then(|_| sys::set_not_dumpable().map_err(|e| format!("PR_SET_DUMPABLE: {e}")));
-    if let Err(msg) = hardened.and_then(|()| prepare(spec)) {
-        report.send(&Report::Failed(msg));
+        .map_err(InitError::Setsid)
+        .and_then(|_| sys::set_not_dumpable().map_err(InitError::NotDumpable));
+    if let Err(e) = hardened.and_then(|()| prepare(spec)) {
+        report.send(&Report::Failed(e.to_string()));
         return 1;
     }
     if let Err(e) = cwd::enter(&spec.at, spec.cwd.as_deref().unwrap_or(Path::new(""))) {
@@ -203,8 +232,8 @@ fn init(
     let pty = match terminal {
         Some(sock) => match terminal::open_and_hand_over(sock, spec.rows, spec.cols) {
             Ok(path) => Some(path),
-            Err(msg) => {
-                report.send(&Report::Failed(msg));
+            Err(e) => {
+                report.send(&Report::Failed(e.to_string()));
                 return 1;
             }
         },
@@ -314,9 +343,10 @@ fn reap(child: Pid, mut control: &File, sfd: &SignalFd) -> Option<Report> {
 /// execs. Never returns.
 fn exec_command(spec: &Spec, report: &Reporter, ignored: &[Signal], pty: Option<&Path>) -> ! {
     let setup = terminal::enter_session(pty.map(|p| (p, spec.pty_fds.as_slice())))
-        .and_then(|()| confine::command(geteuid().is_root()));
-    if let Err(msg) = setup {
-        report.send(&Report::Failed(msg));
+        .map_err(InitError::from)
+        .and_then(|()| confine::command(geteuid().is_root()).map_err(InitError::from));
+    if let Err(e) = setup {
+        report.send(&Report::Failed(e.to_string()));
         sys::exit_child(125);
     }
     for s in STOP_SIGNALS {

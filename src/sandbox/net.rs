@@ -3,8 +3,9 @@
 //! talk to themselves over 127.0.0.1 (test servers, language servers)
 //! still work.
 
+use super::error::SandboxError;
 use super::sys;
 
-pub fn loopback_up() -> Result<(), String> {
-    sys::interface_up("lo").map_err(|e| format!("bringing up loopback in the sandbox: {e}"))
+pub fn loopback_up() -> Result<(), SandboxError> {
+    sys::interface_up("lo").map_err(SandboxError::Loopback)
 }

@@ -24,6 +24,7 @@ use std::path::{Component, Path, PathBuf};
 
 use nix::mount::{mount, MsFlags};
 
+use super::error::SysError;
 use super::sys::{self, At};
 
 /// What a place holds.
@@ -41,12 +42,14 @@ const RESERVED: [&str; 3] = ["/proc", "/sys", "/dev"];
 /// Checks a sandbox path by its spelling: absolute, normalized (no `.` or
 /// `..`), not `/` and not under `/proc`, `/sys` or `/dev`. `what` names the
 /// option for the message (e.g. `--at`).
-pub fn check(path: &Path, what: &str) -> Result<PathBuf, String> {
-    let shown = path.display();
+pub fn check(path: &Path, what: &'static str) -> Result<PathBuf, PlaceError> {
+    let bad = |rule| PlaceError::Spelling {
+        what,
+        path: path.to_path_buf(),
+        rule,
+    };
     if !path.is_absolute() {
-        return Err(format!(
-            "{what} {shown}: give an absolute path inside the sandbox (e.g. /workspace)"
-        ));
+        return Err(bad(Spelling::NotAbsolute));
     }
     let mut out = PathBuf::from("/");
     for c in path.components() {
@@ -54,21 +57,71 @@ pub fn check(path: &Path, what: &str) -> Result<PathBuf, String> {
             Component::RootDir => {}
             Component::Normal(n) => out.push(n),
             Component::CurDir | Component::ParentDir | Component::Prefix(_) => {
-                return Err(format!(
-                    "{what} {shown}: give the path without `.` or `..` components"
-                ))
+                return Err(bad(Spelling::Dots))
             }
         }
     }
     if out == Path::new("/") {
-        return Err(format!("{what} {shown}: cannot be the sandbox's root"));
+        return Err(bad(Spelling::Root));
     }
     if let Some(r) = RESERVED.iter().find(|r| out.starts_with(r)) {
-        return Err(format!(
-            "{what} {shown}: {r} belongs to the sandbox itself; choose another path"
-        ));
+        return Err(bad(Spelling::Reserved(r)));
     }
     Ok(out)
+}
+
+/// Why a place cannot be made in the sandbox's tree.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    /// The path given for option `what` (e.g. `--at`) breaks a rule of
+    /// `check`.
+    #[error("{what} {}: {rule}", path.display())]
+    Spelling {
+        what: &'static str,
+        path: PathBuf,
+        rule: Spelling,
+    },
+    /// `path` leads through the symlink `link` (a sandbox path).
+    #[error(
+        "{} goes through the symlink {} inside the sandbox; give the path it leads to",
+        path.display(),
+        link.display()
+    )]
+    ThroughSymlink { path: PathBuf, link: PathBuf },
+    /// `path` exists as the other kind (`is_dir`: it is a directory).
+    #[error(
+        "{} is {} in the sandbox",
+        path.display(),
+        if *is_dir { "a directory, not a file" } else { "not a directory" }
+    )]
+    WrongKind { path: PathBuf, is_dir: bool },
+    #[error("{}: a part of it is not a directory in the sandbox", path.display())]
+    NotDirOnTheWay { path: PathBuf },
+    /// A shadow that is read-only although it was made writable.
+    #[error("shadowing {} in the sandbox: already shadowed, yet read-only", dir.display())]
+    AlreadyShadowed { dir: PathBuf },
+    /// A step (`what`: "creating", "listing", "shadowing", ...) on a path
+    /// of the sandbox.
+    #[error("{what} {} in the sandbox: {source}", path.display())]
+    Step {
+        what: &'static str,
+        path: PathBuf,
+        source: SysError,
+    },
+}
+
+/// The rule of `check` a sandbox path breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Spelling {
+    #[error("give an absolute path inside the sandbox (e.g. /workspace)")]
+    NotAbsolute,
+    #[error("give the path without `.` or `..` components")]
+    Dots,
+    #[error("cannot be the sandbox's root")]
+    Root,
+    /// Under one of `RESERVED`.
+    #[error("{0} belongs to the sandbox itself; choose another path")]
+    Reserved(&'static str),
 }
 
 /// The shadows made so far, writable until `seal`.
@@ -83,8 +136,12 @@ enum Entry {
     Link(OsString, PathBuf),
 }
 
-fn err(what: &str, p: &Path, e: impl std::fmt::Display) -> String {
-    format!("{what} {} in the sandbox: {e}", p.display())
+fn err(what: &'static str, p: &Path, e: impl Into<SysError>) -> PlaceError {
+    PlaceError::Step {
+        what,
+        path: p.to_path_buf(),
+        source: e.into(),
+    }
 }
 
 impl Places {
@@ -92,7 +149,7 @@ impl Places {
     /// `stage` as `kind`, and returns it as a host path under `stage`. An
     /// existing path must already be of that kind; a symlink on the way is
     /// refused (give the resolved path).
-    pub fn ensure(&mut self, stage: &Path, path: &Path, kind: Kind) -> Result<PathBuf, String> {
+    pub fn ensure(&mut self, stage: &Path, path: &Path, kind: Kind) -> Result<PathBuf, PlaceError> {
         let mut at = stage.to_path_buf();
         let parts: Vec<_> = path.components().skip(1).collect();
         for (i, part) in parts.iter().enumerate() {
@@ -100,14 +157,10 @@ impl Places {
             let next = at.join(part);
             match fs::symlink_metadata(&next) {
                 Ok(m) if m.file_type().is_symlink() => {
-                    return Err(format!(
-                        "{} goes through the symlink {} inside the sandbox; give the path it \
-                         leads to",
-                        path.display(),
-                        Path::new("/")
-                            .join(next.strip_prefix(stage).unwrap_or(&next))
-                            .display()
-                    ))
+                    return Err(PlaceError::ThroughSymlink {
+                        path: path.to_path_buf(),
+                        link: Path::new("/").join(next.strip_prefix(stage).unwrap_or(&next)),
+                    })
                 }
                 Ok(m) if last => {
                     let fits = match kind {
@@ -115,22 +168,16 @@ impl Places {
                         Kind::File => !m.is_dir(),
                     };
                     if !fits {
-                        return Err(format!(
-                            "{} is {} in the sandbox",
-                            path.display(),
-                            if m.is_dir() {
-                                "a directory, not a file"
-                            } else {
-                                "not a directory"
-                            }
-                        ));
+                        return Err(PlaceError::WrongKind {
+                            path: path.to_path_buf(),
+                            is_dir: m.is_dir(),
+                        });
                     }
                 }
                 Ok(m) if !m.is_dir() => {
-                    return Err(format!(
-                        "{}: a part of it is not a directory in the sandbox",
-                        path.display()
-                    ))
+                    return Err(PlaceError::NotDirOnTheWay {
+                        path: path.to_path_buf(),
+                    })
                 }
                 Ok(_) => {}
                 Err(_) => {
@@ -145,7 +192,12 @@ impl Places {
 
     /// Makes `rest` below the existing directory `parent`, shadowing
     /// `parent` first if it is read-only.
-    fn make(&mut self, parent: &Path, rest: &[Component<'_>], kind: Kind) -> Result<(), String> {
+    fn make(
+        &mut self,
+        parent: &Path,
+        rest: &[Component<'_>],
+        kind: Kind,
+    ) -> Result<(), PlaceError> {
         let first = parent.join(rest[0]);
         let made = match (rest.len(), kind) {
             (1, Kind::File) => fs::File::create_new(&first).map(drop),
@@ -175,9 +227,11 @@ impl Places {
     /// Covers the read-only directory `dir` with a tmpfs showing the same
     /// entries (each bound from a clone of the original), writable until
     /// `seal`.
-    fn shadow(&mut self, dir: &Path) -> Result<(), String> {
+    fn shadow(&mut self, dir: &Path) -> Result<(), PlaceError> {
         if self.shadows.iter().any(|s| s == dir) {
-            return Err(err("shadowing", dir, "already shadowed, yet read-only"));
+            return Err(PlaceError::AlreadyShadowed {
+                dir: dir.to_path_buf(),
+            });
         }
         let meta = fs::metadata(dir).map_err(|e| err("reading", dir, e))?;
         let mut entries = Vec::new();
@@ -232,7 +286,7 @@ impl Places {
 
     /// Makes every shadow read-only (what is bound in them keeps its own
     /// flags).
-    pub fn seal(self) -> Result<(), String> {
+    pub fn seal(self) -> Result<(), PlaceError> {
         for s in &self.shadows {
             sys::set_mount_attr(
                 At::Path(s),
@@ -270,7 +324,7 @@ mod tests {
             PathBuf::from("/procs")
         );
         for bad in ["workspace", "/", "/a/../b", "/proc", "/sys/x", "/dev/shm/w"] {
-            let e = check(Path::new(bad), "--at").unwrap_err();
+            let e = check(Path::new(bad), "--at").unwrap_err().to_string();
             assert!(e.starts_with("--at "), "{bad}: {e}");
         }
     }

@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use super::binds::{self, Bind};
+use super::error::SandboxError;
 use super::places::{inside, Kind, Places};
 use super::sys::{self, At};
 use super::{devices, masks};
@@ -61,17 +62,6 @@ pub struct Layout<'a> {
     pub private_home: bool,
 }
 
-fn new_api_error(what: &str, e: std::io::Error) -> String {
-    if e.raw_os_error() == Some(libc::ENOSYS) {
-        format!(
-            "{what}: this kernel lacks the mount API the sandbox needs (open_tree, \
-             move_mount, mount_setattr: Linux 5.12 or later)"
-        )
-    } else {
-        format!("{what}: {e}")
-    }
-}
-
 /// Builds the tree and pivots into it. Runs in the sandbox's init, which
 /// holds `CAP_SYS_ADMIN` over the new mount namespace and is pid 1 of the
 /// new pid namespace (a proc mount shows the pid namespace of its mounter).
@@ -79,7 +69,7 @@ fn new_api_error(what: &str, e: std::io::Error) -> String {
 /// Long on purpose: the mounts must happen in this order (private, clone,
 /// read-only, scratch, /dev, /proc, /sys, hiding, binds, the workspace,
 /// seal, pivot) and each step says why it comes where it does.
-pub fn build(l: &Layout<'_>) -> Result<(), String> {
+pub fn build(l: &Layout<'_>) -> Result<(), SandboxError> {
     // Nothing done here may propagate back to the host's mounts.
     mount(
         None::<&str>,
@@ -88,20 +78,20 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| format!("making the sandbox's mounts private: {e}"))?;
+    .map_err(SandboxError::Private)?;
 
     let root = sys::clone_tree(Path::new("/"))
-        .map_err(|e| new_api_error("cloning the host's mount tree", e))?;
+        .map_err(|e| SandboxError::mount_api("cloning the host's mount tree", e))?;
     sys::set_mount_attr(
         At::Fd(root.as_fd()),
         true,
         libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
         0,
     )
-    .map_err(|e| new_api_error("making the host's mounts read-only", e))?;
+    .map_err(|e| SandboxError::mount_api("making the host's mounts read-only", e))?;
     let ws = sys::clone_tree(l.workspace).map_err(|e| {
-        new_api_error(
-            &format!("cloning the workspace {}", l.workspace.display()),
+        SandboxError::mount_api(
+            format!("cloning the workspace {}", l.workspace.display()),
             e,
         )
     })?;
@@ -113,8 +103,8 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
     let mut scratch = Scratch::create(l.stage, l.tmp_size, var_run_is_dir, l.private_home)?;
 
     sys::attach(root.as_fd(), l.stage).map_err(|e| {
-        new_api_error(
-            &format!("attaching the new root on {}", l.stage.display()),
+        SandboxError::mount_api(
+            format!("attaching the new root on {}", l.stage.display()),
             e,
         )
     })?;
@@ -123,7 +113,7 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
     let resolv = match resolv {
         Some(p) => Some((
             sys::clone_tree(&inside(l.stage, &p))
-                .map_err(|e| new_api_error(&format!("keeping {}", p.display()), e))?,
+                .map_err(|e| SandboxError::mount_api(format!("keeping {}", p.display()), e))?,
             p,
         )),
         None => None,
@@ -139,7 +129,7 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
     }
     if let Some((file, path)) = resolv {
         show_file(file, &inside(l.stage, &path))
-            .map_err(|e| format!("keeping {} readable in the sandbox: {e}", path.display()))?;
+            .map_err(|source| SandboxError::KeepReadable { path, source })?;
     }
 
     devices::populate(&inside(l.stage, Path::new("/dev")), scratch.shm)?;
@@ -152,8 +142,8 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
-    .map_err(|e| format!("mounting /proc for the sandbox's pid namespace: {e}"))?;
-    masks::protect_proc(&proc_dir).map_err(|e| e.to_string())?;
+    .map_err(SandboxError::Proc)?;
+    masks::protect_proc(&proc_dir)?;
 
     let sys_dir = inside(l.stage, Path::new("/sys"));
     if l.fresh_sysfs {
@@ -164,13 +154,13 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
             MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
             None::<&str>,
         )
-        .map_err(|e| format!("mounting /sys for the sandbox's network namespace: {e}"))?;
+        .map_err(SandboxError::Sysfs)?;
     }
-    masks::protect_sys(&sys_dir).map_err(|e| e.to_string())?;
+    masks::protect_sys(&sys_dir)?;
 
     let mut hide = l.hide.to_vec();
     hide.push(l.workspace.to_path_buf());
-    let hidden = masks::hide(l.stage, &hide).map_err(|e| e.to_string())?;
+    let hidden = masks::hide(l.stage, &hide)?;
 
     // Last, so nothing mounted above (a /tmp holding it) covers it; inside
     // a hidden directory its place is made in the hiding tmpfs before that
@@ -180,12 +170,17 @@ pub fn build(l: &Layout<'_>) -> Result<(), String> {
         binds::attach_private_home(l.stage, &mut places, home)?;
     }
     binds::attach(l.stage, &mut places, l.binds)?;
-    let target = places
-        .ensure(l.stage, l.at, Kind::Dir)
-        .map_err(|e| format!("cannot place the workspace at {}: {e}", l.at.display()))?;
-    sys::attach(ws.as_fd(), &target)
-        .map_err(|e| new_api_error(&format!("attaching the workspace at {}", l.at.display()), e))?;
-    hidden.seal().map_err(|e| e.to_string())?;
+    let target =
+        places
+            .ensure(l.stage, l.at, Kind::Dir)
+            .map_err(|source| SandboxError::PlaceWorkspace {
+                at: l.at.to_path_buf(),
+                source,
+            })?;
+    sys::attach(ws.as_fd(), &target).map_err(|e| {
+        SandboxError::mount_api(format!("attaching the workspace at {}", l.at.display()), e)
+    })?;
+    hidden.seal()?;
     places.seal()?;
 
     pivot(l.stage)
@@ -212,7 +207,7 @@ struct Scratch {
 impl Scratch {
     /// Mounts the tmpfs on `stage` (still empty), makes its directories,
     /// clones them and detaches the tmpfs again.
-    fn create(stage: &Path, size: u64, var_run: bool, home: bool) -> Result<Scratch, String> {
+    fn create(stage: &Path, size: u64, var_run: bool, home: bool) -> Result<Scratch, SandboxError> {
         // Inodes cost kernel memory that `size` does not count: one per
         // 8 KiB of the budget, and never fewer than a small tree needs.
         let inodes = (size / 8192).max(16_384);
@@ -223,20 +218,28 @@ impl Scratch {
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             Some(format!("mode=0755,size={size},nr_inodes={inodes}").as_str()),
         )
-        .map_err(|e| format!("mounting the sandbox's private tmpfs (--tmp-size {size}): {e}"))?;
+        .map_err(|source| SandboxError::Tmpfs { size, source })?;
         let made = (|| {
-            let dir = |name: &str, mode: u32| -> Result<OwnedFd, String> {
+            let dir = |name: &str, mode: u32| -> Result<OwnedFd, SandboxError> {
                 let p = stage.join(name);
-                fs::create_dir(&p).map_err(|e| format!("creating {}: {e}", p.display()))?;
-                fs::set_permissions(&p, fs::Permissions::from_mode(mode))
-                    .map_err(|e| format!("chmod {}: {e}", p.display()))?;
-                sys::clone_tree(&p).map_err(|e| new_api_error(&format!("binding {name}"), e))
+                fs::create_dir(&p).map_err(|source| SandboxError::Create {
+                    path: p.clone(),
+                    source,
+                })?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(mode)).map_err(|source| {
+                    SandboxError::Chmod {
+                        path: p.clone(),
+                        source,
+                    }
+                })?;
+                sys::clone_tree(&p)
+                    .map_err(|e| SandboxError::mount_api(format!("binding {name}"), e))
             };
             let run = dir("run", 0o755)?;
             let var_run = if var_run {
                 Some(
                     sys::clone_tree(&stage.join("run"))
-                        .map_err(|e| new_api_error("binding /var/run", e))?,
+                        .map_err(|e| SandboxError::mount_api("binding /var/run", e))?,
                 )
             } else {
                 None
@@ -253,16 +256,18 @@ impl Scratch {
                 },
             })
         })();
-        umount2(stage, MntFlags::MNT_DETACH)
-            .map_err(|e| format!("detaching the private tmpfs from {}: {e}", stage.display()))?;
+        umount2(stage, MntFlags::MNT_DETACH).map_err(|source| SandboxError::DetachTmpfs {
+            stage: stage.to_path_buf(),
+            source,
+        })?;
         made
     }
 }
 
 /// Attaches a detached directory mount on `target` (an existing directory).
-fn attach_dir(tree: OwnedFd, target: &Path, shown: &str) -> Result<(), String> {
+fn attach_dir(tree: OwnedFd, target: &Path, shown: &str) -> Result<(), SandboxError> {
     sys::attach(tree.as_fd(), target)
-        .map_err(|e| new_api_error(&format!("mounting the private {shown}"), e))
+        .map_err(|e| SandboxError::mount_api(format!("mounting the private {shown}"), e))
 }
 
 /// Attaches a detached file mount at `target`, creating its parents and an
@@ -276,11 +281,17 @@ fn show_file(file: OwnedFd, target: &Path) -> std::io::Result<()> {
 }
 
 /// Makes `stage` the root and detaches the old one.
-fn pivot(stage: &Path) -> Result<(), String> {
-    nix::unistd::chdir(stage).map_err(|e| format!("chdir {}: {e}", stage.display()))?;
+fn pivot(stage: &Path) -> Result<(), SandboxError> {
+    let chdir = |path: &Path| {
+        nix::unistd::chdir(path).map_err(|source| SandboxError::Chdir {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    chdir(stage)?;
     // pivot_root(".", "."): the old root ends up stacked on the new one at
     // "/", and unmounting "." takes it away.
-    nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root into the sandbox: {e}"))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detaching the host's root: {e}"))?;
-    nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))
+    nix::unistd::pivot_root(".", ".").map_err(SandboxError::PivotRoot)?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(SandboxError::DetachHostRoot)?;
+    chdir(Path::new("/"))
 }

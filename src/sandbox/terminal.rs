@@ -24,19 +24,51 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use super::sys;
 
+/// A step of giving the command its terminal that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TerminalError {
+    /// A step (`what`: "opening /dev/ptmx", "grantpt", ...) of making the
+    /// pseudo-terminal and handing it over.
+    #[error("{what} for the command's terminal: {source}")]
+    Pty {
+        what: &'static str,
+        source: nix::Error,
+    },
+    /// Setting the window size of the terminal at `path`.
+    #[error("setting the window size of {path}: {source}")]
+    WindowSize {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("setsid: {0}")]
+    Setsid(#[source] nix::Error),
+    #[error("opening the command's terminal {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Putting the terminal on the command's descriptor `fd`.
+    #[error("terminal on descriptor {fd}: {source}")]
+    Dup { fd: i32, source: nix::Error },
+}
+
 /// In the init, after the pivot: opens a pseudo-terminal of the sandbox's
 /// devpts, gives it the caller's window size, hands its master to
 /// `layerfs run` over `socket` and closes its own copy. Returns the path
 /// of the terminal (its slave) for the command to open.
-pub fn open_and_hand_over(socket: OwnedFd, rows: u16, cols: u16) -> Result<PathBuf, String> {
-    let fail = |what: &str, e: nix::Error| format!("{what} for the command's terminal: {e}");
+pub fn open_and_hand_over(socket: OwnedFd, rows: u16, cols: u16) -> Result<PathBuf, TerminalError> {
+    let fail = |what: &'static str, source: nix::Error| TerminalError::Pty { what, source };
     let master = posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
         .map_err(|e| fail("opening /dev/ptmx", e))?;
     grantpt(&master).map_err(|e| fail("grantpt", e))?;
     unlockpt(&master).map_err(|e| fail("unlockpt", e))?;
     let path = ptsname_r(&master).map_err(|e| fail("ptsname", e))?;
-    sys::set_window_size(master.as_fd(), rows, cols)
-        .map_err(|e| format!("setting the window size of {path}: {e}"))?;
+    sys::set_window_size(master.as_fd(), rows, cols).map_err(|source| {
+        TerminalError::WindowSize {
+            path: path.clone(),
+            source,
+        }
+    })?;
     let fds = [master.as_raw_fd()];
     sendmsg::<()>(
         socket.as_raw_fd(),
@@ -52,8 +84,8 @@ pub fn open_and_hand_over(socket: OwnedFd, rows: u16, cols: u16) -> Result<PathB
 /// In the command's process, before exec: a session of its own, so it has
 /// no controlling terminal; with `pty`, that terminal becomes its
 /// controlling terminal and is put on descriptors `fds` (of 0, 1, 2).
-pub fn enter_session(pty: Option<(&Path, &[i32])>) -> Result<(), String> {
-    nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
+pub fn enter_session(pty: Option<(&Path, &[i32])>) -> Result<(), TerminalError> {
+    nix::unistd::setsid().map_err(TerminalError::Setsid)?;
     if let Some((path, fds)) = pty {
         // Opened without O_NOCTTY by a session leader with no controlling
         // terminal: it becomes the controlling terminal.
@@ -61,10 +93,13 @@ pub fn enter_session(pty: Option<(&Path, &[i32])>) -> Result<(), String> {
             .read(true)
             .write(true)
             .open(path)
-            .map_err(|e| format!("opening the command's terminal {}: {e}", path.display()))?;
-        for fd in fds {
-            nix::unistd::dup2(tty.as_raw_fd(), *fd)
-                .map_err(|e| format!("terminal on descriptor {fd}: {e}"))?;
+            .map_err(|source| TerminalError::Open {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        for &fd in fds {
+            nix::unistd::dup2(tty.as_raw_fd(), fd)
+                .map_err(|source| TerminalError::Dup { fd, source })?;
         }
     }
     Ok(())

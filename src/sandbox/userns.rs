@@ -51,13 +51,38 @@ impl IdMap {
     }
 }
 
+/// Why no user namespace with its id maps could be entered.
+#[derive(Debug, thiserror::Error)]
+pub enum UsernsError {
+    #[error("pipe: {0}")]
+    Pipe(#[source] std::io::Error),
+    #[error("fork: {0}")]
+    Fork(#[source] std::io::Error),
+    /// `unshare(CLONE_NEWUSER | …)` refused, worded for the user.
+    #[error("{}", unshare_error(*.0))]
+    Unshare(#[source] nix::Error),
+    /// What the id-mapping helper reported (the text of a `WriteMap`).
+    #[error("{0}")]
+    Helper(String),
+    /// Writing `text` (its lines joined by `; `) to `path`.
+    #[error("cannot write {path} ({text}): {source}")]
+    WriteMap {
+        path: String,
+        text: String,
+        source: std::io::Error,
+    },
+    /// The id-mapping helper ended without a word, with this status.
+    #[error("the id-mapping helper ended with {0:?}")]
+    HelperEnded(nix::Result<WaitStatus>),
+}
+
 /// Unshares a new user namespace together with `also`, and has a helper
 /// in the current namespace write `map` for it.
-pub fn enter(also: CloneFlags, map: &IdMap) -> Result<(), String> {
+pub fn enter(also: CloneFlags, map: &IdMap) -> Result<(), UsernsError> {
     let target = getpid();
-    let (mut go_r, go_w) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
-    let (mut err_r, err_w) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
-    match sys::fork_single_threaded().map_err(|e| format!("fork: {e}"))? {
+    let (mut go_r, go_w) = std::io::pipe().map_err(UsernsError::Pipe)?;
+    let (mut err_r, err_w) = std::io::pipe().map_err(UsernsError::Pipe)?;
+    match sys::fork_single_threaded().map_err(UsernsError::Fork)? {
         ForkResult::Child => {
             drop(go_w);
             drop(err_r);
@@ -68,9 +93,9 @@ pub fn enter(also: CloneFlags, map: &IdMap) -> Result<(), String> {
             }
             match write_maps(target.as_raw(), map) {
                 Ok(()) => sys::exit_child(0),
-                Err(msg) => {
+                Err(e) => {
                     let mut w = err_w;
-                    let _ = w.write_all(msg.as_bytes());
+                    let _ = w.write_all(e.to_string().as_bytes());
                     sys::exit_child(1)
                 }
             }
@@ -88,25 +113,24 @@ pub fn enter(also: CloneFlags, map: &IdMap) -> Result<(), String> {
             let _ = err_r.read_to_string(&mut msg);
             let status = waitpid(child, None);
             if let Err(e) = unshared {
-                return Err(unshare_error(e));
+                return Err(UsernsError::Unshare(e));
             }
             match status {
                 Ok(WaitStatus::Exited(_, 0)) if msg.is_empty() => Ok(()),
-                _ if !msg.is_empty() => Err(msg),
-                other => Err(format!("the id-mapping helper ended with {other:?}")),
+                _ if !msg.is_empty() => Err(UsernsError::Helper(msg)),
+                other => Err(UsernsError::HelperEnded(other)),
             }
         }
     }
 }
 
-fn write_maps(pid: i32, map: &IdMap) -> Result<(), String> {
+fn write_maps(pid: i32, map: &IdMap) -> Result<(), UsernsError> {
     let write = |file: &str, text: &str| {
         let path = format!("/proc/{pid}/{file}");
-        fs::write(&path, text).map_err(|e| {
-            format!(
-                "cannot write {path} ({}): {e}",
-                text.trim_end().replace('\n', "; ")
-            )
+        fs::write(&path, text).map_err(|source| UsernsError::WriteMap {
+            path,
+            text: text.trim_end().replace('\n', "; "),
+            source,
         })
     };
     if map.deny_setgroups {
@@ -144,7 +168,7 @@ pub fn unshare_error(e: nix::Error) -> String {
 
 /// Checks that this (unprivileged) process can create a user namespace,
 /// before anything is mounted: a child tries it and exits.
-pub fn probe() -> Result<(), String> {
+pub fn probe() -> Result<(), UsernsError> {
     let mut cmd = std::process::Command::new(super::SELF_EXE);
     cmd.arg("--version")
         .stdin(std::process::Stdio::null())
@@ -155,7 +179,7 @@ pub fn probe() -> Result<(), String> {
         .apply(&mut cmd);
     match cmd.status() {
         Ok(_) => Ok(()),
-        Err(e) => Err(unshare_error(
+        Err(e) => Err(UsernsError::Unshare(
             e.raw_os_error()
                 .map(nix::Error::from_raw)
                 .unwrap_or(nix::Error::EINVAL),

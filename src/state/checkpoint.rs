@@ -103,16 +103,15 @@ pub fn lock_upper(upper: &Path) -> Result<std::fs::File, StackError> {
     crate::host::holder::lock(
         upper,
         |h| {
-            format!(
+            StackError::Refused(format!(
                 "upper {} is in use by a layerfs mount ({}); unmount it first ({})",
                 upper.display(),
                 h.describe(),
                 h.umount_hint()
-            )
+            ))
         },
         &mut |m| tracing::warn!("{m}"),
     )
-    .map_err(StackError::Refused)
 }
 
 /// Makes the empty directory `name` in `dir` with the mode and owner of

@@ -57,6 +57,19 @@ impl fmt::Display for StackError {
 
 impl std::error::Error for StackError {}
 
+/// The upper's lock could not be taken (`checkpoint::lock_upper`).
+impl From<crate::host::holder::LockError> for StackError {
+    fn from(e: crate::host::holder::LockError) -> StackError {
+        use crate::host::holder::LockError;
+        match e {
+            LockError::Open { dir, source } | LockError::Lock { dir, source } => StackError::Io {
+                what: format!("cannot lock {}", dir.display()),
+                source,
+            },
+        }
+    }
+}
+
 impl From<SafeDirError> for StackError {
     fn from(e: SafeDirError) -> StackError {
         StackError::Dir(e)
