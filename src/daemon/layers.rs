@@ -186,7 +186,7 @@ impl Live for Swap<'_> {
         ov.set_lowers(new);
         if let Err(e) = ov.replace_upper_root(root) {
             ov.set_lowers(old.to_vec());
-            return Err(e);
+            return Err(e.into());
         }
         ov.refresh_paths(&[std::ffi::OsString::new()]);
         if let Some(c) = self.claim.take() {
@@ -275,7 +275,7 @@ impl crate::state::squash::Live for Resquash<'_> {
         ov.set_lowers(new);
         if let Err(e) = ov.replace_upper_root(root) {
             ov.set_lowers(old.to_vec());
-            return Err(e);
+            return Err(e.into());
         }
         ov.refresh_paths(&[std::ffi::OsString::new()]);
         Ok(())
