@@ -40,17 +40,19 @@ pub enum LayerError {
     /// Its filesystem gives different files one inode number.
     #[error(
         "{what} {} ({fstype}) gives different files the same inode number {ino} \
-         ({first} and {second}); layerfs tells files apart by inode number: mount that \
+         ({} and {}); layerfs tells files apart by inode number: mount that \
          filesystem with real inode numbers (e.g. sshfs -o use_ino, cifs -o serverino)",
-        path.display()
+        path.display(),
+        names[0],
+        names[1]
     )]
     SharedInodes {
         what: String,
         path: PathBuf,
         fstype: String,
         ino: u64,
-        first: String,
-        second: String,
+        /// Two of the names that share it.
+        names: Box<[String; 2]>,
     },
     /// A call on the root failed with a transport error: the network
     /// filesystem's server is gone.

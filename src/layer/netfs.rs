@@ -162,8 +162,10 @@ impl Caps {
                 path: path.to_path_buf(),
                 fstype,
                 ino,
-                first: a.to_string_lossy().into_owned(),
-                second: b.to_string_lossy().into_owned(),
+                names: Box::new([
+                    a.to_string_lossy().into_owned(),
+                    b.to_string_lossy().into_owned(),
+                ]),
             });
         }
         Ok(Caps {
