@@ -56,7 +56,7 @@ impl InstanceArgs {
             }
             return Ok(());
         };
-        let inst = Instance::parse(name).map_err(ConfigError::Usage)?;
+        let inst = Instance::parse(name).map_err(|e| ConfigError::Usage(e.to_string()))?;
         let upper_root = self
             .upper_root
             .clone()

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::state::workspace::Workspace;
+use crate::state::workspace::{Workspace, WorkspaceError};
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct StateArg {
@@ -21,11 +21,10 @@ pub struct StateArg {
 
 impl StateArg {
     /// The workspace `arg` names, in the state dir given, if one was.
-    pub fn resolve(&self, arg: &Path) -> Result<Workspace, String> {
+    pub fn resolve(&self, arg: &Path) -> Result<Workspace, WorkspaceError> {
         match &self.state {
             Some(state) => Workspace::resolve_in(arg, state),
             None => Workspace::resolve(arg),
         }
-        .map_err(String::from)
     }
 }

@@ -38,46 +38,91 @@ pub struct InstancePaths {
     pub mountpoint: PathBuf,
 }
 
-/// Why a segment is refused: a message naming the segment and the rule.
-fn check_segment(what: &str, s: &str, name: &str) -> Result<(), String> {
-    let rule = format!(
+/// An instance name that is refused: the name, which segment (`user` or
+/// `session`), and the rule it breaks.
+#[derive(Debug, thiserror::Error)]
+#[error("instance name `{name}`: {problem} ({}){}", rule(what), problem.hint())]
+pub struct InstanceNameError {
+    pub name: String,
+    /// `user` or `session`.
+    pub what: &'static str,
+    pub problem: SegmentProblem,
+}
+
+/// How a segment breaks the rule.
+#[derive(Debug, thiserror::Error)]
+pub enum SegmentProblem {
+    #[error("empty {what}")]
+    Empty { what: &'static str },
+    #[error("{what} `{segment}` is {} characters long", segment.len())]
+    TooLong { what: &'static str, segment: String },
+    #[error("character {c:?} not allowed in {what} `{segment}`")]
+    Character {
+        what: &'static str,
+        segment: String,
+        c: char,
+    },
+    #[error("{what} `{segment}` starts with `{}`", &segment[..1])]
+    Leading { what: &'static str, segment: String },
+}
+
+impl SegmentProblem {
+    /// What to do about a backslash: systemd's escapes are not undone.
+    fn hint(&self) -> &'static str {
+        match self {
+            SegmentProblem::Character { c: '\\', .. } => {
+                " (layerfs@.service passes %i as written: pick a name systemd-escape leaves alone)"
+            }
+            _ => "",
+        }
+    }
+}
+
+/// The rule a segment must follow, for messages.
+fn rule(what: &str) -> String {
+    format!(
         "a {what} is 1-{MAX_SEGMENT} characters of A-Z a-z 0-9 . _ -, not starting with \
          `.` or `-`"
-    );
+    )
+}
+
+impl From<InstanceNameError> for String {
+    fn from(e: InstanceNameError) -> String {
+        e.to_string()
+    }
+}
+
+/// Checks one segment of `name`; the error names the segment and the rule.
+fn check_segment(what: &'static str, s: &str, name: &str) -> Result<(), InstanceNameError> {
+    let refuse = |problem| {
+        Err(InstanceNameError {
+            name: name.to_string(),
+            what,
+            problem,
+        })
+    };
+    let segment = s.to_string();
     if s.is_empty() {
-        return Err(format!("instance name `{name}`: empty {what} ({rule})"));
+        return refuse(SegmentProblem::Empty { what });
     }
     if s.len() > MAX_SEGMENT {
-        return Err(format!(
-            "instance name `{name}`: {what} `{s}` is {} characters long ({rule})",
-            s.len()
-        ));
+        return refuse(SegmentProblem::TooLong { what, segment });
     }
     if let Some(c) = s
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        let hint = if c == '\\' {
-            " (layerfs@.service passes %i as written: pick a name systemd-escape leaves alone)"
-        } else {
-            ""
-        };
-        return Err(format!(
-            "instance name `{name}`: character {c:?} not allowed in {what} `{s}` ({rule}){hint}"
-        ));
+        return refuse(SegmentProblem::Character { what, segment, c });
     }
     if s.starts_with('.') || s.starts_with('-') {
-        return Err(format!(
-            "instance name `{name}`: {what} `{s}` starts with `{}` ({rule})",
-            &s[..1]
-        ));
+        return refuse(SegmentProblem::Leading { what, segment });
     }
     Ok(())
 }
 
 impl Instance {
     /// Parses and checks `USER` or `USER@SESSION`.
-    pub fn parse(name: &str) -> Result<Instance, String> {
+    pub fn parse(name: &str) -> Result<Instance, InstanceNameError> {
         let (user, session) = match name.split_once('@') {
             Some((u, s)) => (u, Some(s)),
             None => (name, None),
@@ -164,7 +209,7 @@ mod tests {
             ("alice\\x2dbob", "systemd-escape"),
             ("é", "character 'é'"),
         ] {
-            let e = Instance::parse(name).expect_err(name);
+            let e = Instance::parse(name).expect_err(name).to_string();
             assert!(e.contains(needle), "{name:?}: {e}");
             assert!(e.contains(&format!("`{name}`")), "{name:?}: {e}");
         }

@@ -28,7 +28,7 @@ pub use args::MountArgs;
 pub use options::{apply_mount_options, split_known_options, IGNORED_OPTIONS, LAYERFS_OPTIONS};
 pub use paths::default_work_dir;
 pub use validate::validate;
-pub use values::{parse_age, parse_duration, parse_size};
+pub use values::{parse_age, parse_duration, parse_size, ValueError};
 
 /// Everything the daemon and the overlay core need to serve one mount.
 /// Paths are absolute and canonical once `validate` has run.

@@ -238,7 +238,8 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
                 args.lower_passthrough = true;
             }
             "lower_timeout" => {
-                args.lower_timeout = Some(parse_duration(&need(value)?).map_err(bad)?);
+                args.lower_timeout =
+                    Some(parse_duration(&need(value)?).map_err(|e| bad(e.into()))?);
             }
             "max_watches" => {
                 let v = need(value)?;
@@ -248,13 +249,13 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
                 args.max_watches = Some(n);
             }
             "journal_max_size" => {
-                let size = parse_size(&need(value)?).map_err(bad)?;
+                let size = parse_size(&need(value)?).map_err(|e| bad(e.into()))?;
                 if let Some(j) = &mut args.journal {
                     j.max_bytes = size;
                 }
             }
             "journal_max_age" => {
-                let age = parse_age(&need(value)?).map_err(bad)?;
+                let age = parse_age(&need(value)?).map_err(|e| bad(e.into()))?;
                 if let Some(j) = &mut args.journal {
                     j.max_age = age;
                 }

@@ -149,7 +149,7 @@ proptest! {
     fn fuzz_parse_duration(s in prop_oneof!["[0-9.]{0,25}(ns|us|µs|ms|s|sec|m|min|h| s)?", any::<String>()]) {
         match super::parse_duration(&s) {
             Ok(d) => prop_assert!(d <= std::time::Duration::from_secs(86_400)),
-            Err(m) => prop_assert!(m.contains(&format!("`{s}`")), "{}", m),
+            Err(m) => prop_assert!(m.to_string().contains(&format!("`{s}`")), "{}", m),
         }
     }
 }

@@ -84,8 +84,8 @@ pub enum LayersError {
     #[error("{0}")]
     Layer(String),
     /// Serving the new upper root (the core's message).
-    #[error("{0}")]
-    UpperRoot(String),
+    #[error(transparent)]
+    UpperRoot(crate::overlay::OverlayError),
     #[error("the mount serves {served} layers, fewer than the {needed} squashed and kept")]
     FewerLayers { served: usize, needed: usize },
     #[error("cannot open the upper dir being served: {0}")]
@@ -245,7 +245,7 @@ impl Live for Swap<'_> {
         ov.set_lowers(new);
         if let Err(e) = ov.replace_upper_root(root) {
             ov.set_lowers(old.to_vec());
-            return Err(LayersError::UpperRoot(e.to_string()).into());
+            return Err(LayersError::UpperRoot(e).into());
         }
         ov.refresh_paths(&[std::ffi::OsString::new()]);
         if let Some(c) = self.claim.take() {
@@ -334,7 +334,7 @@ impl crate::state::squash::Live for Resquash<'_> {
         ov.set_lowers(new);
         if let Err(e) = ov.replace_upper_root(root) {
             ov.set_lowers(old.to_vec());
-            return Err(LayersError::UpperRoot(e.to_string()).into());
+            return Err(LayersError::UpperRoot(e).into());
         }
         ov.refresh_paths(&[std::ffi::OsString::new()]);
         Ok(())

@@ -62,7 +62,7 @@ pub(super) fn ctx(req: &Request, umask: u32) -> Ctx {
 impl LayerFs {
     /// Opens every layer root and the work dir; fails with a message naming
     /// the layer and the problem.
-    pub fn new(cfg: &Config) -> Result<LayerFs, String> {
+    pub fn new(cfg: &Config) -> Result<LayerFs, crate::overlay::OverlayError> {
         crate::failpoint::init();
         let ov = Overlay::new(&cfg.overlay_options())?;
         let root = nix::unistd::geteuid().is_root();

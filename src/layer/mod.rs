@@ -7,6 +7,7 @@
 //! directories beside the layers (state, work, snapshots, a run's
 //! mountpoint) are checked once and then reached the same way (`safedir`).
 
+mod error;
 pub mod fds;
 pub mod netfs;
 pub mod ops;
@@ -18,6 +19,8 @@ pub mod stack;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod walk;
+
+pub use error::LayerError;
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -39,48 +42,36 @@ impl Layer {
     /// Opens a layer root and probes its filesystem; the message names the
     /// layer and the problem. A filesystem that fails with a transport
     /// error (its server is gone) is named as such.
-    pub fn open(path: &std::path::Path, what: &str) -> Result<Layer, String> {
+    pub fn open(path: &std::path::Path, what: &str) -> Result<Layer, LayerError> {
         Self::open_inner(path, what).map_err(|e| {
-            if e.1.is_some_and(reach::is_transport) {
-                format!(
-                    "{}: its network filesystem does not reach its server; mount once it is back",
-                    e.0
-                )
+            if e.is_transport() {
+                LayerError::Unreachable(Box::new(e))
             } else {
-                e.0
+                e
             }
         })
     }
 
-    fn open_inner(path: &std::path::Path, what: &str) -> Result<Layer, (String, Option<i32>)> {
-        let err = |e: std::io::Error, doing: &str| {
-            (
-                format!("cannot {doing} {what} {}: {e}", path.display()),
-                e.raw_os_error(),
-            )
-        };
-        let root = sys::open_root(path).map_err(|e| err(e, "open"))?;
-        let st = sys::fstat(&root).map_err(|e| err(e, "stat"))?;
+    fn open_inner(path: &std::path::Path, what: &str) -> Result<Layer, LayerError> {
+        let root = sys::open_root(path).map_err(|e| LayerError::io("open", what, path, e))?;
+        let st = sys::fstat(&root).map_err(|e| LayerError::io("stat", what, path, e))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-            return Err((
-                format!("{what} {} is not a directory", path.display()),
-                None,
-            ));
+            return Err(LayerError::NotADirectory {
+                what: what.to_string(),
+                path: path.to_path_buf(),
+            });
         }
         // open_by_handle_at needs a real fd (not O_PATH) on the filesystem.
         let dir = sys::open_dir(&root).map_err(|e| match e.raw_os_error() {
             // The no-escape guarantee rests on openat2 (see `sys`).
-            Some(libc::ENOSYS) => (
-                format!(
-                    "{what} {}: the kernel has no openat2 with RESOLVE_BENEATH ({e}); layerfs \
-                     reaches its layers only that way and needs Linux 5.6 or later",
-                    path.display()
-                ),
-                None,
-            ),
-            _ => err(e, "open"),
+            Some(libc::ENOSYS) => LayerError::NoOpenat2 {
+                what: what.to_string(),
+                path: path.to_path_buf(),
+                source: e,
+            },
+            _ => LayerError::io("open", what, path, e),
         })?;
-        let caps = netfs::Caps::probe(&root, &dir, path, what).map_err(|e| (e, None))?;
+        let caps = netfs::Caps::probe(&root, &dir, path, what)?;
         Ok(Layer {
             root,
             mount: Arc::new(root::Mount {

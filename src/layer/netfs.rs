@@ -31,6 +31,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
 use super::sys;
+use super::LayerError;
 
 /// `statfs` magic numbers of network and FUSE filesystems (linux/magic.h
 /// and the filesystems' own sources).
@@ -126,10 +127,17 @@ impl Caps {
     /// Probes the filesystem of the layer root `root` (an `O_PATH` fd of
     /// `path`); `dir` is a readable fd of the same directory. An error is
     /// the message refusing the lower, naming it and what to do.
-    pub fn probe(root: &OwnedFd, dir: &OwnedFd, path: &Path, what: &str) -> Result<Caps, String> {
-        let p = path.display();
-        let magic =
-            sys::fstatfs_type(root).map_err(|e| format!("cannot statfs {what} {p}: {e}"))?;
+    pub fn probe(
+        root: &OwnedFd,
+        dir: &OwnedFd,
+        path: &Path,
+        what: &str,
+    ) -> Result<Caps, LayerError> {
+        let magic = sys::fstatfs_type(root).map_err(|source| LayerError::Statfs {
+            what: what.to_string(),
+            path: path.to_path_buf(),
+            source,
+        })?;
         let (fstype, source) = mount_of(root).unwrap_or_else(|| {
             let name = REMOTE_MAGIC.iter().find(|(m, _)| *m == magic);
             (name.map_or("unknown", |(_, n)| n).to_string(), "?".into())
@@ -149,13 +157,16 @@ impl Caps {
             Inodes::Unknown
         };
         if let Some((a, b, ino)) = shared_inode(dir) {
-            return Err(format!(
-                "{what} {p} ({fstype}) gives different files the same inode number {ino} \
-                 ({} and {}); layerfs tells files apart by inode number: mount that \
-                 filesystem with real inode numbers (e.g. sshfs -o use_ino, cifs -o serverino)",
-                a.to_string_lossy(),
-                b.to_string_lossy()
-            ));
+            return Err(LayerError::SharedInodes {
+                what: what.to_string(),
+                path: path.to_path_buf(),
+                fstype,
+                ino,
+                names: Box::new([
+                    a.to_string_lossy().into_owned(),
+                    b.to_string_lossy().into_owned(),
+                ]),
+            });
         }
         Ok(Caps {
             fstype,

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use super::ops::{is_opaque, is_whiteout, redirect, Upper};
 use super::sys::{self, Stat};
 use super::walk::{self, is_dir};
+use super::LayerError;
 
 /// The layers of an (unmounted or mounted) workspace, opened as fds.
 pub struct Layers {
@@ -39,18 +40,14 @@ impl Layers {
         })
     }
 
-    pub fn open(upper: &Path, lowers: &[PathBuf]) -> Result<Layers, String> {
-        let up = sys::open_root(upper)
-            .map_err(|e| format!("cannot open upper dir {}: {e}", upper.display()))?;
-        let st = sys::fstat(&up)
-            .map_err(|e| format!("cannot stat upper dir {}: {e}", upper.display()))?;
+    pub fn open(upper: &Path, lowers: &[PathBuf]) -> Result<Layers, LayerError> {
+        let up =
+            sys::open_root(upper).map_err(|e| LayerError::io("open", "upper dir", upper, e))?;
+        let st = sys::fstat(&up).map_err(|e| LayerError::io("stat", "upper dir", upper, e))?;
         let mut ls = Vec::new();
         for (i, l) in lowers.iter().enumerate() {
-            ls.push(
-                sys::open_root(l).map_err(|e| {
-                    format!("cannot open lower dir #{} {}: {e}", i + 1, l.display())
-                })?,
-            );
+            let what = format!("lower dir #{}", i + 1);
+            ls.push(sys::open_root(l).map_err(|e| LayerError::io("open", &what, l, e))?);
         }
         Ok(Layers {
             upper: up,

@@ -6,6 +6,7 @@
 pub mod attr;
 pub mod copy_up;
 pub mod dir;
+mod error;
 pub mod events;
 pub mod file;
 pub mod gate;
@@ -40,6 +41,7 @@ use crate::layer::safedir::Role;
 use crate::layer::{sys, Layer};
 use crate::policy::Policy;
 
+pub use error::OverlayError;
 pub use inode::{Inode, ROOT_ID};
 
 /// An errno, the currency of every core operation.
@@ -61,6 +63,8 @@ impl std::fmt::Display for Errno {
         write!(f, "{}", io::Error::from_raw_os_error(self.0))
     }
 }
+
+impl std::error::Error for Errno {}
 
 pub type Result<T> = std::result::Result<T, Errno>;
 
@@ -215,22 +219,25 @@ pub struct Options {
 impl Overlay {
     /// Opens the layers named by the options (the message names the
     /// layer and the problem) and sets up the root object.
-    pub fn new(cfg: &Options) -> std::result::Result<Overlay, String> {
+    pub fn new(cfg: &Options) -> std::result::Result<Overlay, OverlayError> {
         raise_fd_limit();
         let upper_layer = Layer::open(&cfg.upper, "upper dir")?;
         // Checked as `layerfs mount` checked it (not a symlink, ours, not
         // writable by others): copy-ups are built in it.
         let work = crate::layer::safedir::SafeDir::open(&cfg.work, Role::Work)?
-            .ok_or_else(|| format!("work dir {} does not exist", cfg.work.display()))?
+            .ok_or_else(|| OverlayError::NoWorkDir {
+                work: cfg.work.clone(),
+            })?
             .into_fd();
-        let work_st = sys::fstat(&work)
-            .map_err(|e| format!("cannot stat work dir {}: {e}", cfg.work.display()))?;
+        let work_st = sys::fstat(&work).map_err(|source| OverlayError::StatWork {
+            work: cfg.work.clone(),
+            source,
+        })?;
         if work_st.st_dev != upper_layer.dev {
-            return Err(format!(
-                "work dir {} is not on the same filesystem as upper dir {}",
-                cfg.work.display(),
-                cfg.upper.display()
-            ));
+            return Err(OverlayError::WorkElsewhere {
+                work: cfg.work.clone(),
+                upper: cfg.upper.clone(),
+            });
         }
         let mut lowers = Vec::new();
         for (i, l) in cfg.lowers.iter().enumerate() {
@@ -254,7 +261,10 @@ impl Overlay {
         let upper = Upper::new(upper_layer, work, privileged);
         upper
             .clean_work()
-            .map_err(|e| format!("cannot clean work dir {}: {e}", cfg.work.display()))?;
+            .map_err(|source| OverlayError::CleanWork {
+                work: cfg.work.clone(),
+                source,
+            })?;
         let policy = Arc::new(cfg.policy.clone());
         let quota = quota::Usage::new(policy.quota());
         let owners = share_owners(&upper.layer.root);
@@ -277,20 +287,24 @@ impl Overlay {
         if ov.quota.limited() {
             ov.quota
                 .scan(&ov.upper.layer.root)
-                .map_err(|e| format!("cannot measure upper usage: {e}"))?;
+                .map_err(OverlayError::MeasureUsage)?;
         }
         Ok(ov)
     }
 
-    fn init_root(&self) -> std::result::Result<(), String> {
+    fn init_root(&self) -> std::result::Result<(), OverlayError> {
         let upper = sys::open_path(&self.upper.layer.root, OsStr::new("."))
-            .map_err(|e| format!("cannot open upper root: {e}"))?;
+            .map_err(OverlayError::UpperRoot)?;
         let opaque = self.upper.is_opaque(&upper);
         let mut lowers = Vec::new();
         if !opaque {
             for (i, l) in self.lowers().iter().enumerate() {
-                let fd = sys::open_path(&l.root, OsStr::new("."))
-                    .map_err(|e| format!("cannot open {}: {e}", l.path.display()))?;
+                let fd = sys::open_path(&l.root, OsStr::new(".")).map_err(|source| {
+                    OverlayError::LowerRoot {
+                        lower: l.path.clone(),
+                        source,
+                    }
+                })?;
                 lowers.push((i, crate::layer::real::RealFd::new(fd, &l.mount)));
             }
         }

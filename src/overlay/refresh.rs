@@ -15,7 +15,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use super::inode::{Inode, Real, ROOT_ID};
-use super::Overlay;
+use super::{Overlay, OverlayError};
 use crate::layer::real::RealFd;
 use crate::layer::sys;
 
@@ -205,13 +205,20 @@ impl Overlay {
     /// decides whether the lower roots are merged). Every other held
     /// inode must then be re-resolved (`refresh_paths(&[""])`). Call with
     /// writes paused.
-    pub fn replace_upper_root(&self, root: std::os::fd::OwnedFd) -> Result<(), String> {
+    pub fn replace_upper_root(
+        &self,
+        root: std::os::fd::OwnedFd,
+    ) -> std::result::Result<(), OverlayError> {
         let opaque = self.upper.is_opaque(&root);
         let mut lowers = Vec::new();
         if !opaque {
             for (i, l) in self.lowers().iter().enumerate() {
-                let fd = sys::open_path(&l.root, OsStr::new("."))
-                    .map_err(|e| format!("cannot open {}: {e}", l.path.display()))?;
+                let fd = sys::open_path(&l.root, OsStr::new(".")).map_err(|source| {
+                    OverlayError::LowerRoot {
+                        lower: l.path.clone(),
+                        source,
+                    }
+                })?;
                 lowers.push((i, RealFd::new(fd, &l.mount)));
             }
         }
@@ -221,9 +228,7 @@ impl Overlay {
             opaque,
             lower_path: Some(super::inode::LowerPath::root()),
         };
-        let inode = self
-            .inode(ROOT_ID)
-            .map_err(|e| format!("the root object is gone: {e}"))?;
+        let inode = self.inode(ROOT_ID).map_err(OverlayError::RootGone)?;
         *inode.real.write() = real;
         *inode.listing.lock() = None;
         self.watch_dir(&inode);

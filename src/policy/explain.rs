@@ -7,18 +7,19 @@ use std::fmt::Write;
 
 use super::{DeviceMode, Policy, SuidMode, SymlinkMode};
 
+/// A path to explain that climbs out of the mount root.
+#[derive(Debug, thiserror::Error)]
+#[error("path `{0}` has a `..` segment; give the path relative to the mount root")]
+struct ClimbingPath(String);
+
 /// Accepts the forms a person types (`/a/b`, `./a/b/`, `a//b`) and returns
 /// the mount-relative form, or an error for a `..` segment.
-fn normalize(path: &str) -> Result<String, String> {
+fn normalize(path: &str) -> Result<String, ClimbingPath> {
     let mut parts = Vec::new();
     for component in path.split('/') {
         match component {
             "" | "." => {}
-            ".." => {
-                return Err(format!(
-                    "path `{path}` has a `..` segment; give the path relative to the mount root"
-                ))
-            }
+            ".." => return Err(ClimbingPath(path.to_string())),
             name => parts.push(name),
         }
     }
@@ -28,7 +29,7 @@ fn normalize(path: &str) -> Result<String, String> {
 pub(super) fn explain(policy: &Policy, path: &str) -> String {
     let rel = match normalize(path) {
         Ok(rel) => rel,
-        Err(message) => return message,
+        Err(e) => return e.to_string(),
     };
     let shown = if rel.is_empty() {
         "/ (the mount root)"

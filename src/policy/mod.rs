@@ -21,6 +21,7 @@
 //! - Quota suffixes: bytes use powers of 1024 (`10G` = 10 GiB), inodes use
 //!   powers of 1000 (`1M` = 1,000,000); suffixes are case-insensitive.
 
+mod error;
 mod explain;
 pub(crate) mod parse;
 pub mod pattern;
@@ -33,6 +34,7 @@ use std::ffi::OsStr;
 use std::fmt;
 use std::path::Path;
 
+pub use error::{AmountError, LineError, LoadError, PatternError, PolicyError};
 use rules::PathRules;
 
 /// One rule of a policy file, kept for messages ("line 3: readonly skills/**").
@@ -83,21 +85,6 @@ pub struct Quota {
     pub bytes: Option<u64>,
     pub inodes: Option<u64>,
 }
-
-/// A policy file that does not parse: the line and what is wrong with it.
-#[derive(Debug, Clone)]
-pub struct PolicyError {
-    pub line: usize,
-    pub message: String,
-}
-
-impl fmt::Display for PolicyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}: {}", self.line, self.message)
-    }
-}
-
-impl std::error::Error for PolicyError {}
 
 /// `symlinks contained|any`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,10 +182,15 @@ impl Policy {
     }
 
     /// Reads and parses a policy file; errors name the file and the line.
-    pub fn load(path: &Path) -> Result<Policy, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read policy file {}: {e}", path.display()))?;
-        Policy::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Policy, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Policy::parse(&text).map_err(|source| LoadError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     /// The `scratch` patterns, in file order.
@@ -432,10 +424,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("p.policy");
         std::fs::write(&file, "hide .env\nhidden x\n").unwrap();
-        let err = Policy::load(&file).unwrap_err();
+        let err = Policy::load(&file).unwrap_err().to_string();
         assert!(err.contains("p.policy"), "{err}");
         assert!(err.contains("line 2:"), "{err}");
-        let err = Policy::load(&dir.path().join("missing")).unwrap_err();
+        let err = Policy::load(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("missing"), "{err}");
         std::fs::write(&file, "readonly skills/**\n").unwrap();
         let p = Policy::load(&file).unwrap();

@@ -4,11 +4,9 @@
 //! pattern may contain `#` (`issue#12`). Keywords are lower case. Settings
 //! (`symlinks`, `devices`, `suid`, `quota`) may repeat; the later line wins.
 
+use super::error::{AmountError, LineError};
 use super::rules::{compile_rule, PathKind, PathRules};
 use super::{DeviceMode, HostPrefix, Policy, PolicyError, RuleRef, Setting, SuidMode, SymlinkMode};
-
-const KEYWORDS: &str =
-    "hide, readonly, protect, symlinks, allow-host, devices, suid, quota, scratch";
 
 pub(super) fn parse(text: &str) -> Result<Policy, PolicyError> {
     let mut policy = Policy::default();
@@ -23,7 +21,7 @@ pub(super) fn parse(text: &str) -> Result<Policy, PolicyError> {
             line,
             text: words.join(" "),
         };
-        let error = |message: String| PolicyError { line, message };
+        let error = |kind: LineError| PolicyError { line, kind };
         match keyword {
             "hide" | "readonly" | "protect" => {
                 let kind = match keyword {
@@ -33,7 +31,7 @@ pub(super) fn parse(text: &str) -> Result<Policy, PolicyError> {
                 };
                 let pattern =
                     one_arg(keyword, args, "a glob such as `secrets/**`").map_err(error)?;
-                path_rules.push(compile_rule(kind, pattern, rule).map_err(error)?);
+                path_rules.push(compile_rule(kind, pattern, rule).map_err(|e| error(e.into()))?);
             }
             "symlinks" => {
                 let value = one_arg(keyword, args, "`contained` or `any`").map_err(error)?;
@@ -74,7 +72,7 @@ pub(super) fn parse(text: &str) -> Result<Policy, PolicyError> {
             }
             "scratch" => {
                 let pattern = one_arg(keyword, args, "a glob such as `build/**`").map_err(error)?;
-                super::pattern::Pattern::parse(pattern).map_err(error)?;
+                super::pattern::Pattern::parse(pattern).map_err(|e| error(e.into()))?;
                 policy.scratch.push(pattern.to_string());
                 policy.scratch_rules.push(rule);
             }
@@ -82,17 +80,10 @@ pub(super) fn parse(text: &str) -> Result<Policy, PolicyError> {
                 parse_quota(args, &mut policy).map_err(error)?;
                 policy.quota_rule = Some(rule);
             }
-            other => {
-                return Err(error(format!(
-                    "unknown rule `{other}`; expected one of {KEYWORDS}"
-                )))
-            }
+            other => return Err(error(LineError::UnknownRule(other.to_string()))),
         }
     }
-    policy.paths = PathRules::build(path_rules).map_err(|e| PolicyError {
-        line: e.line,
-        message: e.message,
-    })?;
+    policy.paths = PathRules::build(path_rules)?;
     Ok(policy)
 }
 
@@ -107,40 +98,43 @@ fn strip_comment(line: &str) -> &str {
     line
 }
 
-fn one_arg<'a>(keyword: &str, args: &[&'a str], expected: &str) -> Result<&'a str, String> {
+fn one_arg<'a>(
+    keyword: &str,
+    args: &[&'a str],
+    expected: &'static str,
+) -> Result<&'a str, LineError> {
     match args {
         [one] => Ok(one),
-        [] => Err(format!(
-            "`{keyword}` needs an argument: expected {expected}"
-        )),
-        [_, extra @ ..] => Err(format!(
-            "`{keyword}` takes one argument, found extra `{}`: expected {expected} \
-             (patterns cannot contain spaces)",
-            extra.join(" ")
-        )),
+        [] => Err(LineError::NoArgument {
+            keyword: keyword.to_string(),
+            expected,
+        }),
+        [_, extra @ ..] => Err(LineError::ExtraArgument {
+            keyword: keyword.to_string(),
+            extra: extra.join(" "),
+            expected,
+        }),
     }
 }
 
-fn bad_value(keyword: &str, value: &str, expected: &str) -> String {
-    format!("`{keyword} {value}`: unknown value `{value}`; expected {expected}")
+fn bad_value(keyword: &str, value: &str, expected: &'static str) -> LineError {
+    LineError::BadValue {
+        keyword: keyword.to_string(),
+        value: value.to_string(),
+        expected,
+    }
 }
 
 /// An `allow-host` prefix as components; `/` alone gives none (everything).
-fn host_prefix(value: &str) -> Result<Vec<String>, String> {
+fn host_prefix(value: &str) -> Result<Vec<String>, LineError> {
     let Some(rest) = value.strip_prefix('/') else {
-        return Err(format!(
-            "`allow-host {value}`: the prefix must be an absolute path such as `/usr` (or `none`)"
-        ));
+        return Err(LineError::HostNotAbsolute(value.to_string()));
     };
     let mut components = Vec::new();
     for component in rest.split('/') {
         match component {
             "" | "." => {}
-            ".." => {
-                return Err(format!(
-                    "`allow-host {value}`: the prefix must not contain `..`"
-                ))
-            }
+            ".." => return Err(LineError::HostClimbs(value.to_string())),
             name => components.push(name.to_string()),
         }
     }
@@ -148,29 +142,30 @@ fn host_prefix(value: &str) -> Result<Vec<String>, String> {
 }
 
 /// `quota bytes=SIZE inodes=COUNT`, either key optional, at least one.
-fn parse_quota(args: &[&str], policy: &mut Policy) -> Result<(), String> {
-    const EXPECTED: &str =
-        "expected `bytes=SIZE` and/or `inodes=COUNT`, e.g. `quota bytes=10G inodes=1M`";
+fn parse_quota(args: &[&str], policy: &mut Policy) -> Result<(), LineError> {
     if args.is_empty() {
-        return Err(format!("`quota` needs an argument: {EXPECTED}"));
+        return Err(LineError::QuotaNoArgument);
     }
     let mut seen_bytes = false;
     let mut seen_inodes = false;
     for arg in args {
         let Some((key, value)) = arg.split_once('=') else {
-            return Err(format!("quota: `{arg}` is not KEY=VALUE; {EXPECTED}"));
+            return Err(LineError::QuotaNotKeyValue(arg.to_string()));
         };
         let (seen, base) = match key {
             "bytes" => (&mut seen_bytes, 1024),
             "inodes" => (&mut seen_inodes, 1000),
-            other => return Err(format!("quota: unknown key `{other}`; {EXPECTED}")),
+            other => return Err(LineError::QuotaKey(other.to_string())),
         };
         if *seen {
-            return Err(format!("quota: `{key}` given twice"));
+            return Err(LineError::QuotaTwice(key.to_string()));
         }
         *seen = true;
-        let amount =
-            parse_amount(value, base).map_err(|e| format!("quota: {key}=`{value}`: {e}"))?;
+        let amount = parse_amount(value, base).map_err(|source| LineError::QuotaAmount {
+            key: key.to_string(),
+            value: value.to_string(),
+            source,
+        })?;
         if key == "bytes" {
             policy.quota.bytes = Some(amount);
         } else {
@@ -182,9 +177,7 @@ fn parse_quota(args: &[&str], policy: &mut Policy) -> Result<(), String> {
 
 /// A whole number with an optional suffix K, M, G or T (either case),
 /// multiplied by powers of `base`.
-pub(crate) fn parse_amount(value: &str, base: u64) -> Result<u64, String> {
-    const EXPECTED: &str =
-        "expected a whole number with an optional suffix K, M, G or T (e.g. 10G)";
+pub(crate) fn parse_amount(value: &str, base: u64) -> Result<u64, AmountError> {
     let (digits, power) = match value.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&value[..value.len() - 1], 1),
         Some('M') => (&value[..value.len() - 1], 2),
@@ -193,12 +186,12 @@ pub(crate) fn parse_amount(value: &str, base: u64) -> Result<u64, String> {
         _ => (value, 0),
     };
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("not a number; {EXPECTED}"));
+        return Err(AmountError::NotANumber);
     }
-    let number: u64 = digits.parse().map_err(|_| "number too large".to_string())?;
+    let number: u64 = digits.parse().map_err(|_| AmountError::TooLarge)?;
     base.checked_pow(power)
         .and_then(|scale| number.checked_mul(scale))
-        .ok_or_else(|| "number too large".to_string())
+        .ok_or(AmountError::TooLarge)
 }
 
 #[cfg(test)]
@@ -249,7 +242,7 @@ mod tests {
         assert!(!p.has_path_rules(), "scratch is not an access rule");
         let e = err("hide x\nscratch a/../b\n");
         assert_eq!(e.line, 2);
-        assert!(e.message.contains(".."), "{}", e.message);
+        assert!(e.kind.to_string().contains(".."), "{}", e.kind);
         assert_eq!(err("scratch\n").line, 1);
     }
 
@@ -295,44 +288,58 @@ mod tests {
     fn malformed_lines_name_line_and_problem() {
         let e = err("hide a\n\nhidden x\n");
         assert_eq!(e.line, 3);
-        assert!(e.message.contains("unknown rule `hidden`"), "{e}");
-        assert!(e.message.contains("expected one of hide, readonly"), "{e}");
+        assert!(e.kind.to_string().contains("unknown rule `hidden`"), "{e}");
+        assert!(
+            e.kind
+                .to_string()
+                .contains("expected one of hide, readonly"),
+            "{e}"
+        );
         assert_eq!(e.to_string().split(':').next(), Some("line 3"));
 
         let e = err("readonly\n");
         assert_eq!(e.line, 1);
-        assert!(e.message.contains("needs an argument"), "{e}");
+        assert!(e.kind.to_string().contains("needs an argument"), "{e}");
 
         let e = err("# x\nprotect a b\n");
         assert_eq!(e.line, 2);
-        assert!(e.message.contains("extra `b`"), "{e}");
+        assert!(e.kind.to_string().contains("extra `b`"), "{e}");
 
         let e = err("hide ok\nhide a[b\n");
         assert_eq!(e.line, 2);
-        assert!(e.message.contains("bad glob `a[b`"), "{e}");
+        assert!(e.kind.to_string().contains("bad glob `a[b`"), "{e}");
 
         let e = err("hide ../x\n");
-        assert!(e.message.contains("`..`"), "{e}");
+        assert!(e.kind.to_string().contains("`..`"), "{e}");
 
         let e = err("symlinks maybe\n");
-        assert!(e.message.contains("expected `contained` or `any`"), "{e}");
+        assert!(
+            e.kind.to_string().contains("expected `contained` or `any`"),
+            "{e}"
+        );
         let e = err("devices\n");
-        assert!(e.message.contains("expected `deny` or `allow`"), "{e}");
+        assert!(
+            e.kind.to_string().contains("expected `deny` or `allow`"),
+            "{e}"
+        );
         let e = err("suid keep\n");
-        assert!(e.message.contains("expected `strip` or `allow`"), "{e}");
+        assert!(
+            e.kind.to_string().contains("expected `strip` or `allow`"),
+            "{e}"
+        );
         let e = err("symlinks any contained\n");
-        assert!(e.message.contains("extra"), "{e}");
+        assert!(e.kind.to_string().contains("extra"), "{e}");
 
         let e = err("\n\nallow-host usr\n");
         assert_eq!(e.line, 3);
-        assert!(e.message.contains("absolute"), "{e}");
+        assert!(e.kind.to_string().contains("absolute"), "{e}");
         let e = err("allow-host /usr/../etc\n");
-        assert!(e.message.contains("`..`"), "{e}");
+        assert!(e.kind.to_string().contains("`..`"), "{e}");
         let e = err("allow-host\n");
-        assert!(e.message.contains("needs an argument"), "{e}");
+        assert!(e.kind.to_string().contains("needs an argument"), "{e}");
 
         let e = err("Hide x\n");
-        assert!(e.message.contains("unknown rule `Hide`"), "{e}");
+        assert!(e.kind.to_string().contains("unknown rule `Hide`"), "{e}");
     }
 
     #[test]
@@ -360,16 +367,16 @@ mod tests {
         assert_eq!(p.quota().bytes, None);
         assert_eq!(p.quota().inodes, Some(2000));
         let e = err("quota\n");
-        assert!(e.message.contains("needs an argument"), "{e}");
+        assert!(e.kind.to_string().contains("needs an argument"), "{e}");
         let e = err("\nquota bytes=ten\n");
         assert_eq!(e.line, 2);
-        assert!(e.message.contains("bytes=`ten`"), "{e}");
-        assert!(e.message.contains("not a number"), "{e}");
+        assert!(e.kind.to_string().contains("bytes=`ten`"), "{e}");
+        assert!(e.kind.to_string().contains("not a number"), "{e}");
         let e = err("quota files=3\n");
-        assert!(e.message.contains("unknown key `files`"), "{e}");
+        assert!(e.kind.to_string().contains("unknown key `files`"), "{e}");
         let e = err("quota bytes=1 bytes=2\n");
-        assert!(e.message.contains("twice"), "{e}");
+        assert!(e.kind.to_string().contains("twice"), "{e}");
         let e = err("quota 10G\n");
-        assert!(e.message.contains("not KEY=VALUE"), "{e}");
+        assert!(e.kind.to_string().contains("not KEY=VALUE"), "{e}");
     }
 }

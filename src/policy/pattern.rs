@@ -14,6 +14,8 @@
 
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 
+pub use super::error::PatternError;
+
 /// A checked pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pattern {
@@ -28,38 +30,22 @@ pub struct Pattern {
 impl Pattern {
     /// Checks and compiles one pattern; the error names it and says what
     /// is wrong.
-    pub fn parse(pattern: &str) -> Result<Pattern, String> {
+    pub fn parse(pattern: &str) -> Result<Pattern, PatternError> {
+        let refuse = |why: fn(String) -> PatternError| Err(why(pattern.to_string()));
         if pattern.starts_with('!') {
-            return Err(format!(
-                "pattern `{pattern}`: negation (`!`) is not supported; \
-                 write `\\!` for a name that starts with `!`"
-            ));
+            return refuse(PatternError::Negation);
         }
         let trimmed = pattern.trim_end_matches('/');
         let anchored = trimmed.contains('/');
         let body = trimmed.strip_prefix('/').unwrap_or(trimmed);
         if body.is_empty() {
-            return Err(format!(
-                "pattern `{pattern}` is empty; expected a glob relative to the mount root, e.g. `build/**`"
-            ));
+            return refuse(PatternError::Empty);
         }
         for component in body.split('/') {
             match component {
-                "" => {
-                    return Err(format!(
-                        "pattern `{pattern}` has an empty path segment (`//`)"
-                    ))
-                }
-                ".." => {
-                    return Err(format!(
-                        "pattern `{pattern}` has a `..` segment; patterns are relative to the mount root and cannot climb out of it"
-                    ))
-                }
-                "." => {
-                    return Err(format!(
-                        "pattern `{pattern}` has a `.` segment, which never matches; write the path without it"
-                    ))
-                }
+                "" => return refuse(PatternError::EmptySegment),
+                ".." => return refuse(PatternError::DotDot),
+                "." => return refuse(PatternError::Dot),
                 _ => {}
             }
         }
@@ -68,7 +54,10 @@ impl Pattern {
         } else {
             format!("**/{body}")
         };
-        build_glob(&glob).map_err(|e| format!("bad glob `{pattern}`: {}", e.kind()))?;
+        build_glob(&glob).map_err(|source| PatternError::Glob {
+            pattern: pattern.to_string(),
+            source,
+        })?;
         Ok(Pattern {
             glob,
             body: body.to_string(),
@@ -100,18 +89,21 @@ pub struct PathSet {
 }
 
 impl PathSet {
-    pub fn new(patterns: &[String]) -> Result<PathSet, String> {
+    pub fn new(patterns: &[String]) -> Result<PathSet, PatternError> {
         let mut b = GlobSetBuilder::new();
         for p in patterns {
             let g = Pattern::parse(p)?.glob;
             // `G/**` too: one match of a path answers for its ancestors.
             for glob in [g.clone(), format!("{g}/**")] {
-                b.add(build_glob(&glob).map_err(|e| format!("bad glob `{p}`: {}", e.kind()))?);
+                b.add(build_glob(&glob).map_err(|source| PatternError::Glob {
+                    pattern: p.clone(),
+                    source,
+                })?);
             }
         }
         Ok(PathSet {
             patterns: patterns.to_vec(),
-            set: b.build().map_err(|e| format!("patterns: {e}"))?,
+            set: b.build().map_err(PatternError::Set)?,
         })
     }
 
@@ -142,7 +134,7 @@ mod tests {
 
     #[test]
     fn refusals_name_the_pattern_and_the_rule() {
-        let err = |p: &str| Pattern::parse(p).unwrap_err();
+        let err = |p: &str| Pattern::parse(p).unwrap_err().to_string();
         assert!(err("a/../b").contains("`..`"));
         assert!(err("a/./b").contains("`.`"));
         assert!(err("a//b").contains("empty path segment"));

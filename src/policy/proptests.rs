@@ -78,7 +78,7 @@ fn check_error(text: &str, e: &super::PolicyError) -> Result<(), TestCaseError> 
         "error names line {} of a {lines}-line text: {e}",
         e.line
     );
-    prop_assert!(!e.message.trim().is_empty(), "empty message");
+    prop_assert!(!e.kind.to_string().trim().is_empty(), "empty message");
     let prefix = format!("line {}: ", e.line);
     prop_assert!(e.to_string().starts_with(&prefix), "{}", e);
     Ok(())
@@ -386,7 +386,7 @@ proptest! {
             // Patterns globset refuses must be refused with their line.
             Err(e) => {
                 check_error(&text, &e)?;
-                prop_assert!(e.message.contains("bad glob"), "{}", e);
+                prop_assert!(e.kind.to_string().contains("bad glob"), "{}", e);
                 return Ok(());
             }
         };

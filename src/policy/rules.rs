@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use globset::{Candidate, GlobMatcher, GlobSet, GlobSetBuilder};
 
+use super::error::{LineError, PatternError, PolicyError};
 use super::pattern::{build_glob, Pattern};
 
 use super::RuleRef;
@@ -152,7 +153,7 @@ pub(super) fn compile_rule(
     kind: PathKind,
     pattern: &str,
     rule: RuleRef,
-) -> Result<PathRule, String> {
+) -> Result<PathRule, PatternError> {
     let parsed = Pattern::parse(pattern)?;
     let (body, anchored, glob) = (parsed.body.as_str(), parsed.anchored, parsed.glob.clone());
     let components = parsed.components();
@@ -215,7 +216,7 @@ fn container_globs(components: &[&str]) -> Vec<String> {
 
 impl PathRules {
     /// Compiles the rules (in file order) into one set.
-    pub(super) fn build(rules: Vec<PathRule>) -> Result<PathRules, PolicyBuildError> {
+    pub(super) fn build(rules: Vec<PathRule>) -> Result<PathRules, PolicyError> {
         let mut set = GlobSetBuilder::new();
         let mut containers = GlobSetBuilder::new();
         let mut container_owner = Vec::new();
@@ -224,9 +225,12 @@ impl PathRules {
         let mut literals = Vec::new();
         let mut set_owner = Vec::new();
         for (index, rule) in rules.iter().enumerate() {
-            let bad = |e: globset::Error| PolicyBuildError {
+            let bad = |source: globset::Error| PolicyError {
                 line: rule.rule.line,
-                message: format!("bad glob `{}`: {}", rule.glob, e.kind()),
+                kind: LineError::Pattern(PatternError::Glob {
+                    pattern: rule.glob.clone(),
+                    source,
+                }),
             };
             let glob = build_glob(&rule.glob).map_err(bad)?;
             matchers.push(glob.compile_matcher());
@@ -244,18 +248,18 @@ impl PathRules {
                 // conservative answer; fall back to "any directory".
                 let glob = build_glob(container)
                     .or_else(|_| build_glob("**"))
-                    .map_err(|e| PolicyBuildError {
+                    .map_err(|e| PolicyError {
                         line: rule.rule.line,
-                        message: format!("internal glob error: {e}"),
+                        kind: LineError::InternalGlob(e),
                     })?;
                 containers.add(glob);
                 container_owner.push(index);
             }
         }
         let line = rules.last().map_or(0, |r| r.rule.line);
-        let too_big = |e: globset::Error| PolicyBuildError {
+        let too_big = |e: globset::Error| PolicyError {
             line,
-            message: format!("cannot compile the path rules: {e}"),
+            kind: LineError::TooLarge(e),
         };
         Ok(PathRules {
             set: set.build().map_err(too_big)?,
@@ -429,13 +433,6 @@ impl PathRules {
         }
         None
     }
-}
-
-/// A compile error of the whole rule set (converted to `PolicyError`).
-#[derive(Debug)]
-pub(super) struct PolicyBuildError {
-    pub line: usize,
-    pub message: String,
 }
 
 #[cfg(test)]
@@ -634,7 +631,11 @@ mod tests {
             line: 1,
             text: String::new(),
         };
-        let err = |p: &str| compile_rule(PathKind::Hide, p, rule.clone()).unwrap_err();
+        let err = |p: &str| {
+            compile_rule(PathKind::Hide, p, rule.clone())
+                .unwrap_err()
+                .to_string()
+        };
         assert!(err("a/../b").contains("`..`"));
         assert!(err("..").contains("`..`"));
         assert!(err("a/./b").contains("`.`"));

@@ -30,6 +30,15 @@ use crate::tools::{
     ResetRequest, ToolError, Workspace, WriteRequest,
 };
 
+/// A `--tools` list naming a tool there is not: the name, and the tools
+/// there are.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown tool `{name}` in --tools; known: {}", known.join(","))]
+pub struct UnknownTool {
+    pub name: String,
+    pub known: Vec<&'static str>,
+}
+
 /// The server: one open workspace and the tools it offers.
 #[derive(Clone)]
 pub struct Server {
@@ -44,17 +53,16 @@ impl Server {
         ws: Workspace,
         allowed: Option<&[String]>,
         read_only: bool,
-    ) -> Result<Server, String> {
+    ) -> Result<Server, UnknownTool> {
         if let Some(names) = allowed {
             if let Some(bad) = names
                 .iter()
                 .find(|n| !TOOLS.iter().any(|t| t.name == n.as_str()))
             {
-                let known: Vec<&str> = TOOLS.iter().map(|t| t.name).collect();
-                return Err(format!(
-                    "unknown tool `{bad}` in --tools; known: {}",
-                    known.join(",")
-                ));
+                return Err(UnknownTool {
+                    name: bad.clone(),
+                    known: TOOLS.iter().map(|t| t.name).collect(),
+                });
             }
         }
         let tools = TOOLS

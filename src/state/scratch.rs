@@ -19,5 +19,5 @@ pub fn of_workspace(ws: &super::workspace::Workspace) -> Result<Scratch, String>
         let policy = crate::policy::Policy::load(p)?;
         patterns.extend(policy.scratch().iter().cloned());
     }
-    Scratch::new(&patterns)
+    Ok(Scratch::new(&patterns)?)
 }

@@ -21,15 +21,28 @@ use super::store::{Meta, Store};
 use crate::layer::sys;
 use crate::policy::Policy;
 
+/// The live mount's root could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot open mountpoint {}: {source}", mountpoint.display())]
+pub(crate) struct MountpointError {
+    mountpoint: std::path::PathBuf,
+    source: std::io::Error,
+}
+
 pub(crate) struct MountStore {
     root: OwnedFd,
     policy: Policy,
 }
 
 impl MountStore {
-    pub fn new(mountpoint: &Path, policy: Policy) -> std::result::Result<MountStore, String> {
-        let root = sys::open_root(mountpoint)
-            .map_err(|e| format!("cannot open mountpoint {}: {e}", mountpoint.display()))?;
+    pub fn new(
+        mountpoint: &Path,
+        policy: Policy,
+    ) -> std::result::Result<MountStore, MountpointError> {
+        let root = sys::open_root(mountpoint).map_err(|source| MountpointError {
+            mountpoint: mountpoint.to_path_buf(),
+            source,
+        })?;
         Ok(MountStore { root, policy })
     }
 

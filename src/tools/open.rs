@@ -314,7 +314,7 @@ impl Workspace {
         let set = scratch_set(&plan.policy, &plan.scratch, mp)?;
         let target = Workspace::target(&plan, true, opts);
         let store = mounted::MountStore::new(mp, plan.policy.clone())
-            .map_err(|m| open_err(mp.display(), m))?;
+            .map_err(|e| open_err(mp.display(), e.to_string()))?;
         Ok(Workspace::with(
             Box::new(store),
             opts,

@@ -32,7 +32,10 @@
 //! on the rings (`give_up`) before `/dev/fuse` serves.
 
 mod abi;
+mod error;
 mod queue;
+
+pub use error::UringError;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::AtomicU64;
@@ -110,15 +113,21 @@ pub struct Transport {
 
 /// The number of queues the kernel expects: one per possible CPU, so the
 /// highest possible CPU's number plus one (queue ids are CPU numbers).
-fn possible_cpus() -> Result<usize, String> {
+fn possible_cpus() -> Result<usize, UringError> {
     let path = "/sys/devices/system/cpu/possible";
-    let s = std::fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"))?;
+    let s =
+        std::fs::read_to_string(path).map_err(|source| UringError::ReadCpus { path, source })?;
     let mut n = 0;
     for part in s.trim().split(',') {
         let (first, last) = part.split_once('-').unwrap_or((part, part));
         match (first.parse::<usize>(), last.parse::<usize>()) {
             (Ok(first), Ok(last)) if first <= last => n = n.max(last + 1),
-            _ => return Err(format!("{path}: cannot read `{}`", s.trim())),
+            _ => {
+                return Err(UringError::ParseCpus {
+                    path,
+                    text: s.trim().to_string(),
+                })
+            }
         }
     }
     Ok(n)
@@ -141,11 +150,8 @@ pub fn start<F: fuser::Filesystem>(
     workers: usize,
     fast: Option<Arc<dyn Fast>>,
     view: impl Fn(Arc<QueueSide>) -> F,
-) -> Result<Transport, String> {
-    let dev = Arc::new(
-        dev.try_clone()
-            .map_err(|e| format!("duplicating the FUSE fd: {e}"))?,
-    );
+) -> Result<Transport, UringError> {
+    let dev = Arc::new(dev.try_clone().map_err(UringError::DupDevice)?);
     let result = start_queues(&dev, negotiated, acl, workers.max(2), fast, view);
     if result.is_err() {
         give_up(&dev);
@@ -160,7 +166,7 @@ fn start_queues<F: fuser::Filesystem>(
     workers: usize,
     fast: Option<Arc<dyn Fast>>,
     view: impl Fn(Arc<QueueSide>) -> F,
-) -> Result<Transport, String> {
+) -> Result<Transport, UringError> {
     let cpus = possible_cpus()?;
     let payload = (negotiated.max_write as usize)
         .max(negotiated.max_readahead as usize)
@@ -180,26 +186,22 @@ fn start_queues<F: fuser::Filesystem>(
             None,
             SockFlag::SOCK_CLOEXEC,
         )
-        .map_err(|e| format!("queue {qid}: socket pair: {e}"))?;
+        .map_err(|source| UringError::SocketPair { qid, source })?;
         // Each direction carries at most DEPTH messages of up to one
         // payload: room for all of them, so no send ever waits.
         let room = DEPTH * (payload + 8192);
         for s in [&mine, &theirs] {
             socket::setsockopt(s, sockopt::SndBufForce, &room)
                 .or_else(|_| socket::setsockopt(s, sockopt::SndBuf, &room))
-                .map_err(|e| format!("queue {qid}: socket buffer: {e}"))?;
+                .map_err(|source| UringError::SocketBuffer { qid, source })?;
             let got: usize = socket::getsockopt(s, sockopt::SndBuf)
-                .map_err(|e| format!("queue {qid}: socket buffer: {e}"))?;
+                .map_err(|source| UringError::SocketBuffer { qid, source })?;
             if got < payload + 8192 {
-                return Err(format!(
-                    "queue {qid}: a socket buffer of {got} bytes cannot carry a \
-                     {payload}-byte request (raise net.core.wmem_max, or run as root)"
-                ));
+                return Err(UringError::SmallSocketBuffer { qid, got, payload });
             }
         }
         let side = Arc::new(QueueSide { dev: dev.clone() });
-        let session = handshake(&mine, theirs, negotiated, acl, workers, view(side))
-            .map_err(|e| format!("queue {qid}: {e}"))?;
+        let session = handshake(qid, &mine, theirs, negotiated, acl, workers, view(side))?;
         threads.push(
             std::thread::Builder::new()
                 .name(format!("uring-{qid}-req"))
@@ -209,7 +211,7 @@ fn start_queues<F: fuser::Filesystem>(
                         tracing::debug!("queue {qid}: request threads ended: {e}");
                     }
                 })
-                .map_err(|e| format!("queue {qid}: starting its request threads: {e}"))?,
+                .map_err(|source| UringError::RequestThreads { qid, source })?,
         );
         let q = queue::Queue {
             qid: qid as u16,
@@ -226,7 +228,7 @@ fn start_queues<F: fuser::Filesystem>(
             std::thread::Builder::new()
                 .name(format!("uring-{qid}"))
                 .spawn(move || q.run(tx))
-                .map_err(|e| format!("queue {qid}: starting its ring thread: {e}"))?,
+                .map_err(|source| UringError::RingThread { qid, source })?,
         );
         waits.push(rx);
     }
@@ -234,7 +236,7 @@ fn start_queues<F: fuser::Filesystem>(
         match rx.recv_timeout(Duration::from_secs(10)) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(format!("queue {qid}: no answer from its ring thread")),
+            Err(_) => return Err(UringError::NoAnswer { qid }),
         }
     }
     Ok(Transport { stats, threads })
@@ -254,26 +256,27 @@ fn pin(cpu: usize) {
 /// first, so it gets one made from what the kernel's INIT settled; its
 /// reply is read and dropped here.
 fn handshake<F: fuser::Filesystem>(
+    qid: usize,
     mine: &OwnedFd,
     theirs: OwnedFd,
     n: Negotiated,
     acl: fuser::SessionACL,
     workers: usize,
     fs: F,
-) -> Result<fuser::Session<F>, String> {
+) -> Result<fuser::Session<F>, UringError> {
     let init = abi::init_request(1, n.minor, n.max_readahead, n.capabilities);
     socket::send(mine.as_raw_fd(), &init, socket::MsgFlags::empty())
-        .map_err(|e| format!("sending INIT to its request threads: {e}"))?;
+        .map_err(|source| UringError::SendInit { qid, source })?;
     let mut cfg = fuser::Config::default();
     cfg.n_threads = Some(workers);
     cfg.clone_fd = false;
     let session = fuser::Session::from_fd(fs, theirs, acl, cfg)
-        .map_err(|e| format!("starting its request threads: {e}"))?;
+        .map_err(|source| UringError::RequestThreads { qid, source })?;
     let mut reply = [0u8; 512];
     let n = socket::recv(mine.as_raw_fd(), &mut reply, socket::MsgFlags::empty())
-        .map_err(|e| format!("reading its INIT reply: {e}"))?;
+        .map_err(|source| UringError::InitReply { qid, source })?;
     if abi::reply_header(&reply[..n]).is_none_or(|h| h.error != 0) {
-        return Err("its request threads refused INIT".into());
+        return Err(UringError::InitRefused { qid });
     }
     Ok(session)
 }

@@ -23,7 +23,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use nix::sys::socket::{sendmsg, MsgFlags};
 
 use super::abi::{self, OutHeader, ReqHeader};
-use super::{Fast, Req, Stats, FUSE_GETATTR, FUSE_GETXATTR};
+use super::{Fast, Req, Stats, UringError, FUSE_GETATTR, FUSE_GETXATTR};
 use zerocopy::FromZeros;
 
 /// `user_data` of the pending receive on the socket pair; entries use
@@ -92,7 +92,7 @@ struct Run {
 impl Queue {
     /// Registers the entries, reports whether the kernel took them on
     /// `registered`, then serves until the connection ends.
-    pub fn run(self, registered: mpsc::Sender<Result<(), String>>) {
+    pub fn run(self, registered: mpsc::Sender<Result<(), UringError>>) {
         super::pin(self.qid as usize);
         let qid = self.qid;
         let entries = (0..self.depth).map(|_| Entry::new(self.payload)).collect();
@@ -111,7 +111,7 @@ impl Queue {
         let mut ring = match new_ring(run.q.depth) {
             Ok(r) => r,
             Err(e) => {
-                let _ = registered.send(Err(format!("queue {qid}: creating the ring: {e}")));
+                let _ = registered.send(Err(UringError::CreateRing { qid, source: e }));
                 return;
             }
         };
@@ -120,7 +120,7 @@ impl Queue {
                 let _ = registered.send(Ok(()));
             }
             Err(e) => {
-                let _ = registered.send(Err(format!("queue {qid}: {e}")));
+                let _ = registered.send(Err(e));
                 return;
             }
         }
@@ -153,7 +153,8 @@ impl Run {
         self.q.dev.as_raw_fd()
     }
 
-    fn register(&mut self, ring: &mut Ring) -> Result<(), String> {
+    fn register(&mut self, ring: &mut Ring) -> Result<(), UringError> {
+        let qid = self.q.qid;
         for i in 0..self.entries.len() {
             let mut sqe = opcode::UringCmd80::new(types::Fd(self.dev()), abi::CMD_REGISTER)
                 .cmd(abi::cmd_req(0, self.q.qid))
@@ -165,7 +166,7 @@ impl Run {
         }
         self.push_recv(ring);
         ring.submit()
-            .map_err(|e| format!("submitting the registrations: {e}"))?;
+            .map_err(|source| UringError::Submit { qid, source })?;
         // A refused registration completes at once; an accepted one only
         // when its first request arrives. Accepted entries are the
         // kernel's to fill from now on, so they are served (and their
@@ -179,7 +180,7 @@ impl Run {
             }
         }
         match refused {
-            Some(e) if self.live == 0 => Err(format!("the kernel refused its ring entries: {e}")),
+            Some(source) if self.live == 0 => Err(UringError::Refused { qid, source }),
             Some(e) => {
                 tracing::warn!(
                     "queue {}: the kernel refused {} of its {} ring entries: {e}",
