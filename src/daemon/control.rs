@@ -290,7 +290,10 @@ fn serve_conn(stream: UnixStream, daemon: &Daemon) {
         if line.trim().is_empty() {
             continue;
         }
-        let answer = match Request::parse(&line).and_then(|r| dispatch(daemon, &mut conn, &r)) {
+        let answer = match Request::parse(&line)
+            .map_err(String::from)
+            .and_then(|r| dispatch(daemon, &mut conn, &r))
+        {
             Ok(mut v) => {
                 if let Some(o) = v.as_object_mut() {
                     o.insert("ok".into(), Value::Bool(true));
