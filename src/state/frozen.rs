@@ -131,7 +131,7 @@ pub fn read(state: &SafeDir) -> Result<Option<Stack>, StackError> {
         p => Some(names(&p["undo"]).ok_or_else(|| bad("a \"pending\" without an undo list"))?),
     };
     for n in layers.iter().chain(pending_undo.iter().flatten()) {
-        crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e))?;
+        crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e.to_string()))?;
     }
     let repeats = v["repeats"].as_u64().unwrap_or(0).min(u32::MAX as u64) as u32;
     Ok(Some(Stack {
@@ -286,8 +286,8 @@ impl Store {
         let Some(n) = given else {
             return Ok(crate::state::snapshot_id::generate(|n| self.taken(n)));
         };
-        let n = crate::state::snapshot_id::validate(OsStr::new(n))
-            .map_err(|e| StackError::Refused(e.replace("snapshot ID", "checkpoint name")))?;
+        let n = crate::state::snapshot_id::validate_as(OsStr::new(n), "checkpoint name")
+            .map_err(|e| StackError::Refused(e.to_string()))?;
         if self.taken(n) {
             return Err(StackError::Refused(format!(
                 "checkpoint {n} exists already in {}; choose another name",
@@ -346,7 +346,7 @@ impl Store {
         let (v, bad) = (&j.value, |why: &str| j.bad(why));
         let below = names(&v["below"]).ok_or_else(|| bad("no \"below\" list"))?;
         for n in &below {
-            crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e))?;
+            crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e.to_string()))?;
         }
         Ok(Some(Record {
             name: name.to_string(),

@@ -11,13 +11,39 @@ pub type Scratch = crate::policy::pattern::PathSet;
 
 /// The scratch patterns of a workspace: its `--scratch` globs and the
 /// `scratch` lines of its policy file (named in `workspace.json`).
-pub fn of_workspace(ws: &super::workspace::Workspace) -> Result<Scratch, String> {
+pub fn of_workspace(ws: &super::workspace::Workspace) -> Result<Scratch, ScratchError> {
     let mut patterns = ws.scratch.clone();
     // `ws.policy` comes from workspace.json, read through the checked
     // state dir (`Workspace::resolve`).
     if let Some(p) = &ws.policy {
-        let policy = crate::policy::Policy::load(p)?;
+        let policy = crate::policy::Policy::load(p).map_err(|why| ScratchError::Policy {
+            file: p.clone(),
+            why,
+        })?;
         patterns.extend(policy.scratch().iter().cloned());
     }
-    Scratch::new(&patterns)
+    Scratch::new(&patterns).map_err(ScratchError::Pattern)
+}
+
+/// Why a workspace's scratch paths could not be known. The text is the
+/// policy's own message (which names the file, line and pattern).
+#[derive(Debug, thiserror::Error)]
+pub enum ScratchError {
+    /// The policy file `file`, named in workspace.json, cannot be read or
+    /// parsed.
+    #[error("{why}")]
+    Policy {
+        file: std::path::PathBuf,
+        why: String,
+    },
+    /// A `--scratch` glob or `scratch` line is not a valid pattern.
+    #[error("{0}")]
+    Pattern(String),
+}
+
+/// For callers whose errors are still text: the message.
+impl From<ScratchError> for String {
+    fn from(e: ScratchError) -> String {
+        e.to_string()
+    }
 }

@@ -137,6 +137,9 @@ pub enum SnapshotError {
     /// The state dir, `snapshots/` or a staging dir was refused.
     #[error(transparent)]
     Dir(#[from] crate::layer::safedir::SafeDirError),
+    /// The snapshot ID given is not a safe one.
+    #[error(transparent)]
+    Id(#[from] crate::state::snapshot_id::IdError),
 }
 
 impl From<String> for SnapshotError {
