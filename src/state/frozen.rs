@@ -32,35 +32,47 @@ pub const STACK_FILE: &str = "layers.json";
 pub const STORE_DIR: &str = "layers";
 
 /// Why a stack or store operation failed: what was being done, and why.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum StackError {
     /// A system call on a named file failed.
-    Io { what: String, source: io::Error },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
     /// A file of the stack or store does not say what it must.
+    #[error("{}: {why}", file.display())]
     Corrupt { file: PathBuf, why: String },
     /// The operation is refused; the text says why and what to do.
+    #[error("{0}")]
     Refused(String),
     /// The state dir, work dir or store was refused (`layer::safedir`).
-    Dir(SafeDirError),
-}
-
-impl fmt::Display for StackError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StackError::Io { what, source } => write!(f, "{what}: {source}"),
-            StackError::Corrupt { file, why } => write!(f, "{}: {why}", file.display()),
-            StackError::Refused(why) => f.write_str(why),
-            StackError::Dir(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for StackError {}
-
-impl From<SafeDirError> for StackError {
-    fn from(e: SafeDirError) -> StackError {
-        StackError::Dir(e)
-    }
+    #[error(transparent)]
+    Dir(#[from] SafeDirError),
+    /// An undo to a checkpoint the workspace does not stand on (`has`:
+    /// the ones it does, topmost first).
+    #[error(
+        "this workspace stands on no checkpoint {name} (it has: {}); see layerfs checkpoint \
+         list",
+        if has.is_empty() { "none".to_string() } else { has.join(", ") }
+    )]
+    NoSuchCheckpoint { name: String, has: Vec<String> },
+    /// An undo of a workspace with no checkpoint.
+    #[error("this workspace has no checkpoint to go back to")]
+    NoCheckpoint,
+    /// An undo with nothing changed since the oldest checkpoint.
+    #[error("nothing changed since checkpoint {oldest}, the oldest: nothing to undo")]
+    NothingToUndo { oldest: String },
+    /// A fork into an upper that holds something.
+    #[error(
+        "{} is not empty: a fork starts from an empty upper; give a new directory",
+        upper.display()
+    )]
+    ForkNotEmpty { upper: PathBuf },
+    /// A mounted workspace's daemon could not be asked, or refused.
+    #[error(transparent)]
+    Control(#[from] crate::state::control::ControlError),
 }
 
 impl From<StackError> for String {
