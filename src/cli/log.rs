@@ -133,6 +133,6 @@ impl LogCmd {
             path: self.path.clone(),
             limit: self.limit,
         };
-        query::query(&ws.journal_path(), &q)
+        Ok(query::query(&ws.journal_path(), &q)?)
     }
 }

@@ -436,8 +436,8 @@ impl Workspace {
                 .unwrap_or_else(|| rundir.ephemeral_upper());
             let src = crate::state::workspace::Workspace::resolve(source)
                 .map_err(|e| runtime(e.to_string()))?;
-            let (_, shared, layers) =
-                crate::state::checkpoint::fork_at(&src, name, &upper).map_err(runtime)?;
+            let (_, shared, layers) = crate::state::checkpoint::fork_at(&src, name, &upper)
+                .map_err(|e| runtime(e.to_string()))?;
             lowers = shared;
             frozen = layers;
             policy = policy.or(src.policy);

@@ -251,7 +251,11 @@ pub fn checkpoint(
 /// `layerfs checkpoint` of `ws` whether it is mounted or not: a mounted
 /// workspace's daemon takes it live (`daemon::layers`), an unmounted one
 /// is checkpointed here. Returns the checkpoint's name.
-pub fn take(ws: &Workspace, name: Option<&str>, layers: Option<&Path>) -> Result<String, String> {
+pub fn take(
+    ws: &Workspace,
+    name: Option<&str>,
+    layers: Option<&Path>,
+) -> Result<String, StackError> {
     match ws.client() {
         Some(client) => {
             let layers = layers.map(|p| std::path::absolute(p).unwrap_or(p.to_path_buf()));
@@ -262,7 +266,7 @@ pub fn take(ws: &Workspace, name: Option<&str>, layers: Option<&Path>) -> Result
                 })?;
             Ok(v.name)
         }
-        None => checkpoint(ws, name, layers, None).map_err(String::from),
+        None => checkpoint(ws, name, layers, None),
     }
 }
 
@@ -324,29 +328,28 @@ fn sync_dir(d: &impl std::os::fd::AsFd) {
 /// Where the workspace goes back to: the checkpoint `to`, or the latest
 /// one, or, when nothing changed since the latest (an empty upper), the
 /// one below it. Returns the new stack (`to` on top).
-fn undo_target(stack: &Stack, to: Option<&str>, upper_empty: bool) -> Result<Vec<String>, String> {
+fn undo_target(
+    stack: &Stack,
+    to: Option<&str>,
+    upper_empty: bool,
+) -> Result<Vec<String>, StackError> {
     let layers = &stack.layers;
     let at = match to {
-        Some(n) => layers.iter().position(|l| l == n).ok_or_else(|| {
-            format!(
-                "this workspace stands on no checkpoint {n} (it has: {}); see layerfs \
-                 checkpoint list",
-                if layers.is_empty() {
-                    "none".to_string()
-                } else {
-                    layers.join(", ")
-                }
-            )
-        })?,
-        None if layers.is_empty() => {
-            return Err("this workspace has no checkpoint to go back to".into())
+        Some(n) => {
+            layers
+                .iter()
+                .position(|l| l == n)
+                .ok_or_else(|| StackError::NoSuchCheckpoint {
+                    name: n.into(),
+                    has: layers.clone(),
+                })?
         }
+        None if layers.is_empty() => return Err(StackError::NoCheckpoint),
         None if upper_empty && layers.len() > 1 => 1,
         None if upper_empty => {
-            return Err(format!(
-                "nothing changed since checkpoint {}, the oldest: nothing to undo",
-                layers[0]
-            ))
+            return Err(StackError::NothingToUndo {
+                oldest: layers[0].clone(),
+            })
         }
         None => 0,
     };
@@ -378,7 +381,7 @@ pub fn undo(
         frozen::write(&ws.dir, &stack)?;
         return Ok((stack.layers[0].clone(), 0));
     }
-    let target = undo_target(&stack, to, empty).map_err(StackError::Refused)?;
+    let target = undo_target(&stack, to, empty)?;
     let dropped: Vec<String> = stack.layers[..stack.layers.len() - target.len()].to_vec();
     let landed = target[0].clone();
     if !dropped.is_empty() {
@@ -587,21 +590,19 @@ pub fn fork_at(
     ws: &Workspace,
     name: &str,
     upper: &Path,
-) -> Result<(PathBuf, Vec<PathBuf>, Vec<PathBuf>), String> {
-    match std::fs::create_dir_all(upper).and_then(|()| {
-        let mut entries = std::fs::read_dir(upper)?;
-        Ok(entries.next().is_none())
-    }) {
-        Ok(true) => {}
-        Ok(false) => {
-            return Err(format!(
-                "{} is not empty: a fork starts from an empty upper; give a new directory",
-                upper.display()
-            ))
-        }
-        Err(e) => return Err(format!("cannot create {}: {e}", upper.display())),
+) -> Result<(PathBuf, Vec<PathBuf>, Vec<PathBuf>), StackError> {
+    let empty = std::fs::create_dir_all(upper)
+        .and_then(|()| {
+            let mut entries = std::fs::read_dir(upper)?;
+            Ok(entries.next().is_none())
+        })
+        .map_err(io_ctx(format!("cannot create {}", upper.display())))?;
+    if !empty {
+        return Err(StackError::ForkNotEmpty {
+            upper: upper.to_path_buf(),
+        });
     }
-    let upper = std::fs::canonicalize(upper).map_err(|e| format!("{}: {e}", upper.display()))?;
+    let upper = std::fs::canonicalize(upper).map_err(io_ctx(upper.display()))?;
     let state = super::workspace::create_state_dir(&super::workspace::default_state_dir(&upper))?;
     let lowers = fork(ws, name, &state)?;
     let layers = frozen::frozen_paths(&state)?;

@@ -46,9 +46,86 @@ pub struct Client {
     writer: UnixStream,
 }
 
-/// The message for a socket that cannot be used, saying what to do.
-fn connect_error(path: &Path, e: &io::Error) -> String {
-    let p = path.display();
+/// Why a request through the control socket got no answer, or was
+/// refused: which socket, and what to do. The text is what the state
+/// commands print.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The socket belongs to another user (`owner`, where known).
+    #[error(
+        "permission denied on control socket {}: it belongs to the user who mounted the \
+         workspace{}; run the command as that user or as root",
+        path.display(),
+        owner.map_or_else(String::new, |u| format!(" (uid {u})"))
+    )]
+    Foreign { path: PathBuf, owner: Option<u32> },
+    /// No socket: nothing is mounted there.
+    #[error(
+        "no control socket at {}: the workspace is not mounted (or its daemon is gone)",
+        path.display()
+    )]
+    NoSocket { path: PathBuf },
+    /// A socket with no daemon behind it.
+    #[error(
+        "nothing listens on control socket {}: the daemon is gone; unmount and mount the \
+         workspace again",
+        path.display()
+    )]
+    NoListener { path: PathBuf },
+    /// Another failure of the connection.
+    #[error("control socket {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The daemon closed the connection without answering.
+    #[error("control socket {}: the daemon closed the connection", path.display())]
+    Closed { path: PathBuf },
+    /// No answer within `within`.
+    #[error(
+        "control socket {}: no answer within {within:?}: the daemon is stopped (SIGSTOP, a \
+         debugger) or stuck; `layerfs umount --lazy` detaches the mount",
+        path.display()
+    )]
+    NoAnswer { path: PathBuf, within: Duration },
+    /// The answer is not JSON.
+    #[error("control socket {}: bad response ({source}): {answer}", path.display())]
+    BadResponse {
+        path: PathBuf,
+        answer: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The answer is not the reply `req` expects.
+    #[error("control socket {}: bad reply to {req} ({source})", path.display())]
+    BadReply {
+        path: PathBuf,
+        req: Value,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The request could not be encoded.
+    #[error(transparent)]
+    Encode(serde_json::Error),
+    /// The daemon refused the request: its message.
+    #[error("{0}")]
+    Refused(String),
+    /// The daemon refused the request and gave no message.
+    #[error("the daemon refused the request without saying why")]
+    RefusedSilently,
+}
+
+/// For callers whose errors are still text: the message.
+impl From<ControlError> for String {
+    fn from(e: ControlError) -> String {
+        e.to_string()
+    }
+}
+
+/// The error for a socket that cannot be used, saying what to do.
+fn connect_error(path: &Path, e: io::Error) -> ControlError {
+    let path = path.to_path_buf();
     match e.kind() {
         io::ErrorKind::PermissionDenied => {
             let owner = path.metadata().ok().map(|m| m.uid()).or_else(|| {
@@ -56,34 +133,26 @@ fn connect_error(path: &Path, e: &io::Error) -> String {
                     .and_then(|d| d.metadata().ok())
                     .map(|m| m.uid())
             });
-            let who = owner.map_or_else(String::new, |u| format!(" (uid {u})"));
-            format!(
-                "permission denied on control socket {p}: it belongs to the user who mounted \
-                 the workspace{who}; run the command as that user or as root"
-            )
+            ControlError::Foreign { path, owner }
         }
-        io::ErrorKind::NotFound => format!(
-            "no control socket at {p}: the workspace is not mounted (or its daemon is gone)"
-        ),
-        io::ErrorKind::ConnectionRefused => format!(
-            "nothing listens on control socket {p}: the daemon is gone; unmount and mount \
-             the workspace again"
-        ),
-        _ => format!("control socket {p}: {e}"),
+        io::ErrorKind::NotFound => ControlError::NoSocket { path },
+        io::ErrorKind::ConnectionRefused => ControlError::NoListener { path },
+        _ => ControlError::Io { path, source: e },
     }
 }
 
 impl Client {
     /// Connects through the checked state dir `dir`: the socket is reached
     /// through its descriptor, not by the directory's name.
-    pub fn connect_dir(dir: &SafeDir) -> Result<Client, String> {
+    pub fn connect_dir(dir: &SafeDir) -> Result<Client, ControlError> {
         let path = dir.shown(SOCKET_FILE);
         let stream =
-            UnixStream::connect(dir.fd_path(SOCKET_FILE)).map_err(|e| connect_error(&path, &e))?;
+            UnixStream::connect(dir.fd_path(SOCKET_FILE)).map_err(|e| connect_error(&path, e))?;
         let _ = stream.set_read_timeout(Some(REPLY_TIMEOUT));
-        let writer = stream
-            .try_clone()
-            .map_err(|e| format!("control socket {}: {e}", path.display()))?;
+        let writer = stream.try_clone().map_err(|source| ControlError::Io {
+            path: path.clone(),
+            source,
+        })?;
         Ok(Client {
             path,
             timeout: REPLY_TIMEOUT,
@@ -94,9 +163,8 @@ impl Client {
 
     /// Sends one request and returns the daemon's response; an
     /// `{"ok": false}` response becomes `Err(its error message)`.
-    pub fn request(&mut self, req: &Value) -> Result<Value, String> {
-        let p = self.path.display().to_string();
-        let mut line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    pub fn request(&mut self, req: &Value) -> Result<Value, ControlError> {
+        let mut line = serde_json::to_string(req).map_err(ControlError::Encode)?;
         line.push('\n');
         // A daemon that refuses the caller may answer and close before
         // the request is written: its answer is still read, and says why.
@@ -104,34 +172,41 @@ impl Client {
         let mut answer = String::new();
         match (self.reader.read_line(&mut answer), sent) {
             (Ok(n), _) if n > 0 => {}
-            (_, Err(e)) => return Err(self.lost(&p, &e)),
+            (_, Err(e)) => return Err(self.lost(e)),
             (Ok(_), Ok(())) => {
-                return Err(format!(
-                    "control socket {p}: the daemon closed the connection"
-                ))
+                return Err(ControlError::Closed {
+                    path: self.path.clone(),
+                })
             }
-            (Err(e), Ok(())) => return Err(self.lost(&p, &e)),
+            (Err(e), Ok(())) => return Err(self.lost(e)),
         }
-        let v: Value = serde_json::from_str(&answer)
-            .map_err(|e| format!("control socket {p}: bad response ({e}): {answer}"))?;
+        let v: Value = match serde_json::from_str(&answer) {
+            Ok(v) => v,
+            Err(source) => {
+                return Err(ControlError::BadResponse {
+                    path: self.path.clone(),
+                    answer,
+                    source,
+                })
+            }
+        };
         match Outcome::deserialize(&v) {
             Ok(Outcome { ok: true, .. }) => Ok(v),
-            Ok(Outcome { error: Some(e), .. }) => Err(e),
-            _ => Err("the daemon refused the request without saying why".into()),
+            Ok(Outcome { error: Some(e), .. }) => Err(ControlError::Refused(e)),
+            _ => Err(ControlError::RefusedSilently),
         }
     }
 
     /// Sends one typed request and reads the reply as `R` (fields the
     /// daemon does not send take their defaults; ones this client does
     /// not know are ignored).
-    pub fn call<R: DeserializeOwned>(&mut self, req: &Request) -> Result<R, String> {
-        let req = serde_json::to_value(req).map_err(|e| e.to_string())?;
+    pub fn call<R: DeserializeOwned>(&mut self, req: &Request) -> Result<R, ControlError> {
+        let req = serde_json::to_value(req).map_err(ControlError::Encode)?;
         let v = self.request(&req)?;
-        serde_json::from_value(v).map_err(|e| {
-            format!(
-                "control socket {}: bad reply to {req} ({e})",
-                self.path.display()
-            )
+        serde_json::from_value(v).map_err(|source| ControlError::BadReply {
+            path: self.path.clone(),
+            req,
+            source,
         })
     }
 
@@ -144,15 +219,15 @@ impl Client {
         self
     }
 
-    fn lost(&self, p: &str, e: &io::Error) -> String {
+    fn lost(&self, e: io::Error) -> ControlError {
+        let path = self.path.clone();
         if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut {
-            format!(
-                "control socket {p}: no answer within {:?}: the daemon is stopped (SIGSTOP, \
-                 a debugger) or stuck; `layerfs umount --lazy` detaches the mount",
-                self.timeout
-            )
+            ControlError::NoAnswer {
+                path,
+                within: self.timeout,
+            }
         } else {
-            format!("control socket {p}: {e}")
+            ControlError::Io { path, source: e }
         }
     }
 }

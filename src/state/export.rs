@@ -127,7 +127,8 @@ pub fn import(
     name: Option<&str>,
     force: bool,
 ) -> Result<(String, Report), StackError> {
-    let policy = super::ops::workspace_policy(ws).map_err(StackError::Refused)?;
+    let policy =
+        super::ops::workspace_policy(ws).map_err(|e| StackError::Refused(e.to_string()))?;
     let shared = checkpoint::shared_of(ws)?;
     if !force {
         check_shared(file, &shared)?;

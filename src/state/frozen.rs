@@ -32,48 +32,50 @@ pub const STACK_FILE: &str = "layers.json";
 pub const STORE_DIR: &str = "layers";
 
 /// Why a stack or store operation failed: what was being done, and why.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum StackError {
     /// A system call on a named file failed.
-    Io { what: String, source: io::Error },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
     /// A file of the stack or store does not say what it must.
+    #[error("{}: {why}", file.display())]
     Corrupt { file: PathBuf, why: String },
     /// The operation is refused; the text says why and what to do.
+    #[error("{0}")]
     Refused(String),
     /// The state dir, work dir or store was refused (`layer::safedir`).
-    Dir(SafeDirError),
-}
-
-impl fmt::Display for StackError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StackError::Io { what, source } => write!(f, "{what}: {source}"),
-            StackError::Corrupt { file, why } => write!(f, "{}: {why}", file.display()),
-            StackError::Refused(why) => f.write_str(why),
-            StackError::Dir(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for StackError {}
-
-/// The upper's lock could not be taken (`checkpoint::lock_upper`).
-impl From<crate::host::holder::LockError> for StackError {
-    fn from(e: crate::host::holder::LockError) -> StackError {
-        use crate::host::holder::LockError;
-        match e {
-            LockError::Open { dir, source } | LockError::Lock { dir, source } => StackError::Io {
-                what: format!("cannot lock {}", dir.display()),
-                source,
-            },
-        }
-    }
-}
-
-impl From<SafeDirError> for StackError {
-    fn from(e: SafeDirError) -> StackError {
-        StackError::Dir(e)
-    }
+    #[error(transparent)]
+    Dir(#[from] SafeDirError),
+    /// The upper could not be opened or locked (`checkpoint::lock_upper`).
+    #[error(transparent)]
+    Lock(#[from] crate::host::holder::LockError),
+    /// An undo to a checkpoint the workspace does not stand on (`has`:
+    /// the ones it does, topmost first).
+    #[error(
+        "this workspace stands on no checkpoint {name} (it has: {}); see layerfs checkpoint \
+         list",
+        if has.is_empty() { "none".to_string() } else { has.join(", ") }
+    )]
+    NoSuchCheckpoint { name: String, has: Vec<String> },
+    /// An undo of a workspace with no checkpoint.
+    #[error("this workspace has no checkpoint to go back to")]
+    NoCheckpoint,
+    /// An undo with nothing changed since the oldest checkpoint.
+    #[error("nothing changed since checkpoint {oldest}, the oldest: nothing to undo")]
+    NothingToUndo { oldest: String },
+    /// A fork into an upper that holds something.
+    #[error(
+        "{} is not empty: a fork starts from an empty upper; give a new directory",
+        upper.display()
+    )]
+    ForkNotEmpty { upper: PathBuf },
+    /// A mounted workspace's daemon could not be asked, or refused.
+    #[error(transparent)]
+    Control(#[from] crate::state::control::ControlError),
 }
 
 impl From<StackError> for String {
@@ -144,7 +146,7 @@ pub fn read(state: &SafeDir) -> Result<Option<Stack>, StackError> {
         p => Some(names(&p["undo"]).ok_or_else(|| bad("a \"pending\" without an undo list"))?),
     };
     for n in layers.iter().chain(pending_undo.iter().flatten()) {
-        crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e))?;
+        crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e.to_string()))?;
     }
     let repeats = v["repeats"].as_u64().unwrap_or(0).min(u32::MAX as u64) as u32;
     Ok(Some(Stack {
@@ -299,8 +301,8 @@ impl Store {
         let Some(n) = given else {
             return Ok(crate::state::snapshot_id::generate(|n| self.taken(n)));
         };
-        let n = crate::state::snapshot_id::validate(OsStr::new(n))
-            .map_err(|e| StackError::Refused(e.replace("snapshot ID", "checkpoint name")))?;
+        let n = crate::state::snapshot_id::validate_as(OsStr::new(n), "checkpoint name")
+            .map_err(|e| StackError::Refused(e.to_string()))?;
         if self.taken(n) {
             return Err(StackError::Refused(format!(
                 "checkpoint {n} exists already in {}; choose another name",
@@ -359,7 +361,7 @@ impl Store {
         let (v, bad) = (&j.value, |why: &str| j.bad(why));
         let below = names(&v["below"]).ok_or_else(|| bad("no \"below\" list"))?;
         for n in &below {
-            crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e))?;
+            crate::state::snapshot_id::validate(OsStr::new(n)).map_err(|e| bad(&e.to_string()))?;
         }
         Ok(Some(Record {
             name: name.to_string(),

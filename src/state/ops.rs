@@ -56,6 +56,83 @@ impl<T> Done<T> {
     }
 }
 
+/// Why a state operation failed: the part that refused (the daemon, the
+/// stack, the snapshot, the diff, the reset) with its own error, or what
+/// this sequence itself found wrong, naming the mount, file or paths.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// The live mount's daemon could not be asked, or refused.
+    #[error(transparent)]
+    Control(#[from] super::control::ControlError),
+    /// The workspace's state or work dir was refused.
+    #[error(transparent)]
+    Workspace(#[from] super::workspace::WorkspaceError),
+    /// The checkpoint stack or the layer store.
+    #[error(transparent)]
+    Stack(#[from] super::frozen::StackError),
+    #[error(transparent)]
+    Scratch(#[from] super::scratch::ScratchError),
+    /// The upper and lowers cannot be opened.
+    #[error(transparent)]
+    Layers(#[from] crate::layer::LayerError),
+    #[error(transparent)]
+    Diff(#[from] diff::DiffError),
+    #[error(transparent)]
+    Reset(#[from] reset::ResetError),
+    #[error(transparent)]
+    Id(#[from] snapshot_id::IdError),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
+    /// A layer of a merged view cannot be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The daemon of `mount` did not pause its writes for a snapshot.
+    #[error("the daemon of {} refused to pause writes: {source}", mount.display())]
+    PauseRefused {
+        mount: std::path::PathBuf,
+        #[source]
+        source: super::control::ControlError,
+    },
+    /// Files open for writing through passthrough (`open`: each path,
+    /// with its uid where the daemon says) hold off a snapshot.
+    #[error(
+        "files are open for writing through passthrough, whose writes cannot be paused: {}; \
+         close them and retry",
+        open.join(", ")
+    )]
+    OpenForWriting { open: Vec<String> },
+    /// The workspace's policy file (`file`) cannot be loaded for a
+    /// restore (`why`: the policy's message).
+    #[error(
+        "{why}: a restore checks the snapshot against the workspace's policy; fix the policy \
+         file (or remount without it) and retry"
+    )]
+    RestorePolicy {
+        file: std::path::PathBuf,
+        why: crate::policy::LoadError,
+    },
+    /// A live restore whose work dir is on another filesystem.
+    #[error(
+        "work dir {} is not on the upper's filesystem: a live restore needs it there",
+        work.display()
+    )]
+    WorkElsewhere { work: std::path::PathBuf },
+    /// The daemon did not exchange the restored tree with its upper.
+    #[error("the mount was not changed: {0}")]
+    NotRestored(#[source] super::control::ControlError),
+}
+
+/// For callers whose errors are still text: the message.
+impl From<OpsError> for String {
+    fn from(e: OpsError) -> String {
+        e.to_string()
+    }
+}
+
 /// A path relative to the workspace root as shown (`.` the root).
 pub fn shown(p: &OsStr) -> String {
     if p.is_empty() {
@@ -75,7 +152,7 @@ pub fn changes(
     ws: &Workspace,
     paths: &[OsString],
     beneath: bool,
-) -> Result<(Layers, Vec<Change>), String> {
+) -> Result<(Layers, Vec<Change>), OpsError> {
     let d = changes_against(ws, paths, beneath, DiffBase::Checkpoint)?;
     debug_assert!(d.view.is_none());
     Ok((d.layers, d.changes))
@@ -114,7 +191,7 @@ pub fn changes_against(
     paths: &[OsString],
     beneath: bool,
     base: DiffBase,
-) -> Result<Diffed, String> {
+) -> Result<Diffed, OpsError> {
     let view = match base {
         DiffBase::Checkpoint => None,
         DiffBase::Shared => MergedView::build(ws)?,
@@ -126,9 +203,10 @@ pub fn changes_against(
         origins: view.is_none(),
     };
     let layers = match &view {
-        Some(v) => Layers::open(&v.path(), &v.shared)?,
-        None => Layers::open(&ws.upper, &ws.lowers)?,
-    };
+        Some(v) => Layers::open(&v.path(), &v.shared),
+        None => Layers::open(&ws.upper, &ws.lowers),
+    }
+    .map_err(OpsError::Layers)?;
     let mut changes = diff::diff(&layers, &filter)?;
     if beneath {
         changes = super::summary::with_entries_beneath(&layers, changes, &filter.scratch);
@@ -151,7 +229,7 @@ struct MergedView {
 impl MergedView {
     /// `None` when the workspace stands on no checkpoint layer (its
     /// lowers are the shared ones).
-    fn build(ws: &Workspace) -> Result<Option<MergedView>, String> {
+    fn build(ws: &Workspace) -> Result<Option<MergedView>, OpsError> {
         let Some(stack) = super::frozen::read(&ws.dir)? else {
             return Ok(None);
         };
@@ -162,7 +240,10 @@ impl MergedView {
         let store = super::frozen::Store::open(&stack.store, false)?;
         store.sweep_aside();
         let open = |p: &std::path::Path| {
-            crate::layer::sys::open_root(p).map_err(|e| format!("cannot open {}: {e}", p.display()))
+            crate::layer::sys::open_root(p).map_err(|source| OpsError::Open {
+                path: p.to_path_buf(),
+                source,
+            })
         };
         let mut roots = vec![open(&ws.upper)?];
         for l in stack.effective() {
@@ -201,7 +282,7 @@ pub fn reset(
     ws: &Workspace,
     paths: &[OsString],
     who: Caller<'_>,
-) -> Result<Done<Vec<OsString>>, String> {
+) -> Result<Done<Vec<OsString>>, OpsError> {
     let changed = match ws.client() {
         Some(client) => {
             let req = Request::Reset {
@@ -225,21 +306,21 @@ pub fn reset(
 pub fn ask_changed(
     mut client: super::control::Client,
     req: &Request,
-) -> Result<Vec<OsString>, String> {
+) -> Result<Vec<OsString>, OpsError> {
     let resp: Changed = client.call(req)?;
     Ok(resp.changed.into_iter().map(OsString::from).collect())
 }
 
 /// Resets `paths` of an unmounted workspace directly in its upper.
-fn reset_offline(ws: &Workspace, paths: &[OsString]) -> Result<Vec<OsString>, String> {
-    let layers = Layers::open(&ws.upper, &ws.lowers)?;
+fn reset_offline(ws: &Workspace, paths: &[OsString]) -> Result<Vec<OsString>, OpsError> {
+    let layers = Layers::open(&ws.upper, &ws.lowers).map_err(OpsError::Layers)?;
     let work = ws.work_dir()?.into_fd();
     let mut out = reset::Outcome::default();
     let r = paths
         .iter()
         .try_for_each(|p| reset::reset_path(&layers, &work, p, &mut out));
-    reset::remove_moved_away(&work, &out.moved_away).map_err(|e| e.to_string())?;
-    r.map(|()| out.changed).map_err(|e| e.to_string())
+    reset::remove_moved_away(&work, &out.moved_away)?;
+    Ok(r.map(|()| out.changed)?)
 }
 
 /// Saves the upper as snapshot `id` (validated first; generated from the
@@ -252,7 +333,7 @@ pub fn snapshot_save(
     force: bool,
     progress: bool,
     who: Caller<'_>,
-) -> Result<Done<Info>, String> {
+) -> Result<Done<Info>, OpsError> {
     // Invariant: a bad ID is refused before anything is read or written.
     let given = id.map(snapshot_id::validate).transpose()?;
     let id = match given {
@@ -280,13 +361,16 @@ pub fn snapshot_save(
 
 /// Holds the daemon's write pause on `c` (refused, naming them, while
 /// files are open for writing through passthrough).
-fn pause(ws: &Workspace, mut c: super::control::Client) -> Result<super::control::Client, String> {
-    let r: Paused = c.call(&Request::Pause { wait_ms: None }).map_err(|e| {
-        format!(
-            "the daemon of {} refused to pause writes: {e}",
-            ws.mountpoint.as_deref().unwrap_or(&ws.upper).display()
-        )
-    })?;
+fn pause(
+    ws: &Workspace,
+    mut c: super::control::Client,
+) -> Result<super::control::Client, OpsError> {
+    let r: Paused = c
+        .call(&Request::Pause { wait_ms: None })
+        .map_err(|source| OpsError::PauseRefused {
+            mount: ws.mountpoint.as_deref().unwrap_or(&ws.upper).to_path_buf(),
+            source,
+        })?;
     if !r.busy.is_empty() {
         // Each with the uid holding it (`holders`), where the daemon says.
         let named: Vec<String> = if r.holders.is_empty() {
@@ -297,11 +381,7 @@ fn pause(ws: &Workspace, mut c: super::control::Client) -> Result<super::control
                 .map(|h| format!("{} (uid {})", h.path, h.uid))
                 .collect()
         };
-        return Err(format!(
-            "files are open for writing through passthrough, whose writes cannot be \
-             paused: {}; close them and retry",
-            named.join(", ")
-        ));
+        return Err(OpsError::OpenForWriting { open: named });
     }
     Ok(c)
 }
@@ -314,7 +394,7 @@ pub fn snapshot_restore(
     id: &OsStr,
     progress: bool,
     who: Caller<'_>,
-) -> Result<Done<(Info, Report)>, String> {
+) -> Result<Done<(Info, Report)>, OpsError> {
     let id = snapshot_id::validate(id)?;
     let policy = workspace_policy(ws)?;
     let mut warnings = Vec::new();
@@ -342,13 +422,11 @@ pub fn snapshot_restore(
 
 /// The policy a restore checks the archive against: the workspace's
 /// policy file (named in its workspace.json), else the defaults.
-pub(crate) fn workspace_policy(ws: &Workspace) -> Result<Policy, String> {
+pub(crate) fn workspace_policy(ws: &Workspace) -> Result<Policy, OpsError> {
     match &ws.policy {
-        Some(p) => Policy::load(p).map_err(|e| {
-            format!(
-                "{e}: a restore checks the snapshot against the workspace's policy; fix the \
-                 policy file (or remount without it) and retry"
-            )
+        Some(p) => Policy::load(p).map_err(|why| OpsError::RestorePolicy {
+            file: p.clone(),
+            why,
         }),
         None => Ok(Policy::default()),
     }
@@ -365,14 +443,13 @@ fn live_restore(
     policy: &Policy,
     progress: bool,
     warnings: &mut Vec<String>,
-) -> Result<(Info, Report), String> {
+) -> Result<(Info, Report), OpsError> {
     let staged = snapshot::stage(&ws.upper, Some(&ws.work), &ws.dir, id, policy, progress)?;
     if !staged.in_work {
         let _ = staged.remove();
-        return Err(format!(
-            "work dir {} is not on the upper's filesystem: a live restore needs it there",
-            ws.work.display()
-        ));
+        return Err(OpsError::WorkElsewhere {
+            work: ws.work.clone(),
+        });
     }
     let answer = client.call::<Restored>(&Request::Restore {
         staging: staged.name.to_string_lossy().into_owned(),
@@ -381,7 +458,7 @@ fn live_restore(
     // upper, else the unused restored tree. (Killed here, it stays in the
     // work dir, which the next mount cleans.)
     let removed = staged.remove();
-    let answer = answer.map_err(|e| format!("the mount was not changed: {e}"))?;
+    let answer = answer.map_err(OpsError::NotRestored)?;
     if answer.invalidated.pending {
         warnings.push(
             "warning: the kernel's caches are still being invalidated; the mount may show \
@@ -408,7 +485,7 @@ pub fn checkpoint(
     name: Option<&str>,
     layers: Option<&std::path::Path>,
     who: Caller<'_>,
-) -> Result<Done<String>, String> {
+) -> Result<Done<String>, OpsError> {
     let name = checkpoint::take(ws, name, layers)?;
     let what = name.clone();
     Ok(Done::new(name).record(ws, who, EvOp::Checkpoint, &what, 1))
@@ -422,7 +499,7 @@ pub fn undo(
     ws: &Workspace,
     to: Option<&str>,
     who: Caller<'_>,
-) -> Result<Done<(String, usize)>, String> {
+) -> Result<Done<(String, usize)>, OpsError> {
     let (name, dropped) = match ws.client() {
         Some(client) => {
             let v: Undone = client?.call(&Request::Undo {
@@ -447,7 +524,7 @@ pub struct CheckpointInfo {
 }
 
 /// The checkpoints `ws` stands on, the latest first.
-pub fn checkpoints(ws: &Workspace) -> Result<Vec<CheckpointInfo>, String> {
+pub fn checkpoints(ws: &Workspace) -> Result<Vec<CheckpointInfo>, OpsError> {
     let records = checkpoint::list(ws)?;
     let store = super::frozen::read(&ws.dir)?.map(|s| s.store);
     Ok(records

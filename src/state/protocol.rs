@@ -97,22 +97,46 @@ impl Request {
 
     /// Reads one request line. An error is the message for the client,
     /// naming the command and what a well-formed request looks like.
-    pub fn parse(line: &str) -> Result<Request, String> {
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| format!("request is not JSON: {e}"))?;
+    pub fn parse(line: &str) -> Result<Request, RequestError> {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(RequestError::NotJson)?;
         let cmd = v
             .get("cmd")
             .and_then(serde_json::Value::as_str)
-            .ok_or("request has no \"cmd\"")?;
+            .ok_or(RequestError::NoCommand)?;
         if !Self::COMMANDS.contains(&cmd) {
-            return Err(format!(
-                "unknown command \"{cmd}\" (this daemon knows {})",
-                Self::COMMANDS.join(", ")
-            ));
+            return Err(RequestError::UnknownCommand { cmd: cmd.into() });
         }
         let cmd = cmd.to_string();
-        serde_json::from_value(v)
-            .map_err(|e| format!("bad \"{cmd}\" request ({e}): send {}", Request::usage(&cmd)))
+        serde_json::from_value(v).map_err(|source| RequestError::Malformed { cmd, source })
+    }
+}
+
+/// Why a request line was refused: the message the daemon sends back,
+/// naming the command and what a well-formed request looks like.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("request is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("request has no \"cmd\"")]
+    NoCommand,
+    #[error(
+        "unknown command \"{cmd}\" (this daemon knows {})",
+        Request::COMMANDS.join(", ")
+    )]
+    UnknownCommand { cmd: String },
+    /// A known command whose fields do not fit it.
+    #[error("bad \"{cmd}\" request ({source}): send {}", Request::usage(cmd))]
+    Malformed {
+        cmd: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// For callers whose errors are still text: the message.
+impl From<RequestError> for String {
+    fn from(e: RequestError) -> String {
+        e.to_string()
     }
 }
 
@@ -408,17 +432,21 @@ mod tests {
 
     #[test]
     fn malformed_requests_say_what_to_send() {
-        let e = Request::parse("{").unwrap_err();
+        let e = Request::parse("{").unwrap_err().to_string();
         assert!(e.starts_with("request is not JSON"), "{e}");
-        let e = Request::parse(r#"{"paths":[]}"#).unwrap_err();
+        let e = Request::parse(r#"{"paths":[]}"#).unwrap_err().to_string();
         assert_eq!(e, "request has no \"cmd\"");
-        let e = Request::parse(r#"{"cmd":"fly"}"#).unwrap_err();
+        let e = Request::parse(r#"{"cmd":"fly"}"#).unwrap_err().to_string();
         assert!(e.contains("unknown command \"fly\""), "{e}");
         assert!(e.contains("checkpoint, undo"), "{e}");
-        let e = Request::parse(r#"{"cmd":"reset"}"#).unwrap_err();
+        let e = Request::parse(r#"{"cmd":"reset"}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bad \"reset\" request"), "{e}");
         assert!(e.contains(r#""paths":["rel/path""#), "{e}");
-        let e = Request::parse(r#"{"cmd":"restore","staging":3}"#).unwrap_err();
+        let e = Request::parse(r#"{"cmd":"restore","staging":3}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("staging"), "{e}");
     }
 

@@ -11,7 +11,7 @@ pub type Scratch = crate::policy::pattern::PathSet;
 
 /// The scratch patterns of a workspace: its `--scratch` globs and the
 /// `scratch` lines of its policy file (named in `workspace.json`).
-pub fn of_workspace(ws: &super::workspace::Workspace) -> Result<Scratch, String> {
+pub fn of_workspace(ws: &super::workspace::Workspace) -> Result<Scratch, ScratchError> {
     let mut patterns = ws.scratch.clone();
     // `ws.policy` comes from workspace.json, read through the checked
     // state dir (`Workspace::resolve`).
@@ -20,4 +20,23 @@ pub fn of_workspace(ws: &super::workspace::Workspace) -> Result<Scratch, String>
         patterns.extend(policy.scratch().iter().cloned());
     }
     Ok(Scratch::new(&patterns)?)
+}
+
+/// Why a workspace's scratch paths could not be known. The text is the
+/// policy's own message (which names the file, line and pattern).
+#[derive(Debug, thiserror::Error)]
+pub enum ScratchError {
+    /// The policy file named in workspace.json cannot be read or parsed.
+    #[error(transparent)]
+    Policy(#[from] crate::policy::LoadError),
+    /// A `--scratch` glob or `scratch` line is not a valid pattern.
+    #[error(transparent)]
+    Pattern(#[from] crate::policy::pattern::PatternError),
+}
+
+/// For callers whose errors are still text: the message.
+impl From<ScratchError> for String {
+    fn from(e: ScratchError) -> String {
+        e.to_string()
+    }
 }

@@ -12,38 +12,78 @@ use std::ffi::OsStr;
 /// Longest ID accepted, in bytes.
 pub const MAX_LEN: usize = 128;
 
+/// What an ID may be, for the message refusing one.
+const RULE: &str = "an ID is 1-128 characters of A-Z a-z 0-9 . _ -, not starting with `.`";
+
+/// Why an ID (`what`: "snapshot ID", "checkpoint name") was refused,
+/// naming it and the rule.
+#[derive(Debug, thiserror::Error)]
+pub enum IdError {
+    #[error("invalid {what} {shown:?}: not UTF-8 ({RULE})")]
+    NotUtf8 { what: &'static str, shown: String },
+    #[error("invalid {what}: empty ({RULE})")]
+    Empty { what: &'static str },
+    /// `head`: its first 16 characters.
+    #[error("invalid {what} {head:?}…: {len} bytes, at most {MAX_LEN} ({RULE})")]
+    TooLong {
+        what: &'static str,
+        head: String,
+        len: usize,
+    },
+    #[error("invalid {what} {id:?}: character {c:?} not allowed ({RULE})")]
+    Character {
+        what: &'static str,
+        id: String,
+        c: char,
+    },
+    #[error("invalid {what} {id:?}: starts with `.` ({RULE})")]
+    Hidden { what: &'static str, id: String },
+}
+
+/// For callers whose errors are still text: the message.
+impl From<IdError> for String {
+    fn from(e: IdError) -> String {
+        e.to_string()
+    }
+}
+
 /// Checks that `id` is a safe snapshot ID and returns it as a `&str`; the
 /// error says what is wrong and what an ID may be.
-pub fn validate(id: &OsStr) -> Result<&str, String> {
-    const RULE: &str = "an ID is 1-128 characters of A-Z a-z 0-9 . _ -, not starting with `.`";
+pub fn validate(id: &OsStr) -> Result<&str, IdError> {
+    validate_as(id, "snapshot ID")
+}
+
+/// `validate`, the error calling the ID `what` (a checkpoint's name
+/// follows the same rule).
+pub fn validate_as<'a>(id: &'a OsStr, what: &'static str) -> Result<&'a str, IdError> {
     let Some(s) = id.to_str() else {
-        return Err(format!(
-            "invalid snapshot ID {:?}: not UTF-8 ({RULE})",
-            id.to_string_lossy()
-        ));
+        return Err(IdError::NotUtf8 {
+            what,
+            shown: id.to_string_lossy().into_owned(),
+        });
     };
     if s.is_empty() {
-        return Err(format!("invalid snapshot ID: empty ({RULE})"));
+        return Err(IdError::Empty { what });
     }
     if s.len() > MAX_LEN {
-        return Err(format!(
-            "invalid snapshot ID {:?}…: {} bytes, at most {MAX_LEN} ({RULE})",
-            &s[..s.char_indices().nth(16).map_or(s.len(), |(i, _)| i)],
-            s.len()
-        ));
+        return Err(IdError::TooLong {
+            what,
+            head: s[..s.char_indices().nth(16).map_or(s.len(), |(i, _)| i)].to_string(),
+            len: s.len(),
+        });
     }
     if let Some(c) = s
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(format!(
-            "invalid snapshot ID {s:?}: character {c:?} not allowed ({RULE})"
-        ));
+        return Err(IdError::Character {
+            what,
+            id: s.into(),
+            c,
+        });
     }
     if s.starts_with('.') {
-        return Err(format!(
-            "invalid snapshot ID {s:?}: starts with `.` ({RULE})"
-        ));
+        return Err(IdError::Hidden { what, id: s.into() });
     }
     Ok(s)
 }
@@ -133,7 +173,7 @@ mod tests {
         assert!(!ok(&"x".repeat(129)));
         assert!(!ok(&"x".repeat(300)));
         assert!(validate(OsStr::from_bytes(b"a\xffb")).is_err());
-        let e = validate(OsStr::new("../x")).unwrap_err();
+        let e = validate(OsStr::new("../x")).unwrap_err().to_string();
         assert!(e.contains("'/'") && e.contains("A-Z"), "{e}");
     }
 

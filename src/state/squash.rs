@@ -58,7 +58,7 @@ pub trait Live {
 
 /// `layerfs squash` of `ws` whether it is mounted or not: a mounted
 /// workspace's daemon squashes live (`daemon::layers`).
-pub fn take(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, String> {
+pub fn take(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackError> {
     match ws.client() {
         Some(client) => {
             let v: super::protocol::SquashDone =
@@ -68,7 +68,7 @@ pub fn take(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, String> {
                 merged: v.merged,
             }))
         }
-        None => squash(ws, keep, None).map_err(String::from),
+        None => squash(ws, keep, None),
     }
 }
 

@@ -213,7 +213,7 @@ pub fn open_state_to_read(state: &Path) -> Result<Option<SafeDir>, SafeDirError>
 /// `open_state_to_read`).
 pub fn connect(state_dir: &Path) -> Result<super::control::Client, WorkspaceError> {
     match open_state_to_read(state_dir)? {
-        Some(dir) => super::control::Client::connect_dir(&dir).map_err(WorkspaceError::Control),
+        Some(dir) => Ok(super::control::Client::connect_dir(&dir)?),
         None => Err(WorkspaceError::NoStateDir {
             state: state_dir.to_path_buf(),
         }),
@@ -349,7 +349,9 @@ impl Workspace {
     }
 
     /// A client on the live daemon's control socket, if it is mounted.
-    pub fn client(&self) -> Option<Result<crate::state::control::Client, String>> {
+    pub fn client(
+        &self,
+    ) -> Option<Result<crate::state::control::Client, crate::state::control::ControlError>> {
         self.mountpoint.as_ref()?;
         Some(crate::state::control::Client::connect_dir(&self.dir))
     }
@@ -397,8 +399,8 @@ pub enum WorkspaceError {
     )]
     Foreign { file: PathBuf },
     /// The daemon's control socket did not answer.
-    #[error("{0}")]
-    Control(String),
+    #[error(transparent)]
+    Control(#[from] super::control::ControlError),
     /// `connect` to a state dir that is not there.
     #[error(
         "no state dir {}: the workspace is not mounted (or was never mounted)",

@@ -169,8 +169,8 @@ pub struct UndoResult {
 
 /// A state operation's failure, reported on `what` (the tool, or the
 /// snapshot or checkpoint named).
-fn failed(what: &str) -> impl Fn(String) -> ToolError + '_ {
-    move |m| ToolError::new(what, What::State(m))
+fn failed<E: ToString>(what: &str) -> impl Fn(E) -> ToolError + '_ {
+    move |m| ToolError::new(what, What::State(m.to_string()))
 }
 
 impl Workspace {

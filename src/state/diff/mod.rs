@@ -287,20 +287,15 @@ pub fn is_at_or_under(p: &OsStr, dir: &OsStr) -> bool {
 /// One walk of the upper (`layer::walk`, iterative and fd-relative: any
 /// depth), with the shared version of each directory beside it; a path is
 /// only ever opened from the directory holding it, never as a whole.
-pub fn diff(layers: &Layers, filter: &Filter) -> Result<Vec<Change>, String> {
+pub fn diff(layers: &Layers, filter: &Filter) -> Result<Vec<Change>, DiffError> {
     let mut base = Vec::new();
     for (i, l) in layers.lowers.iter().enumerate() {
         let fd = sys::open_path(l, OsStr::new("."))
-            .map_err(|e| format!("cannot open lower dir #{}: {e}", i + 1))?;
+            .map_err(|source| DiffError::OpenLower { index: i, source })?;
         base.push((i, fd));
     }
-    let mut walker =
-        Walker::new(&layers.upper).map_err(|e| format!("cannot read the upper root: {e}"))?;
-    let marks = dir_marks(
-        walker
-            .dir()
-            .map_err(|e| format!("cannot read the upper root: {e}"))?,
-    );
+    let mut walker = Walker::new(&layers.upper).map_err(DiffError::UpperRoot)?;
+    let marks = dir_marks(walker.dir().map_err(DiffError::UpperRoot)?);
     let mut w = Walk {
         layers,
         filter,
@@ -311,7 +306,7 @@ pub fn diff(layers: &Layers, filter: &Filter) -> Result<Vec<Change>, String> {
     };
     let root = Frame::new(base, Some(OsString::new()), marks.opaque, marks.moved_in);
     w.run(&mut walker, root)
-        .map_err(|(p, e)| format!("cannot read {}: {e}", describe(&p)))?;
+        .map_err(|(path, source)| DiffError::Read { path, source })?;
     w.match_moves();
     if let Some(m) = &filter.moves {
         w.match_journal_moves(m);
@@ -335,6 +330,35 @@ pub fn diff(layers: &Layers, filter: &Filter) -> Result<Vec<Change>, String> {
         .collect();
     out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
+}
+
+/// Why a diff stopped: which layer or upper path could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum DiffError {
+    /// The lower `index` (0: the topmost) cannot be opened.
+    #[error("cannot open lower dir #{}: {source}", index + 1)]
+    OpenLower {
+        index: usize,
+        #[source]
+        source: io::Error,
+    },
+    /// The upper's root cannot be opened or listed.
+    #[error("cannot read the upper root: {0}")]
+    UpperRoot(#[source] io::Error),
+    /// A path of the upper ("" its root) cannot be read.
+    #[error("cannot read {}: {source}", describe(path))]
+    Read {
+        path: OsString,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// For callers whose errors are still text: the message.
+impl From<DiffError> for String {
+    fn from(e: DiffError) -> String {
+        e.to_string()
+    }
 }
 
 fn describe(p: &OsStr) -> String {

@@ -34,6 +34,7 @@
 //! `rows` (rows written and read outside the writer) and `schema` (the
 //! database: its files, opening and migrating it).
 
+mod error;
 mod handle;
 mod health;
 pub mod query;
@@ -44,6 +45,7 @@ mod schema;
 mod tests;
 mod writer;
 
+pub use error::JournalError;
 pub use handle::{Journal, PATH_KEPT};
 pub use health::HealthReport;
 pub use rows::{errno_name, offline_health, record_as, record_undo};

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use globset::GlobMatcher;
 use serde_json::{json, Value};
 
+use super::error::JournalError;
 use super::schema::{columns, open_ro};
 use crate::quote::{quote_field, visible};
 
@@ -62,28 +63,22 @@ pub fn op_names() -> Vec<&'static str> {
 }
 
 /// Checks an operation name for `Query::op` (`denied` is `deny`).
-pub fn op_known(op: &str) -> Result<String, String> {
+pub fn op_known(op: &str) -> Result<String, JournalError> {
     match op {
         "denied" => Ok("deny".into()),
         o if op_names().contains(&o) => Ok(o.into()),
-        o => Err(format!(
-            "unknown journal op `{o}`; known: {}",
-            op_names().join(", ")
-        )),
+        o => Err(JournalError::UnknownOp { op: o.into() }),
     }
 }
 
 /// A time for `Query::since`: RFC 3339 (2026-12-03T15:00:00Z) or an age
 /// (10m, 2h, 1day), as microseconds since the epoch.
-pub fn parse_since(s: &str) -> Result<i64, String> {
+pub fn parse_since(s: &str) -> Result<i64, JournalError> {
     let t = match humantime::parse_rfc3339_weak(s) {
         Ok(t) => t,
         Err(_) => {
-            let age = humantime::parse_duration(s).map_err(|_| {
-                format!(
-                    "since {s}: give an RFC 3339 time (2026-12-03T15:00:00Z) or an age (10m, 2h)"
-                )
-            })?;
+            let age = humantime::parse_duration(s)
+                .map_err(|_| JournalError::BadSince { given: s.into() })?;
             SystemTime::now().checked_sub(age).unwrap_or(UNIX_EPOCH)
         }
     };
@@ -192,11 +187,15 @@ impl Row {
 
 /// The matcher of `Query::path` (`**` crosses directories, `*` does
 /// not); the error names the glob.
-pub fn path_glob(g: &str) -> Result<GlobMatcher, String> {
+pub fn path_glob(g: &str) -> Result<GlobMatcher, JournalError> {
     Ok(globset::GlobBuilder::new(g.trim_start_matches('/'))
         .literal_separator(true)
         .build()
-        .map_err(|e| format!("{g}: {e}"))?
+        .map_err(|source| JournalError::BadGlob {
+            field: "",
+            glob: g.into(),
+            source,
+        })?
         .compile_matcher())
 }
 
@@ -207,13 +206,23 @@ pub fn path_glob(g: &str) -> Result<GlobMatcher, String> {
 /// reset or an undo, written by the command's own process) can land
 /// before the rows of the writes that came before it. `events_time`'s
 /// entries are ordered by (time, id), so the scan needs no sort.
-pub fn query(db: &Path, q: &Query) -> Result<Vec<Row>, String> {
+pub fn query(db: &Path, q: &Query) -> Result<Vec<Row>, JournalError> {
     let glob = match &q.path {
-        Some(g) => Some(path_glob(g).map_err(|e| format!("path {e}"))?),
+        Some(g) => Some(path_glob(g).map_err(|e| match e {
+            JournalError::BadGlob { glob, source, .. } => JournalError::BadGlob {
+                field: "path ",
+                glob,
+                source,
+            },
+            e => e,
+        })?),
         None => None,
     };
     let conn = open_ro(db)?;
-    let failed = |e: rusqlite::Error| format!("reading journal {}: {e}", db.display());
+    let failed = |source| JournalError::Read {
+        path: db.to_path_buf(),
+        source,
+    };
     // A journal just (re)created has no table yet: nothing to show.
     let has_table = conn
         .query_row(

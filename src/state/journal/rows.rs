@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::params;
 
+use super::error::JournalError;
 use super::health::HealthReport;
 use super::schema::disk_bytes;
 use super::schema::{open_ro, open_rw, shown};
@@ -31,7 +32,7 @@ pub(super) const ONE_OFF_WAIT: std::time::Duration = std::time::Duration::from_s
 /// `what` names the paths or the snapshot, `entries` how many entries it
 /// changed or archived; the caller is this process (uid, gid, pid, comm).
 /// A workspace whose journal is off (no database) gets no row.
-pub fn record_undo(db: &Path, op: EvOp, what: &str, entries: u64) -> Result<(), String> {
+pub fn record_undo(db: &Path, op: EvOp, what: &str, entries: u64) -> Result<(), JournalError> {
     let comm = fs::read_to_string("/proc/self/comm")
         .map(|c| c.trim_end().to_string())
         .unwrap_or_else(|_| "layerfs".into());
@@ -40,17 +41,26 @@ pub fn record_undo(db: &Path, op: EvOp, what: &str, entries: u64) -> Result<(), 
 
 /// As `record_undo`, naming the caller `comm` (the agent tools name
 /// themselves `CLIENT:TOOL`, as their other rows do).
-pub fn record_as(db: &Path, op: EvOp, what: &str, entries: u64, comm: &str) -> Result<(), String> {
+pub fn record_as(
+    db: &Path,
+    op: EvOp,
+    what: &str,
+    entries: u64,
+    comm: &str,
+) -> Result<(), JournalError> {
     if !db.exists() {
         return Ok(());
     }
     let (pid, uid, gid) = daemon_ids();
-    let conn = open_rw(db).map_err(|e| format!("journal {}: {e}", db.display()))?;
+    let failed = |source| JournalError::Write {
+        path: db.to_path_buf(),
+        source,
+    };
+    let conn = open_rw(db).map_err(failed)?;
     // The daemon's writer may hold the database for a while under load
     // (it runs at a lower priority, in batches): the row of a state
     // operation waits for it rather than being lost.
-    conn.busy_timeout(ONE_OFF_WAIT)
-        .map_err(|e| format!("journal {}: {e}", db.display()))?;
+    conn.busy_timeout(ONE_OFF_WAIT).map_err(failed)?;
     conn.execute(
         "INSERT INTO events (time, op, path, result, bytes, pid, comm, uid, gid)
          VALUES (?1, ?2, ?3, 'ok', ?4, ?5, ?6, ?7, ?8)",
@@ -65,7 +75,7 @@ pub fn record_as(db: &Path, op: EvOp, what: &str, entries: u64, comm: &str) -> R
             gid
         ],
     )
-    .map_err(|e| format!("journal {}: {e}", db.display()))?;
+    .map_err(failed)?;
     Ok(())
 }
 
@@ -111,7 +121,10 @@ pub fn offline_health(db: &Path) -> HealthReport {
                 ))
             },
         )
-        .map_err(|e| format!("{}: {e}", shown(db).display()))
+        .map_err(|source| JournalError::Count {
+            path: shown(db),
+            source,
+        })
     }) {
         Ok((rows, lost, trimmed)) => HealthReport {
             path: Some(path),
@@ -123,7 +136,7 @@ pub fn offline_health(db: &Path) -> HealthReport {
         },
         Err(e) => HealthReport {
             path: Some(path),
-            last_error: Some(e),
+            last_error: Some(e.to_string()),
             ..HealthReport::default()
         },
     }

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
+use super::error::JournalError;
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS events (
     id     INTEGER PRIMARY KEY,
@@ -145,18 +147,18 @@ fn migrate(c: &Connection) -> rusqlite::Result<()> {
 }
 
 /// Opens the journal read-only (for `layerfs log` and offline status).
-pub fn open_ro(path: &Path) -> Result<Connection, String> {
+pub fn open_ro(path: &Path) -> Result<Connection, JournalError> {
     if fs::symlink_metadata(path).is_err() {
-        return Err(format!(
-            "no journal at {} (the workspace was mounted with --no-journal, or never mounted)",
-            shown(path).display()
-        ));
+        return Err(JournalError::Missing { path: shown(path) });
     }
     let c = open_db(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(|e| format!("cannot open journal {}: {e}", shown(path).display()))?;
+    .map_err(|source| JournalError::Open {
+        path: shown(path),
+        source,
+    })?;
     let _ = c.busy_timeout(Duration::from_secs(2));
     Ok(c)
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use super::chain::{child_rel, Chain};
 use super::report::{is_root, xattr_verdict, Kind, Report};
-use super::{ctx, SnapshotError, PAX_XATTR, PAX_XATTR_HEX};
+use super::{ctx, plain, SnapshotError, PAX_XATTR, PAX_XATTR_HEX};
 use crate::layer::ops::{self};
 use crate::layer::safedir::SafeDir;
 use crate::layer::sys;
@@ -124,7 +124,7 @@ impl Extractor<'_> {
                         continue;
                     };
                     sys::setxattr(fd, &c, value, 0)
-                        .map_err(|e| format!("cannot set xattr {shown:?} on {:?}: {e}", rel))?;
+                        .map_err(plain(format!("cannot set xattr {shown:?} on {rel:?}")))?;
                 }
                 Err(why) => self
                     .report
@@ -190,7 +190,7 @@ impl Extractor<'_> {
             })?;
             chain
                 .push(name.to_os_string(), fd, None)
-                .map_err(|e| format!("cannot stat {:?}: {e}", chain.path))?;
+                .map_err(plain(format!("cannot stat {:?}", chain.path)))?;
         }
         Ok(())
     }
@@ -203,10 +203,9 @@ impl Extractor<'_> {
         let shown = PathBuf::from(OsStr::from_bytes(&chain.path));
         let fd = chain
             .fd()
-            .map_err(|e| format!("cannot reopen {:?}: {e}", shown))?;
-        sys::fchmod(fd, m.mode).map_err(|e| format!("cannot chmod {:?}: {e}", shown))?;
-        sys::futimens(fd, &m.times)
-            .map_err(|e| format!("cannot set times of {:?}: {e}", shown).into())
+            .map_err(plain(format!("cannot reopen {shown:?}")))?;
+        sys::fchmod(fd, m.mode).map_err(plain(format!("cannot chmod {shown:?}")))?;
+        sys::futimens(fd, &m.times).map_err(plain(format!("cannot set times of {shown:?}")))
     }
 }
 

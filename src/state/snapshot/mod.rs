@@ -137,6 +137,33 @@ pub enum SnapshotError {
     /// The state dir, `snapshots/` or a staging dir was refused.
     #[error(transparent)]
     Dir(#[from] crate::layer::safedir::SafeDirError),
+    /// The snapshot ID given is not a safe one.
+    #[error(transparent)]
+    Id(#[from] crate::state::snapshot_id::IdError),
+    /// What went wrong reading the snapshot `file`.
+    #[error("snapshot {}: {source}", file.display())]
+    In {
+        file: std::path::PathBuf,
+        #[source]
+        source: Box<SnapshotError>,
+    },
+    /// A tar header whose size field cannot be read, at byte `at`.
+    #[error("the archive's header at byte {at}: {source}")]
+    Header {
+        at: u64,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SnapshotError {
+    /// `self`, as a failure reading the snapshot `file`.
+    fn in_file(file: &std::path::Path) -> impl FnOnce(SnapshotError) -> SnapshotError + '_ {
+        move |e| SnapshotError::In {
+            file: file.to_path_buf(),
+            source: Box::new(e),
+        }
+    }
 }
 
 impl From<String> for SnapshotError {
@@ -154,6 +181,15 @@ impl From<&str> for SnapshotError {
 impl From<SnapshotError> for String {
     fn from(e: SnapshotError) -> String {
         e.to_string()
+    }
+}
+
+/// `map_err` helper: an io error with what was being done, no hint.
+fn plain(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> SnapshotError {
+    move |source| SnapshotError::Io {
+        what: what.to_string(),
+        source,
+        hint: "",
     }
 }
 

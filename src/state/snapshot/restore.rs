@@ -168,7 +168,7 @@ pub fn stage(
     let mut info = info_in(&snaps, id)?;
     let shown = snaps.shown(file_name(id));
     let f = open_snapshot(&snaps, id)?;
-    let scan = prescan(&f).map_err(|e| format!("snapshot {}: {e}", shown.display()))?;
+    let scan = prescan(&f).map_err(SnapshotError::in_file(&shown))?;
     info.entries = Some(scan.entries);
     let root = RootMeta::of(upper)?;
     let (parent, parent_fd, in_work) = staging_parent(upper, work)?;
@@ -210,7 +210,7 @@ pub fn stage(
             root,
             &mut staged.report,
         )
-        .map_err(|e| format!("snapshot {}: {e}", shown.display()))?;
+        .map_err(SnapshotError::in_file(&shown))?;
         bar.finish_and_clear();
         // One syncfs makes the whole staging tree durable before it
         // becomes the upper (cheaper than an fsync per file).

@@ -75,7 +75,7 @@ pub fn prescan(f: &File) -> Result<Scan, SnapshotError> {
         let recognized = h.as_gnu().is_some() || h.as_ustar().is_some();
         let mut size = h
             .entry_size()
-            .map_err(|e| format!("the archive's header at byte {at}: {e}"))?;
+            .map_err(|source| SnapshotError::Header { at, source })?;
         if !extension {
             if let Some(s) = pax_size {
                 size = s;
