@@ -113,7 +113,7 @@ pub enum OpsError {
     )]
     RestorePolicy {
         file: std::path::PathBuf,
-        why: crate::policy::LoadError,
+        why: Box<crate::policy::LoadError>,
     },
     /// A live restore whose work dir is on another filesystem.
     #[error(
@@ -426,7 +426,7 @@ pub(crate) fn workspace_policy(ws: &Workspace) -> Result<Policy, OpsError> {
     match &ws.policy {
         Some(p) => Policy::load(p).map_err(|why| OpsError::RestorePolicy {
             file: p.clone(),
-            why,
+            why: Box::new(why),
         }),
         None => Ok(Policy::default()),
     }
