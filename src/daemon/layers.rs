@@ -33,13 +33,14 @@ use serde_json::Value;
 use super::restore::{held_dirs, invalidate_swapped, quiesce};
 use super::served::Daemon;
 use crate::layer::{sys, Layer};
-use crate::state::checkpoint::{self, Live};
+use crate::state::checkpoint::{self, Durability, Live};
 use crate::state::protocol::{Checkpointed, Request, SquashDone, Undone};
 use crate::state::workspace::Workspace;
 
 /// `Request::Checkpoint` or `Request::Undo`: see the module comment.
 pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
     let undo = matches!(req, Request::Undo { .. });
+    let deferred = matches!(req, Request::Checkpoint { deferred: true, .. });
     let ov = daemon.fs.overlay();
     let what = if undo { "an undo" } else { "a checkpoint" };
     if ov.read_only() {
@@ -86,11 +87,20 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
                 })
             })
             .map_err(String::from),
-        Request::Checkpoint { name, layers } => checkpoint::checkpoint(
+        Request::Checkpoint {
+            name,
+            layers,
+            deferred,
+        } => checkpoint::checkpoint(
             &ws,
             name.as_deref(),
             layers.as_deref().map(Path::new),
             Some(&mut swap),
+            if *deferred {
+                Durability::Deferred
+            } else {
+                Durability::Now
+            },
         )
         .map(|name| {
             Done::Checkpointed(Checkpointed {
@@ -110,6 +120,9 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
     } else {
         Default::default()
     };
+    if let (Done::Checkpointed(c), true) = (&out, deferred && swap.swapped) {
+        sync_after(ws, c.name.clone());
+    }
     let out = match &mut out {
         Done::Undone(u) => {
             u.invalidated = inv;
@@ -123,6 +136,23 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, String> {
     .map_err(|e| format!("cannot encode the reply: {e}"))?;
     tracing::info!("{what} of the live mount: {out}");
     Ok(out)
+}
+
+/// Makes the deferred checkpoint `name` durable (`checkpoint::sync_taken`)
+/// on a thread of its own: the answer does not wait for the disk, and
+/// neither do the requests served meanwhile (writes are not paused).
+fn sync_after(ws: Workspace, name: String) {
+    let spawned = std::thread::Builder::new()
+        .name("checkpoint-sync".into())
+        .stack_size(crate::layer::walk::THREAD_STACK)
+        .spawn(move || {
+            if let Err(e) = checkpoint::sync_taken(&ws, &name) {
+                tracing::warn!("checkpoint {name}: cannot make it durable: {e}");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("checkpoint: cannot start syncing it: {e}");
+    }
 }
 
 /// What a checkpoint or an undo answers.

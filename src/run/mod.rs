@@ -540,8 +540,16 @@ impl Workspace {
                 self.mountpoint.display()
             ));
         }
-        let done = crate::state::ops::checkpoint(&ws, None, None, None)
-            .map_err(|e| format!("--checkpoint: {e}"))?;
+        // Durable once the daemon has answered and synced: the command
+        // need not wait for the disk (docs/branch.md, "Speed").
+        let done = crate::state::ops::checkpoint(
+            &ws,
+            None,
+            None,
+            None,
+            crate::state::checkpoint::Durability::Deferred,
+        )
+        .map_err(|e| format!("--checkpoint: {e}"))?;
         for w in &done.warnings {
             say!("layerfs run: warning: {w}");
         }

@@ -753,6 +753,79 @@ fn run_checkpoint_of_an_unchanged_workspace_makes_no_layer_and_undo_stays_exact(
     assert_same(&v0, &view_of(&ws), "after a remount");
 }
 
+/// `layerfs run --checkpoint -- sh -c SCRIPT` in the workspace `ws`
+/// (mounted or not); returns the checkpoint's name.
+fn run_checkpointed(ws: &Workspace, script: &str) -> String {
+    let (lower, upper) = (ws.lower().to_str().unwrap(), ws.upper.to_str().unwrap());
+    let out = run_ok(&[
+        "--lower",
+        lower,
+        "--upper",
+        upper,
+        "--checkpoint",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    crate::run::json_of(&out)["checkpoint"]
+        .as_str()
+        .expect("no checkpoint in --json")
+        .to_string()
+}
+
+#[test]
+fn a_crash_of_the_daemon_at_any_step_of_a_run_checkpoint_leaves_a_whole_view() {
+    for step in ["record", "layer", "stack", "exchange"] {
+        let ws = crate::run::workspace_for(crate::run::Caller::Root);
+        fs::write(ws.lower().join("f"), "0\n").unwrap();
+        let (lower, upper) = (ws.lower().to_str().unwrap(), ws.upper.to_str().unwrap());
+        let m = ws.mount_env(
+            &[],
+            &[("LAYERFS_FAILPOINT", &format!("abort:checkpoint:{step}"))],
+        );
+        sh(m.path(), "echo 1 >> f && mkdir d && echo n > d/n");
+        let view = tree_view(m.path());
+        let out = crate::run::run_as(
+            crate::run::Caller::Root,
+            &[
+                "--lower",
+                lower,
+                "--upper",
+                upper,
+                "--checkpoint",
+                "--",
+                "sh",
+                "-c",
+                "echo 2 >> f",
+            ],
+        );
+        assert!(
+            !out.status.success(),
+            "run --checkpoint survived a crash at {step}: {}",
+            crate::run::text(&out)
+        );
+        drop(m);
+        let m = ws.mount();
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("daemon killed in a run's checkpoint at {step}"),
+        );
+        // The workspace goes on: the next run's checkpoint is exact.
+        run_checkpointed(&ws, "echo 3 >> f");
+        assert_eq!(fs::read_to_string(m.p("f")).unwrap(), "0\n1\n3\n");
+        ok(&[&"undo", &m.path()]);
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("undo of a run after a crash at {step}"),
+        );
+        assert!(m.unmount());
+    }
+}
+
 #[test]
 fn run_fork_runs_in_a_fresh_fork_of_a_checkpoint() {
     let ws = crate::run::workspace_for(crate::run::Caller::Root);
