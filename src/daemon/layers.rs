@@ -219,6 +219,10 @@ impl Live for Swap<'_> {
             return Err(e);
         }
         ov.refresh_paths(&[std::ffi::OsString::new()]);
+        if frozen.is_some() {
+            // Files passed through from the upper are in the new layer.
+            self.daemon.fs.upper_frozen();
+        }
         if let Some(c) = self.claim.take() {
             self.daemon.upper_claims.lock().push(c);
         }
