@@ -157,8 +157,13 @@ impl CheckpointCmd {
                     ))
                 }
                 Some(w) => Workspace::resolve(w).map_err(String::from).and_then(|ws| {
-                    let done =
-                        ops::checkpoint(&ws, self.name.as_deref(), self.layers.as_deref(), None)?;
+                    let done = ops::checkpoint(
+                        &ws,
+                        self.name.as_deref(),
+                        self.layers.as_deref(),
+                        None,
+                        crate::state::checkpoint::Durability::Now,
+                    )?;
                     super::warn_all("checkpoint", &done.warnings);
                     outln!("{}", done.value);
                     Ok(())

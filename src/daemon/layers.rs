@@ -34,7 +34,7 @@ use super::control::RequestError;
 use super::restore::{held_dirs, invalidate_swapped, open_upper_parent, quiesce, RestoreError};
 use super::served::Daemon;
 use crate::layer::{sys, Layer};
-use crate::state::checkpoint::{self, Live};
+use crate::state::checkpoint::{self, Durability, Live};
 use crate::state::protocol::{Checkpointed, Request, SquashDone, Undone};
 use crate::state::workspace::Workspace;
 
@@ -103,6 +103,7 @@ impl From<LayersError> for String {
 /// `Request::Checkpoint` or `Request::Undo`: see the module comment.
 pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, RequestError> {
     let undo = matches!(req, Request::Undo { .. });
+    let deferred = matches!(req, Request::Checkpoint { deferred: true, .. });
     let ov = daemon.fs.overlay();
     let what = if undo { "an undo" } else { "a checkpoint" };
     if ov.read_only() {
@@ -145,11 +146,20 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, RequestError> {
                 })
             })
             .map_err(|e| LayersError::State(e.to_string())),
-        Request::Checkpoint { name, layers } => checkpoint::checkpoint(
+        Request::Checkpoint {
+            name,
+            layers,
+            deferred,
+        } => checkpoint::checkpoint(
             &ws,
             name.as_deref(),
             layers.as_deref().map(Path::new),
             Some(&mut swap),
+            if *deferred {
+                Durability::Deferred
+            } else {
+                Durability::Now
+            },
         )
         .map(|name| {
             Done::Checkpointed(Checkpointed {
@@ -169,6 +179,9 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, RequestError> {
     } else {
         Default::default()
     };
+    if let (Done::Checkpointed(c), true) = (&out, deferred && swap.swapped) {
+        sync_after(ws, c.name.clone());
+    }
     let out = match &mut out {
         Done::Undone(u) => {
             u.invalidated = inv;
@@ -187,6 +200,23 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, RequestError> {
 /// A new frozen layer at `path`, opened to serve.
 fn open_layer(path: &Path) -> Result<Layer, LayersError> {
     Layer::open(path, "checkpoint layer").map_err(|e| LayersError::Layer(e.to_string()))
+}
+
+/// Makes the deferred checkpoint `name` durable (`checkpoint::sync_taken`)
+/// on a thread of its own: the answer does not wait for the disk, and
+/// neither do the requests served meanwhile (writes are not paused).
+fn sync_after(ws: Workspace, name: String) {
+    let spawned = std::thread::Builder::new()
+        .name("checkpoint-sync".into())
+        .stack_size(crate::layer::walk::THREAD_STACK)
+        .spawn(move || {
+            if let Err(e) = checkpoint::sync_taken(&ws, &name) {
+                tracing::warn!("checkpoint {name}: cannot make it durable: {e}");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("checkpoint: cannot start syncing it: {e}");
+    }
 }
 
 /// What a checkpoint or an undo answers.
@@ -248,6 +278,10 @@ impl Live for Swap<'_> {
             return Err(LayersError::UpperRoot(e).into());
         }
         ov.refresh_paths(&[std::ffi::OsString::new()]);
+        if frozen.is_some() {
+            // Files passed through from the upper are in the new layer.
+            self.daemon.fs.upper_frozen();
+        }
         if let Some(c) = self.claim.take() {
             self.daemon.upper_claims.lock().push(c);
         }

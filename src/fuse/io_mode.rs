@@ -409,6 +409,25 @@ impl IoModes {
         }
     }
 
+    /// After a checkpoint moved the upper into a frozen layer (a live
+    /// checkpoint, `daemon::layers`): every upper file passed through is
+    /// a file of that layer now (the same inode), so its node counts as
+    /// passing a lower file through. Read-only opens of it share that
+    /// backing, and a change of its data waits for those readers or is
+    /// refused (`begin_write`), where it would otherwise meet the old
+    /// backing and write through it into the frozen layer. A checkpoint
+    /// is taken with no file open for writing, so no writer holds one.
+    pub fn upper_frozen(&self) {
+        let mut st = self.state.lock();
+        let live: Vec<u64> = st
+            .backing
+            .iter()
+            .filter(|(_, b)| b.strong_count() > 0)
+            .map(|(id, _)| *id)
+            .collect();
+        st.lower_backed.extend(live);
+    }
+
     /// Node ids of passthrough handles open for writing, with the uid
     /// holding each.
     pub fn passthrough_writers(&self) -> Vec<(u64, u32)> {

@@ -567,8 +567,16 @@ impl Workspace {
                 mountpoint: self.mountpoint.clone(),
             });
         }
-        let done = crate::state::ops::checkpoint(&ws, None, None, None)
-            .map_err(|e| RunError::Checkpoint(e.to_string()))?;
+        // Durable once the daemon has answered and synced: the command
+        // need not wait for the disk (docs/branch.md, "Speed").
+        let done = crate::state::ops::checkpoint(
+            &ws,
+            None,
+            None,
+            None,
+            crate::state::checkpoint::Durability::Deferred,
+        )
+        .map_err(|e| RunError::Checkpoint(e.to_string()))?;
         for w in &done.warnings {
             say!("layerfs run: warning: {w}");
         }

@@ -127,6 +127,23 @@ fn fresh_dir(dir: &impl std::os::fd::AsFd, name: &OsStr, like: &sys::Stat) -> st
     res
 }
 
+/// When a checkpoint's steps reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Each step is synced before the next: the checkpoint is durable
+    /// when `checkpoint` returns (`layerfs checkpoint`).
+    Now,
+    /// The same steps in the same order, none waited for; `sync_taken`
+    /// makes them durable after (a per-command checkpoint of `layerfs run
+    /// --checkpoint`, whose daemon syncs once it has answered). A kill -9
+    /// loses nothing (the kernel holds what was written); a power loss
+    /// before the sync leaves what the upper's filesystem wrote of the
+    /// steps, in their order on a filesystem that journals its metadata
+    /// in order (ext4, xfs, btrfs): the old stack or the new one, as a
+    /// kill -9 at a step would.
+    Deferred,
+}
+
 fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -147,12 +164,15 @@ fn now() -> i64 {
 /// opens what it will serve (`Live::prepare`), right after step 4 it
 /// serves the new stack over the fresh upper (`Live::commit`); if that
 /// fails, the exchange is undone and the old stack written back.
+/// `durability`: whether the steps are synced as they go (`Durability`).
 pub fn checkpoint(
     ws: &Workspace,
     name: Option<&str>,
     layers: Option<&Path>,
     mut live: Option<&mut dyn Live>,
+    durability: Durability,
 ) -> Result<String, StackError> {
+    let synced = durability == Durability::Now;
     crate::failpoint::init();
     let _lock = guard(ws, &live, "a checkpoint")?;
     finish_pending(&ws.dir, &ws.upper, &ws.work)?;
@@ -161,7 +181,7 @@ pub fn checkpoint(
         // Nothing changed since the top layer: it is this checkpoint too.
         // No layer, no swap, nothing to sync (`Stack::repeats`).
         stack.repeats = stack.repeats.saturating_add(1);
-        frozen::write_repeats(&ws.dir, &stack)?;
+        frozen::write_unsynced(&ws.dir, &stack)?;
         return Ok(stack.layers[0].clone());
     }
     let name = store.new_name(name)?;
@@ -177,15 +197,19 @@ pub fn checkpoint(
             ws.upper.display()
         )));
     }
-    let shared = shared_lowers(ws, &stack);
-    store.write_record(&Record {
+    let record = Record {
         name: name.clone(),
         below: stack.layers.clone(),
-        lowers: shared,
+        lowers: shared_lowers(ws, &stack),
         created: now(),
         upper: ws.upper.clone(),
         squashed: Vec::new(),
-    })?;
+    };
+    if synced {
+        store.write_record(&record)?;
+    } else {
+        store.write_record_unsynced(&record)?;
+    }
     crate::failpoint::crash("checkpoint", "record");
     fresh_dir(&store.dir, OsStr::new(&name), &root).map_err(io_ctx(format!(
         "cannot create {}",
@@ -205,8 +229,13 @@ pub fn checkpoint(
     let below = stack.clone();
     stack.layers.insert(0, name.clone());
     stack.repeats = 0;
-    store.hold(&name, &ws.dir)?;
-    frozen::write(&ws.dir, &stack)?;
+    if synced {
+        store.hold(&name, &ws.dir)?;
+        frozen::write(&ws.dir, &stack)?;
+    } else {
+        store.hold_unsynced(&name, &ws.dir)?;
+        frozen::write_unsynced(&ws.dir, &stack)?;
+    }
     crate::failpoint::crash("checkpoint", "stack");
     sys::renameat2(
         &parent,
@@ -233,7 +262,11 @@ pub fn checkpoint(
             );
             return Err(StackError::Refused(match back {
                 Ok(()) => {
-                    let _ = frozen::write(&ws.dir, &below);
+                    let _ = if synced {
+                        frozen::write(&ws.dir, &below)
+                    } else {
+                        frozen::write_unsynced(&ws.dir, &below)
+                    };
                     format!("{e}; the checkpoint was taken back, the workspace is unchanged")
                 }
                 Err(b) => format!(
@@ -243,18 +276,40 @@ pub fn checkpoint(
             }));
         }
     }
-    sync_dir(&parent);
-    sync_dir(&store.dir);
+    if synced {
+        sync_dir(&parent);
+        sync_dir(&store.dir);
+    }
     Ok(name)
+}
+
+/// Makes the checkpoint `name` of `ws`, taken with `Durability::Deferred`,
+/// durable: its record and hold, its layer's name in the store, the
+/// stack, and the exchange (the upper's parent). Safe to call while
+/// later checkpoints or undos run (what they removed is skipped).
+pub fn sync_taken(ws: &Workspace, name: &str) -> Result<(), StackError> {
+    let Layers { store, .. } = open(&ws.dir, None, false)?;
+    store.sync_layer(name)?;
+    frozen::sync_stack(&ws.dir)?;
+    let (parent, _) = upper_at(&ws.upper)?;
+    sys::open_dir(&parent)
+        .and_then(|fd| std::fs::File::from(fd).sync_all())
+        .map_err(io_ctx(format!(
+            "cannot sync {}",
+            ws.upper.parent().unwrap_or(&ws.upper).display()
+        )))
 }
 
 /// `layerfs checkpoint` of `ws` whether it is mounted or not: a mounted
 /// workspace's daemon takes it live (`daemon::layers`), an unmounted one
-/// is checkpointed here. Returns the checkpoint's name.
+/// is checkpointed here. Returns the checkpoint's name. `durability`:
+/// `Deferred` lets a daemon sync after it answered; an unmounted
+/// workspace's checkpoint is always durable when this returns.
 pub fn take(
     ws: &Workspace,
     name: Option<&str>,
     layers: Option<&Path>,
+    durability: Durability,
 ) -> Result<String, StackError> {
     match ws.client() {
         Some(client) => {
@@ -263,10 +318,11 @@ pub fn take(
                 client?.call(&super::protocol::Request::Checkpoint {
                     name: name.map(String::from),
                     layers: layers.map(|p| p.to_string_lossy().into_owned()),
+                    deferred: durability == Durability::Deferred,
                 })?;
             Ok(v.name)
         }
-        None => checkpoint(ws, name, layers, None),
+        None => checkpoint(ws, name, layers, None, Durability::Now),
     }
 }
 

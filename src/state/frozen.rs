@@ -171,8 +171,10 @@ pub fn write(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
 
 /// Writes the stack atomically but without waiting for the disk: for a
 /// change of `repeats` only, which no view depends on (a crash may keep
-/// the old count; the layers it names are the same).
-pub fn write_repeats(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
+/// the old count; the layers it names are the same), and for a deferred
+/// checkpoint (`state::checkpoint::Durability::Deferred`), which
+/// `sync_stack` makes durable after.
+pub fn write_unsynced(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
     let mut text = serde_json::to_string_pretty(&stack.to_json()).unwrap_or_default();
     text.push('\n');
     state
@@ -181,6 +183,18 @@ pub fn write_repeats(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
             "cannot write {}",
             state.shown(STACK_FILE).display()
         )))
+}
+
+/// Makes the stack written by `write_unsynced` durable: the file's data,
+/// then its name in the state dir. A stack a later write replaced is
+/// made durable just the same (the newer one).
+pub fn sync_stack(state: &SafeDir) -> Result<(), StackError> {
+    let file = state.shown(STACK_FILE);
+    state
+        .open_file(STACK_FILE, libc::O_RDONLY, 0)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| state.sync())
+        .map_err(io_ctx(format!("cannot sync {}", file.display())))
 }
 
 /// A JSON file of the stack or store, read, and where it came from (for
@@ -355,6 +369,15 @@ impl Store {
 
     /// The record of `name`; `None` when it has none.
     pub fn record(&self, name: &str) -> Result<Option<Record>, StackError> {
+        // A power cut before a deferred checkpoint was synced may leave
+        // its record's name without its data: as if it had none.
+        if self
+            .dir
+            .stat(record_file(name))
+            .is_ok_and(|s| s.st_size == 0)
+        {
+            return Ok(None);
+        }
         let Some(j) = read_json(&self.dir, &record_file(name))? else {
             return Ok(None);
         };
@@ -381,8 +404,18 @@ impl Store {
         }))
     }
 
-    /// Writes the record of a layer (atomically).
+    /// Writes the record of a layer (atomically), durable when it returns.
     pub fn write_record(&self, r: &Record) -> Result<(), StackError> {
+        self.put_record(r, true)
+    }
+
+    /// `write_record` without waiting for the disk (a deferred checkpoint;
+    /// `sync_layer` makes it durable after).
+    pub fn write_record_unsynced(&self, r: &Record) -> Result<(), StackError> {
+        self.put_record(r, false)
+    }
+
+    fn put_record(&self, r: &Record, synced: bool) -> Result<(), StackError> {
         let s = |p: &Path| p.to_string_lossy().into_owned();
         let v = json!({
             "name": r.name,
@@ -398,17 +431,53 @@ impl Store {
         let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
         text.push('\n');
         let file = record_file(&r.name);
-        self.dir
-            .replace_file(&file, text.as_bytes())
-            .map_err(io_ctx(format!(
-                "cannot write {}",
-                self.dir.shown(&file).display()
-            )))
+        let written = if synced {
+            self.dir.replace_file(&file, text.as_bytes())
+        } else {
+            self.dir.replace_file_unsynced(&file, text.as_bytes())
+        };
+        written.map_err(io_ctx(format!(
+            "cannot write {}",
+            self.dir.shown(&file).display()
+        )))
     }
 
     /// Notes that the workspace whose state dir is `state` stacks on
-    /// `name` (a symlink `NAME.holds/DEV-INO` to the state dir).
+    /// `name` (a symlink `NAME.holds/DEV-INO` to the state dir), durable
+    /// when it returns.
     pub fn hold(&self, name: &str, state: &SafeDir) -> Result<(), StackError> {
+        self.put_hold(name, state, true)
+    }
+
+    /// `hold` without waiting for the disk (a deferred checkpoint;
+    /// `sync_layer` makes it durable after).
+    pub fn hold_unsynced(&self, name: &str, state: &SafeDir) -> Result<(), StackError> {
+        self.put_hold(name, state, false)
+    }
+
+    /// Makes what `write_record_unsynced`, `hold_unsynced` and the layer's
+    /// directory put in the store durable: the record's data, the holds'
+    /// names, the layer's and the record's names. A layer removed since
+    /// (an undo went past it) has nothing left to sync.
+    pub fn sync_layer(&self, name: &str) -> Result<(), StackError> {
+        let gone = |r: io::Result<()>| match r {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+        let what = || format!("cannot sync layer {}", self.dir.shown(name).display());
+        gone(
+            self.dir
+                .open_file(record_file(name), libc::O_RDONLY, 0)
+                .and_then(|f| f.sync_all()),
+        )
+        .map_err(io_ctx(what()))?;
+        if let Ok(Some(holds)) = self.dir.subdir(&holds_dir(name), Role::Layers, None) {
+            gone(holds.sync()).map_err(io_ctx(what()))?;
+        }
+        self.dir.sync().map_err(io_ctx(what()))
+    }
+
+    fn put_hold(&self, name: &str, state: &SafeDir, synced: bool) -> Result<(), StackError> {
         let holds = self
             .dir
             .subdir(&holds_dir(name), Role::Layers, Some(0o700))?
@@ -416,6 +485,7 @@ impl Store {
         let (dev, ino) = state.id();
         let link = format!("{dev:x}-{ino:x}");
         match crate::layer::sys::symlinkat(state.path().as_os_str(), &holds, OsStr::new(&link)) {
+            Ok(()) if !synced => Ok(()),
             Ok(()) => holds
                 .sync()
                 .map_err(io_ctx(format!("cannot sync {}", holds.path().display()))),

@@ -479,14 +479,16 @@ fn live_restore(
 /// Freezes the upper into the checkpoint `name` (generated when `None`),
 /// in the layer store `layers` for a first checkpoint (default
 /// STATE/layers). A mounted workspace's daemon takes it live
-/// (`daemon::layers`). Returns the checkpoint's name.
+/// (`daemon::layers`), syncing after it answers when `durability` is
+/// `Deferred` (a per-command checkpoint). Returns the checkpoint's name.
 pub fn checkpoint(
     ws: &Workspace,
     name: Option<&str>,
     layers: Option<&std::path::Path>,
     who: Caller<'_>,
+    durability: checkpoint::Durability,
 ) -> Result<Done<String>, OpsError> {
-    let name = checkpoint::take(ws, name, layers)?;
+    let name = checkpoint::take(ws, name, layers, durability)?;
     let what = name.clone();
     Ok(Done::new(name).record(ws, who, EvOp::Checkpoint, &what, 1))
 }

@@ -50,6 +50,12 @@ pub enum Request {
         name: Option<String>,
         #[serde(default)]
         layers: Option<String>,
+        /// A per-command checkpoint (`layerfs run --checkpoint`): the
+        /// daemon answers before its steps are synced and syncs them
+        /// after (`checkpoint::Durability::Deferred`). A daemon that does
+        /// not know it ignores it and answers once they are synced.
+        #[serde(default)]
+        deferred: bool,
     },
     /// Drops checkpoint layers back to `to` (else the newest): `Undone`.
     Undo {
@@ -379,6 +385,12 @@ mod tests {
             Request::Checkpoint {
                 name: Some("c1".into()),
                 layers: Some("/l".into()),
+                deferred: false,
+            },
+            Request::Checkpoint {
+                name: None,
+                layers: None,
+                deferred: true,
             },
             Request::Undo { to: None },
             Request::Squash { keep: 2 },
@@ -412,6 +424,7 @@ mod tests {
                 Request::Checkpoint {
                     name: None,
                     layers: None,
+                    deferred: false,
                 },
             ),
             (r#"{"cmd":"undo","to":null}"#, Request::Undo { to: None }),

@@ -477,7 +477,15 @@ impl Workspace {
         let ws = self.described("checkpoint")?;
         let who = self.caller("checkpoint");
         let done = self
-            .lent(|| ops::checkpoint(&ws, name, None, Some(&who)))
+            .lent(|| {
+                ops::checkpoint(
+                    &ws,
+                    name,
+                    None,
+                    Some(&who),
+                    crate::state::checkpoint::Durability::Now,
+                )
+            })
             .map_err(failed(name.unwrap_or("checkpoint")))?;
         Workspace::warn("checkpoint", &done.warnings);
         Ok(done.value)

@@ -753,6 +753,164 @@ fn run_checkpoint_of_an_unchanged_workspace_makes_no_layer_and_undo_stays_exact(
     assert_same(&v0, &view_of(&ws), "after a remount");
 }
 
+/// `layerfs run --checkpoint -- sh -c SCRIPT` in the workspace `ws`
+/// (mounted or not); returns the checkpoint's name.
+fn run_checkpointed(ws: &Workspace, script: &str) -> String {
+    let (lower, upper) = (ws.lower().to_str().unwrap(), ws.upper.to_str().unwrap());
+    let out = run_ok(&[
+        "--lower",
+        lower,
+        "--upper",
+        upper,
+        "--checkpoint",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    crate::run::json_of(&out)["checkpoint"]
+        .as_str()
+        .expect("no checkpoint in --json")
+        .to_string()
+}
+
+#[test]
+fn run_checkpoints_after_changes_keep_open_files_reading_and_undo_takes_back_one_command_each() {
+    use std::io::{Read, Seek};
+    let ws = crate::run::workspace_for(crate::run::Caller::Root);
+    fs::write(ws.lower().join("f"), "0\n").unwrap();
+    let m = ws.mount();
+    let read_all = |r: &mut fs::File| {
+        let mut got = String::new();
+        r.rewind().unwrap();
+        r.read_to_string(&mut got).unwrap();
+        got
+    };
+    let mut views = vec![tree_view(m.path())];
+    // Files each command made, held open from then on: the next
+    // checkpoints move them into layers, the undos take them away.
+    let mut readers: Vec<(fs::File, String)> = Vec::new();
+    let mut f = fs::File::open(m.p("f")).unwrap();
+    let mut names = Vec::new();
+    let mut text = String::from("0\n");
+    for i in 1..=4 {
+        // Every command changes files: every checkpoint makes a layer.
+        names.push(run_checkpointed(
+            &ws,
+            &format!("echo {i} >> f && echo {i} > new{i}"),
+        ));
+        text.push_str(&format!("{i}\n"));
+        assert_eq!(fs::read_to_string(m.p("f")).unwrap(), text, "after run {i}");
+        // `f`, open since before the first command, reads as a new open
+        // does (a copy-up is followed, from whichever layer it was made).
+        assert_eq!(read_all(&mut f), text, "f held open, after run {i}");
+        let mut r = fs::File::open(m.p(&format!("new{i}"))).unwrap();
+        let opened = read_all(&mut r);
+        assert_eq!(opened, format!("{i}\n"));
+        readers.push((r, opened));
+        views.push(tree_view(m.path()));
+        for (r, opened) in &mut readers {
+            assert_eq!(&read_all(r), opened, "an open file, after run {i}");
+        }
+    }
+    // Each checkpoint is a layer on the stack, with its record, held by
+    // the workspace (`checkpoint rm` refuses it).
+    let stack = stack_of(&ws);
+    for n in &names {
+        assert!(stack.contains(n), "{n} is not on the stack {stack:?}");
+        assert!(layer(&ws, n).is_dir(), "no layer {n}");
+        let why = refused(&[&"checkpoint", &"rm", &ws.upper, n]);
+        assert!(why.contains("in use"), "{why}");
+    }
+    assert_eq!(
+        fs::read_to_string(layer(&ws, &names[3]).join("f")).unwrap(),
+        "0\n1\n2\n3\n",
+        "the layer of the last checkpoint is not what the command before it left"
+    );
+    // A write to a file held open since before the checkpoint that froze
+    // it (passed through, as root) never reaches the frozen layer: it
+    // waits for the reader or is refused as busy.
+    let layer_file = layer(&ws, &names[1]).join("new1");
+    match fs::OpenOptions::new().append(true).open(m.p("new1")) {
+        Ok(mut w) => {
+            use std::io::Write;
+            w.write_all(b"more\n").unwrap();
+            drop(w);
+            assert_eq!(fs::read_to_string(m.p("new1")).unwrap(), "1\nmore\n");
+        }
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ETXTBSY), "{e}"),
+    }
+    assert_eq!(
+        fs::read_to_string(&layer_file).unwrap(),
+        "1\n",
+        "a write reached the frozen layer"
+    );
+    // Each undo takes back one command, on the live mount, while the
+    // readers read on.
+    for i in (0..4).rev() {
+        ok(&[&"undo", &m.path()]);
+        assert_same(&views[i], &tree_view(m.path()), &format!("undo to {i}"));
+        for (r, opened) in &mut readers {
+            assert_eq!(&read_all(r), opened, "an open file, after the undo to {i}");
+        }
+    }
+    drop((readers, f));
+    assert!(m.unmount());
+    assert_same(&views[0], &view_of(&ws), "after a remount");
+}
+
+#[test]
+fn a_crash_of_the_daemon_at_any_step_of_a_run_checkpoint_leaves_a_whole_view() {
+    for step in ["record", "layer", "stack", "exchange"] {
+        let ws = crate::run::workspace_for(crate::run::Caller::Root);
+        fs::write(ws.lower().join("f"), "0\n").unwrap();
+        let (lower, upper) = (ws.lower().to_str().unwrap(), ws.upper.to_str().unwrap());
+        let m = ws.mount_env(
+            &[],
+            &[("LAYERFS_FAILPOINT", &format!("abort:checkpoint:{step}"))],
+        );
+        sh(m.path(), "echo 1 >> f && mkdir d && echo n > d/n");
+        let view = tree_view(m.path());
+        let out = crate::run::run_as(
+            crate::run::Caller::Root,
+            &[
+                "--lower",
+                lower,
+                "--upper",
+                upper,
+                "--checkpoint",
+                "--",
+                "sh",
+                "-c",
+                "echo 2 >> f",
+            ],
+        );
+        assert!(
+            !out.status.success(),
+            "run --checkpoint survived a crash at {step}: {}",
+            crate::run::text(&out)
+        );
+        drop(m);
+        let m = ws.mount();
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("daemon killed in a run's checkpoint at {step}"),
+        );
+        // The workspace goes on: the next run's checkpoint is exact.
+        run_checkpointed(&ws, "echo 3 >> f");
+        assert_eq!(fs::read_to_string(m.p("f")).unwrap(), "0\n1\n3\n");
+        ok(&[&"undo", &m.path()]);
+        assert_same(
+            &view,
+            &tree_view(m.path()),
+            &format!("undo of a run after a crash at {step}"),
+        );
+        assert!(m.unmount());
+    }
+}
+
 #[test]
 fn run_fork_runs_in_a_fresh_fork_of_a_checkpoint() {
     let ws = crate::run::workspace_for(crate::run::Caller::Root);
