@@ -16,8 +16,9 @@
 //! `LAYERFS_FAILPOINT=abort:OP:STEP` ends the process at once
 //! (`abort`, no unwinding, nothing flushed: what a kill -9 leaves on disk)
 //! when the operation `OP` reaches the step `STEP`; the state commands
-//! arm it themselves (`init`) for their crash tests: `checkpoint` and
-//! `undo`, whose steps are named where they call `crash`.
+//! arm it themselves (`init`) for their crash tests: `checkpoint`,
+//! `undo`, `squash` and `fork`, whose steps are named where they call
+//! `crash`.
 //!
 //! `LAYERFS_FAILPOINT=hold:copy_chunk:NAME` instead holds every copy of
 //! an object named `NAME` before each chunk of its data for as long as

@@ -5,8 +5,10 @@ and check the error cases. Driven by tests/it/agent_mcp.rs.
 usage: mcp_client.py MODE [--expect NAME=CONTENT] -- LAYERFS SERVE-ARGS...
 MODE: full (every file tool and error case), state (diff, log, reset,
 snapshots, checkpoints, undo, raw reads), readonly (only the reading
-tools are offered), execute (commands in the workspace's sandbox) or
-list (only the tools line).
+tools are offered), execute (commands in the workspace's sandbox), fork
+(diff of a fork against each base: its checkpoint holds base.txt and
+a.txt = "alpha\n", the fork adds fork.txt) or list (only the tools
+line).
 The workspace holds a.txt = "alpha\nbeta\nalpha\n", src/main.rs and
 bin.dat (bytes 0..=255 twice), and its policy makes src/** read-only. Prints a transcript
 (one JSON object a line) and OK at the end; any failed check raises.
@@ -195,6 +197,22 @@ async def state(session):
     assert "unknown journal op" in t, t
 
 
+async def fork(session):
+    r, t = await call(session, "diff", {})
+    changes = [(c["path"], c["kind"]) for c in r.structured_content["changes"]]
+    assert changes == [("fork.txt", "A")], r.structured_content
+    r, t = await call(session, "diff", {"base": "checkpoint"})
+    assert t == "A fork.txt\n", t
+    r, t = await call(session, "diff", {"base": "shared"})
+    changes = [(c["path"], c["kind"]) for c in r.structured_content["changes"]]
+    assert changes == [("a.txt", "M"), ("base.txt", "A"), ("fork.txt", "A")], r.structured_content
+    assert t == "M a.txt\nA base.txt\nA fork.txt\n", t
+    r, t = await call(session, "diff", {"base": "shared", "paths": ["a.txt"], "patch": True})
+    (c,) = r.structured_content["changes"]
+    assert "-beta" in c["patch"], c
+    r, t = await call(session, "diff", {"base": "upper"}, ok=None)
+
+
 async def execute(session):
     r, t = await call(session, "execute", {"command": "echo out; echo err >&2; exit 3"})
     sc = r.structured_content
@@ -287,6 +305,11 @@ async def main():
             elif mode == "state":
                 assert STATE_READING | STATE_CHANGING <= names, names
                 await state(session)
+            elif mode == "fork":
+                assert "diff" in names, names
+                schema = next(t.input_schema for t in tools if t.name == "diff")
+                assert schema["properties"]["base"]["enum"] == ["checkpoint", "shared"], schema
+                await fork(session)
             elif mode == "execute":
                 assert "execute" in names, names
                 await execute(session)

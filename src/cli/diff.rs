@@ -31,13 +31,6 @@ Examples:
   layerfs diff --patch ~/ws/mnt > agent.patch
   layerfs diff --base shared ~/try1/mnt   # a fork: its checkpoint's changes too";
 
-/// `--base`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-enum Base {
-    Checkpoint,
-    Shared,
-}
-
 #[derive(Args, Debug)]
 #[command(after_help = DIFF_HELP)]
 pub struct DiffCmd {
@@ -65,8 +58,8 @@ pub struct DiffCmd {
     /// (for a fork or a workspace with checkpoints: what changed since its
     /// latest checkpoint); `shared`, the shared lowers only (everything its
     /// checkpoint layers and its upper change together).
-    #[arg(long, value_enum, default_value_t = Base::Checkpoint, value_name = "BASE")]
-    base: Base,
+    #[arg(long, value_enum, default_value_t = ops::DiffBase::Checkpoint, value_name = "BASE")]
+    base: ops::DiffBase,
 
     /// A live layerfs mountpoint, or the upper directory of an unmounted workspace.
     #[arg(value_name = "WORKSPACE")]
@@ -91,11 +84,7 @@ impl DiffCmd {
         // Every entry, as --files lists them (and --json, --stat count them);
         // --patch speaks for a directory's files in its own way.
         let beneath = (self.files || self.json || self.stat) && !self.patch;
-        let base = match self.base {
-            Base::Checkpoint => ops::DiffBase::Checkpoint,
-            Base::Shared => ops::DiffBase::Shared,
-        };
-        let diffed = ops::changes_against(&ws, &paths, beneath, base)?;
+        let diffed = ops::changes_against(&ws, &paths, beneath, self.base)?;
         let (layers, changes) = (&diffed.layers, &diffed.changes);
         if self.stat {
             return print_stat(&summary::stat(layers, changes), self.json);

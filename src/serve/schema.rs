@@ -29,6 +29,9 @@ impl ToolDef {
             if *name == "encoding" {
                 p["enum"] = json!(["text", "base64"]);
             }
+            if *name == "base" {
+                p["enum"] = json!(["checkpoint", "shared"]);
+            }
             if *ty == "array" {
                 p["items"] = json!({"type": "string"});
             }
@@ -320,6 +323,14 @@ pub static TOOLS: [ToolDef; 20] = [
                 "patch",
                 "boolean",
                 "Include each entry's unified diff (default false).",
+                false,
+            ),
+            (
+                "base",
+                "string",
+                "What to compare with: checkpoint (default), the layers this workspace \
+                 stands on, so a fork shows what it changed since its checkpoint; shared, \
+                 the shared files only, so a fork's checkpoint's changes show too.",
                 false,
             ),
         ],

@@ -607,7 +607,19 @@ pub fn list(ws: &Workspace) -> Result<Vec<Record>, StackError> {
 /// state dir (`new_state`) gets the checkpoint's stack and a hold on each
 /// layer. Returns the shared lowers to mount the fork with. No tree is
 /// read or copied.
+///
+/// The order is the fork's safety: the holds are made first, so a kill -9
+/// at any point leaves no stack (no fork; its holds are stale and
+/// `Store::users` drops them) or the whole fork; and they are durable
+/// before the stack is renamed into place, so after a power loss a stack
+/// never stands on a layer `checkpoint rm` or `squash` could remove. It
+/// costs one wait for the disk: the stack's content is synced first
+/// (on a journaling filesystem that commits the holds' links with it,
+/// so their directories' fsyncs right after find nothing left to write),
+/// and the rename is made durable by the mount that follows
+/// (`frozen::write_new`).
 pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathBuf>, StackError> {
+    crate::failpoint::init();
     let Layers { store, stack } = open(&ws.dir, None, false)?;
     let record = store.checkpoint(name)?;
     if frozen::read(new_state)?.is_some() {
@@ -617,6 +629,7 @@ pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathB
         )));
     }
     let layers = record.stack();
+    let mut holds = Vec::new();
     for l in &layers {
         if !store.has_layer(l) {
             return Err(StackError::Refused(format!(
@@ -624,9 +637,10 @@ pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathB
                 store.path().display()
             )));
         }
-        store.hold(l, new_state)?;
+        holds.extend(store.hold_unsynced(l, new_state)?);
     }
-    frozen::write(
+    crate::failpoint::crash("fork", "holds");
+    frozen::write_new(
         new_state,
         &Stack {
             store: stack.store.clone(),
@@ -634,7 +648,9 @@ pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathB
             pending_undo: None,
             repeats: 0,
         },
+        || holds.iter().try_for_each(SafeDir::sync),
     )?;
+    crate::failpoint::crash("fork", "stack");
     Ok(record.lowers)
 }
 

@@ -169,6 +169,28 @@ pub fn write(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
         )))
 }
 
+/// Writes a new workspace's stack (a fork's): its content is durable,
+/// then `before_rename` makes durable what must be first (the holds on
+/// its layers), then it is renamed into place. The state dir's fsync that
+/// makes the rename durable is left to the mount that follows, whose
+/// `workspace.json` write (`daemon::describe`) fsyncs the same directory
+/// before the mount appears; a power loss before that loses the stack
+/// whole (the workspace is then no fork, its holds stale).
+pub fn write_new(
+    state: &SafeDir,
+    stack: &Stack,
+    before_rename: impl FnOnce() -> io::Result<()>,
+) -> Result<(), StackError> {
+    let mut text = serde_json::to_string_pretty(&stack.to_json()).unwrap_or_default();
+    text.push('\n');
+    state
+        .replace_file_then_sync_later(STACK_FILE, text.as_bytes(), before_rename)
+        .map_err(io_ctx(format!(
+            "cannot write {}",
+            state.shown(STACK_FILE).display()
+        )))
+}
+
 /// Writes the stack atomically but without waiting for the disk: for a
 /// change of `repeats` only, which no view depends on (a crash may keep
 /// the old count; the layers it names are the same), and for a deferred
@@ -442,19 +464,6 @@ impl Store {
         )))
     }
 
-    /// Notes that the workspace whose state dir is `state` stacks on
-    /// `name` (a symlink `NAME.holds/DEV-INO` to the state dir), durable
-    /// when it returns.
-    pub fn hold(&self, name: &str, state: &SafeDir) -> Result<(), StackError> {
-        self.put_hold(name, state, true)
-    }
-
-    /// `hold` without waiting for the disk (a deferred checkpoint;
-    /// `sync_layer` makes it durable after).
-    pub fn hold_unsynced(&self, name: &str, state: &SafeDir) -> Result<(), StackError> {
-        self.put_hold(name, state, false)
-    }
-
     /// Makes what `write_record_unsynced`, `hold_unsynced` and the layer's
     /// directory put in the store durable: the record's data, the holds'
     /// names, the layer's and the record's names. A layer removed since
@@ -477,7 +486,25 @@ impl Store {
         self.dir.sync().map_err(io_ctx(what()))
     }
 
-    fn put_hold(&self, name: &str, state: &SafeDir, synced: bool) -> Result<(), StackError> {
+    /// Notes that the workspace whose state dir is `state` stacks on
+    /// `name` (a symlink `NAME.holds/DEV-INO` to the state dir), durably.
+    pub fn hold(&self, name: &str, state: &SafeDir) -> Result<(), StackError> {
+        match self.hold_unsynced(name, state)? {
+            Some(holds) => holds
+                .sync()
+                .map_err(io_ctx(format!("cannot sync {}", holds.path().display()))),
+            None => Ok(()),
+        }
+    }
+
+    /// `hold` without the fsync: returns the holds directory when a link
+    /// was made in it (the caller fsyncs it before anything depends on
+    /// the hold being durable), `None` when the hold was there already.
+    pub fn hold_unsynced(
+        &self,
+        name: &str,
+        state: &SafeDir,
+    ) -> Result<Option<SafeDir>, StackError> {
         let holds = self
             .dir
             .subdir(&holds_dir(name), Role::Layers, Some(0o700))?
@@ -485,11 +512,8 @@ impl Store {
         let (dev, ino) = state.id();
         let link = format!("{dev:x}-{ino:x}");
         match crate::layer::sys::symlinkat(state.path().as_os_str(), &holds, OsStr::new(&link)) {
-            Ok(()) if !synced => Ok(()),
-            Ok(()) => holds
-                .sync()
-                .map_err(io_ctx(format!("cannot sync {}", holds.path().display()))),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Ok(()) => Ok(Some(holds)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
             Err(e) => Err(io_ctx(format!(
                 "cannot record a hold in {}",
                 holds.path().display()

@@ -142,31 +142,18 @@ pub fn shown(p: &OsStr) -> String {
     }
 }
 
-/// The changes of the upper against the lowers under `paths` (relative,
-/// `reset::normalize_all`; none: everything), scratch paths left out,
-/// renames labelled from the journal's moves; with the layers, for
-/// patches and counts. `beneath`: an added, deleted or renamed directory
-/// is followed by an entry for each thing it holds
-/// (`summary::with_entries_beneath`).
-pub fn changes(
-    ws: &Workspace,
-    paths: &[OsString],
-    beneath: bool,
-) -> Result<(Layers, Vec<Change>), OpsError> {
-    let d = changes_against(ws, paths, beneath, DiffBase::Checkpoint)?;
-    debug_assert!(d.view.is_none());
-    Ok((d.layers, d.changes))
-}
-
-/// What `diff` compares a workspace's view with.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What `diff` compares a workspace's view with (`layerfs diff --base`,
+/// the library's and the MCP server's `base`: `checkpoint` or `shared`).
+/// `Checkpoint`: its lowers, the checkpoint layers it stands on, then the
+/// shared lowers (what changed since its latest checkpoint or its fork).
+/// `Shared`: the shared lowers only (the whole view, checkpoint layers and
+/// upper together). The variants carry no doc comments: `--help` says
+/// what they mean in the option's own text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
 pub enum DiffBase {
-    /// Its lowers: the checkpoint layers it stands on, then the shared
-    /// lowers (what changed since its latest checkpoint or its fork).
     #[default]
     Checkpoint,
-    /// The shared lowers only: the whole view, checkpoint layers and
-    /// upper together.
     Shared,
 }
 
@@ -176,10 +163,15 @@ pub struct Diffed {
     pub layers: Layers,
     pub changes: Vec<Change>,
     /// The merged view `layers.upper` is, removed when dropped.
-    view: Option<MergedView>,
+    _view: Option<MergedView>,
 }
 
-/// `changes` against `base`. Against the shared lowers, a workspace
+/// The changes of the upper against the lowers under `paths` (relative,
+/// `reset::normalize_all`; none: everything), scratch paths left out,
+/// renames labelled from the journal's moves; with the layers, for
+/// patches and counts. `beneath`: an added, deleted or renamed directory
+/// is followed by an entry for each thing it holds
+/// (`summary::with_entries_beneath`). Against the shared lowers, a workspace
 /// standing on checkpoint layers is compared as one layer: the merge of
 /// its upper and those layers (`squash::build_from`, hard links in the
 /// layer store, named `Store::aside_name(.., "diff")` and removed when the
@@ -214,7 +206,7 @@ pub fn changes_against(
     Ok(Diffed {
         layers,
         changes,
-        view,
+        _view: view,
     })
 }
 

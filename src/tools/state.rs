@@ -19,7 +19,7 @@ use crate::state::diff::Kind;
 use crate::state::journal::query;
 use crate::state::{ops, patch, snapshot, snapshot_id};
 
-/// `diff`: what the workspace changed against its shared layers, under
+/// `diff`: what the workspace changed against its lowers (`base`), under
 /// `paths` (none: everything).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct DiffRequest {
@@ -29,7 +29,17 @@ pub struct DiffRequest {
     /// as such).
     #[serde(default)]
     pub patch: bool,
+    /// What the view is compared with, as `layerfs diff --base`:
+    /// `Checkpoint` (the default), the workspace's lowers, so a fork or a
+    /// workspace with checkpoints shows what changed since its latest
+    /// checkpoint; `Shared`, the shared lowers only, so its checkpoint
+    /// layers' changes show too (renames then come from the journal only,
+    /// and no conflict is marked).
+    #[serde(default)]
+    pub base: DiffBase,
 }
+
+pub use crate::state::ops::DiffBase;
 
 /// The kind of a change: added, modified, deleted, renamed, or metadata
 /// only (as `layerfs diff` prints them).
@@ -196,9 +206,10 @@ impl Workspace {
         }
     }
 
-    /// What the workspace changed against its shared layers: one entry
-    /// per changed path (kind A/M/D/R/T, the conflict flag), scratch
-    /// paths left out; with `patch`, each entry's unified diff.
+    /// What the workspace changed against its lowers (or, with `base`
+    /// `Shared`, against its shared lowers): one entry per changed path
+    /// (kind A/M/D/R/T, the conflict flag), scratch paths left out; with
+    /// `patch`, each entry's unified diff.
     ///
     /// ```
     /// # let d = tempfile::tempdir()?;
@@ -222,9 +233,10 @@ impl Workspace {
             .iter()
             .map(|p| RelPath::parse(p).map(|r| OsString::from(r.as_str())))
             .collect::<Result<Vec<_>>>()?;
-        let (layers, changes) = ops::changes(&ws, &paths, false).map_err(failed("diff"))?;
+        let diffed = ops::changes_against(&ws, &paths, false, req.base).map_err(failed("diff"))?;
+        let (layers, changes) = (&diffed.layers, &diffed.changes);
         let patches = if req.patch {
-            patch::patches(&layers, &changes)
+            patch::patches(layers, changes)
         } else {
             Vec::new()
         };

@@ -291,6 +291,7 @@ fn state_operations(lib: &layerfs::Workspace, view: &dyn Fn(&str) -> Option<Stri
         .diff(&DiffRequest {
             paths: vec!["/a.txt".into()],
             patch: true,
+            ..Default::default()
         })
         .unwrap();
     assert_eq!(d.changes.len(), 1);
@@ -299,7 +300,7 @@ fn state_operations(lib: &layerfs::Workspace, view: &dyn Fn(&str) -> Option<Stri
     assert!(lib
         .diff(&DiffRequest {
             paths: vec!["../x".into()],
-            patch: false
+            ..Default::default()
         })
         .is_err());
 
@@ -491,4 +492,69 @@ fn library_read_raw_takes_byte_offsets_and_read_only_refuses_state_changes() {
     assert!(ro.snapshot_list().unwrap().is_empty());
     assert!(ro.checkpoint_list().unwrap().is_empty());
     assert!(ro.diff(&Default::default()).unwrap().changes.is_empty());
+}
+
+/// A workspace with checkpoint `base` (holding base.txt and an edit of
+/// a.txt over the shared tree) and a mounted fork of it that adds
+/// fork.txt: what `diff` shows of the fork against each base.
+pub(crate) fn forked_workspace() -> (Workspace, crate::checkpoint::Fork) {
+    let ws = Workspace::new();
+    populate(&ws);
+    let m = ws.mount();
+    fs::write(m.p("base.txt"), "base\n").unwrap();
+    fs::write(m.p("a.txt"), "alpha\n").unwrap();
+    assert!(m.unmount());
+    ok(&layerfs(&[
+        "checkpoint".as_ref(),
+        ws.upper.as_os_str(),
+        "base".as_ref(),
+    ]));
+    let f = crate::checkpoint::fork(&ws, "base", 1);
+    fs::write(f.0.join("fork.txt"), "fork\n").unwrap();
+    (ws, f)
+}
+
+#[test]
+fn library_diff_of_a_fork_is_against_its_checkpoint_or_with_base_shared_the_shared_tree() {
+    use layerfs::tools::{ChangeKind, DiffBase, DiffRequest};
+    let (ws, f) = forked_workspace();
+    let kinds = |lib: &layerfs::Workspace, base: DiffBase| -> Vec<(String, ChangeKind)> {
+        lib.diff(&DiffRequest {
+            base,
+            ..Default::default()
+        })
+        .unwrap()
+        .changes
+        .into_iter()
+        .map(|c| (c.path, c.kind))
+        .collect()
+    };
+    let since = [("fork.txt".to_string(), ChangeKind::A)];
+    let shared = [
+        ("a.txt".to_string(), ChangeKind::M),
+        ("base.txt".to_string(), ChangeKind::A),
+        ("fork.txt".to_string(), ChangeKind::A),
+    ];
+    // Beside the live fork, and on it unmounted (the core in-process).
+    let lib = lib_open(&f.0, false);
+    assert_eq!(kinds(&lib, DiffBase::Checkpoint), since);
+    assert_eq!(kinds(&lib, DiffBase::Shared), shared);
+    let d = lib
+        .diff(&DiffRequest {
+            paths: vec!["a.txt".into()],
+            patch: true,
+            base: DiffBase::Shared,
+        })
+        .unwrap();
+    let p = d.changes[0].patch.as_deref().unwrap();
+    assert!(p.contains("-beta") && !p.contains("+beta"), "{p}");
+    drop(lib);
+    let upper = f.0.parent().unwrap().join("upper");
+    drop(f);
+    let lib = lib_open(&upper, false);
+    assert_eq!(kinds(&lib, DiffBase::Checkpoint), since);
+    assert_eq!(kinds(&lib, DiffBase::Shared), shared);
+    // The checkpoint's own workspace is untouched by either.
+    let base = lib_open(&ws.upper, true);
+    assert!(kinds(&base, DiffBase::Checkpoint).is_empty());
 }

@@ -174,6 +174,22 @@ fn a_real_mcp_client_calls_the_state_tools_beside_a_live_mount() {
     assert!(m.unmount());
 }
 
+/// `diff` of a fork through the real client: against its checkpoint by
+/// default, against the shared tree with `base` `shared`, beside the
+/// live fork and on it unmounted.
+#[test]
+fn a_real_mcp_client_diffs_a_fork_against_its_checkpoint_or_the_shared_tree() {
+    let (_ws, f) = crate::agent_fs::forked_workspace();
+    passed(&client("fork", &[], &[f.0.to_string_lossy().into_owned()]));
+    let upper = f.0.parent().unwrap().join("upper");
+    drop(f);
+    passed(&client(
+        "fork",
+        &[],
+        &[upper.to_string_lossy().into_owned()],
+    ));
+}
+
 #[test]
 fn read_only_offers_only_the_reading_tools_and_changes_nothing() {
     let ws = Workspace::new();

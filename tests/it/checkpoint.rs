@@ -88,7 +88,7 @@ fn links_aside(
 }
 
 /// A mounted fork, unmounted (and its daemon waited for) on drop.
-struct Fork(PathBuf);
+pub(crate) struct Fork(pub(crate) PathBuf);
 
 impl Drop for Fork {
     fn drop(&mut self) {
@@ -106,7 +106,9 @@ impl Drop for Fork {
     }
 }
 
-fn fork(ws: &Workspace, name: &str, n: usize) -> Fork {
+/// `layerfs fork` of checkpoint `name` of `ws` into `ws.dir/forkN`,
+/// mounted at `forkN/mnt`.
+pub(crate) fn fork(ws: &Workspace, name: &str, n: usize) -> Fork {
     let base = ws.dir.path().join(format!("fork{n}"));
     let mnt = base.join("mnt");
     fs::create_dir_all(&mnt).unwrap();
@@ -531,6 +533,44 @@ fn a_crash_at_any_step_of_a_checkpoint_leaves_the_view_unchanged() {
 }
 
 #[test]
+fn a_crash_at_any_step_of_a_fork_leaves_no_fork_or_a_whole_one_its_base_held() {
+    for step in ["holds", "stack"] {
+        let (ws, view) = changed_workspace();
+        ok(&[&"checkpoint", &ws.upper, &"c"]);
+        let base = ws.dir.path().join("fork1");
+        let (upper, mnt) = (base.join("upper"), base.join("mnt"));
+        fs::create_dir_all(&mnt).unwrap();
+        let guard = Fork(mnt.clone());
+        crash_at(
+            "fork",
+            step,
+            &[&"fork", &ws.upper, &"c", &"--upper", &upper, &mnt],
+        );
+        assert!(!is_mounted(&mnt), "crash at {step}: mounted");
+        let stack = base.join(".upper.layerfs-state/layers.json");
+        let e = refused(&[&"checkpoint", &"rm", &ws.upper, &"c"]);
+        if step == "holds" {
+            // No fork: its stack was never written, and the hold it left
+            // does not count; the fork is made again from the start.
+            assert!(!stack.exists(), "crash at {step}: a stack was written");
+            assert!(!e.contains("fork1"), "a stale hold counts: {e}");
+            ok(&[&"fork", &ws.upper, &"c", &"--upper", &upper, &mnt]);
+        } else {
+            // A whole fork: its base is held, and it mounts as any upper.
+            assert!(stack.exists(), "crash at {step}: no stack");
+            assert!(e.contains("fork1"), "the fork's hold is lost: {e}");
+            ok(&[&"mount", &"--lower", &ws.lower(), &"--upper", &upper, &mnt]);
+        }
+        assert_same(
+            &view,
+            &tree_view(&mnt),
+            &format!("a fork after a crash at {step}"),
+        );
+        drop(guard);
+    }
+}
+
+#[test]
 fn a_crash_during_undo_is_finished_by_the_next_mount() {
     for step in ["pending", "exchange", "stack"] {
         let (ws, view) = changed_workspace();
@@ -609,6 +649,97 @@ fn another_user_cannot_checkpoint_fork_or_undo_a_workspace_through_allow_other()
         "the checkpoint changed"
     );
     assert!(!layer(&ws, "theirs").exists());
+}
+
+/// A process of another user holding a file open through a mount; ended
+/// (by its pid) and waited for on drop.
+struct Holder(std::process::Child);
+
+impl Holder {
+    /// `nobody` opens `file` (`>>` to write, `<` to read) and keeps it
+    /// open; returns once it is open.
+    fn open(file: &Path, how: &str) -> Holder {
+        let mut child = Command::new("setpriv")
+            .args([
+                format!("--reuid={}", crate::daemon::NOBODY),
+                format!("--regid={}", crate::daemon::NOBODY),
+                "--clear-groups".into(),
+                "--".into(),
+                "sh".into(),
+                "-c".into(),
+                format!(
+                    "exec 3{how}'{}' && echo open && exec sleep 600",
+                    file.display()
+                ),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let h = Holder(child);
+        assert_eq!(line, "open\n", "nobody could not open {}", file.display());
+        h
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn another_users_open_files_through_allow_other_refuse_or_allow_the_owners_state_commands() {
+    let ws = Workspace::new();
+    fs::set_permissions(ws.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let m = ws.mount();
+    fs::write(m.p("f"), "f\n").unwrap();
+    fs::write(m.p("shared.txt"), "shared\n").unwrap();
+    fs::set_permissions(m.p("shared.txt"), fs::Permissions::from_mode(0o666)).unwrap();
+    let at_c = tree_view(m.path());
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c"]);
+    let m = ws.mount_with(&["--allow-other"]);
+    fs::write(m.p("g"), "g\n").unwrap();
+
+    // Another user's file open for writing: a checkpoint would freeze
+    // what it writes later, so it is refused, naming the file and uid.
+    let writer = Holder::open(&m.p("shared.txt"), ">>");
+    let e = refused(&[&"checkpoint", &m.path(), &"c2"]);
+    assert!(
+        e.contains("shared.txt") && e.contains(&format!("uid {}", crate::daemon::NOBODY)),
+        "{e}"
+    );
+    assert!(
+        !layer(&ws, "c2").exists(),
+        "a refused checkpoint made a layer"
+    );
+    assert!(
+        ws.upper.join("g").is_file(),
+        "a refused checkpoint moved the upper"
+    );
+    // An undo is the owner's: another user's writer does not hold it up.
+    assert_eq!(ok(&[&"undo", &m.path()]).trim(), "at c");
+    assert_same(&at_c, &tree_view(m.path()), "the live mount after the undo");
+    drop(writer);
+
+    // Another user's file open for reading holds up neither; it reads on.
+    fs::write(m.p("h"), "h\n").unwrap();
+    let reader = Holder::open(&m.p("shared.txt"), "<");
+    assert_eq!(ok(&[&"checkpoint", &m.path(), &"c2"]).trim(), "c2");
+    assert!(layer(&ws, "c2").join("h").is_file());
+    fs::write(m.p("i"), "i\n").unwrap();
+    assert_eq!(ok(&[&"undo", &m.path()]).trim(), "at c2");
+    assert!(!m.p("i").exists() && m.p("h").is_file());
+    drop(reader);
+    assert!(m.unmount());
 }
 
 /// `layerfs run ARGS` as root (the workspace outside /tmp); must exit 0.
@@ -1209,6 +1340,108 @@ fn a_crash_of_the_daemon_at_any_step_of_a_live_squash_leaves_the_old_stack_or_th
             &format!("live squash after a crash at {step}"),
         );
         assert!(m.unmount());
+    }
+}
+
+/// Starts `layerfs ARGS` and kills it (SIGKILL, by its pid) after a
+/// random moment of up to 40 ms, or lets it finish first.
+fn kill_9_within(rng: &mut crate::crash::Rng, args: &[&dyn AsRef<std::ffi::OsStr>]) {
+    let mut child = Command::new(bin())
+        .args(args.iter().map(|a| a.as_ref()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_micros(rng.next() % 40_000));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Crash campaign of the state commands: rounds of a change, then a
+/// `checkpoint`, `undo` or `squash` of the unmounted workspace killed at a
+/// random moment; the next mount shows the view before it or, for an
+/// undo, the one it goes back to, never a mix, and the next command
+/// finishes the work. LAYERFS_CRASH_ROUNDS (default 12) and
+/// LAYERFS_CRASH_SEED (default: the clock, printed) as in `crash.rs`.
+#[test]
+fn kill_9_at_random_moments_of_checkpoint_undo_and_squash_leaves_a_whole_view() {
+    let rounds = crate::crash::env_u64("LAYERFS_CRASH_ROUNDS", 12);
+    let seed = crate::crash::env_u64(
+        "LAYERFS_CRASH_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    );
+    eprintln!("checkpoint crash campaign: LAYERFS_CRASH_SEED={seed}");
+    let mut rng = crate::crash::Rng::new(seed);
+    let (ws, _) = layered();
+    for r in 0..rounds {
+        let m = ws.mount();
+        sh(
+            m.path(),
+            &format!("echo {r} > r{r} && echo {r} >> a && rm -rf n && mkdir -p o/p{r}"),
+        );
+        let changed = tree_view(m.path());
+        assert!(m.unmount());
+        let what = format!("round {r} (LAYERFS_CRASH_SEED={seed})");
+        match rng.next() % 3 {
+            0 => {
+                let k = format!("k{r}");
+                kill_9_within(&mut rng, &[&"checkpoint", &ws.upper, &k]);
+                assert_same(
+                    &changed,
+                    &view_of(&ws),
+                    &format!("checkpoint killed, {what}"),
+                );
+                // Killed after its record and before its stack: the
+                // checkpoint is left aside, on no stack, standing on the
+                // stack's layers (a squash then refuses to merge them);
+                // it is no one's, and `checkpoint rm` removes it.
+                let store = ws.dir.path().join(".upper.layerfs-state/layers");
+                let left = store.join(&k).exists() || store.join(format!("{k}.json")).exists();
+                if left && !stack_of(&ws).contains(&k) {
+                    ok(&[&"checkpoint", &"rm", &ws.upper, &k]);
+                }
+                ok(&[&"checkpoint", &ws.upper]);
+                assert_same(
+                    &changed,
+                    &view_of(&ws),
+                    &format!("checkpoint after, {what}"),
+                );
+            }
+            1 => {
+                ok(&[&"checkpoint", &ws.upper, &format!("k{r}")]);
+                let m = ws.mount();
+                sh(m.path(), &format!("echo later > later{r} && rm -r o"));
+                let later = tree_view(m.path());
+                assert!(m.unmount());
+                kill_9_within(&mut rng, &[&"undo", &ws.upper]);
+                let after = view_of(&ws);
+                if after == later {
+                    // Killed before it decided: the undo is made again.
+                    ok(&[&"undo", &ws.upper]);
+                } else {
+                    assert_same(&changed, &after, &format!("undo killed, {what}"));
+                }
+                assert_same(&changed, &view_of(&ws), &format!("undo after, {what}"));
+            }
+            _ => {
+                ok(&[&"checkpoint", &ws.upper, &format!("k{r}")]);
+                let old = stack_of(&ws);
+                kill_9_within(&mut rng, &[&"squash", &ws.upper]);
+                let stack = stack_of(&ws);
+                assert!(
+                    stack == old || stack.len() == 1,
+                    "squash killed, {what}: a mixed stack {stack:?} (was {old:?})"
+                );
+                assert_same(&changed, &view_of(&ws), &format!("squash killed, {what}"));
+                ok(&[&"squash", &ws.upper]);
+                assert_eq!(stack_of(&ws).len(), 1, "{what}");
+                assert_same(&changed, &view_of(&ws), &format!("squash after, {what}"));
+            }
+        }
     }
 }
 

@@ -497,14 +497,30 @@ impl SafeDir {
     /// directory fsynced. A reader sees the old content or the new one,
     /// never a part, also after a crash.
     pub fn replace_file(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.replace_file_then_sync_later(name, bytes, || Ok(()))?;
+        self.sync()
+    }
+
+    /// `replace_file` up to the rename: the new content is durable before
+    /// it can replace the old, and `before_rename` runs between (to make
+    /// durable what must be before the new file is); the rename itself is
+    /// durable once this directory is next fsynced. For a caller that has
+    /// that fsync made anyway (a later `replace_file` here) and may lose
+    /// the rename in a power loss.
+    pub fn replace_file_then_sync_later(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        before_rename: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
         use std::io::Write;
         let tmp = format!(".{name}.tmp");
         let mut f = self.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         drop(f);
-        self.rename(&tmp, name, 0)?;
-        self.sync()
+        before_rename()?;
+        self.rename(&tmp, name, 0)
     }
 
     /// `replace_file` without the fsyncs: atomic (a reader sees the old
