@@ -395,8 +395,8 @@ pub fn dispatch<'a>(
         Request::Reset { paths } => reply(super::reset::serve(daemon, paths, false)?),
         Request::Gc => reply(super::reset::serve(daemon, &[], true)?),
         Request::Restore { staging } => reply(super::restore::serve(daemon, staging)?),
-        Request::Checkpoint { .. } | Request::Undo { .. } => super::layers::serve(daemon, req),
-        Request::Squash { keep } => super::layers::serve_squash(daemon, *keep),
+        Request::Checkpoint { .. } | Request::Undo { .. } => Ok(super::layers::serve(daemon, req)?),
+        Request::Squash { keep } => Ok(super::layers::serve_squash(daemon, *keep)?),
         Request::InvalidateAll => {
             let fs = daemon.fs.clone();
             reply(invalidate_bounded(move || fs.invalidate_all()))

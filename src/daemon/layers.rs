@@ -30,7 +30,6 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::control::RequestError;
 use super::restore::{held_dirs, invalidate_swapped, open_upper_parent, quiesce, RestoreError};
 use super::served::Daemon;
 use crate::layer::{sys, Layer};
@@ -86,6 +85,8 @@ pub enum LayersError {
     /// Serving the new upper root (the core's message).
     #[error(transparent)]
     UpperRoot(crate::overlay::OverlayError),
+    #[error("cannot encode the reply: {0}")]
+    Encode(#[source] serde_json::Error),
     #[error("the mount serves {served} layers, fewer than the {needed} squashed and kept")]
     FewerLayers { served: usize, needed: usize },
     #[error("cannot open the upper dir being served: {0}")]
@@ -101,7 +102,7 @@ impl From<LayersError> for String {
 }
 
 /// `Request::Checkpoint` or `Request::Undo`: see the module comment.
-pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, RequestError> {
+pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, LayersError> {
     let undo = matches!(req, Request::Undo { .. });
     let deferred = matches!(req, Request::Checkpoint { deferred: true, .. });
     let ov = daemon.fs.overlay();
@@ -110,20 +111,18 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, RequestError> {
         return Err(LayersError::ReadOnly {
             what,
             mountpoint: daemon.mountpoint.clone(),
-        }
-        .into());
+        });
     }
     if ov.reach().is_some() {
         return Err(LayersError::NetworkLower {
             what,
             mountpoint: daemon.mountpoint.clone(),
-        }
-        .into());
+        });
     }
     let ws = Workspace::resolve_in(&daemon.upper, &daemon.state).map_err(LayersError::from)?;
     if daemon.upper.parent().is_none() {
         let e = RestoreError::UpperWithoutParent(daemon.upper.clone());
-        return Err(LayersError::from(e).into());
+        return Err(LayersError::from(e));
     }
     let (parent, _, upper_name) = open_upper_parent(&daemon.upper).map_err(LayersError::from)?;
     let pause = quiesce(daemon, &parent, upper_name, !undo).map_err(LayersError::from)?;
@@ -192,7 +191,7 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, RequestError> {
             serde_json::to_value(c)
         }
     }
-    .map_err(RequestError::Encode)?;
+    .map_err(LayersError::Encode)?;
     tracing::info!("{what} of the live mount: {out}");
     Ok(out)
 }
@@ -296,14 +295,13 @@ impl Live for Swap<'_> {
 /// caches are dropped after as after a checkpoint (the directories under
 /// the held inodes are new ones). Files open for reading in a merged
 /// layer read on (their inodes are linked into the new layer).
-pub fn serve_squash(daemon: &Daemon, keep: usize) -> Result<Value, RequestError> {
+pub fn serve_squash(daemon: &Daemon, keep: usize) -> Result<Value, LayersError> {
     let ov = daemon.fs.overlay();
     if ov.reach().is_some() {
         return Err(LayersError::NetworkLower {
             what: "a squash",
             mountpoint: daemon.mountpoint.clone(),
-        }
-        .into());
+        });
     }
     let ws = Workspace::resolve_in(&daemon.upper, &daemon.state).map_err(LayersError::from)?;
     let dirs_before = held_dirs(ov);
@@ -325,7 +323,7 @@ pub fn serve_squash(daemon: &Daemon, keep: usize) -> Result<Value, RequestError>
         reply.invalidated = invalidate_swapped(daemon, &dirs_before);
     }
     tracing::info!("squash of the live mount: {reply:?}");
-    serde_json::to_value(&reply).map_err(RequestError::Encode)
+    serde_json::to_value(&reply).map_err(LayersError::Encode)
 }
 
 /// The daemon's part of a live squash (`squash::Live`).

@@ -15,8 +15,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::error::SysError;
 use super::places::{Kind, PlaceError, Places};
+use super::sys::SysError;
 use super::sys::{self, At};
 
 /// Where the command's home directory is in the sandbox, unless

@@ -14,7 +14,8 @@ use std::path::Path;
 
 use nix::mount::{mount, MsFlags};
 
-use super::error::{SandboxError, SysError};
+use super::error::SandboxError;
+use super::sys::SysError;
 use super::sys::{self, At};
 
 /// Host device nodes bound into the sandbox (skipped if the host lacks one).

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use super::binds::BindError;
 use super::places::PlaceError;
+use super::sys::SysError;
 
 /// A step of building the sandbox's tree that failed.
 #[derive(Debug, thiserror::Error)]
@@ -89,15 +90,6 @@ fn mount_api_reason(e: &io::Error) -> String {
     } else {
         e.to_string()
     }
-}
-
-/// The system's reason, as the call that failed reported it.
-#[derive(Debug, thiserror::Error)]
-pub enum SysError {
-    #[error(transparent)]
-    Nix(#[from] nix::Error),
-    #[error(transparent)]
-    Io(#[from] io::Error),
 }
 
 impl SandboxError {

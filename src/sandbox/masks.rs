@@ -60,7 +60,7 @@ use super::error::SandboxError;
 fn mount_err(
     what: &'static str,
     target: &Path,
-    e: impl Into<super::error::SysError>,
+    e: impl Into<super::sys::SysError>,
 ) -> SandboxError {
     SandboxError::mount(what, target, e)
 }

@@ -24,7 +24,7 @@ use std::path::{Component, Path, PathBuf};
 
 use nix::mount::{mount, MsFlags};
 
-use super::error::SysError;
+use super::sys::SysError;
 use super::sys::{self, At};
 
 /// What a place holds.

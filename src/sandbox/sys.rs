@@ -347,3 +347,12 @@ pub fn set_window_size(tty: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<
     // SAFETY: TIOCSWINSZ reads the winsize it is given.
     check(unsafe { libc::ioctl(tty.as_raw_fd(), libc::TIOCSWINSZ, &ws) } as libc::c_long)
 }
+
+/// The system's reason, as the call that failed reported it.
+#[derive(Debug, thiserror::Error)]
+pub enum SysError {
+    #[error(transparent)]
+    Nix(#[from] nix::Error),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}

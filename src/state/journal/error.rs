@@ -7,9 +7,10 @@ use std::path::PathBuf;
 /// A journal query refused, or a database that could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
-    /// `Query::op` names no operation the journal writes.
-    #[error("unknown journal op `{op}`; known: {}", super::query::op_names().join(", "))]
-    UnknownOp { op: String },
+    /// `Query::op` names no operation the journal writes (`known`: the
+    /// ones it does, listed).
+    #[error("unknown journal op `{op}`; known: {known}")]
+    UnknownOp { op: String, known: String },
     /// `Query::since` is neither an RFC 3339 time nor an age.
     #[error("since {given}: give an RFC 3339 time (2026-12-03T15:00:00Z) or an age (10m, 2h)")]
     BadSince { given: String },

@@ -67,7 +67,10 @@ pub fn op_known(op: &str) -> Result<String, JournalError> {
     match op {
         "denied" => Ok("deny".into()),
         o if op_names().contains(&o) => Ok(o.into()),
-        o => Err(JournalError::UnknownOp { op: o.into() }),
+        o => Err(JournalError::UnknownOp {
+            op: o.into(),
+            known: op_names().join(", "),
+        }),
     }
 }
 
