@@ -841,26 +841,8 @@ fn run_checkpoint_lets_undo_take_back_exactly_that_command_mounted_or_not() {
 fn run_checkpoint_of_an_unchanged_workspace_makes_no_layer_and_undo_stays_exact() {
     let ws = crate::run::workspace_for(crate::run::Caller::Root);
     fs::write(ws.lower().join("a"), "a\n").unwrap();
-    let (lower, upper) = (ws.lower().to_str().unwrap(), ws.upper.to_str().unwrap());
     let m = ws.mount();
-    let run = |script: &str| {
-        let out = run_ok(&[
-            "--lower",
-            lower,
-            "--upper",
-            upper,
-            "--checkpoint",
-            "--json",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ]);
-        crate::run::json_of(&out)["checkpoint"]
-            .as_str()
-            .expect("no checkpoint in --json")
-            .to_string()
-    };
+    let run = |script: &str| run_checkpointed(&ws, script);
     let v0 = tree_view(m.path());
     run("echo one > one");
     let v1 = tree_view(m.path());

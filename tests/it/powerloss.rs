@@ -168,6 +168,18 @@ fn round(
     mid
 }
 
+/// LAYERFS_POWERLOSS_SEED, or a seed from the clock (printed by each test
+/// so a failing run can be repeated).
+fn seed() -> u64 {
+    env_u64(
+        "LAYERFS_POWERLOSS_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+}
+
 /// Captures of the upper's block device taken mid-workload, as a power cut
 /// would leave it, are consistent (e2fsck), and layerfs over them shows
 /// nothing partial and every fsynced record.
@@ -175,13 +187,7 @@ fn round(
 fn a_power_cut_mid_workload_leaves_a_consistent_upper_with_every_fsynced_write() {
     let rounds = env_u64("LAYERFS_POWERLOSS_ROUNDS", 1);
     let cuts = env_u64("LAYERFS_POWERLOSS_CUTS", 2);
-    let seed = env_u64(
-        "LAYERFS_POWERLOSS_SEED",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
-    );
+    let seed = seed();
     let big_mib = env_u64("LAYERFS_POWERLOSS_BIG_MIB", 16);
     let mut ws = Workspace::new();
     let sc = Scenario::build(ws.lower(), big_mib);
@@ -220,13 +226,7 @@ fn a_power_cut_mid_workload_leaves_a_consistent_upper_with_every_fsynced_write()
 #[test]
 fn a_power_cut_during_run_checkpoints_leaves_a_prefix_of_the_commands() {
     let cuts = env_u64("LAYERFS_POWERLOSS_CUTS", 2).max(2);
-    let seed = env_u64(
-        "LAYERFS_POWERLOSS_SEED",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
-    );
+    let seed = seed();
     let mut ws = crate::run::workspace_for(crate::run::Caller::Root);
     let host = LoopFs::new(ws.dir.path(), "host", 1024, &["mkfs.btrfs", "-q"], "");
     let up = LoopFs::new(&host.mnt, "up", 256, &["mkfs.ext4", "-q"], "");
