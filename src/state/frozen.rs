@@ -115,12 +115,6 @@ pub enum StackError {
     },
 }
 
-impl From<StackError> for String {
-    fn from(e: StackError) -> String {
-        e.to_string()
-    }
-}
-
 /// `map_err` helper: an io error with what was being done.
 pub fn io_ctx(what: impl fmt::Display) -> impl FnOnce(io::Error) -> StackError {
     move |source| StackError::Io {
