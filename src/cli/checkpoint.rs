@@ -2,7 +2,7 @@
 //! freeze a workspace's upper into a layer, branch new workspaces from
 //! one, and go back to one (see `state::checkpoint`).
 
-use super::exit::{CliError, Context, Outcome, EXIT_OK};
+use super::exit::{CliError, Context, Failed, Outcome, EXIT_OK};
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
@@ -108,15 +108,15 @@ impl CheckpointCmd {
         let r = match self.sub {
             Some(CheckpointSub::List { json, workspace }) => list(&workspace, json),
             Some(CheckpointSub::Rm { workspace, name }) => Workspace::resolve(&workspace)
-                .map_err(String::from)
-                .and_then(|ws| checkpoint::remove(&ws, &name).map_err(String::from))
+                .map_err(Failed::from)
+                .and_then(|ws| checkpoint::remove(&ws, &name).map_err(Failed::from))
                 .map(|()| outln!("removed {name}")),
             Some(CheckpointSub::Export {
                 workspace,
                 name,
                 file,
             }) => Workspace::resolve(&workspace)
-                .map_err(String::from)
+                .map_err(Failed::from)
                 .and_then(|ws| {
                     let e = export::export(&ws, &name, &file)?;
                     outln!(
@@ -134,7 +134,7 @@ impl CheckpointCmd {
                 name,
                 force,
             }) => Workspace::resolve(&workspace)
-                .map_err(String::from)
+                .map_err(Failed::from)
                 .and_then(|ws| {
                     let (name, report) = export::import(&ws, &file, name.as_deref(), force)?;
                     if !report.is_empty() {
@@ -156,7 +156,7 @@ impl CheckpointCmd {
                         "give WORKSPACE [NAME], list, rm, export or import",
                     ))
                 }
-                Some(w) => Workspace::resolve(w).map_err(String::from).and_then(|ws| {
+                Some(w) => Workspace::resolve(w).map_err(Failed::from).and_then(|ws| {
                     let done = ops::checkpoint(
                         &ws,
                         self.name.as_deref(),
@@ -174,7 +174,7 @@ impl CheckpointCmd {
     }
 }
 
-fn list(w: &std::path::Path, as_json: bool) -> Result<(), String> {
+fn list(w: &std::path::Path, as_json: bool) -> Result<(), Failed> {
     let ws = Workspace::resolve(w)?;
     let all = ops::checkpoints(&ws)?;
     if as_json {
@@ -245,7 +245,7 @@ impl ForkCmd {
     }
 
     /// Writes the fork's stack and validates its mount.
-    fn prepare(&self) -> Result<crate::config::Config, String> {
+    fn prepare(&self) -> Result<crate::config::Config, Failed> {
         let ws = Workspace::resolve(&self.workspace)?;
         let (upper, lowers, _) = checkpoint::fork_at(&ws, &self.name, &self.upper)?;
         let args = crate::config::MountArgs {
@@ -260,7 +260,7 @@ impl ForkCmd {
             scratch: ws.scratch.clone(),
             ..Default::default()
         };
-        crate::config::validate(args).map_err(|e| e.to_string())
+        Ok(crate::config::validate(args)?)
     }
 }
 

@@ -1,6 +1,6 @@
 //! `layerfs diff`: what a workspace's upper changes against its lowers.
 
-use super::exit::{CliError, Context};
+use super::exit::{CliError, Context, Failed};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -78,7 +78,7 @@ impl DiffCmd {
         self.diff().or_fail("diff")
     }
 
-    fn diff(&self) -> Result<(), String> {
+    fn diff(&self) -> Result<(), Failed> {
         let ws = self.state.resolve(&self.workspace)?;
         let paths = reset::normalize_all(&ws, &self.paths).map_err(|e| e.to_string())?;
         // Every entry, as --files lists them (and --json, --stat count them);
@@ -87,7 +87,8 @@ impl DiffCmd {
         let diffed = ops::changes_against(&ws, &paths, beneath, self.base)?;
         let (layers, changes) = (&diffed.layers, &diffed.changes);
         if self.stat {
-            return print_stat(&summary::stat(layers, changes), self.json);
+            print_stat(&summary::stat(layers, changes), self.json);
+            return Ok(());
         }
         let patches = if self.patch {
             patch::patches(layers, changes)
@@ -129,7 +130,7 @@ impl DiffCmd {
 }
 
 /// `--stat`: the table, or one JSON object per group and the totals.
-fn print_stat(st: &summary::Stat, json: bool) -> Result<(), String> {
+fn print_stat(st: &summary::Stat, json: bool) {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let text = if json {
@@ -144,5 +145,4 @@ fn print_stat(st: &summary::Stat, json: bool) -> Result<(), String> {
     };
     // A closed pipe (`| head`) ends the output quietly.
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
-    Ok(())
 }

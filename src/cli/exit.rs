@@ -25,6 +25,11 @@ pub(crate) const EXIT_USAGE: i32 = 2;
 /// A subcommand's outcome: the status it ends with, or why it failed.
 pub(crate) type Outcome = Result<i32, CliError>;
 
+/// Why a step of a command failed, before `or_fail` names the command: a
+/// library's error passed on whole (`?` boxes any), or the command's own
+/// text with its context (`format!(…).into()`).
+pub(crate) type Failed = Box<dyn std::error::Error + Send + Sync>;
+
 /// Which kind of failure, and so which exit status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {

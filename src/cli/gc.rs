@@ -1,6 +1,6 @@
 //! `layerfs gc`: empty a workspace's scratch paths.
 
-use super::exit::{CliError, Context};
+use super::exit::{CliError, Context, Failed};
 use std::path::PathBuf;
 
 use clap::Args;
@@ -38,7 +38,7 @@ impl GcCmd {
         self.gc().or_fail("gc")
     }
 
-    fn gc(&self) -> Result<(), String> {
+    fn gc(&self) -> Result<(), Failed> {
         let ws = self.state.resolve(&self.workspace)?;
         for p in crate::state::checkpoint::sweep_aside(&ws) {
             eprintln!(
@@ -51,7 +51,8 @@ impl GcCmd {
             return Err(format!(
                 "workspace {} has no scratch paths; mount it with --scratch GLOB or add `scratch GLOB` to its policy",
                 ws.upper.display()
-            ));
+            )
+            .into());
         }
         let record = |done: &[std::ffi::OsString]| {
             let what: Vec<String> = done.iter().map(|p| crate::state::ops::shown(p)).collect();
@@ -74,10 +75,9 @@ impl GcCmd {
         for p in &done.changed {
             outln!("emptied {}", crate::state::ops::shown(p));
         }
-        r.and(crate::state::reset::remove_moved_away(
+        Ok(r.and(crate::state::reset::remove_moved_away(
             &work,
             &done.moved_away,
-        ))
-        .map_err(|e| e.to_string())
+        ))?)
     }
 }

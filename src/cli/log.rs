@@ -4,7 +4,7 @@
 //! not, and whatever layerfs wrote it (columns an older journal lacks
 //! read as empty).
 
-use super::exit::{CliError, Context};
+use super::exit::{CliError, Context, Failed};
 use std::path::PathBuf;
 
 use clap::Args;
@@ -114,7 +114,7 @@ impl LogCmd {
         Ok(())
     }
 
-    fn rows(&self) -> Result<Vec<Row>, String> {
+    fn rows(&self) -> Result<Vec<Row>, Failed> {
         // Bad options are refused before the workspace is looked up.
         let since = self
             .since

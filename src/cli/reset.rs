@@ -1,6 +1,6 @@
 //! `layerfs reset`: discard a workspace's changes under some paths.
 
-use super::exit::{CliError, Context};
+use super::exit::{CliError, Context, Failed};
 use std::path::PathBuf;
 
 use clap::Args;
@@ -39,7 +39,7 @@ impl ResetCmd {
         self.reset().or_fail("reset")
     }
 
-    fn reset(&self) -> Result<(), String> {
+    fn reset(&self) -> Result<(), Failed> {
         let ws = self.state.resolve(&self.workspace)?;
         let paths = reset::normalize_all(&ws, &self.paths).map_err(|e| e.to_string())?;
         let done = ops::reset(&ws, &paths, None)?;

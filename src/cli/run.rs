@@ -262,7 +262,7 @@ const MIN_TMP_SIZE: u64 = 1 << 20;
 /// Parses `--tmp-size`: a size with an optional unit, at least 1M (a
 /// tmpfs of size 0 would be unlimited).
 pub fn parse_tmp_size(s: &str) -> Result<u64, String> {
-    let n = config::parse_size(s)?;
+    let n = config::parse_size(s).map_err(|e| e.to_string())?;
     if n < MIN_TMP_SIZE {
         return Err(format!(
             "invalid size `{s}`: the sandbox's /tmp needs at least 1M (e.g. 512M, 2G)"

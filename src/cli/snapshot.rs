@@ -1,7 +1,7 @@
 //! `layerfs snapshot save|restore|list|rm`: keep and bring back whole
 //! states of a workspace's upper (see `state::snapshot`).
 
-use super::exit::{CliError, Context};
+use super::exit::{CliError, Context, Failed};
 use std::ffi::{OsStr, OsString};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -127,7 +127,7 @@ impl SnapshotCmd {
     }
 }
 
-fn save(ws_arg: &Path, st: &StateArg, id: Option<&OsStr>, force: bool) -> Result<(), String> {
+fn save(ws_arg: &Path, st: &StateArg, id: Option<&OsStr>, force: bool) -> Result<(), Failed> {
     // Invariant: a bad ID is refused before anything is read or written.
     id.map(snapshot_id::validate).transpose()?;
     let ws = st.resolve(ws_arg)?;
@@ -145,7 +145,7 @@ fn save(ws_arg: &Path, st: &StateArg, id: Option<&OsStr>, force: bool) -> Result
     Ok(())
 }
 
-fn restore(ws_arg: &Path, st: &StateArg, id: &OsStr, json: bool) -> Result<(), String> {
+fn restore(ws_arg: &Path, st: &StateArg, id: &OsStr, json: bool) -> Result<(), Failed> {
     snapshot_id::validate(id)?;
     let ws = st.resolve(ws_arg)?;
     let progress = std::io::stderr().is_terminal() && !json;
@@ -178,7 +178,7 @@ fn restore(ws_arg: &Path, st: &StateArg, id: &OsStr, json: bool) -> Result<(), S
     Ok(())
 }
 
-fn list(ws_arg: &Path, st: &StateArg, json: bool) -> Result<(), String> {
+fn list(ws_arg: &Path, st: &StateArg, json: bool) -> Result<(), Failed> {
     let ws = st.resolve(ws_arg)?;
     let all = snapshot::list(&ws.dir, true)?;
     if json {
@@ -211,7 +211,7 @@ fn list(ws_arg: &Path, st: &StateArg, json: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn rm(ws_arg: &Path, st: &StateArg, id: &OsStr) -> Result<(), String> {
+fn rm(ws_arg: &Path, st: &StateArg, id: &OsStr) -> Result<(), Failed> {
     let id = snapshot_id::validate(id)?;
     let ws = st.resolve(ws_arg)?;
     snapshot::remove(&ws.dir, id)?;

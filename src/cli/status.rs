@@ -4,7 +4,7 @@
 //! daemon's registry entry). An unmounted workspace shows its layers and
 //! journal from the state directory.
 
-use super::exit::{CliError, Context};
+use super::exit::{CliError, Context, Failed};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -75,7 +75,7 @@ impl StatusCmd {
 const STATUS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Asks the daemon of a live workspace for its status.
-fn ask(state: &Path) -> Result<Value, String> {
+fn ask(state: &Path) -> Result<Value, Failed> {
     let mut c = crate::state::workspace::connect(state)?.answer_within(STATUS_WITHIN);
     // Passed on as the daemon sent it: `--json` keeps the fields this
     // client does not know.
@@ -88,7 +88,7 @@ fn ask(state: &Path) -> Result<Value, String> {
     Ok(v)
 }
 
-fn one(arg: &Path, state: &super::state_arg::StateArg) -> Result<Value, String> {
+fn one(arg: &Path, state: &super::state_arg::StateArg) -> Result<Value, Failed> {
     let abs = std::path::absolute(arg).map_err(|e| format!("{}: {e}", arg.display()))?;
     let canon = std::fs::canonicalize(&abs).unwrap_or(abs.clone());
     if let Some(m) = mounts::find(&canon).or_else(|| mounts::find(&abs)) {
@@ -159,7 +159,7 @@ fn every_mount() -> Result<Vec<Value>, String> {
         let v = match workspace::state_of_mount(&m.mount_point) {
             Some(state) => ask(&state).unwrap_or_else(|e| {
                 json!({"mounted": true, "mountpoint": mp, "state": state.to_string_lossy(),
-                       "error": e})
+                       "error": e.to_string()})
             }),
             None => json!({
                 "mounted": true,

@@ -86,12 +86,6 @@ fn rule(what: &str) -> String {
     )
 }
 
-impl From<InstanceNameError> for String {
-    fn from(e: InstanceNameError) -> String {
-        e.to_string()
-    }
-}
-
 /// Checks one segment of `name`; the error names the segment and the rule.
 fn check_segment(what: &'static str, s: &str, name: &str) -> Result<(), InstanceNameError> {
     let refuse = |problem| {

@@ -116,12 +116,14 @@ impl fmt::Display for ConfigError {
     }
 }
 
+impl std::error::Error for ConfigError {}
+
 pub(crate) fn usage(msg: impl Into<String>) -> ConfigError {
     ConfigError::Usage(msg.into())
 }
 
-pub(crate) fn invalid(msg: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid(msg.into())
+pub(crate) fn invalid(msg: impl std::fmt::Display) -> ConfigError {
+    ConfigError::Invalid(msg.to_string())
 }
 
 /// Default worker thread count: 4, whatever the number of CPUs. Four let

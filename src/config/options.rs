@@ -239,7 +239,7 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
             }
             "lower_timeout" => {
                 args.lower_timeout =
-                    Some(parse_duration(&need(value)?).map_err(|e| bad(e.into()))?);
+                    Some(parse_duration(&need(value)?).map_err(|e| bad(e.to_string()))?);
             }
             "max_watches" => {
                 let v = need(value)?;
@@ -249,13 +249,13 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
                 args.max_watches = Some(n);
             }
             "journal_max_size" => {
-                let size = parse_size(&need(value)?).map_err(|e| bad(e.into()))?;
+                let size = parse_size(&need(value)?).map_err(|e| bad(e.to_string()))?;
                 if let Some(j) = &mut args.journal {
                     j.max_bytes = size;
                 }
             }
             "journal_max_age" => {
-                let age = parse_age(&need(value)?).map_err(|e| bad(e.into()))?;
+                let age = parse_age(&need(value)?).map_err(|e| bad(e.to_string()))?;
                 if let Some(j) = &mut args.journal {
                     j.max_age = age;
                 }

@@ -24,12 +24,6 @@ pub enum ValueError {
     DurationRange(String),
 }
 
-impl From<ValueError> for String {
-    fn from(e: ValueError) -> String {
-        e.to_string()
-    }
-}
-
 /// Parses a size such as `64M`, `1G` or `4096` (bytes; K, M, G, T are
 /// powers of 1024).
 pub fn parse_size(s: &str) -> Result<u64, ValueError> {

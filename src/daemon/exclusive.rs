@@ -59,13 +59,6 @@ pub enum ClaimError {
     Lock(#[from] LockError),
 }
 
-/// For `tools`, which words a refusal itself.
-impl From<ClaimError> for String {
-    fn from(e: ClaimError) -> String {
-        e.to_string()
-    }
-}
-
 /// Held for as long as the daemon serves; dropping it releases the locks.
 pub struct Claim {
     _work: File,

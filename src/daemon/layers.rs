@@ -32,8 +32,9 @@ use serde_json::Value;
 
 use super::restore::{held_dirs, invalidate_swapped, open_upper_parent, quiesce, RestoreError};
 use super::served::Daemon;
-use crate::layer::{sys, Layer};
-use crate::state::checkpoint::{self, Durability, Live};
+use crate::layer::{sys, Layer, LayerError};
+use crate::state::checkpoint::{self, Durability, Live, LiveError};
+use crate::state::frozen::StackError;
 use crate::state::protocol::{Checkpointed, Request, SquashDone, Undone};
 use crate::state::workspace::Workspace;
 
@@ -64,10 +65,9 @@ pub enum LayersError {
     /// Reaching the upper's parent, or quiescing the mount.
     #[error(transparent)]
     Quiesce(#[from] RestoreError),
-    /// The steps on disk (`state::checkpoint`, `state::squash`): their
-    /// own message.
-    #[error("{0}")]
-    State(String),
+    /// The steps on disk (`state::checkpoint`, `state::squash`).
+    #[error(transparent)]
+    State(#[from] StackError),
     #[error("{0:?} is neither a checkpoint nor an undo")]
     NotLayers(Request),
     /// Opening (`what`: "open", "lock") the empty directory that becomes
@@ -79,9 +79,9 @@ pub enum LayersError {
     },
     #[error("the new upper dir was not opened before the exchange")]
     NewUpperNotOpened,
-    /// Opening a layer to serve (the core's message).
-    #[error("{0}")]
-    Layer(String),
+    /// Opening a layer to serve.
+    #[error(transparent)]
+    Layer(#[from] LayerError),
     /// Serving the new upper root (the core's message).
     #[error(transparent)]
     UpperRoot(crate::overlay::OverlayError),
@@ -93,11 +93,11 @@ pub enum LayersError {
     ServedUpper(#[source] std::io::Error),
 }
 
-/// The steps on disk call the daemon's part (`checkpoint::Live`,
-/// `squash::Live`) with strings.
-impl From<LayersError> for String {
-    fn from(e: LayersError) -> String {
-        e.to_string()
+/// The steps on disk (`checkpoint::Live`, `squash::Live`) carry the
+/// daemon's error whole.
+impl From<LayersError> for LiveError {
+    fn from(e: LayersError) -> LiveError {
+        LiveError::new(e)
     }
 }
 
@@ -144,7 +144,7 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, LayersError> {
                     ..Undone::default()
                 })
             })
-            .map_err(|e| LayersError::State(e.to_string())),
+            .map_err(LayersError::from),
         Request::Checkpoint {
             name,
             layers,
@@ -166,7 +166,7 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, LayersError> {
                 ..Checkpointed::default()
             })
         })
-        .map_err(|e| LayersError::State(e.to_string())),
+        .map_err(LayersError::from),
         other => Err(LayersError::NotLayers(other.clone())),
     };
     drop(pause);
@@ -198,7 +198,7 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, LayersError> {
 
 /// A new frozen layer at `path`, opened to serve.
 fn open_layer(path: &Path) -> Result<Layer, LayersError> {
-    Layer::open(path, "checkpoint layer").map_err(|e| LayersError::Layer(e.to_string()))
+    Ok(Layer::open(path, "checkpoint layer")?)
 }
 
 /// Makes the deferred checkpoint `name` durable (`checkpoint::sync_taken`)
@@ -240,7 +240,7 @@ struct Swap<'a> {
 }
 
 impl Live for Swap<'_> {
-    fn prepare(&mut self, fresh: OwnedFd) -> Result<(), String> {
+    fn prepare(&mut self, fresh: OwnedFd) -> Result<(), LiveError> {
         let new_upper = |what| move |source| LayersError::NewUpper { what, source };
         let dir = std::fs::File::from(sys::open_dir(&fresh).map_err(new_upper("open"))?);
         crate::sys::flock(&dir, libc::LOCK_EX | libc::LOCK_NB).map_err(new_upper("lock"))?;
@@ -253,7 +253,7 @@ impl Live for Swap<'_> {
         Ok(())
     }
 
-    fn commit(&mut self, frozen: Option<&Path>, dropped: usize) -> Result<(), String> {
+    fn commit(&mut self, frozen: Option<&Path>, dropped: usize) -> Result<(), LiveError> {
         self.swapped = true;
         let ov = self.daemon.fs.overlay();
         let old = ov.lowers();
@@ -313,7 +313,7 @@ pub fn serve_squash(daemon: &Daemon, keep: usize) -> Result<Value, LayersError> 
     let out = crate::state::squash::squash(&ws, keep, Some(&mut re));
     let swapped = re.swapped;
     drop(re);
-    let done = out.map_err(|e| LayersError::State(e.to_string()))?;
+    let done = out.map_err(LayersError::from)?;
     let mut reply = SquashDone::default();
     if let Some(s) = done {
         reply.name = s.name;
@@ -334,12 +334,12 @@ struct Resquash<'a> {
 }
 
 impl crate::state::squash::Live for Resquash<'_> {
-    fn pause(&mut self) -> Result<(), String> {
+    fn pause(&mut self) -> Result<(), LiveError> {
         self.pause = Some(self.daemon.fs.overlay().pause_writes());
         Ok(())
     }
 
-    fn commit(&mut self, keep: usize, merged: usize, layer: &Path) -> Result<(), String> {
+    fn commit(&mut self, keep: usize, merged: usize, layer: &Path) -> Result<(), LiveError> {
         let ov = self.daemon.fs.overlay();
         let old = ov.lowers();
         if old.len() < keep + merged {

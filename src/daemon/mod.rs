@@ -71,9 +71,9 @@ pub enum DaemonError {
     /// Another daemon answers on the control socket.
     #[error(transparent)]
     ControlInUse(control::BindError),
-    /// Opening the layers and starting the filesystem (their message).
-    #[error("{0}")]
-    Filesystem(String),
+    /// Opening the layers and starting the filesystem.
+    #[error(transparent)]
+    Filesystem(crate::overlay::OverlayError),
     #[error(transparent)]
     Mount(#[from] mounts::MountError),
     #[error("duplicating the FUSE fd: {0}")]
@@ -341,7 +341,7 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
             None
         }
     };
-    let fs = LayerFs::new(cfg).map_err(|e| DaemonError::Filesystem(e.to_string()))?;
+    let fs = LayerFs::new(cfg).map_err(DaemonError::Filesystem)?;
     let handle = fs.handle();
     let journal = cfg.journal.clone().map(|opts| {
         let j = crate::state::journal::Journal::start_in(state_dir.clone(), opts);

@@ -32,9 +32,9 @@ pub enum LiveResetError {
     UpperRoot(#[source] std::io::Error),
     #[error("cannot stat the upper dir: {0}")]
     StatUpper(#[source] std::io::Error),
-    /// The scratch globs of the mount and its policy (their own message).
-    #[error("{0}")]
-    Scratch(String),
+    /// The scratch globs of the mount and its policy.
+    #[error(transparent)]
+    Scratch(#[from] crate::policy::pattern::PatternError),
     #[error(
         "this workspace has no scratch paths; mount it with --scratch GLOB or add `scratch \
          GLOB` to its policy"
@@ -74,8 +74,7 @@ pub fn serve(daemon: &Daemon, paths: &[String], gc: bool) -> Result<Changed, Liv
     let work = dup(&ov.upper().work, "work dir")?;
     let mut patterns = daemon.scratch.clone();
     patterns.extend(ov.policy().scratch().iter().cloned());
-    let sc =
-        scratch::Scratch::new(&patterns).map_err(|e| LiveResetError::Scratch(e.to_string()))?;
+    let sc = scratch::Scratch::new(&patterns)?;
     if gc && sc.is_empty() {
         return Err(LiveResetError::NoScratch);
     }

@@ -27,13 +27,6 @@ pub enum LockError {
     Lock { dir: PathBuf, source: io::Error },
 }
 
-/// For callers that word their refusals as text.
-impl From<LockError> for String {
-    fn from(e: LockError) -> String {
-        e.to_string()
-    }
-}
-
 /// How long a mount waits for a daemon that holds the upper or work dir
 /// but no longer serves a live mount (it is shutting down after a plain
 /// `umount`, or still starting).
@@ -270,13 +263,23 @@ fn exiting(pid: u32) -> bool {
 mod tests {
     use super::*;
 
+    /// The refusal the tests word (`busy`), or the lock's own error.
+    #[derive(Debug)]
+    struct Refused(String);
+
+    impl From<LockError> for Refused {
+        fn from(e: LockError) -> Refused {
+            Refused(e.to_string())
+        }
+    }
+
     #[test]
     fn a_second_lock_is_refused_naming_the_holder_and_freed_on_drop() {
         let dir = tempfile::tempdir().unwrap();
-        let busy = |h: &Holder| format!("already in use by {}", h.describe());
+        let busy = |h: &Holder| Refused(format!("already in use by {}", h.describe()));
         let note = &mut |m: String| panic!("a live holder is not waited for: {m}");
         let first = lock(dir.path(), busy, note).unwrap();
-        let err = lock(dir.path(), busy, note).unwrap_err();
+        let Refused(err) = lock(dir.path(), busy, note).unwrap_err();
         assert!(err.contains("already in use"), "{err}");
         assert!(
             err.contains(&format!("pid {}", std::process::id())),
@@ -297,7 +300,7 @@ mod tests {
         std::fs::create_dir(&upper).unwrap();
         std::fs::create_dir(&work).unwrap();
         let note = &mut |m: String| panic!("no note expected: {m}");
-        let name = |h: &Holder| h.describe();
+        let name = |h: &Holder| Refused(h.describe());
         let _other = (
             lock(&upper, name, note).unwrap(),
             lock(&work, name, note).unwrap(),
@@ -311,7 +314,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             drop(passing);
         });
-        let busy = |h: &Holder| format!("already in use by {}", h.describe());
+        let busy = |h: &Holder| Refused(format!("already in use by {}", h.describe()));
         let start = Instant::now();
         let r = lock(b.path(), busy, &mut |m| panic!("no note expected: {m}"));
         release.join().unwrap();

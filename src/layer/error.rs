@@ -81,9 +81,3 @@ impl LayerError {
         }
     }
 }
-
-impl From<LayerError> for String {
-    fn from(e: LayerError) -> String {
-        e.to_string()
-    }
-}

@@ -43,10 +43,3 @@ pub enum OverlayError {
     #[error("the root object is gone: {0}")]
     RootGone(#[source] Errno),
 }
-
-/// For callers whose errors are still text: the message.
-impl From<OverlayError> for String {
-    fn from(e: OverlayError) -> String {
-        e.to_string()
-    }
-}

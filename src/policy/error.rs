@@ -127,15 +127,3 @@ pub enum LoadError {
     #[error("{}: {source}", path.display())]
     Parse { path: PathBuf, source: PolicyError },
 }
-
-impl From<PatternError> for String {
-    fn from(e: PatternError) -> String {
-        e.to_string()
-    }
-}
-
-impl From<LoadError> for String {
-    fn from(e: LoadError) -> String {
-        e.to_string()
-    }
-}

@@ -66,9 +66,9 @@ pub enum RunError {
         mountpoint.display()
     )]
     NotServed { upper: PathBuf, mountpoint: PathBuf },
-    /// The checkpoint before the command (the state layer's message).
+    /// The checkpoint before the command.
     #[error("--checkpoint: {0}")]
-    Checkpoint(String),
+    Checkpoint(#[source] crate::state::ops::OpsError),
 }
 
 /// What `layerfs run` was asked to do.
@@ -576,7 +576,7 @@ impl Workspace {
             None,
             crate::state::checkpoint::Durability::Deferred,
         )
-        .map_err(|e| RunError::Checkpoint(e.to_string()))?;
+        .map_err(RunError::Checkpoint)?;
         for w in &done.warnings {
             say!("layerfs run: warning: {w}");
         }

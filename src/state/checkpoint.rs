@@ -57,12 +57,36 @@ pub trait Live {
     /// Before the step that changes the view on disk: `fresh` is the
     /// empty directory that will be the upper. An error leaves the
     /// workspace as it was.
-    fn prepare(&mut self, fresh: OwnedFd) -> Result<(), String>;
+    fn prepare(&mut self, fresh: OwnedFd) -> Result<(), LiveError>;
     /// Right after the view changed on disk: serve it. `frozen`: the new
     /// layer's path (a checkpoint); `dropped`: how many frozen layers an
     /// undo took off the top. An error after a checkpoint's exchange puts
     /// the old upper back.
-    fn commit(&mut self, frozen: Option<&Path>, dropped: usize) -> Result<(), String>;
+    fn commit(&mut self, frozen: Option<&Path>, dropped: usize) -> Result<(), LiveError>;
+}
+
+/// Why the daemon's half of a live checkpoint, undo or squash (`Live`,
+/// `squash::Live`) failed: the daemon's own error (`daemon::layers`),
+/// kept whole behind this type so the steps here need not know it.
+#[derive(Debug)]
+pub struct LiveError(Box<dyn std::error::Error + Send + Sync>);
+
+impl LiveError {
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> LiveError {
+        LiveError(Box::new(e))
+    }
+}
+
+impl std::fmt::Display for LiveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for LiveError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }
 
 /// Locks an unmounted workspace's upper, or, mounted, requires the
@@ -221,9 +245,9 @@ pub fn checkpoint(
             "cannot open {}",
             store.dir.shown(&name).display()
         )));
-        if let Err(e) = fresh.map_err(String::from).and_then(|fd| l.prepare(fd)) {
+        if let Err(e) = fresh.and_then(|fd| l.prepare(fd).map_err(StackError::from)) {
             let _ = store.remove(&name);
-            return Err(StackError::Refused(e));
+            return Err(e);
         }
     }
     let below = stack.clone();
@@ -260,20 +284,21 @@ pub fn checkpoint(
                 OsStr::new(&name),
                 sys::RENAME_EXCHANGE,
             );
-            return Err(StackError::Refused(match back {
+            return Err(match back {
                 Ok(()) => {
                     let _ = if synced {
                         frozen::write(&ws.dir, &below)
                     } else {
                         frozen::write_unsynced(&ws.dir, &below)
                     };
-                    format!("{e}; the checkpoint was taken back, the workspace is unchanged")
+                    StackError::LiveCheckpointTakenBack { source: e }
                 }
-                Err(b) => format!(
-                    "{e}; and the upper cannot be put back ({b}): unmount the workspace and \
-                     mount it again (it then stands on checkpoint {name})"
-                ),
-            }));
+                Err(back) => StackError::LiveCheckpointStuck {
+                    source: e,
+                    back,
+                    name,
+                },
+            });
         }
     }
     if synced {
@@ -506,7 +531,7 @@ pub fn finish_pending_live(
             .map_err(io_ctx(format!("cannot open {}", work.shown(tmp).display())))?;
         if let Err(e) = l.prepare(fd) {
             let _ = sys::unlinkat(&work, tmp, true);
-            return Err(StackError::Refused(e));
+            return Err(e.into());
         }
     }
     let dropped = stack.layers.len().saturating_sub(target.len());
@@ -523,12 +548,8 @@ pub fn finish_pending_live(
     frozen::write(state, &stack)?;
     crate::failpoint::crash("undo", "stack");
     if let Some(l) = live {
-        l.commit(None, dropped).map_err(|e| {
-            StackError::Refused(format!(
-                "{e}; the undo is done on disk but the mount cannot serve it: unmount the \
-                 workspace and mount it again"
-            ))
-        })?;
+        l.commit(None, dropped)
+            .map_err(|source| StackError::LiveUndoUnserved { source })?;
     }
     crate::layer::walk::remove_tree(&work, tmp).map_err(io_ctx(format!(
         "cannot remove the undone upper {}",

@@ -116,13 +116,6 @@ pub enum ControlError {
     RefusedSilently,
 }
 
-/// For callers whose errors are still text: the message.
-impl From<ControlError> for String {
-    fn from(e: ControlError) -> String {
-        e.to_string()
-    }
-}
-
 /// The error for a socket that cannot be used, saying what to do.
 fn connect_error(path: &Path, e: io::Error) -> ControlError {
     let path = path.to_path_buf();

@@ -76,12 +76,43 @@ pub enum StackError {
     /// A mounted workspace's daemon could not be asked, or refused.
     #[error(transparent)]
     Control(#[from] crate::state::control::ControlError),
-}
-
-impl From<StackError> for String {
-    fn from(e: StackError) -> String {
-        e.to_string()
-    }
+    /// The daemon's half of a live checkpoint, undo or squash refused
+    /// before the view changed on disk (`checkpoint::Live`).
+    #[error(transparent)]
+    Live(#[from] super::checkpoint::LiveError),
+    /// A live checkpoint's view could not be served; the exchange was
+    /// undone and the old stack written back.
+    #[error("{source}; the checkpoint was taken back, the workspace is unchanged")]
+    LiveCheckpointTakenBack {
+        source: super::checkpoint::LiveError,
+    },
+    /// A live checkpoint's view could not be served, nor the old upper
+    /// put back: the workspace stands on checkpoint `name` on disk.
+    #[error(
+        "{source}; and the upper cannot be put back ({back}): unmount the workspace and mount \
+         it again (it then stands on checkpoint {name})"
+    )]
+    LiveCheckpointStuck {
+        source: super::checkpoint::LiveError,
+        back: io::Error,
+        name: String,
+    },
+    /// A live undo is done on disk but its view could not be served.
+    #[error(
+        "{source}; the undo is done on disk but the mount cannot serve it: unmount the \
+         workspace and mount it again"
+    )]
+    LiveUndoUnserved {
+        source: super::checkpoint::LiveError,
+    },
+    /// A live squash is done on disk but its stack could not be served.
+    #[error(
+        "{source}; the squash is done on disk but the mount cannot serve it: unmount the \
+         workspace and mount it again (the merged layers are removed by the next squash)"
+    )]
+    LiveSquashUnserved {
+        source: super::checkpoint::LiveError,
+    },
 }
 
 /// `map_err` helper: an io error with what was being done.

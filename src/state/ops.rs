@@ -126,13 +126,6 @@ pub enum OpsError {
     NotRestored(#[source] super::control::ControlError),
 }
 
-/// For callers whose errors are still text: the message.
-impl From<OpsError> for String {
-    fn from(e: OpsError) -> String {
-        e.to_string()
-    }
-}
-
 /// A path relative to the workspace root as shown (`.` the root).
 pub fn shown(p: &OsStr) -> String {
     if p.is_empty() {

@@ -139,13 +139,6 @@ pub enum RequestError {
     },
 }
 
-/// For callers whose errors are still text: the message.
-impl From<RequestError> for String {
-    fn from(e: RequestError) -> String {
-        e.to_string()
-    }
-}
-
 /// A file open for writing, and the uid holding it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]

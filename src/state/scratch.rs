@@ -33,10 +33,3 @@ pub enum ScratchError {
     #[error(transparent)]
     Pattern(#[from] crate::policy::pattern::PatternError),
 }
-
-/// For callers whose errors are still text: the message.
-impl From<ScratchError> for String {
-    fn from(e: ScratchError) -> String {
-        e.to_string()
-    }
-}

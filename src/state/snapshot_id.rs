@@ -40,13 +40,6 @@ pub enum IdError {
     Hidden { what: &'static str, id: String },
 }
 
-/// For callers whose errors are still text: the message.
-impl From<IdError> for String {
-    fn from(e: IdError) -> String {
-        e.to_string()
-    }
-}
-
 /// Checks that `id` is a safe snapshot ID and returns it as a `&str`; the
 /// error says what is wrong and what an ID may be.
 pub fn validate(id: &OsStr) -> Result<&str, IdError> {

@@ -30,7 +30,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use super::checkpoint::{self, Layers};
+use super::checkpoint::{self, Layers, LiveError};
 use super::frozen::{self, io_ctx, Record, StackError};
 use super::workspace::Workspace;
 use crate::layer::ops;
@@ -50,10 +50,10 @@ pub struct Squashed {
 /// serves; only the switch happens with writes paused.
 pub trait Live {
     /// Pauses writes until the squash returns.
-    fn pause(&mut self) -> Result<(), String>;
+    fn pause(&mut self) -> Result<(), LiveError>;
     /// Right after the stack on disk switched: serves `layer` in place of
     /// the `merged` layers below the `keep` newest.
-    fn commit(&mut self, keep: usize, merged: usize, layer: &Path) -> Result<(), String>;
+    fn commit(&mut self, keep: usize, merged: usize, layer: &Path) -> Result<(), LiveError>;
 }
 
 /// `layerfs squash` of `ws` whether it is mounted or not: a mounted
@@ -160,7 +160,7 @@ pub fn squash(
         // copy-up meanwhile recorded its origin by the old stack), and
         // stays so until the new stack is served. An unused layer left
         // here is removed by the next squash (`sweep`).
-        l.pause().map_err(StackError::Refused)?;
+        l.pause()?;
         if let Err(e) = require_empty_upper(ws) {
             let _ = store.remove(&name);
             return Err(e);
@@ -182,13 +182,7 @@ pub fn squash(
     crate::failpoint::crash("squash", "stack");
     if let Some(l) = live {
         l.commit(keep, merged.len(), &store.path().join(&name))
-            .map_err(|e| {
-                StackError::Refused(format!(
-                    "{e}; the squash is done on disk but the mount cannot serve it: unmount \
-                     the workspace and mount it again (the merged layers are removed by the \
-                     next squash)"
-                ))
-            })?;
+            .map_err(|source| StackError::LiveSquashUnserved { source })?;
     }
     for l in &merged {
         store.remove(l)?;

@@ -496,13 +496,6 @@ impl WorkspaceError {
     }
 }
 
-/// For callers whose errors are still text: the message.
-impl From<WorkspaceError> for String {
-    fn from(e: WorkspaceError) -> String {
-        e.to_string()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

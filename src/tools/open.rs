@@ -47,8 +47,8 @@ pub struct OpenOptions {
     pub layerfs: Option<PathBuf>,
 }
 
-pub(super) fn open_err(what: impl std::fmt::Display, msg: impl Into<String>) -> ToolError {
-    ToolError::new(what, What::Open(msg.into()))
+pub(super) fn open_err(what: impl std::fmt::Display, msg: impl std::fmt::Display) -> ToolError {
+    ToolError::new(what, What::Open(msg.to_string()))
 }
 
 /// Where the calls of one workspace run, before it is claimed.

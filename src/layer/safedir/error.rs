@@ -163,10 +163,3 @@ impl SafeDirError {
         }
     }
 }
-
-/// For callers whose errors are still text: the message.
-impl From<SafeDirError> for String {
-    fn from(e: SafeDirError) -> String {
-        e.to_string()
-    }
-}

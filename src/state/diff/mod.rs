@@ -354,13 +354,6 @@ pub enum DiffError {
     },
 }
 
-/// For callers whose errors are still text: the message.
-impl From<DiffError> for String {
-    fn from(e: DiffError) -> String {
-        e.to_string()
-    }
-}
-
 fn describe(p: &OsStr) -> String {
     if p.is_empty() {
         "the upper root".into()

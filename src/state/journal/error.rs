@@ -58,10 +58,3 @@ pub enum JournalError {
         source: rusqlite::Error,
     },
 }
-
-/// For callers whose errors are still text: the message.
-impl From<JournalError> for String {
-    fn from(e: JournalError) -> String {
-        e.to_string()
-    }
-}

@@ -178,12 +178,6 @@ impl From<&str> for SnapshotError {
     }
 }
 
-impl From<SnapshotError> for String {
-    fn from(e: SnapshotError) -> String {
-        e.to_string()
-    }
-}
-
 /// `map_err` helper: an io error with what was being done, no hint.
 fn plain(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> SnapshotError {
     move |source| SnapshotError::Io {

@@ -60,7 +60,7 @@ fn try_extract(
         root,
         &mut report,
     );
-    (t, r.map_err(String::from))
+    (t, r.map_err(|e| e.to_string()))
 }
 
 #[test]
@@ -172,7 +172,7 @@ fn tampered_archives_stay_inside() {
 fn archive_paths_are_made_safe() {
     for (raw, want) in [("./", ""), ("a//b/./c/", "a/b/c"), ("./x", "x"), (".", "")] {
         assert_eq!(
-            safe_rel(Path::new(raw)).map_err(String::from),
+            safe_rel(Path::new(raw)).map_err(|e| e.to_string()),
             Ok(PathBuf::from(want)),
             "{raw}"
         );
