@@ -57,7 +57,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -99,6 +99,12 @@ pub struct IoModes {
     /// `--lower-passthrough`: every read-only open of a lower file.
     lower_all: bool,
     enabled: AtomicBool,
+    /// Raised (for good) before the first node is marked as passing a
+    /// lower file through (`lower_backed`). See `begin_write`.
+    lower_seen: AtomicBool,
+    /// Changes of data under way that `begin_write` did not list in
+    /// `State::writing` because no lower passthrough had begun yet.
+    unlisted_writes: AtomicUsize,
     state: Mutex<State>,
     /// Signalled when a lower passthrough backing is given up.
     released: Condvar,
@@ -118,6 +124,15 @@ pub enum Backing {
     Connection(ConnectionBacking),
 }
 
+/// A change of data under way (`IoModes::begin_write`), given back to
+/// `IoModes::end_write`: whether it was listed under its node.
+#[must_use]
+#[derive(Clone, Copy, Debug)]
+pub enum Writing {
+    Listed,
+    Unlisted,
+}
+
 /// How a request reached the daemon: `None` through `/dev/fuse`, or
 /// through an io_uring queue.
 pub type Via<'a> = Option<&'a QueueSide>;
@@ -129,6 +144,8 @@ impl IoModes {
             wanted: root && !disabled,
             lower_all,
             enabled: AtomicBool::new(false),
+            lower_seen: AtomicBool::new(false),
+            unlisted_writes: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
             released: Condvar::new(),
         }
@@ -180,7 +197,25 @@ impl IoModes {
     /// would let the copy-up meet the readers' lower backing, and the
     /// kernel would fail that one open with `EIO`: a window of one request
     /// at a reload.)
-    pub fn begin_write(&self, ov: &Overlay, id: u64) -> Result<(), i32> {
+    ///
+    /// Until the first lower passthrough open, no change of data takes the
+    /// lock: it is counted in `unlisted_writes` instead of being listed
+    /// under its node. Invariant: a node is marked as passing a lower file
+    /// through (`lower_backed`) only after `lower_seen` is raised and
+    /// `unlisted_writes` is then read as 0 (`lower_allowed`), both
+    /// sequentially consistent, as is this count's rise before `lower_seen`
+    /// is read here. So either this change sees the flag and is listed
+    /// (the slow path below), or that open sees the count and is served
+    /// by the daemon instead; nothing was lower-backed before the flag, so
+    /// an unlisted change has no reader to wait for.
+    pub fn begin_write(&self, ov: &Overlay, id: u64) -> Result<Writing, i32> {
+        if !self.lower_seen.load(Ordering::SeqCst) {
+            self.unlisted_writes.fetch_add(1, Ordering::SeqCst);
+            if !self.lower_seen.load(Ordering::SeqCst) {
+                return Ok(Writing::Unlisted);
+            }
+            self.unlisted_writes.fetch_sub(1, Ordering::SeqCst);
+        }
         let mut st = self.state.lock();
         let deadline = std::time::Instant::now() + RELEASE_WAIT;
         while st.lower_backed.contains(&id)
@@ -192,11 +227,15 @@ impl IoModes {
             }
         }
         *st.writing.entry(id).or_insert(0) += 1;
-        Ok(())
+        Ok(Writing::Listed)
     }
 
     /// Ends what `begin_write` began.
-    pub fn end_write(&self, id: u64) {
+    pub fn end_write(&self, id: u64, w: Writing) {
+        if let Writing::Unlisted = w {
+            self.unlisted_writes.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         let mut st = self.state.lock();
         if let Some(n) = st.writing.get_mut(&id) {
             *n -= 1;
@@ -255,7 +294,8 @@ impl IoModes {
                     // A network lower's reads stay where the lower guard
                     // sees them (a server that stops answering).
                     && !ov.involves_remote(id)
-                    && large(o)));
+                    && large(o)
+                    && self.lower_allowed()));
         if self.enabled.load(Ordering::Acquire)
             && (as_upper || as_lower)
             && regular
@@ -301,6 +341,16 @@ impl IoModes {
         Mode::Cached(self.cache_flags(ov, id, o))
     }
 
+    /// Whether a node may start passing a lower file through now: not
+    /// while a change of data counted in `unlisted_writes` is under way
+    /// (it could be of this node). Raises `lower_seen` first, so changes
+    /// beginning from now on are listed (see `begin_write`); the open is
+    /// served by the daemon meanwhile.
+    fn lower_allowed(&self) -> bool {
+        self.lower_seen.store(true, Ordering::SeqCst);
+        self.unlisted_writes.load(Ordering::SeqCst) == 0
+    }
+
     fn open_backing(
         fd: &OwnedFd,
         via: Via,
@@ -341,7 +391,8 @@ impl IoModes {
     }
 
     /// Replies to an open; `before_reply` learns whether it is passthrough
-    /// before the kernel can use the handle. `booked`: see `decide`.
+    /// before the kernel can use the handle. `booked`: see `decide`;
+    /// `writing`: what `begin_write` began for an open for writing.
     // The open reply's fields, plus how the request came and its booking.
     #[allow(clippy::too_many_arguments)]
     pub fn reply_open(
@@ -351,14 +402,14 @@ impl IoModes {
         o: Opened,
         via: Via,
         booked: bool,
+        writing: Option<Writing>,
         reply: ReplyOpen,
         before_reply: impl FnOnce(bool),
     ) {
-        let writable = o.writable;
         let mode = self.decide(ov, id, &o, via, booked, |fd| reply.open_backing(fd));
-        if writable {
+        if let Some(w) = writing {
             // Decided: a later lower passthrough open shares with it.
-            self.end_write(id);
+            self.end_write(id, w);
         }
         before_reply(matches!(mode, Mode::Passthrough(_)));
         match mode {
@@ -418,6 +469,8 @@ impl IoModes {
     /// backing and write through it into the frozen layer. A checkpoint
     /// is taken with no file open for writing, so no writer holds one.
     pub fn upper_frozen(&self) {
+        // Changes of data from now on are listed (see `begin_write`).
+        self.lower_seen.store(true, Ordering::SeqCst);
         let mut st = self.state.lock();
         let live: Vec<u64> = st
             .backing

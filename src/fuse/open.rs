@@ -17,29 +17,41 @@ use crate::overlay::events::EvOp;
 use crate::overlay::file::{wants_write, Opened};
 use crate::overlay::Ctx;
 
+/// What an open for writing set up in `io_mode` before the open itself,
+/// settled by its reply: a daemon-served open booked, the change of data
+/// begun. Nothing for a read-only open.
+#[derive(Default)]
+pub(super) struct Prepared {
+    booked: bool,
+    writing: Option<io_mode::Writing>,
+}
+
 impl Shared {
     /// An open's work (the caller's share of daemon-served writers booked
     /// first for another user's open for writing; see `io_mode`): the
-    /// result, and whether a booking was taken.
+    /// result, and what was set up for its reply.
     pub(super) fn open_file(
         &self,
         c: &Ctx,
         ino: INodeNo,
         flags: OpenFlags,
         halt: &dyn Halt,
-    ) -> (crate::overlay::Result<Opened>, bool) {
+    ) -> (crate::overlay::Result<Opened>, Prepared) {
         // Before the copy-up: refused while the lower file is passed
         // through to readers (`io_mode`); ended when the open is decided.
-        if let Err(e) = self.io.begin_write(self.ov(), ino.0) {
-            let path = self.ov().inode(ino.0).map(|i| self.ov().path_of(&i));
-            tracing::info!(
+        let writing = match self.io.begin_write(self.ov(), ino.0) {
+            Ok(w) => w,
+            Err(e) => {
+                let path = self.ov().inode(ino.0).map(|i| self.ov().path_of(&i));
+                tracing::info!(
                 path = %path.as_deref().unwrap_or("?"),
                 "open for writing refused (ETXTBSY): the lower file is open for reading \
                  through lower passthrough; it can be opened for writing once those \
                  descriptors are closed"
-            );
-            return (Err(crate::overlay::Errno(e)), false);
-        }
+                );
+                return (Err(crate::overlay::Errno(e)), Prepared::default());
+            }
+        };
         let booking = if !self.ov().files().shares.is_owner(c.uid) {
             self.io
                 .book_daemon_write(ino.0)
@@ -53,9 +65,11 @@ impl Shared {
             self.io.cancel_booking(ino.0);
         }
         if r.is_err() {
-            self.io.end_write(ino.0);
+            self.io.end_write(ino.0, writing);
+            return (r, Prepared::default());
         }
-        (r, booked)
+        let writing = Some(writing);
+        (r, Prepared { booked, writing })
     }
 
     /// An open that copies up a large file, on the copy pool: inside the
@@ -88,7 +102,7 @@ impl Shared {
         c: &Ctx,
         ino: INodeNo,
         flags: OpenFlags,
-        (r, booked): (crate::overlay::Result<Opened>, bool),
+        (r, prep): (crate::overlay::Result<Opened>, Prepared),
         queue: Option<Arc<uring::QueueSide>>,
         reply: ReplyOpen,
     ) {
@@ -101,8 +115,10 @@ impl Shared {
         match r {
             Ok(o) => {
                 let (fh, writable) = (o.fh, o.writable);
+                let via = queue.as_deref();
+                let Prepared { booked, writing } = prep;
                 self.io
-                    .reply_open(self.ov(), ino.0, o, queue.as_deref(), booked, reply, |pt| {
+                    .reply_open(self.ov(), ino.0, o, via, booked, writing, reply, |pt| {
                         if writable {
                             self.rec.opened(self.ov(), fh, c, pt)
                         }

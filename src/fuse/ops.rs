@@ -137,16 +137,16 @@ impl fuser::Filesystem for LayerFs {
             // A truncation by path changes the data: not while the lower
             // file is passed through to readers (`io_mode`).
             let truncates = a.size.is_some() && a.fh.is_none();
-            if truncates {
-                if let Err(e) = s.io.begin_write(s.ov(), ino.0) {
-                    return reply.error(Errno::from_i32(e));
-                }
-            }
+            let writing = match truncates.then(|| s.io.begin_write(s.ov(), ino.0)) {
+                Some(Err(e)) => return reply.error(Errno::from_i32(e)),
+                Some(Ok(w)) => Some(w),
+                None => None,
+            };
             s.rec.around_setattr(s.ov(), ino.0, false);
             let r = s.ov().setattr(&c, ino.0, &a);
             s.rec.around_setattr(s.ov(), ino.0, true);
-            if truncates {
-                s.io.end_write(ino.0);
+            if let Some(w) = writing {
+                s.io.end_write(ino.0, w);
             }
             let errno = r.as_ref().err().map_or(0, |e| e.0);
             s.rec.done(&c, &setattr_rows(&a), path, None, errno);
@@ -279,7 +279,9 @@ impl fuser::Filesystem for LayerFs {
         // through: it waits while writes are paused. Reads never do.
         if !wants_write(flags.0) {
             let r = self.ov().open(&c, ino.0, flags.0);
-            return self.inner.opened(&c, ino, flags, (r, false), queue, reply);
+            return self
+                .inner
+                .opened(&c, ino, flags, (r, Default::default()), queue, reply);
         }
         if self.ov().open_copies_long(ino.0, flags.0) {
             let inner = self.inner.clone();

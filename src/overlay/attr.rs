@@ -48,7 +48,7 @@ impl Overlay {
     /// what it opened, as a file deleted while open.
     pub fn getattr(&self, id: u64, fh: Option<u64>) -> Result<(Stat, bool)> {
         let inode = self.inode(id)?;
-        if let Some(st) = *inode.removed.lock() {
+        if let Some(st) = inode.removed.get() {
             return Ok((st, false));
         }
         let fd = match (self.real_fd(&inode), fh) {

@@ -99,7 +99,7 @@ impl Overlay {
     ) -> Result<Arc<OwnedFd>> {
         // A removed directory is not brought back by a change made through
         // an fd still open on it (its name may hold another object now).
-        if inode.removed.lock().is_some() {
+        if inode.removed.is_set() {
             return err(libc::ENOENT);
         }
         if let Some(u) = inode.upper_fd()? {

@@ -199,7 +199,50 @@ pub struct Inode {
     /// 0. Its upper fd was let go (`RealFd::release`), so this is what a
     /// stat of it answers, and nothing may change it (`Overlay::copy_up`
     /// refuses with `ENOENT`).
-    pub removed: Mutex<Option<crate::layer::sys::Stat>>,
+    pub removed: Removed,
+}
+
+/// `Inode::removed`: asked on every GETATTR and every copy-up, set only
+/// when a directory the kernel holds is removed. The flag answers the
+/// common case (never removed) without a lock; the saved attributes sit
+/// behind the mutex, read only while the flag is up.
+///
+/// Invariant: the flag is changed only with the mutex held, and is up
+/// exactly while the mutex holds `Some`. A reader that sees the flag down
+/// while a removal is being recorded is ordered before that removal, as it
+/// would have been had it taken the mutex first.
+#[derive(Debug, Default)]
+pub struct Removed {
+    set: AtomicBool,
+    stat: Mutex<Option<crate::layer::sys::Stat>>,
+}
+
+impl Removed {
+    /// The attributes the directory had when it was removed, if it was.
+    pub fn get(&self) -> Option<crate::layer::sys::Stat> {
+        if !self.set.load(Ordering::Acquire) {
+            return None;
+        }
+        *self.stat.lock()
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.get().is_some()
+    }
+
+    /// The directory was removed, with these attributes (link count 0).
+    pub fn set(&self, st: crate::layer::sys::Stat) {
+        let mut g = self.stat.lock();
+        *g = Some(st);
+        self.set.store(true, Ordering::Release);
+    }
+
+    /// Another directory stands at its place now (`Overlay::re_resolve`).
+    pub fn clear(&self) {
+        let mut g = self.stat.lock();
+        *g = None;
+        self.set.store(false, Ordering::Release);
+    }
 }
 
 /// The last reference to a chain of inodes (a deep directory the kernel
@@ -259,7 +302,7 @@ impl Inode {
             watched: AtomicBool::new(false),
             watched_layers: Mutex::new(None),
             lower_mtime: Mutex::new(None),
-            removed: Mutex::new(None),
+            removed: Removed::default(),
         }
     }
 

@@ -254,7 +254,7 @@ impl Overlay {
         let fresh = match self.resolve(&parent, &name) {
             Ok(Some(r)) if r.st.st_mode & libc::S_IFMT == inode.kind => {
                 // A directory removed before stands on this one now.
-                *inode.removed.lock() = None;
+                inode.removed.clear();
                 r.real
             }
             Ok(_) => Real::default(),

@@ -93,7 +93,7 @@ impl Overlay {
         });
         if let Some(mut gone) = st {
             gone.st_nlink = 0;
-            *victim.removed.lock() = Some(gone);
+            victim.removed.set(gone);
         }
     }
 

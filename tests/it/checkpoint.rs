@@ -1636,26 +1636,7 @@ fn diff_of_a_fork_is_against_its_checkpoint_and_with_base_shared_against_the_sha
 
     // The patch against the shared tree turns a copy of it into the view.
     let patch = ok(&[&"diff", &"--patch", &"--base", &"shared", &f.0]);
-    let tree = ws.dir.path().join("applied");
-    sh(
-        ws.dir.path(),
-        &format!("cp -a {} {}", ws.lower().display(), tree.display()),
-    );
-    fs::write(ws.dir.path().join("p.patch"), &patch).unwrap();
-    let out = crate::harness::bash(&tree, "git apply ../p.patch");
-    assert!(
-        out.status.success(),
-        "git apply: {}\n{patch}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    sh(
-        ws.dir.path(),
-        &format!(
-            "diff -r --no-dereference {} {}",
-            tree.display(),
-            f.0.display()
-        ),
-    );
+    crate::harness::assert_patch_gives(ws.dir.path(), ws.lower(), &patch, &f.0);
     // Nothing of the merged views is left in the store.
     assert_eq!(store_leftovers(&ws, ".diff"), Vec::<String>::new());
     drop(f);

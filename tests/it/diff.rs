@@ -256,18 +256,12 @@ diff --git a/src/main.rs b/src/main.rs
 ";
     assert_eq!(patch, want);
     // `git apply` accepts it against a copy of the shared tree.
-    let tree = ws.dir.path().join("applied");
-    sh(
-        ws.dir.path(),
-        &format!("cp -a {} {}", s(ws.lower()), s(&tree)),
-    );
     let text_only: String = patch
         .split("diff --git ")
         .filter(|p| !p.is_empty() && !p.contains("Binary files"))
         .map(|p| format!("diff --git {p}"))
         .collect();
-    fs::write(ws.dir.path().join("p.patch"), text_only).unwrap();
-    sh(&tree, "git apply ../p.patch");
+    let tree = crate::harness::apply_patch(ws.dir.path(), ws.lower(), &text_only);
     assert_eq!(
         fs::read_to_string(tree.join("src/main.rs")).unwrap(),
         "line1\nLINE2\nline3\n"
@@ -796,15 +790,7 @@ fn diff_patch_of_renamed_directories_applies_with_git() {
         patch.contains("rename from docs/sub/c.md\nrename to manual/sub2/c.md\n"),
         "{patch}"
     );
-    let tree = ws.dir.path().join("applied");
-    sh(ws.dir.path(), &format!("cp -a {} {}", s(l), s(&tree)));
-    fs::write(ws.dir.path().join("p.patch"), &patch).unwrap();
-    let out = crate::harness::bash(&tree, "git apply ../p.patch");
-    assert!(
-        out.status.success(),
-        "git apply: {}\n{patch}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let tree = crate::harness::apply_patch(ws.dir.path(), l, &patch);
     assert_eq!(git_view(&tree), git_view(m.path()), "{patch}");
     // --json --patch carries the same patches, one per change.
     let json = json_lines(&ok(&["diff", "--json", "--patch", s(m.path())]));
@@ -1118,19 +1104,7 @@ fn a_file_moved_out_of_a_removed_shared_directory_round_trips_through_the_patch(
         assert!(files.lines().any(|l| l == gone), "no `{gone}` in:\n{files}");
     }
     let patch = ok(&["diff", "--patch", s(m.path())]);
-    let tree = ws.dir.path().join("applied");
-    sh(ws.dir.path(), &format!("cp -a {} {}", s(l), s(&tree)));
-    fs::write(ws.dir.path().join("p.patch"), &patch).unwrap();
-    let out = crate::harness::bash(&tree, "git apply ../p.patch");
-    assert!(
-        out.status.success(),
-        "git apply: {}\n{patch}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    sh(
-        ws.dir.path(),
-        &format!("diff -r --no-dereference {} {}", s(&tree), s(m.path())),
-    );
+    let tree = crate::harness::assert_patch_gives(ws.dir.path(), l, &patch, m.path());
     assert!(!tree.join("d").exists(), "{patch}");
     assert_eq!(fs::read_to_string(tree.join("y")).unwrap(), "x1\nx2\nx3\n");
 }

@@ -291,6 +291,47 @@ pub fn sh(dir: &Path, script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Applies `patch` (from `layerfs diff --patch`) with `git apply` to a
+/// copy of the tree `shared`, made in `scratch` as `applied` (the patch
+/// written beside it as `p.patch`); panics with git's message and the
+/// patch if it is refused. Returns the patched copy.
+pub fn apply_patch(scratch: &Path, shared: &Path, patch: impl AsRef<[u8]>) -> PathBuf {
+    let tree = scratch.join("applied");
+    sh(
+        scratch,
+        &format!("cp -a {} {}", shared.display(), tree.display()),
+    );
+    std::fs::write(scratch.join("p.patch"), patch.as_ref()).unwrap();
+    let out = bash(&tree, "git apply ../p.patch");
+    assert!(
+        out.status.success(),
+        "git apply: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(patch.as_ref())
+    );
+    tree
+}
+
+/// `apply_patch`, and the patched copy is `view` file for file (`diff -r`,
+/// symbolic links compared as links). Returns the patched copy.
+pub fn assert_patch_gives(
+    scratch: &Path,
+    shared: &Path,
+    patch: impl AsRef<[u8]>,
+    view: &Path,
+) -> PathBuf {
+    let tree = apply_patch(scratch, shared, patch);
+    sh(
+        scratch,
+        &format!(
+            "diff -r --no-dereference {} {}",
+            tree.display(),
+            view.display()
+        ),
+    );
+    tree
+}
+
 /// The errno of an io::Error (panics if it has none).
 pub fn errno(e: &std::io::Error) -> i32 {
     e.raw_os_error()

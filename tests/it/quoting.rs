@@ -8,7 +8,6 @@
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -161,24 +160,6 @@ fn log_diff_status_and_reset_escape_what_names_hold() {
     );
 }
 
-/// Applies `patch` with `git apply` in `dir` (no repository needed).
-fn git_apply(dir: &Path, patch: &[u8]) {
-    let p = dir.with_extension("patch");
-    fs::write(&p, patch).unwrap();
-    let out = Command::new("git")
-        .args(["apply", "--unsafe-paths", "-p1"])
-        .arg(&p)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git apply failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(patch)
-    );
-}
-
 #[test]
 fn a_patch_with_odd_names_applies_to_the_exact_bytes() {
     let ws = Workspace::new();
@@ -204,15 +185,7 @@ fn a_patch_with_odd_names_applies_to_the_exact_bytes() {
     assert_printable("diff --patch", &patch.stdout);
 
     // The lower, copied, plus the patch, is the workspace.
-    let copy = ws.dir.path().join("applied");
-    let cp = Command::new("cp")
-        .arg("-a")
-        .arg(ws.lower())
-        .arg(&copy)
-        .status()
-        .unwrap();
-    assert!(cp.success());
-    git_apply(&copy, &patch.stdout);
+    let copy = crate::harness::apply_patch(ws.dir.path(), ws.lower(), &patch.stdout);
     for n in &added {
         assert_eq!(
             fs::read(copy.join(OsStr::from_bytes(n))).ok().as_deref(),
