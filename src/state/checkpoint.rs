@@ -65,29 +65,7 @@ pub trait Live {
     fn commit(&mut self, frozen: Option<&Path>, dropped: usize) -> Result<(), LiveError>;
 }
 
-/// Why the daemon's half of a live checkpoint, undo or squash (`Live`,
-/// `squash::Live`) failed: the daemon's own error (`daemon::layers`),
-/// kept whole behind this type so the steps here need not know it.
-#[derive(Debug)]
-pub struct LiveError(Box<dyn std::error::Error + Send + Sync>);
-
-impl LiveError {
-    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> LiveError {
-        LiveError(Box::new(e))
-    }
-}
-
-impl std::fmt::Display for LiveError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::error::Error for LiveError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
-    }
-}
+pub use super::frozen::LiveError;
 
 /// Locks an unmounted workspace's upper, or, mounted, requires the
 /// daemon's half (`live`): the CLI sends a mounted workspace's request to

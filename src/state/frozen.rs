@@ -31,6 +31,30 @@ pub const STACK_FILE: &str = "layers.json";
 /// The default layer store, in the state dir.
 pub const STORE_DIR: &str = "layers";
 
+/// Why the daemon's half of a live checkpoint, undo or squash (`checkpoint::Live`,
+/// `squash::Live`) failed: the daemon's own error (`daemon::layers`),
+/// kept whole behind this type so the steps here need not know it.
+#[derive(Debug)]
+pub struct LiveError(Box<dyn std::error::Error + Send + Sync>);
+
+impl LiveError {
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> LiveError {
+        LiveError(Box::new(e))
+    }
+}
+
+impl std::fmt::Display for LiveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for LiveError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
 /// Why a stack or store operation failed: what was being done, and why.
 #[derive(Debug, thiserror::Error)]
 pub enum StackError {
@@ -79,13 +103,11 @@ pub enum StackError {
     /// The daemon's half of a live checkpoint, undo or squash refused
     /// before the view changed on disk (`checkpoint::Live`).
     #[error(transparent)]
-    Live(#[from] super::checkpoint::LiveError),
+    Live(#[from] LiveError),
     /// A live checkpoint's view could not be served; the exchange was
     /// undone and the old stack written back.
     #[error("{source}; the checkpoint was taken back, the workspace is unchanged")]
-    LiveCheckpointTakenBack {
-        source: super::checkpoint::LiveError,
-    },
+    LiveCheckpointTakenBack { source: LiveError },
     /// A live checkpoint's view could not be served, nor the old upper
     /// put back: the workspace stands on checkpoint `name` on disk.
     #[error(
@@ -93,7 +115,7 @@ pub enum StackError {
          it again (it then stands on checkpoint {name})"
     )]
     LiveCheckpointStuck {
-        source: super::checkpoint::LiveError,
+        source: LiveError,
         back: io::Error,
         name: String,
     },
@@ -102,17 +124,13 @@ pub enum StackError {
         "{source}; the undo is done on disk but the mount cannot serve it: unmount the \
          workspace and mount it again"
     )]
-    LiveUndoUnserved {
-        source: super::checkpoint::LiveError,
-    },
+    LiveUndoUnserved { source: LiveError },
     /// A live squash is done on disk but its stack could not be served.
     #[error(
         "{source}; the squash is done on disk but the mount cannot serve it: unmount the \
          workspace and mount it again (the merged layers are removed by the next squash)"
     )]
-    LiveSquashUnserved {
-        source: super::checkpoint::LiveError,
-    },
+    LiveSquashUnserved { source: LiveError },
 }
 
 /// `map_err` helper: an io error with what was being done.
