@@ -1390,6 +1390,9 @@ fn a_checkpoint_killed_at_any_step_leaves_nothing_aside_mounted_or_not() {
                 "{what}"
             );
             assert!(!layer(&ws, "k.json").exists(), "{what}: published");
+            // Not the user's to remove: its workspace settles it.
+            let e = refused(&[&"checkpoint", &"rm", &ws.upper, &"k"]);
+            assert!(e.contains("being taken"), "{what}: {e}");
             let stacked = matches!(step, "stack" | "exchange");
             assert_eq!(stack_of(&ws).contains(&"k".to_string()), stacked, "{what}");
             let m = ws.mount();
