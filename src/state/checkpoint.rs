@@ -156,16 +156,25 @@ fn now() -> i64 {
 /// `layerfs checkpoint`: freezes the upper of the unmounted workspace
 /// `ws` into the layer `name` (generated when `None`) and returns the
 /// name. The steps (each crash point shows the same view):
-/// 1. the record `NAME.json`;
+/// 1. the record, pending (`.NAME.pending.json`: the name is taken, the
+///    checkpoint is no one's yet);
 /// 2. `NAME/`, empty, with the upper root's mode and owner;
-/// 3. the stack with `NAME` on top (an empty layer: same view);
-/// 4. the upper exchanged with `NAME/`, both parents synced (the old
-///    upper is the layer, the upper is empty: same view).
+/// 3. the hold and the stack with `NAME` on top (an empty layer: same
+///    view): the checkpoint exists from here;
+/// 4. the upper exchanged with `NAME/` (the old upper is the layer, the
+///    upper is empty: same view);
+/// 5. the record published (`NAME.json`), both parents synced.
+///
+/// A kill -9 before 3 leaves the old stack and a pending checkpoint on
+/// no stack; after it, the new stack, maybe with the record still
+/// pending. Either is settled by the workspace's next checkpoint, undo
+/// or squash (`settle`): nothing is left for the user to remove.
 ///
 /// A mounted workspace's daemon passes `live`: between steps 2 and 3 it
 /// opens what it will serve (`Live::prepare`), right after step 4 it
 /// serves the new stack over the fresh upper (`Live::commit`); if that
-/// fails, the exchange is undone and the old stack written back.
+/// fails, the exchange is undone, the old stack written back and the
+/// pending checkpoint removed.
 /// `durability`: whether the steps are synced as they go (`Durability`).
 pub fn checkpoint(
     ws: &Workspace,
@@ -179,6 +188,7 @@ pub fn checkpoint(
     let _lock = guard(ws, &live, "a checkpoint")?;
     finish_pending(&ws.dir, &ws.upper, &ws.work)?;
     let Layers { store, mut stack } = open(&ws.dir, layers, true)?;
+    settle(&store, &stack, &ws.upper)?;
     if name.is_none() && !stack.layers.is_empty() && upper_is_empty(&ws.upper)? {
         // Nothing changed since the top layer: it is this checkpoint too.
         // No layer, no swap, nothing to sync (`Stack::repeats`).
@@ -207,11 +217,7 @@ pub fn checkpoint(
         upper: ws.upper.clone(),
         squashed: Vec::new(),
     };
-    if synced {
-        store.write_record(&record)?;
-    } else {
-        store.write_record_unsynced(&record)?;
-    }
+    store.write_pending(&record, synced)?;
     crate::failpoint::crash("checkpoint", "record");
     fresh_dir(&store.dir, OsStr::new(&name), &root).map_err(io_ctx(format!(
         "cannot create {}",
@@ -224,7 +230,7 @@ pub fn checkpoint(
             store.dir.shown(&name).display()
         )));
         if let Err(e) = fresh.and_then(|fd| l.prepare(fd).map_err(StackError::from)) {
-            let _ = store.remove(&name);
+            let _ = store.discard(&name);
             return Err(e);
         }
     }
@@ -264,11 +270,16 @@ pub fn checkpoint(
             );
             return Err(match back {
                 Ok(()) => {
-                    let _ = if synced {
+                    let back = if synced {
                         frozen::write(&ws.dir, &below)
                     } else {
                         frozen::write_unsynced(&ws.dir, &below)
                     };
+                    // Off the stack again: the pending checkpoint is no
+                    // one's (else the next `settle` keeps it).
+                    if back.is_ok() {
+                        let _ = store.discard(&name);
+                    }
                     StackError::LiveCheckpointTakenBack { source: e }
                 }
                 Err(back) => StackError::LiveCheckpointStuck {
@@ -279,11 +290,77 @@ pub fn checkpoint(
             });
         }
     }
+    // On the stack and served: the checkpoint is taken. A failure here
+    // leaves the record pending, which the next `settle` publishes.
+    if let Err(e) = store.publish(&name) {
+        tracing::warn!("checkpoint {name}: {e}");
+    }
     if synced {
         sync_dir(&parent);
         sync_dir(&store.dir);
     }
     Ok(name)
+}
+
+/// Settles the checkpoints of the workspace with upper `upper` (whose
+/// stack is `stack`, no undo pending) that a crash left pending in
+/// `store`. Called with the workspace locked or by its daemon (no
+/// checkpoint of it is under way) by the next `checkpoint`, `undo` and
+/// `squash`, before they read the store.
+///
+/// The rule, from the steps of `checkpoint`: a pending record on disk
+/// means that checkpoint was killed (or failed) before step 5. Its stack
+/// names it iff step 3 was done; then it is this workspace's checkpoint
+/// and the record is published. Otherwise the old stack stands and the
+/// checkpoint was never anyone's (nothing can fork, list, export or
+/// stack on a pending checkpoint: they all need its published record),
+/// so its layer, hold and record are removed and its name is free. A
+/// layer that is not empty is never removed, only published (after a
+/// power loss on a filesystem that does not keep the steps in order,
+/// the exchange may have outlived the stack's write: the layer is then
+/// the upper's tree). Checkpoints of other workspaces sharing the store
+/// (another `upper` in the record) are theirs to settle.
+pub(crate) fn settle(store: &Store, stack: &Stack, upper: &Path) -> Result<(), StackError> {
+    for r in store.pending() {
+        if r.upper != upper {
+            continue;
+        }
+        let on_stack = stack.layers.contains(&r.name) || stack.effective().contains(&r.name);
+        if on_stack || !layer_is_empty(store, &r.name)? {
+            tracing::info!(
+                "checkpoint {}: finishing it (a crash left it pending)",
+                r.name
+            );
+            store.publish(&r.name)?;
+            store
+                .dir
+                .sync()
+                .map_err(io_ctx(format!("cannot sync {}", store.path().display())))?;
+        } else {
+            tracing::info!(
+                "checkpoint {}: removing it (a crash left it pending, on no stack)",
+                r.name
+            );
+            store.discard(&r.name)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether the layer directory `name` in `store` is missing or empty.
+fn layer_is_empty(store: &Store, name: &str) -> Result<bool, StackError> {
+    let what = || format!("cannot list {}", store.dir.shown(name).display());
+    let fd = match sys::open_beneath(
+        &store.dir,
+        OsStr::new(name),
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        0,
+    ) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(io_ctx(what())(e)),
+    };
+    Ok(sys::read_dir(&fd).map_err(io_ctx(what()))?.is_empty())
 }
 
 /// Makes the checkpoint `name` of `ws`, taken with `Durability::Deferred`,
@@ -432,6 +509,7 @@ pub fn undo(
         StackError::Refused(_) => StackError::Refused("this workspace has no checkpoint".into()),
         e => e,
     })?;
+    settle(&store, &stack, &ws.upper)?;
     let empty = upper_is_empty(&ws.upper)?;
     if empty && to.is_none() && stack.repeats > 0 && !stack.layers.is_empty() {
         // The latest checkpoint was the top layer again (nothing changed
@@ -566,6 +644,13 @@ pub fn remove(ws: &Workspace, name: &str) -> Result<(), StackError> {
     if !store.taken(name) {
         return Err(StackError::Refused(format!(
             "no checkpoint {name} in {}",
+            store.path().display()
+        )));
+    }
+    if store.is_pending(name) {
+        return Err(StackError::Refused(format!(
+            "checkpoint {name} in {} is being taken, or was interrupted: the next \
+             checkpoint, undo or squash of its workspace finishes or removes it",
             store.path().display()
         )));
     }

@@ -5,8 +5,10 @@
 //! state dir (the store's path, the frozen layers' names top first, and a
 //! pending undo), and in a store each layer's directory `NAME/`, its
 //! record `NAME.json` and its holds `NAME.holds/DEV-INO` (a symlink to the
-//! state dir of each workspace that stacks on it). What is done with them
-//! (checkpoint, undo, fork) is `state::checkpoint`.
+//! state dir of each workspace that stacks on it). A checkpoint being
+//! taken has its record under `.NAME.pending.json` until its workspace's
+//! stack names it (`Store::write_pending`, `Store::publish`). What is done
+//! with them (checkpoint, undo, fork) is `state::checkpoint`.
 //!
 //! Invariants:
 //! - A layer directory in a store never changes after it is frozen:
@@ -358,6 +360,18 @@ fn holds_dir(name: &str) -> String {
     format!("{name}.holds")
 }
 
+/// The record of a checkpoint not yet on its workspace's stack.
+fn pending_file(name: &str) -> String {
+    format!(".{name}.pending.json")
+}
+
+/// The checkpoint a `pending_file` is for; `None` for any other name.
+fn pending_name(file: &str) -> Option<&str> {
+    file.strip_prefix('.')?
+        .strip_suffix(".pending.json")
+        .filter(|n| crate::state::snapshot_id::validate(OsStr::new(n)).is_ok())
+}
+
 impl Store {
     /// Opens the store at `path`, creating it (0700) when `create`.
     pub fn open(path: &Path, create: bool) -> Result<Store, StackError> {
@@ -375,9 +389,12 @@ impl Store {
         self.dir.path()
     }
 
-    /// Whether `name` is taken (a layer, or a record of one).
+    /// Whether `name` is taken (a layer, a record of one, or a checkpoint
+    /// being taken under that name).
     pub fn taken(&self, name: &str) -> bool {
-        self.dir.stat(name).is_ok() || self.dir.stat(record_file(name)).is_ok()
+        self.dir.stat(name).is_ok()
+            || self.dir.stat(record_file(name)).is_ok()
+            || self.dir.stat(pending_file(name)).is_ok()
     }
 
     /// The name a new layer takes: `given`, checked (a valid name not
@@ -438,18 +455,20 @@ impl Store {
             .is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFDIR)
     }
 
-    /// The record of `name`; `None` when it has none.
+    /// The record of `name`; `None` when it has none (a checkpoint being
+    /// taken has none yet: see `pending`).
     pub fn record(&self, name: &str) -> Result<Option<Record>, StackError> {
+        self.read_record(name, &record_file(name))
+    }
+
+    /// The record of `name` in the file `file` of the store.
+    fn read_record(&self, name: &str, file: &str) -> Result<Option<Record>, StackError> {
         // A power cut before a deferred checkpoint was synced may leave
         // its record's name without its data: as if it had none.
-        if self
-            .dir
-            .stat(record_file(name))
-            .is_ok_and(|s| s.st_size == 0)
-        {
+        if self.dir.stat(file).is_ok_and(|s| s.st_size == 0) {
             return Ok(None);
         }
-        let Some(j) = read_json(&self.dir, &record_file(name))? else {
+        let Some(j) = read_json(&self.dir, file)? else {
             return Ok(None);
         };
         let (v, bad) = (&j.value, |why: &str| j.bad(why));
@@ -477,16 +496,77 @@ impl Store {
 
     /// Writes the record of a layer (atomically), durable when it returns.
     pub fn write_record(&self, r: &Record) -> Result<(), StackError> {
-        self.put_record(r, true)
+        self.put_record(r, &record_file(&r.name), true)
     }
 
-    /// `write_record` without waiting for the disk (a deferred checkpoint;
-    /// `sync_layer` makes it durable after).
-    pub fn write_record_unsynced(&self, r: &Record) -> Result<(), StackError> {
-        self.put_record(r, false)
+    /// Writes the record of a checkpoint being taken as pending
+    /// (`.NAME.pending.json`): it takes the name, but the checkpoint is
+    /// no one's until `publish` (see `state::checkpoint::settle` for what
+    /// becomes of one a crash left). `synced`: durable when it returns;
+    /// else `sync_layer` makes it durable after (a deferred checkpoint).
+    pub fn write_pending(&self, r: &Record, synced: bool) -> Result<(), StackError> {
+        self.put_record(r, &pending_file(&r.name), synced)
     }
 
-    fn put_record(&self, r: &Record, synced: bool) -> Result<(), StackError> {
+    /// Whether `name` is a checkpoint being taken, or left pending by a
+    /// crash (`write_pending`).
+    pub fn is_pending(&self, name: &str) -> bool {
+        self.dir.stat(pending_file(name)).is_ok()
+    }
+
+    /// The checkpoints being taken, or left pending by a crash: their
+    /// records (`write_pending`). Unreadable ones are skipped.
+    pub fn pending(&self) -> Vec<Record> {
+        let Ok(entries) = self.dir.read_dir() else {
+            return Vec::new();
+        };
+        entries
+            .iter()
+            .filter_map(|e| {
+                let file = e.name.to_str()?;
+                let name = pending_name(file)?;
+                self.read_record(name, file).ok().flatten()
+            })
+            .collect()
+    }
+
+    /// Makes the pending checkpoint `name` a checkpoint: its record
+    /// renamed to `NAME.json` (durable at the store's next fsync). Done
+    /// when the record is there already (a crash after the rename).
+    pub fn publish(&self, name: &str) -> Result<(), StackError> {
+        match self.dir.rename(pending_file(name), record_file(name), 0) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && self.record(name)?.is_some() => Ok(()),
+            r => r.map_err(io_ctx(format!(
+                "cannot rename {} to {}",
+                self.dir.shown(pending_file(name)).display(),
+                self.dir.shown(record_file(name)).display()
+            ))),
+        }
+    }
+
+    /// Removes the pending checkpoint `name`, which no stack names: its
+    /// layer directory, holds, then its pending record (last: an
+    /// interrupted removal is found and finished again).
+    pub fn discard(&self, name: &str) -> Result<(), StackError> {
+        let gone = |r: io::Result<()>| match r {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+        let what = || {
+            format!(
+                "cannot remove pending checkpoint {}",
+                self.dir.shown(name).display()
+            )
+        };
+        for n in [name.to_string(), holds_dir(name)] {
+            gone(crate::layer::walk::remove_tree(&self.dir, OsStr::new(&n)))
+                .map_err(io_ctx(what()))?;
+        }
+        gone(self.dir.remove_file(pending_file(name))).map_err(io_ctx(what()))?;
+        self.dir.sync().map_err(io_ctx(what()))
+    }
+
+    fn put_record(&self, r: &Record, file: &str, synced: bool) -> Result<(), StackError> {
         let s = |p: &Path| p.to_string_lossy().into_owned();
         let v = json!({
             "name": r.name,
@@ -501,22 +581,21 @@ impl Store {
         }
         let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
         text.push('\n');
-        let file = record_file(&r.name);
         let written = if synced {
-            self.dir.replace_file(&file, text.as_bytes())
+            self.dir.replace_file(file, text.as_bytes())
         } else {
-            self.dir.replace_file_unsynced(&file, text.as_bytes())
+            self.dir.replace_file_unsynced(file, text.as_bytes())
         };
         written.map_err(io_ctx(format!(
             "cannot write {}",
-            self.dir.shown(&file).display()
+            self.dir.shown(file).display()
         )))
     }
 
-    /// Makes what `write_record_unsynced`, `hold_unsynced` and the layer's
-    /// directory put in the store durable: the record's data, the holds'
-    /// names, the layer's and the record's names. A layer removed since
-    /// (an undo went past it) has nothing left to sync.
+    /// Makes what `write_pending`, `publish`, `hold_unsynced` and the
+    /// layer's directory put in the store durable: the record's data, the
+    /// holds' names, the layer's and the record's names. A layer removed
+    /// since (an undo went past it) has nothing left to sync.
     pub fn sync_layer(&self, name: &str) -> Result<(), StackError> {
         let gone = |r: io::Result<()>| match r {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -719,6 +798,59 @@ mod tests {
         assert_eq!(aside_pid("..7.import"), None);
         assert_eq!(aside_pid(".x.7a.import"), None);
         assert!(pid_alive(std::process::id()));
+    }
+
+    #[test]
+    fn a_pending_checkpoint_takes_its_name_and_is_published_or_discarded() {
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::open(&t.path().join("store"), true).unwrap();
+        let rec = |name: &str| Record {
+            name: name.into(),
+            below: vec![],
+            lowers: vec![],
+            created: 7,
+            upper: PathBuf::from("/u"),
+            squashed: Vec::new(),
+        };
+        assert_eq!(pending_name(".a.b.pending.json"), Some("a.b"));
+        assert_eq!(pending_name("a.pending.json"), None);
+        assert_eq!(pending_name("..pending.json"), None);
+        for n in ["p", "q"] {
+            store.write_pending(&rec(n), true).unwrap();
+            store.dir.mkdir(n, 0o755).unwrap();
+            assert!(store.taken(n) && store.is_pending(n));
+            assert_eq!(
+                store.record(n).unwrap(),
+                None,
+                "{n} has a record while pending"
+            );
+        }
+        store.dir.remove_dir("q").unwrap();
+        // Pending only: taken still, so no other checkpoint gets the name.
+        assert!(store.taken("q"));
+        let e = store.new_name(Some("q")).unwrap_err().to_string();
+        assert!(e.contains("exists already"), "{e}");
+        let mut found: Vec<String> = store.pending().into_iter().map(|r| r.name).collect();
+        found.sort();
+        assert_eq!(found, ["p", "q"]);
+        store.publish("p").unwrap();
+        store.publish("p").unwrap();
+        assert_eq!(store.record("p").unwrap(), Some(rec("p")));
+        assert!(!store.is_pending("p") && store.has_layer("p"));
+        store.discard("q").unwrap();
+        assert!(!store.taken("q"));
+        assert!(store.pending().is_empty());
+        // A checkpoint's record does not make it stand on its base while
+        // pending: a squash of the base is not refused for it.
+        store.dir.mkdir("base", 0o755).unwrap();
+        store.write_record(&rec("base")).unwrap();
+        let mut on_base = rec("r");
+        on_base.below = vec!["base".into()];
+        store.write_pending(&on_base, false).unwrap();
+        store.dir.mkdir("r", 0o755).unwrap();
+        assert!(store.users("base", None).unwrap().is_empty());
+        store.publish("r").unwrap();
+        assert_eq!(store.users("base", None).unwrap(), vec!["checkpoint r"]);
     }
 
     #[test]

@@ -114,6 +114,7 @@ pub fn squash(
     checkpoint::finish_pending(&ws.dir, &ws.upper, &ws.work)?;
     let Layers { store, mut stack } = checkpoint::open(&ws.dir, None, false)
         .map_err(|_| StackError::Refused("this workspace has no checkpoint".into()))?;
+    checkpoint::settle(&store, &stack, &ws.upper)?;
     sweep(&store, &ws.dir, &ws.upper);
     store.sweep_aside();
     require_empty_upper(ws)?;
