@@ -48,6 +48,13 @@
 //! opens of it exist (the owner has the file open) it is refused with
 //! `ETXTBSY` ("file busy"), before anything is changed.
 //!
+//! A node whose real file a live reset, restore, undo, checkpoint or
+//! squash replaced while passthrough handles hold its old file as backing
+//! is detached from its name (`Overlay::re_resolve`, which reads the
+//! count of those handles this module keeps in the inode's `IoState`):
+//! the name's next lookup makes a new node, with no backing yet, so the
+//! one-backing rule never meets the old file there.
+//!
 //! An open served through an io_uring queue (`super::uring`) is answered
 //! by a fuser session on a socket, which cannot open backing ids (an ioctl
 //! on `/dev/fuse`): it opens the id on the connection's fd

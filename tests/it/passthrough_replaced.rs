@@ -79,10 +79,7 @@ fn check_after(m: &Mount, reader: &mut fs::File, old: &[u8], new: &[u8], what: &
     let mut second = fs::File::open(m.p("f")).unwrap();
     assert!(read_from_start(&mut second) == new, "{what}: a second open");
     drop(second);
-    let mut w = fs::OpenOptions::new()
-        .append(true)
-        .open(m.p("f"))
-        .unwrap_or_else(|e| panic!("{what}: an open for writing: {e}"));
+    let mut w = open_for_writing(m, what);
     w.write_all(b"MORE").unwrap();
     drop(w);
     let mut want = new.to_vec();
@@ -95,6 +92,24 @@ fn check_after(m: &Mount, reader: &mut fs::File, old: &[u8], new: &[u8], what: &
         read_from_start(reader) == old,
         "{what}: the write reached the reader's old file"
     );
+}
+
+/// Opens `f` for appending. With `--lower-passthrough` the new readers
+/// above passed the lower file through; their RELEASE reaches the daemon
+/// after `close` returned, and an open for writing before it is refused
+/// with `ETXTBSY` once `begin_write`'s wait is over (on a loaded machine):
+/// that refusal is retried, any other error fails.
+fn open_for_writing(m: &Mount, what: &str) -> fs::File {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match fs::OpenOptions::new().append(true).open(m.p("f")) {
+            Ok(w) => return w,
+            Err(e) if errno(&e) == libc::ETXTBSY && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => panic!("{what}: an open for writing: {e}"),
+        }
+    }
 }
 
 fn both_modes(test: impl Fn(&[&str], &str)) {
