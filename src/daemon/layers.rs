@@ -276,11 +276,9 @@ impl Live for Swap<'_> {
             ov.set_lowers(old.to_vec());
             return Err(LayersError::UpperRoot(e).into());
         }
+        // A file passed through from the upper is in the new layer now:
+        // its node is detached from the name (`Overlay::re_resolve`).
         ov.refresh_paths(&[std::ffi::OsString::new()]);
-        if frozen.is_some() {
-            // Files passed through from the upper are in the new layer.
-            self.daemon.fs.upper_frozen();
-        }
         if let Some(c) = self.claim.take() {
             self.daemon.upper_claims.lock().push(c);
         }

@@ -105,11 +105,6 @@ impl FsHandle {
         }
     }
 
-    /// After a live checkpoint froze the upper: see `IoModes::upper_frozen`.
-    pub fn upper_frozen(&self) {
-        self.inner.io.upper_frozen();
-    }
-
     /// Drops the kernel's cached names, attributes, pages and listings for
     /// these paths (relative to the mount root) and below, and re-resolves
     /// the daemon's record of them. Returns how many objects were

@@ -48,6 +48,13 @@
 //! opens of it exist (the owner has the file open) it is refused with
 //! `ETXTBSY` ("file busy"), before anything is changed.
 //!
+//! A node whose real file a live reset, restore, undo, checkpoint or
+//! squash replaced while passthrough handles hold its old file as backing
+//! is detached from its name (`Overlay::re_resolve`, which reads the
+//! count of those handles this module keeps in the inode's `IoState`):
+//! the name's next lookup makes a new node, with no backing yet, so the
+//! one-backing rule never meets the old file there.
+//!
 //! An open served through an io_uring queue (`super::uring`) is answered
 //! by a fuser session on a socket, which cannot open backing ids (an ioctl
 //! on `/dev/fuse`): it opens the id on the connection's fd
@@ -323,6 +330,9 @@ impl IoModes {
             };
             if let Some(b) = backing {
                 st.held.insert(o.fh, b.clone());
+                if let Ok(inode) = ov.inode(id) {
+                    inode.io.lock().passthrough_opens += 1;
+                }
                 if o.writable {
                     st.pt_writers.insert(o.fh, (id, o.uid));
                 }
@@ -460,27 +470,6 @@ impl IoModes {
         }
     }
 
-    /// After a checkpoint moved the upper into a frozen layer (a live
-    /// checkpoint, `daemon::layers`): every upper file passed through is
-    /// a file of that layer now (the same inode), so its node counts as
-    /// passing a lower file through. Read-only opens of it share that
-    /// backing, and a change of its data waits for those readers or is
-    /// refused (`begin_write`), where it would otherwise meet the old
-    /// backing and write through it into the frozen layer. A checkpoint
-    /// is taken with no file open for writing, so no writer holds one.
-    pub fn upper_frozen(&self) {
-        // Changes of data from now on are listed (see `begin_write`).
-        self.lower_seen.store(true, Ordering::SeqCst);
-        let mut st = self.state.lock();
-        let live: Vec<u64> = st
-            .backing
-            .iter()
-            .filter(|(_, b)| b.strong_count() > 0)
-            .map(|(id, _)| *id)
-            .collect();
-        st.lower_backed.extend(live);
-    }
-
     /// Node ids of passthrough handles open for writing, with the uid
     /// holding each.
     pub fn passthrough_writers(&self) -> Vec<(u64, u32)> {
@@ -490,10 +479,14 @@ impl IoModes {
         ids
     }
 
-    pub fn release(&self, _ov: &Overlay, id: u64, fh: u64) {
+    pub fn release(&self, ov: &Overlay, id: u64, fh: u64) {
         let mut st = self.state.lock();
         st.pt_writers.remove(&fh);
         if st.held.remove(&fh).is_some() {
+            if let Ok(inode) = ov.inode(id) {
+                let mut io = inode.io.lock();
+                io.passthrough_opens = io.passthrough_opens.saturating_sub(1);
+            }
             if st.backing.get(&id).is_some_and(|w| w.strong_count() == 0) {
                 st.backing.remove(&id);
                 if st.lower_backed.remove(&id) {

@@ -266,6 +266,10 @@ impl Drop for Inode {
 #[derive(Debug, Default)]
 pub struct IoState {
     pub cached_opens: u32,
+    /// Handles passing this object's data file through (kept by
+    /// `fuse::io_mode`): the kernel holds that file as the node's backing
+    /// until the last of them is released, so the node may not stand for
+    /// another file meanwhile (`Overlay::re_resolve`).
     pub passthrough_opens: u32,
     /// Shared backing id while passthrough opens exist (kernel rule: one
     /// backing file per inode at a time).
@@ -591,6 +595,23 @@ impl IdMap {
         let handle = handle.map(Box::from);
         aliases.insert((dev, ino), Alias { id, handle });
         id
+    }
+
+    /// The object `old` no longer stands for the real file (dev, ino) —
+    /// `file` — (it was detached from it: `Overlay::re_resolve`): if the
+    /// file's alias names `old`, the file gets a fresh id, so its next
+    /// lookup makes a new object instead of finding `old` again.
+    pub fn renew(&self, dev: u64, ino: u64, file: &RealFd, old: u64) {
+        let handle = file.handle();
+        let mut aliases = self.aliases.write();
+        if aliases
+            .get(&(dev, ino))
+            .is_some_and(|a| a.id == old && a.handle.as_deref() == handle)
+        {
+            let id = self.fresh();
+            let handle = handle.map(Box::from);
+            aliases.insert((dev, ino), Alias { id, handle });
+        }
     }
 
     /// A fresh id for an object without a real file (never expected).

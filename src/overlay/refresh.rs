@@ -243,6 +243,16 @@ impl Overlay {
     /// what it stands on from now; otherwise it is emptied (as a file
     /// deleted while open: only handles already open use it). Parents
     /// first: a child resolves through its parent.
+    ///
+    /// A file whose data file is passed through (`IoState::
+    /// passthrough_opens`) is held by the kernel as that node's backing
+    /// file until its last such handle is released, and the kernel allows
+    /// one backing file per node: if the data file behind the name is now
+    /// another one, or the same one in another role (an upper file frozen
+    /// into a checkpoint's layer), the node is emptied as a file deleted
+    /// while open, and the name becomes a new object at its next lookup
+    /// (`detach`). Its readers read on what they opened; new opens, and
+    /// writes, reach the file the view shows.
     pub fn re_resolve(&self, inode: &Arc<Inode>) {
         *inode.listing.lock() = None;
         inode.io.lock().last_seen = None;
@@ -255,7 +265,12 @@ impl Overlay {
             Ok(Some(r)) if r.st.st_mode & libc::S_IFMT == inode.kind => {
                 // A directory removed before stands on this one now.
                 inode.removed.clear();
-                r.real
+                if self.passed_through_elsewhere(inode, &r.real) {
+                    self.detach(inode, &r);
+                    Real::default()
+                } else {
+                    r.real
+                }
             }
             Ok(_) => Real::default(),
             Err(e) => {
@@ -266,6 +281,36 @@ impl Overlay {
         *inode.real.write() = fresh;
         if inode.is_dir() {
             self.watch_dir(inode);
+        }
+    }
+
+    /// Whether `inode`'s handles pass a data file through that is not
+    /// `fresh`'s, in the same role (see `re_resolve`).
+    fn passed_through_elsewhere(&self, inode: &Inode, fresh: &Real) -> bool {
+        if inode.io.lock().passthrough_opens == 0 {
+            return false;
+        }
+        let cur = inode.real.read();
+        match (cur.identity(), fresh.identity()) {
+            (Some(a), Some(b)) => !a.same_file(b) || cur.upper.is_some() != fresh.upper.is_some(),
+            // Emptied before (detached, or its file was gone): it stays so.
+            _ => true,
+        }
+    }
+
+    /// `inode` gives up the name it was last seen at (its data file was
+    /// replaced under passthrough handles): the file now there must not
+    /// find it by the file's id, so that id is renewed where it is
+    /// `inode`'s (an alias; a derived id finds an emptied inode not to be
+    /// the same object and reassigns by itself).
+    fn detach(&self, inode: &Inode, r: &super::namei::Resolved) {
+        tracing::debug!(
+            path = %self.path_of(inode),
+            id = inode.id,
+            "the file behind a passed-through node changed: the name becomes a new object"
+        );
+        if let Some(file) = r.real.identity() {
+            self.ids.renew(r.st.st_dev, r.st.st_ino, file, inode.id);
         }
     }
 }

@@ -29,6 +29,7 @@ mod modes;
 mod mount_helper;
 mod netlower;
 mod odd;
+mod passthrough_replaced;
 mod pjdfstest;
 mod policy;
 mod policy_model;
