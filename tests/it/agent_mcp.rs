@@ -308,14 +308,16 @@ fn listen_serves_sessions_on_a_private_unix_socket() {
     let ws = Workspace::new();
     let policy = populate(&ws);
     let sock = ws.dir.path().join("mcp.sock");
-    let mut server = Command::new(bin())
-        .args(["serve", "--mcp", "--listen"])
-        .arg(format!("unix:{}", sock.display()))
-        .args(layer_args(&ws, &policy))
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut server = crate::harness::Spawned(
+        Command::new(bin())
+            .args(["serve", "--mcp", "--listen"])
+            .arg(format!("unix:{}", sock.display()))
+            .args(layer_args(&ws, &policy))
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let up = crate::harness::eventually(std::time::Duration::from_secs(20), || sock.exists());
     let session = |calls: &[&str]| -> Vec<String> {
         let s = UnixStream::connect(&sock).unwrap();
@@ -344,8 +346,8 @@ fn listen_serves_sessions_on_a_private_unix_socket() {
     };
     let mode = fs::metadata(&sock).map(|m| m.permissions().mode() & 0o777);
     // SIGTERM to the server this test started.
-    let _ = Command::new("kill").arg(server.id().to_string()).status();
-    let status = server.wait().unwrap();
+    let _ = Command::new("kill").arg(server.0.id().to_string()).status();
+    let status = server.0.wait().unwrap();
     assert!(up, "the socket never appeared");
     assert_eq!(mode.unwrap(), 0o600);
     for answers in [first, second] {

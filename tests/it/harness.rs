@@ -267,6 +267,20 @@ impl Drop for Mount {
     }
 }
 
+/// A process a test started, killed (SIGKILL) and reaped when dropped if
+/// it is still running: a test that fails half-way leaves no server
+/// behind.
+pub struct Spawned(pub std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Runs a shell command (bash -c) in `dir` and returns its output, whether
 /// it succeeded or not.
 pub fn bash(dir: &Path, script: &str) -> std::process::Output {
