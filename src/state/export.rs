@@ -18,10 +18,11 @@
 //! An import is an untrusted archive: it is checked and extracted as a
 //! snapshot restore checks and extracts one (`snapshot::prescan`,
 //! `snapshot::extract`, under the workspace's policy) into
-//! `.NAME.PID.import` in the layer store, synced, its record written, and
-//! renamed to `NAME`: the checkpoint exists whole or not at all (a crash
-//! leaves at most the `.import` directory, which `Store::sweep_aside`
-//! removes once its process is gone).
+//! `.NAME.PID.import` in the layer store, synced, its record written
+//! pending, renamed to `NAME`, and its record published: the checkpoint
+//! exists whole or not at all (a crash leaves the `.import` directory,
+//! which `Store::sweep_aside` removes once its process is gone, and a
+//! pending record the workspace's next checkpoint, undo or squash settles).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -127,6 +128,7 @@ pub fn import(
     name: Option<&str>,
     force: bool,
 ) -> Result<(String, Report), StackError> {
+    crate::failpoint::init();
     let policy =
         super::ops::workspace_policy(ws).map_err(|e| StackError::Refused(e.to_string()))?;
     let shared = checkpoint::shared_of(ws)?;
@@ -161,24 +163,36 @@ pub fn import(
         snapshot::extract(BufReader::new(f), &staging, &policy, root, &mut report).map_err(bad)?;
         let sfd = staging.open_self().map_err(io_ctx(what()))?;
         crate::sys::syncfs(&sfd).map_err(io_ctx(what()))?;
-        store.write_record(&Record {
-            name: name.clone(),
-            below: Vec::new(),
-            lowers: shared,
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0),
-            upper: ws.upper.clone(),
-            squashed: Vec::new(),
-        })?;
+        // Pending until the layer is in place: a kill between the two
+        // leaves a record with no layer, which the workspace's next
+        // checkpoint, undo or squash discards (`checkpoint::settle`),
+        // freeing the name; a kill after the rename leaves a whole layer,
+        // which it publishes.
+        store.write_pending(
+            &Record {
+                name: name.clone(),
+                below: Vec::new(),
+                lowers: shared,
+                created: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs() as i64)
+                    .unwrap_or(0),
+                upper: ws.upper.clone(),
+                squashed: Vec::new(),
+            },
+            true,
+        )?;
+        crate::failpoint::crash("import", "record");
         store.place(&tmp, &name)?;
+        crate::failpoint::crash("import", "layer");
+        store.publish(&name)?;
+        store.dir.sync().map_err(io_ctx(what()))?;
         Ok(())
     })();
     if let Err(e) = result {
         let _ = crate::layer::walk::remove_tree(&store.dir, OsStr::new(&tmp));
         if !store.has_layer(&name) {
-            let _ = store.remove(&name);
+            let _ = store.discard(&name);
         }
         return Err(e);
     }

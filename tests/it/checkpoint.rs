@@ -1904,3 +1904,46 @@ fn an_import_over_other_shared_lowers_is_refused_unless_forced_and_old_archives_
     assert_eq!(fs::read_to_string(f.0.join("mine")).unwrap(), "mine\n");
     drop(f);
 }
+
+/// An import killed after its record is written (before its layer is in
+/// place) leaves no checkpoint and no name taken once the workspace's next
+/// checkpoint has run; one killed after the layer is in place is whole.
+#[test]
+fn an_import_killed_at_any_step_leaves_the_checkpoint_whole_or_its_name_free() {
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("shared"), "shared\n").unwrap();
+    let m = ws.mount();
+    fs::write(m.p("mine"), "mine\n").unwrap();
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"c1"]);
+    let tar = ws.dir.path().join("c1.tar");
+    ok(&[&"checkpoint", &"export", &ws.upper, &"c1", &tar]);
+
+    crash_at(
+        "import",
+        "record",
+        &[&"checkpoint", &"import", &ws.upper, &tar, &"imp"],
+    );
+    // The next checkpoint settles what the kill left: the name is free.
+    ok(&[&"checkpoint", &ws.upper, &"c2"]);
+    assert_eq!(
+        ok(&[&"checkpoint", &"import", &ws.upper, &tar, &"imp"]).trim(),
+        "imp"
+    );
+    let f = fork(&ws, "imp", 1);
+    assert_eq!(fs::read_to_string(f.0.join("mine")).unwrap(), "mine\n");
+    drop(f);
+
+    crash_at(
+        "import",
+        "layer",
+        &[&"checkpoint", &"import", &ws.upper, &tar, &"imp2"],
+    );
+    // The next checkpoint publishes the whole layer: the name is taken.
+    ok(&[&"checkpoint", &ws.upper, &"c3"]);
+    let e = refused(&[&"checkpoint", &"import", &ws.upper, &tar, &"imp2"]);
+    assert!(e.contains("imp2"), "{e}");
+    let f = fork(&ws, "imp2", 2);
+    assert_eq!(fs::read_to_string(f.0.join("mine")).unwrap(), "mine\n");
+    drop(f);
+}
