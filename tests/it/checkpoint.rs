@@ -651,48 +651,36 @@ fn another_user_cannot_checkpoint_fork_or_undo_a_workspace_through_allow_other()
     assert!(!layer(&ws, "theirs").exists());
 }
 
-/// A process of another user holding a file open through a mount; ended
-/// (by its pid) and waited for on drop.
-struct Holder(std::process::Child);
-
-impl Holder {
-    /// `nobody` opens `file` (`>>` to write, `<` to read) and keeps it
-    /// open; returns once it is open.
-    fn open(file: &Path, how: &str) -> Holder {
-        let mut child = Command::new("setpriv")
-            .args([
-                format!("--reuid={}", crate::daemon::NOBODY),
-                format!("--regid={}", crate::daemon::NOBODY),
-                "--clear-groups".into(),
-                "--".into(),
-                "sh".into(),
-                "-c".into(),
-                format!(
-                    "exec 3{how}'{}' && echo open && exec sleep 600",
-                    file.display()
-                ),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
+/// `nobody` opens `file` through a mount (`>>` to write, `<` to read) and
+/// keeps it open until the returned process is dropped; returns once it
+/// is open.
+fn held_open(file: &Path, how: &str) -> crate::harness::Spawned {
+    let mut child = Command::new("setpriv")
+        .args([
+            format!("--reuid={}", crate::daemon::NOBODY),
+            format!("--regid={}", crate::daemon::NOBODY),
+            "--clear-groups".into(),
+            "--".into(),
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "exec 3{how}'{}' && echo open && exec sleep 600",
+                file.display()
+            ),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
         .unwrap();
-        let h = Holder(child);
-        assert_eq!(line, "open\n", "nobody could not open {}", file.display());
-        h
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let h = crate::harness::Spawned(child);
+    assert_eq!(line, "open\n", "nobody could not open {}", file.display());
+    h
 }
 
 #[test]
@@ -711,7 +699,7 @@ fn another_users_open_files_through_allow_other_refuse_or_allow_the_owners_state
 
     // Another user's file open for writing: a checkpoint would freeze
     // what it writes later, so it is refused, naming the file and uid.
-    let writer = Holder::open(&m.p("shared.txt"), ">>");
+    let writer = held_open(&m.p("shared.txt"), ">>");
     let e = refused(&[&"checkpoint", &m.path(), &"c2"]);
     assert!(
         e.contains("shared.txt") && e.contains(&format!("uid {}", crate::daemon::NOBODY)),
@@ -732,7 +720,7 @@ fn another_users_open_files_through_allow_other_refuse_or_allow_the_owners_state
 
     // Another user's file open for reading holds up neither; it reads on.
     fs::write(m.p("h"), "h\n").unwrap();
-    let reader = Holder::open(&m.p("shared.txt"), "<");
+    let reader = held_open(&m.p("shared.txt"), "<");
     assert_eq!(ok(&[&"checkpoint", &m.path(), &"c2"]).trim(), "c2");
     assert!(layer(&ws, "c2").join("h").is_file());
     fs::write(m.p("i"), "i\n").unwrap();
@@ -1757,16 +1745,6 @@ fn diff_of_a_fork_is_against_its_checkpoint_and_with_base_shared_against_the_sha
     drop(f);
 }
 
-/// A process this test started, killed and reaped when dropped.
-struct Live(std::process::Child);
-
-impl Drop for Live {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn leftovers_of_dead_imports_are_swept_by_import_squash_and_gc_but_not_a_live_one() {
     let ws = Workspace::new();
@@ -1787,7 +1765,7 @@ fn leftovers_of_dead_imports_are_swept_by_import_squash_and_gc_but_not_a_live_on
     let dead = Command::new("true").spawn().unwrap();
     let dead_pid = dead.id();
     let _ = { dead }.wait();
-    let live = Live(
+    let live = crate::harness::Spawned(
         Command::new("sleep")
             .arg("600")
             .stdout(Stdio::null())
