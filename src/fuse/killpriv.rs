@@ -57,11 +57,11 @@ pub fn caller_lacks_fsetid(pid: u32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return true;
     };
-    !status
+    status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << CAP_FSETID) != 0)
+        .is_none_or(|caps| caps & (1 << CAP_FSETID) == 0)
 }
 
 #[cfg(test)]
