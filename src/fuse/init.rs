@@ -95,15 +95,10 @@ fn wanted(network: bool) -> InitFlags {
         // applies it unless a default ACL decides (overlay::mode).
         | InitFlags::FUSE_DONT_MASK
         | InitFlags::FUSE_ASYNC_DIO
-        | InitFlags::FUSE_MAX_PAGES;
-    // Not FUSE_HANDLE_KILLPRIV_V2: it would spare the kernel's
-    // security.capability lookup before each write (the kernel then
-    // marks an inode S_NOSEC until its next attribute refresh), but it
-    // hands the clearing of setuid/setgid to the daemon, which misses
-    // passthrough writes (the backing write runs with the daemon's
-    // CAP_FSETID) and the truncate and O_TRUNC requests for it (fuser
-    // does not pass FATTR_KILL_SUIDGID or FUSE_OPEN_KILL_SUIDGID on).
-    // The lookup costs one round trip per write syscall (DESIGN.md §6).
+        | InitFlags::FUSE_MAX_PAGES
+        // The daemon clears setuid/setgid bits itself (`killpriv`): the
+        // kernel then asks for no `security.capability` before each write.
+        | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
     // A network lower changes behind the kernel's back: let the
     // kernel check a file's attributes (and drop its cached pages and
     // listing when they changed) once they time out, before a read or

@@ -7,7 +7,7 @@
 //! and the replies (`reply`), all on `shared` (what every request shares);
 //! `handle` (the daemon's side) and `fast` (the io_uring queues' own
 //! answers) use `shared` too; `init` negotiates with the kernel. Below
-//! them: `contain`, `convert`, `io_mode`, `long`, `record`, `invalidate`,
+//! them: `contain`, `convert`, `io_mode`, `killpriv`, `long`, `record`, `invalidate`,
 //! `watcher`, `sys` and `uring`, none of which knows `LayerFs`.
 
 mod contain;
@@ -18,6 +18,7 @@ mod init;
 mod invalidate;
 mod io_mode;
 mod journal;
+mod killpriv;
 mod listing;
 mod long;
 mod open;

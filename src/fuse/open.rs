@@ -61,6 +61,20 @@ impl Shared {
         };
         let booked = *booking.as_ref().unwrap_or(&false);
         let r = booking.and_then(|_| self.ov().open_halting(c, ino.0, flags.0, halt));
+        // open(O_TRUNC) by a caller without CAP_FSETID clears
+        // setuid/setgid (`killpriv`); a failure fails the open.
+        let r = r.and_then(|o| {
+            if flags.0 & libc::O_TRUNC != 0 {
+                let killed = self
+                    .ov()
+                    .kill_suid(ino.0, || super::killpriv::caller_lacks_fsetid(c.pid));
+                if let Err(e) = killed {
+                    self.ov().release(o.fh);
+                    return Err(e);
+                }
+            }
+            Ok(o)
+        });
         if booked && r.is_err() {
             self.io.cancel_booking(ino.0);
         }

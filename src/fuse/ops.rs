@@ -17,6 +17,7 @@ use fuser::{
 use super::convert;
 use super::init;
 use super::journal::setattr_rows;
+use super::killpriv;
 use super::reply::{self, errno};
 use super::shared::{ctx, LayerFs, Shared};
 use crate::overlay::attr::SetAttr;
@@ -45,7 +46,22 @@ impl Shared {
         self.reply_entry(r, reply)
     }
 
-    fn write(&self, fh: u64, offset: u64, data: &[u8], reply: ReplyWrite) {
+    /// A write through the daemon; `kill`: its caller lacks CAP_FSETID,
+    /// so setuid/setgid bits go first (`killpriv`).
+    fn write(
+        &self,
+        ino: INodeNo,
+        kill: bool,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        reply: ReplyWrite,
+    ) {
+        if kill {
+            if let Err(e) = self.ov().kill_suid(ino.0, || true) {
+                return reply.error(errno(e));
+            }
+        }
         match self.ov().write(fh, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
@@ -143,7 +159,23 @@ impl fuser::Filesystem for LayerFs {
                 None => None,
             };
             s.rec.around_setattr(s.ov(), ino.0, false);
-            let r = s.ov().setattr(&c, ino.0, &a);
+            let r = s.ov().setattr(&c, ino.0, &a).and_then(|st| {
+                // A truncate, or the kernel's own clearing handed over (a
+                // SETATTR that sets nothing): `killpriv`.
+                let sets_nothing = a.mode.is_none()
+                    && a.uid.is_none()
+                    && a.gid.is_none()
+                    && a.size.is_none()
+                    && a.atime.is_none()
+                    && a.mtime.is_none();
+                if a.mode.is_some() || (a.size.is_none() && !sets_nothing) {
+                    return Ok(st);
+                }
+                let killed = s
+                    .ov()
+                    .kill_suid(ino.0, || killpriv::caller_lacks_fsetid(c.pid))?;
+                Ok(killed.unwrap_or(st))
+            });
             s.rec.around_setattr(s.ov(), ino.0, true);
             if let Some(w) = writing {
                 s.io.end_write(ino.0, w);
@@ -315,21 +347,23 @@ impl fuser::Filesystem for LayerFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        // The kernel marks the write of a caller without CAP_FSETID.
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         // The data is copied only for a request parked by a pause.
         if let Some(_pass) = self.ov().gate().try_enter() {
-            return self.inner.write(fh.0, offset, data, reply);
+            return self.inner.write(ino, kill, fh.0, offset, data, reply);
         }
         let data = data.to_vec();
-        self.gated(move |s| s.write(fh.0, offset, &data, reply))
+        self.gated(move |s| s.write(ino, kill, fh.0, offset, &data, reply))
     }
 
     /// Nothing is buffered in the daemon and locks live in the kernel, so

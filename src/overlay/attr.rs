@@ -119,9 +119,65 @@ impl Overlay {
         let st = sys::fstat(upper.as_ref())?;
         Ok(self.fix_stat(&inode, st))
     }
+
+    /// Clears the bits `killed_mode` names from the upper copy of object
+    /// `id`, as a local filesystem does when a caller without
+    /// `CAP_FSETID` writes or truncates (`fuse::killpriv` says when);
+    /// `lacks_fsetid` is asked only when there are bits to clear. Returns
+    /// the new attributes, or `None` when nothing changed (no upper copy,
+    /// no bits, or a caller that keeps them).
+    pub fn kill_suid(&self, id: u64, lacks_fsetid: impl FnOnce() -> bool) -> Result<Option<Stat>> {
+        let inode = self.inode(id)?;
+        let Some(upper) = inode.real.read().upper.clone() else {
+            return Ok(None);
+        };
+        let fd = upper.get()?;
+        let st = sys::fstat(fd.as_ref())?;
+        let Some(mode) = killed_mode(st.st_mode) else {
+            return Ok(None);
+        };
+        if !lacks_fsetid() {
+            return Ok(None);
+        }
+        sys::fchmod(fd.as_ref(), mode)?;
+        let st = sys::fstat(fd.as_ref())?;
+        Ok(Some(self.fix_stat(&inode, st)))
+    }
+}
+
+/// The mode with the bits a write by a caller without `CAP_FSETID`
+/// clears, or `None` when there are none: `S_ISUID`, and `S_ISGID` when
+/// the group may execute (a setgid file that is not group-executable is
+/// a mandatory-locking mark, kept). Regular files only.
+pub fn killed_mode(mode: u32) -> Option<u32> {
+    if mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
+    let mut kill = mode & libc::S_ISUID;
+    if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+        kill |= libc::S_ISGID;
+    }
+    (kill != 0).then_some(mode & 0o7777 & !kill)
 }
 
 /// An all-zero stat (for negative entries).
 pub fn zero_stat() -> Stat {
     sys::zeroed_stat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setuid_always_and_setgid_only_when_group_executable_are_cleared() {
+        let reg = libc::S_IFREG;
+        assert_eq!(killed_mode(reg | 0o6755), Some(0o755));
+        assert_eq!(killed_mode(reg | 0o4700), Some(0o700));
+        assert_eq!(killed_mode(reg | 0o2755), Some(0o755));
+        assert_eq!(killed_mode(reg | 0o2644), None, "a locking mark stays");
+        assert_eq!(killed_mode(reg | 0o6644), Some(0o2644));
+        assert_eq!(killed_mode(reg | 0o755), None);
+        assert_eq!(killed_mode(libc::S_IFDIR | 0o2775), None);
+    }
 }

@@ -1878,6 +1878,15 @@ fn a_write_or_truncate_by_another_user_clears_setuid_and_setgid() {
         0o777,
         "setuid/setgid survive another user's truncate"
     );
+    write(&m.p("otrunc"), b"o");
+    fs::set_permissions(m.p("otrunc"), fs::Permissions::from_mode(0o6777)).unwrap();
+    let (ok, err) = as_nobody(&["sh", "-c", &format!(": > {}", m.p("otrunc").display())]);
+    assert!(ok, "nobody opens a 0777 file with O_TRUNC: {err}");
+    assert_eq!(
+        mode("otrunc"),
+        0o777,
+        "setuid/setgid survive another user's open(O_TRUNC)"
+    );
     assert_eq!(
         fs::metadata(ws.lower().join("lowsuid"))
             .unwrap()
@@ -1885,6 +1894,76 @@ fn a_write_or_truncate_by_another_user_clears_setuid_and_setgid() {
             .mode()
             & 0o7777,
         0o6777,
+        "the lower keeps its bits"
+    );
+}
+
+/// Root without `CAP_FSETID` (a sandbox that drops it) loses setuid and
+/// setgid bits on what it writes or truncates, as on a local filesystem,
+/// also where the mount owner's writes go straight to the upper file
+/// (passthrough, where the daemon sees no write); root with the
+/// capability keeps them.
+#[test]
+fn a_write_or_truncate_without_cap_fsetid_clears_setuid_and_setgid_also_through_passthrough() {
+    let ws = Workspace::new();
+    write(&ws.lower().join("low"), b"l");
+    fs::set_permissions(ws.lower().join("low"), fs::Permissions::from_mode(0o6755)).unwrap();
+    let pol = crate::harness::policy_file(&ws, "suid allow\n");
+    let m = ws.mount_with(&["--policy", pol.to_str().unwrap()]);
+    for f in ["up", "trunc", "otrunc", "keep", "fd"] {
+        write(&m.p(f), b"u");
+        fs::set_permissions(m.p(f), fs::Permissions::from_mode(0o6755)).unwrap();
+    }
+    let mode = |f: &str| fs::metadata(m.p(f)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("up"), 0o6755, "suid allow keeps the bits");
+    // One file held open for writing from before the bits matter: its
+    // writes are the ones passthrough serves without the daemon.
+    let script = format!(
+        "exec 3>>{fd}; echo more >> {low}; echo more >> {up}; truncate -s 0 {trunc}; \
+         : > {otrunc}; chmod 6755 {fd}; echo more >&3",
+        fd = m.p("fd").display(),
+        low = m.p("low").display(),
+        up = m.p("up").display(),
+        trunc = m.p("trunc").display(),
+        otrunc = m.p("otrunc").display(),
+    );
+    let out = Command::new("setpriv")
+        .args([
+            "--inh-caps=-fsetid",
+            "--bounding-set=-fsetid",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(&script)
+        .output()
+        .expect("run setpriv");
+    assert!(
+        out.status.success(),
+        "root without CAP_FSETID writes: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in ["low", "up", "trunc", "otrunc", "fd"] {
+        assert_eq!(
+            mode(f),
+            0o755,
+            "{f}: setuid/setgid survive a change by root without CAP_FSETID"
+        );
+    }
+    let mut keep = fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("keep"))
+        .unwrap();
+    keep.write_all(b"more").unwrap();
+    drop(keep);
+    assert_eq!(mode("keep"), 0o6755, "root with CAP_FSETID keeps the bits");
+    assert_eq!(
+        fs::metadata(ws.lower().join("low"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o6755,
         "the lower keeps its bits"
     );
 }
