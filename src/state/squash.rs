@@ -144,6 +144,15 @@ pub fn squash(
     build(&store, &merged, &tmp)?;
     crate::failpoint::crash("squash", "built");
     let top = store.record(&merged[0])?;
+    let mut includes: Vec<String> = Vec::new();
+    for m in &merged {
+        let held = store.record(m)?.map(|r| r.holds()).unwrap_or_default();
+        for n in std::iter::once(m.clone()).chain(held) {
+            if !includes.contains(&n) {
+                includes.push(n);
+            }
+        }
+    }
     let shared = checkpoint::shared_lowers(ws, &stack);
     store.write_record(&Record {
         name: name.clone(),
@@ -152,6 +161,7 @@ pub fn squash(
         created: top.as_ref().map_or(0, |r| r.created),
         upper: ws.upper.clone(),
         squashed: merged.clone(),
+        includes,
     })?;
     store.place(&tmp, &name)?;
     crate::failpoint::crash("squash", "layer");
