@@ -2,8 +2,8 @@
 //! §5, "Origin records name their layer"), through real mounts: the tree,
 //! `diff` (renames found by origin records, drift of a shared original)
 //! and kernel overlayfs over the new stack show what they showed before,
-//! on an unmounted workspace and on a live mount; `undo --to` a merged
-//! checkpoint is refused; records of an older layerfs (an index into the
+//! on an unmounted workspace and on a live mount; `reset` of a moved file
+//! puts it back; `undo --to` a merged checkpoint is refused; records of an older layerfs (an index into the
 //! stack) make a squash refuse until a checkpoint takes them.
 
 use std::fs;
@@ -127,6 +127,15 @@ fn a_squash_over_changes_keeps_the_tree_and_diff_and_kernel_overlay_agrees() {
         "{e}"
     );
     assert_eq!(diffs(&ws.upper).0, text, "a refused undo changed the upper");
+    // A reset of the file moved out of a merged checkpoint puts it back
+    // where its record says it was.
+    ok(&[&"reset", &ws.upper, &"f1moved"]);
+    let back = view_of(&ws);
+    assert!(
+        back.contains_key("f1") && !back.contains_key("f1moved"),
+        "{back:?}"
+    );
+    assert!(!ok(&[&"diff", &ws.upper]).contains("f1"));
     // The squashed layer is the state at c3, the newest it merged (but
     // for `s`, whose shared original was updated since).
     assert_eq!(
