@@ -303,12 +303,14 @@ view does not change. The merged checkpoints' names are gone afterwards
 is built aside and switched to with one write of the stack; a crash at
 any point leaves the old stack or the new one. A mounted workspace is
 squashed live: the layer is built while the mount serves, writes pause
-only for the switch, files open for reading read on. Refused while its
-upper holds changes since the latest checkpoint (take one first), and
-when another workspace or checkpoint stacks on a layer to merge.
+only for the switch, files open for reading read on. Changes since the
+latest checkpoint stay in the upper as they are (diff shows the same
+after). Refused when another workspace or checkpoint stacks on a layer
+to merge, and when the upper holds files copied up by an older layerfs
+(take a checkpoint first).
 
 Example:
-  layerfs checkpoint ~/ws/upper && layerfs squash ~/ws/upper --keep 5")]
+  layerfs squash ~/ws/upper --keep 5")]
 pub struct SquashCmd {
     /// The workspace.
     #[arg(value_name = "WORKSPACE")]

@@ -89,6 +89,7 @@ impl Config {
     pub fn overlay_options(&self) -> crate::overlay::Options {
         crate::overlay::Options {
             lowers: self.layers.iter().chain(&self.lowers).cloned().collect(),
+            checkpoints: self.layers.len(),
             upper: self.upper.clone(),
             work: self.work.clone(),
             policy: self.policy.clone(),

@@ -196,9 +196,13 @@ pub fn serve(daemon: &Daemon, req: &Request) -> Result<Value, LayersError> {
     Ok(out)
 }
 
-/// A new frozen layer at `path`, opened to serve.
+/// A new frozen layer at `path` (in the layer store, or the served upper
+/// about to move there), opened to serve under the name of its path's
+/// last segment.
 fn open_layer(path: &Path) -> Result<Layer, LayersError> {
-    Ok(Layer::open(path, "checkpoint layer")?)
+    let mut layer = Layer::open(path, "checkpoint layer")?;
+    layer.name = Some(crate::layer::LayerName::checkpoint_at(path));
+    Ok(layer)
 }
 
 /// Makes the deferred checkpoint `name` durable (`checkpoint::sync_taken`)
@@ -264,6 +268,7 @@ impl Live for Swap<'_> {
                     None => open_layer(path)?,
                 };
                 layer.path = path.to_path_buf();
+                layer.name = Some(crate::layer::LayerName::checkpoint_at(path));
                 std::iter::once(Arc::new(layer))
                     .chain(old.iter().cloned())
                     .collect()

@@ -36,6 +36,46 @@ pub struct Layer {
     pub path: PathBuf,
     /// What its filesystem offers (network or FUSE, handles, xattrs).
     pub caps: netfs::Caps,
+    /// What origin records call it, for a lower (`overlay::origin`);
+    /// `None` for the upper. Set by whoever stacks it.
+    pub name: Option<LayerName>,
+}
+
+/// The name origin records give a lower layer (`overlay::origin`): it
+/// stays the same while layers are added above it or squashed below it,
+/// where its index in the stack would not.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LayerName {
+    /// A checkpoint layer, by its name in the layer store (the last
+    /// segment of its path).
+    Checkpoint(String),
+    /// The K-th shared lower, 0 = the topmost shared one (the shared
+    /// lowers never change under a workspace).
+    Shared(usize),
+}
+
+impl LayerName {
+    /// The names of a stack of `lowers` (paths, topmost first) whose
+    /// `checkpoints` topmost ones are checkpoint layers.
+    pub fn of_stack(lowers: &[PathBuf], checkpoints: usize) -> Vec<LayerName> {
+        lowers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| match i.checked_sub(checkpoints) {
+                Some(k) => LayerName::Shared(k),
+                None => LayerName::checkpoint_at(p),
+            })
+            .collect()
+    }
+
+    /// The name of the checkpoint layer at `path` (in a layer store).
+    pub fn checkpoint_at(path: &std::path::Path) -> LayerName {
+        LayerName::Checkpoint(
+            path.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        )
+    }
 }
 
 impl Layer {
@@ -82,6 +122,7 @@ impl Layer {
             dev: st.st_dev,
             path: path.to_path_buf(),
             caps,
+            name: None,
         })
     }
 }

@@ -205,6 +205,9 @@ impl Overlay {
 pub struct Options {
     /// Lower dirs, topmost first.
     pub lowers: Vec<PathBuf>,
+    /// How many of the topmost lowers are checkpoint layers (the rest are
+    /// shared): what origin records call each (`layer::LayerName`).
+    pub checkpoints: usize,
     pub upper: PathBuf,
     /// The work dir, beside the upper on the same filesystem.
     pub work: PathBuf,
@@ -240,8 +243,10 @@ impl Overlay {
             });
         }
         let mut lowers = Vec::new();
-        for (i, l) in cfg.lowers.iter().enumerate() {
-            let layer = Layer::open(l, &format!("lower dir #{}", i + 1))?;
+        let names = crate::layer::LayerName::of_stack(&cfg.lowers, cfg.checkpoints);
+        for ((i, l), name) in cfg.lowers.iter().enumerate().zip(names) {
+            let mut layer = Layer::open(l, &format!("lower dir #{}", i + 1))?;
+            layer.name = Some(name);
             tracing::info!(
                 "lower #{} {}: {}",
                 i + 1,

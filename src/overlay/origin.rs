@@ -2,11 +2,21 @@
 //!
 //! At copy-up the upper copy gets a private xattr (`<prefix>layerfs.origin`,
 //! the prefix being `trusted.overlay.` or `user.overlay.` like the other
-//! marks) naming the lower original: its layer index, its path in that
-//! layer, and its identity then (inode number, size, mtime, ctime). `diff`
-//! reads it to tell whether the shared original changed after the copy-up
+//! marks) naming the lower original: its layer, its path in that layer,
+//! and its identity then (inode number, size, mtime, ctime). `diff` reads
+//! it to tell whether the shared original changed after the copy-up
 //! (drift: an administrator updated the lower) and where a moved file came
 //! from.
+//!
+//! The layer is named, not indexed (version 2): `c:NAME` for a checkpoint
+//! layer (its name in the layer store), `s:K` for the K-th shared lower
+//! (`layer::LayerName`). A squash changes the indices of the layers below
+//! the ones it keeps, never these names: `state::frozen::origins` finds
+//! the layer a name stands for in the stack of now (a checkpoint merged
+//! into a squashed layer lives on in it). Records of version 1 name the
+//! layer by its index in the stack they were written under; they are read
+//! as such, and a squash over an upper that may hold them is refused
+//! (`state::squash`).
 //!
 //! Invariants:
 //! - The name lies in the overlay's private namespace, so the mount never
@@ -20,12 +30,13 @@
 //!   if its inode number is recycled).
 
 use std::ffi::{CString, OsStr, OsString};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 use super::inode::Inode;
 use super::{Overlay, Result};
 use crate::layer::sys::{self, Stat};
+use crate::layer::{Layer, LayerName};
 
 /// The xattr name after the private prefix.
 pub const ORIGIN_XATTR: &str = "layerfs.origin";
@@ -55,11 +66,21 @@ pub const MOVED_IN_NAMES: [&str; 2] = [
     "user.overlay.layerfs.moved-in",
 ];
 
+/// The lower layer an origin record names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LayerRef {
+    /// Its index (0 = topmost) in the stack the record was written under
+    /// (version 1 records: read, never written any more).
+    Index(usize),
+    /// Its name (version 2): the same whatever the stack does around it.
+    Named(LayerName),
+}
+
 /// The identity of a lower original at copy-up time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
-    /// Index of the lower layer (0 = topmost) the original was in.
-    pub layer: usize,
+    /// The lower layer the original was in.
+    pub layer: LayerRef,
     /// Its path in that layer, `/`-separated with a leading `/`.
     pub path: OsString,
     pub ino: u64,
@@ -68,8 +89,18 @@ pub struct Origin {
     pub ctime: (i64, i64),
 }
 
+/// Whether `n` can be a checkpoint's name in a record: one plain path
+/// segment of the characters layer names are made of (`[A-Za-z0-9._-]`,
+/// not starting with a dot).
+fn is_layer_name(n: &str) -> bool {
+    !n.is_empty()
+        && !n.starts_with('.')
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 impl Origin {
-    pub fn new(layer: usize, path: OsString, st: &Stat) -> Origin {
+    pub fn new(layer: LayerRef, path: OsString, st: &Stat) -> Origin {
         Origin {
             layer,
             path,
@@ -80,12 +111,19 @@ impl Origin {
         }
     }
 
-    /// `v1 LAYER INO SIZE MSEC.MNSEC CSEC.CNSEC PATH` (the path last, raw
-    /// bytes, so it may hold any character).
+    /// `v2 LAYER INO SIZE MSEC.MNSEC CSEC.CNSEC PATH`, LAYER being `c:NAME`
+    /// or `s:K` (the path last, raw bytes, so it may hold any character);
+    /// a record naming its layer by index is written as version 1, `v1`
+    /// and the index.
     pub fn encode(&self) -> Vec<u8> {
+        let layer = match &self.layer {
+            LayerRef::Index(i) => format!("v1 {i}"),
+            LayerRef::Named(LayerName::Checkpoint(n)) => format!("v2 c:{n}"),
+            LayerRef::Named(LayerName::Shared(k)) => format!("v2 s:{k}"),
+        };
         let mut v = format!(
-            "v1 {} {} {} {}.{} {}.{} ",
-            self.layer, self.ino, self.size, self.mtime.0, self.mtime.1, self.ctime.0, self.ctime.1
+            "{layer} {} {} {}.{} {}.{} ",
+            self.ino, self.size, self.mtime.0, self.mtime.1, self.ctime.0, self.ctime.1
         )
         .into_bytes();
         v.extend_from_slice(self.path.as_bytes());
@@ -94,12 +132,21 @@ impl Origin {
 
     pub fn decode(raw: &[u8]) -> Option<Origin> {
         let mut parts = raw.splitn(7, |&b| b == b' ');
-        if parts.next()? != b"v1" {
-            return None;
-        }
+        let version = parts.next()?;
         let mut num = || -> Option<&[u8]> { parts.next() };
         let text = |b: &[u8]| std::str::from_utf8(b).ok().map(str::to_owned);
-        let layer = text(num()?)?.parse().ok()?;
+        let layer = text(num()?)?;
+        let layer = match version {
+            b"v1" => LayerRef::Index(layer.parse().ok()?),
+            b"v2" => LayerRef::Named(match layer.split_once(':')? {
+                ("c", n) if is_layer_name(n) => LayerName::Checkpoint(n.to_string()),
+                ("s", k) if k.bytes().all(|b| b.is_ascii_digit()) => {
+                    LayerName::Shared(k.parse().ok()?)
+                }
+                _ => return None,
+            }),
+            _ => return None,
+        };
         let ino = text(num()?)?.parse().ok()?;
         let size = text(num()?)?.parse().ok()?;
         let pair = |s: String| -> Option<(i64, i64)> {
@@ -134,6 +181,19 @@ impl Origin {
             && self.ctime == (st.st_ctime, st.st_ctime_nsec)
     }
 
+    /// The record of `name` in `dir`, if it has one. Most upper files have
+    /// no xattrs at all: one `listxattrat` call answers for them.
+    pub fn read_at(dir: &OwnedFd, name: &OsStr) -> Option<Origin> {
+        let list = sys::listxattr_at(dir, name).ok()?;
+        let has = list
+            .split(|&b| b == 0)
+            .any(|n| ORIGIN_NAMES.iter().any(|o| o.as_bytes() == n));
+        if !has {
+            return None;
+        }
+        Origin::read(&sys::open_path(dir, name).ok()?)
+    }
+
     /// Reads the record of the file behind `fd`, in either spelling.
     pub fn read(fd: &impl std::os::fd::AsRawFd) -> Option<Origin> {
         ORIGIN_NAMES.iter().find_map(|n| {
@@ -152,7 +212,7 @@ impl Overlay {
     /// carry `user.*` xattrs). An upper without xattr support loses only
     /// drift detection, never the copy-up: failures are logged, not returned.
     pub(super) fn record_origin(&self, inode: &Inode, tmp: &OsStr, st: &Stat) -> Result<()> {
-        let Some(origin) = lower_origin(inode, st) else {
+        let Some(origin) = lower_origin(&self.lowers(), inode, st) else {
             return Ok(());
         };
         let stored = sys::open_path(&self.upper.work, tmp).and_then(|fd| {
@@ -197,7 +257,7 @@ impl Overlay {
                 else {
                     return;
                 };
-                match lower_origin(replaced, &st) {
+                match lower_origin(&self.lowers(), replaced, &st) {
                     Some(o) => o.encode(),
                     None => return,
                 }
@@ -211,14 +271,19 @@ impl Overlay {
 }
 
 /// The origin record of the lower regular file behind `inode` (whose
-/// attributes are `st`): its layer and its path from its parent's lower
-/// path. `None` for other kinds (directories have their redirect, symlinks
-/// cannot carry `user.*` xattrs) and for objects without a lower.
-fn lower_origin(inode: &Inode, st: &Stat) -> Option<Origin> {
+/// attributes are `st`): its layer, by the name it has in `lowers` (the
+/// stack served), and its path from its parent's lower path. `None` for
+/// other kinds (directories have their redirect, symlinks cannot carry
+/// `user.*` xattrs) and for objects without a lower.
+fn lower_origin(lowers: &[std::sync::Arc<Layer>], inode: &Inode, st: &Stat) -> Option<Origin> {
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return None;
     }
-    let layer = inode.real.read().lowers.first().map(|(i, _)| *i)?;
+    let index = inode.real.read().lowers.first().map(|(i, _)| *i)?;
+    let layer = match lowers.get(index).and_then(|l| l.name.clone()) {
+        Some(name) => LayerRef::Named(name),
+        None => LayerRef::Index(index),
+    };
     let dir_path = inode
         .parent()
         .and_then(|p| p.real.read().lower_path.clone())?;
@@ -261,13 +326,38 @@ mod tests {
         st.st_mtime_nsec = 5;
         st.st_ctime = 1_700_000_001;
         st.st_ctime_nsec = 999_999_999;
-        let o = Origin::new(1, OsString::from("/a b/c\nd e"), &st);
-        let back = Origin::decode(&o.encode()).expect("decodes");
-        assert_eq!(back, o);
-        assert!(back.matches(&st));
+        for layer in [
+            LayerRef::Index(1),
+            LayerRef::Named(LayerName::Checkpoint("c-1.x_y".into())),
+            LayerRef::Named(LayerName::Shared(3)),
+        ] {
+            let o = Origin::new(layer.clone(), OsString::from("/a b/c\nd e"), &st);
+            let back = Origin::decode(&o.encode()).expect("decodes");
+            assert_eq!(back, o);
+            assert!(back.matches(&st));
+        }
+        let o = Origin::new(LayerRef::Index(1), OsString::from("/x"), &st);
+        assert_eq!(
+            o.encode(),
+            b"v1 1 42 7 1700000000.5 1700000001.999999999 /x"
+        );
         st.st_ctime_nsec = 0;
-        assert!(!back.matches(&st));
-        assert!(Origin::decode(b"v2 1 2 3 4.5 6.7 /x").is_none());
+        assert!(!o.matches(&st));
         assert!(Origin::decode(b"v1 1 2").is_none());
+        for bad in [
+            &b"v3 1 2 3 4.5 6.7 /x"[..],
+            b"v2 1 2 3 4.5 6.7 /x",
+            b"v2 c: 2 3 4.5 6.7 /x",
+            b"v2 c:../up 2 3 4.5 6.7 /x",
+            b"v2 c:.hidden 2 3 4.5 6.7 /x",
+            b"v2 s:+1 2 3 4.5 6.7 /x",
+            b"v2 x:1 2 3 4.5 6.7 /x",
+        ] {
+            assert!(Origin::decode(bad).is_none(), "{bad:?}");
+        }
+        assert_eq!(
+            Origin::decode(b"v2 c:c1 2 3 4.5 6.7 /x").map(|o| o.layer),
+            Some(LayerRef::Named(LayerName::Checkpoint("c1".into())))
+        );
     }
 }

@@ -26,6 +26,7 @@ fn env(populate: impl FnOnce(&Path, &Path)) -> Env {
     populate(&lower, &upper);
     let cfg = Options {
         lowers: vec![lower.clone()],
+        checkpoints: 0,
         upper: upper.clone(),
         work,
         policy: crate::policy::Policy::default(),

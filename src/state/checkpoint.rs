@@ -216,6 +216,7 @@ pub fn checkpoint(
         created: now(),
         upper: ws.upper.clone(),
         squashed: Vec::new(),
+        includes: Vec::new(),
     };
     store.write_pending(&record, synced)?;
     crate::failpoint::crash("checkpoint", "record");
@@ -682,6 +683,7 @@ pub fn list(ws: &Workspace) -> Result<Vec<Record>, StackError> {
                 created: 0,
                 upper: PathBuf::new(),
                 squashed: Vec::new(),
+                includes: Vec::new(),
             }))
         })
         .collect()

@@ -179,6 +179,7 @@ pub fn import(
                     .unwrap_or(0),
                 upper: ws.upper.clone(),
                 squashed: Vec::new(),
+                includes: Vec::new(),
             },
             true,
         )?;

@@ -168,9 +168,10 @@ pub struct Diffed {
 /// standing on checkpoint layers is compared as one layer: the merge of
 /// its upper and those layers (`squash::build_from`, hard links in the
 /// layer store, named `Store::aside_name(.., "diff")` and removed when the
-/// result is dropped). Its origin records name lowers by their place in
-/// other stacks, so renames are then found from the journal only and no
-/// drift is marked.
+/// result is dropped). Its origin records name lowers of the stack, not
+/// of the view, so renames are then found from the journal only and no
+/// drift is marked. Against the checkpoint, records find their layer
+/// through the workspace's stack (`frozen::origins`).
 pub fn changes_against(
     ws: &Workspace,
     paths: &[OsString],
@@ -185,7 +186,10 @@ pub fn changes_against(
         scratch: scratch::of_workspace(ws)?,
         paths: paths.to_vec(),
         moves: Some(Moves::from_journal(&ws.journal_path())),
-        origins: view.is_none(),
+        origins: match view {
+            None => Some(super::frozen::origins::Origins::of(ws)?),
+            Some(_) => None,
+        },
     };
     let layers = match &view {
         Some(v) => Layers::open(&v.path(), &v.shared),

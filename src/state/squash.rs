@@ -24,6 +24,14 @@
 //! A crash before 4 leaves the old stack and, at worst, an unused layer
 //! or a `.squash` directory, which the next squash removes; after 4 the
 //! old layers are unused and the next squash removes them too.
+//!
+//! The upper is left as it is, changes and all: its origin records name
+//! their layers (`c:NAME`, `s:K`, `overlay::origin`), and a name merged
+//! away is found in the layer that holds it now (the record's `includes`,
+//! `frozen::origins`), so they read the same over either stack and no
+//! step rewrites them. Only records of version 1, which index the stack,
+//! would read wrong after it: a squash over an upper that may hold them
+//! is refused (`require_named_origins`).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::OwnedFd;
@@ -72,28 +80,84 @@ pub fn take(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackError>
     }
 }
 
-/// Refuses a squash over an upper that holds changes.
-fn require_empty_upper(ws: &Workspace) -> Result<(), StackError> {
-    // Origin records in the upper name lowers by their index in the
-    // stack (DESIGN.md §5): the stack changes only under an empty upper.
-    if !checkpoint::upper_is_empty(&ws.upper)? {
+/// The file in a workspace's state dir saying that its upper holds no
+/// origin record of version 1 (`overlay::origin`): the upper root's
+/// device and inode, in hex. A checkpoint, an undo or a restore that puts
+/// another directory in the upper's place leaves it saying nothing.
+const NAMED_ORIGINS: &str = "origins-named";
+
+/// Refuses a squash over an upper that may hold origin records of version
+/// 1: they index the stack they were written under, which the squash
+/// changes (a layerfs from before records named their layers wrote them;
+/// this one never does). The upper is searched only when the state dir
+/// does not say it holds none (`NAMED_ORIGINS`), which, when `note`, it
+/// says from then on. A live mount's daemon searches with writes paused
+/// (no record moves meanwhile).
+fn require_named_origins(ws: &Workspace, note: bool) -> Result<(), StackError> {
+    let what = || format!("cannot read {}", ws.upper.display());
+    let up = sys::open_root(&ws.upper).map_err(io_ctx(what()))?;
+    let st = sys::fstat(&up).map_err(io_ctx(what()))?;
+    let id = format!("{:x}-{:x}\n", st.st_dev, st.st_ino);
+    let noted = ws
+        .dir
+        .open_file(NAMED_ORIGINS, libc::O_RDONLY, 0)
+        .and_then(|mut f| {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut f, &mut text).map(|_| text)
+        })
+        .is_ok_and(|t| t == id);
+    if noted {
+        return Ok(());
+    }
+    if let Some(path) = first_indexed_origin(&up).map_err(io_ctx(what()))? {
         return Err(StackError::Refused(format!(
-            "upper {} holds changes since the latest checkpoint: squash changes the stack \
-             under an empty upper only; take a checkpoint first (layerfs checkpoint {}), \
-             then squash",
+            "upper {} holds files copied up by an older layerfs ({} and maybe more): their \
+             origin records name lowers by their place in the stack, which a squash changes; \
+             take a checkpoint first (layerfs checkpoint {}), then squash",
             ws.upper.display(),
+            path.to_string_lossy(),
             ws.upper.display()
         )));
     }
+    if note {
+        // Best effort: without it, the next squash searches again.
+        if let Err(e) = ws.dir.replace_file_unsynced(NAMED_ORIGINS, id.as_bytes()) {
+            tracing::debug!("squash: cannot note the upper's origin records: {e}");
+        }
+    }
     Ok(())
+}
+
+/// The path of the first regular file under `upper` whose origin record
+/// names its layer by index (version 1), if any.
+fn first_indexed_origin(upper: &OwnedFd) -> std::io::Result<Option<OsString>> {
+    use crate::layer::walk::{entry_mode, Step, Walker};
+    use crate::overlay::origin::{LayerRef, Origin};
+    let mut w = Walker::new(upper)?;
+    while let Some(step) = w.step()? {
+        let Step::Entry(e) = step else { continue };
+        match entry_mode(w.dir()?, &e)? {
+            libc::S_IFDIR => w.descend(&e.name)?,
+            libc::S_IFREG => {
+                let o = Origin::read_at(w.dir()?, &e.name);
+                if o.is_some_and(|o| matches!(o.layer, LayerRef::Index(_))) {
+                    return Ok(Some(w.child_path(&e.name)));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
 }
 
 /// `layerfs squash`: merges every layer of `ws`'s stack below its `keep`
 /// newest into one. `Ok(None)` when fewer than two would be merged.
 /// Refused when a layer to merge is stood on by anything but this
-/// workspace's own stack. A mounted workspace's daemon passes `live`: the
-/// layer is built while the mount serves, then, writes paused, the upper
-/// is checked empty again, the stack switched and served (`Live`).
+/// workspace's own stack, and when the upper may hold origin records of
+/// version 1 (`require_named_origins`); the upper's changes stay as they
+/// are (their records name their layers, `frozen::origins`). A mounted
+/// workspace's daemon passes `live`: the layer is built while the mount
+/// serves, then, writes paused, the stack is switched and served (`Live`).
 pub fn squash(
     ws: &Workspace,
     keep: usize,
@@ -117,7 +181,7 @@ pub fn squash(
     checkpoint::settle(&store, &stack, &ws.upper)?;
     sweep(&store, &ws.dir, &ws.upper);
     store.sweep_aside();
-    require_empty_upper(ws)?;
+    require_named_origins(ws, live.is_none())?;
     if stack.layers.len() < keep + 2 {
         return Ok(None);
     }
@@ -144,6 +208,15 @@ pub fn squash(
     build(&store, &merged, &tmp)?;
     crate::failpoint::crash("squash", "built");
     let top = store.record(&merged[0])?;
+    let mut includes: Vec<String> = Vec::new();
+    for m in &merged {
+        let held = store.record(m)?.map(|r| r.holds()).unwrap_or_default();
+        for n in std::iter::once(m.clone()).chain(held) {
+            if !includes.contains(&n) {
+                includes.push(n);
+            }
+        }
+    }
     let shared = checkpoint::shared_lowers(ws, &stack);
     store.write_record(&Record {
         name: name.clone(),
@@ -152,17 +225,19 @@ pub fn squash(
         created: top.as_ref().map_or(0, |r| r.created),
         upper: ws.upper.clone(),
         squashed: merged.clone(),
+        includes,
     })?;
     store.place(&tmp, &name)?;
     crate::failpoint::crash("squash", "layer");
     store.hold(&name, &ws.dir)?;
     if let Some(l) = live.as_deref_mut() {
-        // Writes paused from here: the upper must still be empty (a
-        // copy-up meanwhile recorded its origin by the old stack), and
-        // stays so until the new stack is served. An unused layer left
-        // here is removed by the next squash (`sweep`).
+        // Writes paused from here until the new stack is served: a copy-up
+        // meanwhile named its layer (`c:NAME` finds the merged layer
+        // after the switch), and no record moves while the upper is
+        // searched for indexed ones. An unused layer left here is removed
+        // by the next squash (`sweep`).
         l.pause()?;
-        if let Err(e) = require_empty_upper(ws) {
+        if let Err(e) = require_named_origins(ws, true) {
             let _ = store.remove(&name);
             return Err(e);
         }

@@ -111,6 +111,7 @@ impl Reclaim {
             None => Vec::new(),
         };
         let ov = crate::overlay::Overlay::new(&crate::overlay::Options {
+            checkpoints: frozen.len(),
             lowers: frozen
                 .into_iter()
                 .chain(self.lowers.iter().cloned())

@@ -12,7 +12,7 @@ use crate::crash::{tree_view, view_diff};
 use crate::harness::*;
 
 /// Runs `layerfs ARGS`, which must succeed; returns its stdout.
-fn ok(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
+pub(crate) fn ok(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
     let out = layerfs(&args);
     assert!(
@@ -24,14 +24,14 @@ fn ok(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
 }
 
 /// Runs `layerfs ARGS`, which must fail; returns its stderr.
-fn refused(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
+pub(crate) fn refused(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
     let out = layerfs(&args);
     assert!(!out.status.success(), "layerfs {args:?} succeeded");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn layer(ws: &Workspace, name: &str) -> PathBuf {
+pub(crate) fn layer(ws: &Workspace, name: &str) -> PathBuf {
     ws.dir
         .path()
         .join(".upper.layerfs-state")
@@ -45,7 +45,10 @@ fn is_empty(dir: &Path) -> bool {
 
 /// The tree kernel overlayfs shows for `layers` (topmost first) over the
 /// shared lower, with the workspace's upper on top.
-fn kernel_view(ws: &Workspace, layers: &[&str]) -> std::collections::BTreeMap<String, String> {
+pub(crate) fn kernel_view(
+    ws: &Workspace,
+    layers: &[&str],
+) -> std::collections::BTreeMap<String, String> {
     let lowerdirs: Vec<PathBuf> = layers
         .iter()
         .map(|n| layer(ws, n))
@@ -59,7 +62,44 @@ fn kernel_view(ws: &Workspace, layers: &[&str]) -> std::collections::BTreeMap<St
     view
 }
 
-fn assert_same(
+/// Kernel overlayfs over `layers` (topmost first), the shared lower and
+/// the upper of `ws` shows `view` (link counts aside).
+pub(crate) fn assert_kernel_shows(
+    ws: &Workspace,
+    layers: &[&str],
+    view: &std::collections::BTreeMap<String, String>,
+    what: &str,
+) {
+    assert_same(
+        &links_aside(view),
+        &links_aside(&kernel_view(ws, layers)),
+        what,
+    );
+}
+
+/// After a squash of `ws` was stopped, its stack is the one it had, `old`,
+/// or the new one (a single layer of a generated name), never a mix.
+pub(crate) fn assert_old_or_squashed(ws: &Workspace, old: &[&str], what: &str) {
+    let stack = stack_of(ws);
+    assert!(
+        stack == old || (stack.len() == 1 && !stack[0].starts_with('c')),
+        "{what}: a mixed stack {stack:?}"
+    );
+}
+
+/// The next squash of the unmounted `ws`, after one was stopped, leaves
+/// one layer and the view `view`.
+pub(crate) fn assert_squash_finishes(
+    ws: &Workspace,
+    view: &std::collections::BTreeMap<String, String>,
+    what: &str,
+) {
+    ok(&[&"squash", &ws.upper]);
+    assert_eq!(stack_of(ws).len(), 1, "{what}");
+    assert_same(view, &view_of(ws), &format!("squash after, {what}"));
+}
+
+pub(crate) fn assert_same(
     a: &std::collections::BTreeMap<String, String>,
     b: &std::collections::BTreeMap<String, String>,
     what: &str,
@@ -70,7 +110,7 @@ fn assert_same(
 
 /// `view` with every link count left out: a hard link made in the upper
 /// shows one link per name once a checkpoint moved it into a lower.
-fn links_aside(
+pub(crate) fn links_aside(
     view: &std::collections::BTreeMap<String, String>,
 ) -> std::collections::BTreeMap<String, String> {
     view.iter()
@@ -480,7 +520,7 @@ fn undo_returns_the_upper_to_the_checkpoint_exactly_and_steps_back() {
 }
 
 /// `layerfs ARGS` with a crash armed at `op`'s `step`: it must die there.
-fn crash_at(op: &str, step: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) {
+pub(crate) fn crash_at(op: &str, step: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) {
     let out = Command::new(bin())
         .args(args.iter().map(|a| a.as_ref()))
         .env("LAYERFS_FAILPOINT", format!("abort:{op}:{step}"))
@@ -742,7 +782,7 @@ fn run_ok(args: &[&str]) -> std::process::Output {
 }
 
 /// The tree a fresh mount of `ws` shows.
-fn view_of(ws: &Workspace) -> std::collections::BTreeMap<String, String> {
+pub(crate) fn view_of(ws: &Workspace) -> std::collections::BTreeMap<String, String> {
     let m = ws.mount();
     let v = tree_view(m.path());
     assert!(m.unmount());
@@ -1119,33 +1159,46 @@ fn layered() -> (Workspace, std::collections::BTreeMap<String, String>) {
     let ws = Workspace::new();
     let l = ws.lower();
     shared_tree(l);
-    for (name, script) in [
-        (
-            "c1",
-            "echo new > new && echo more >> a && rm gone && mv d d2 && rm -r o && mkdir o \
-             && echo z > o/z && chmod 600 keep/k && ln -s a link && echo h > h && ln h h2",
-        ),
-        (
-            "c2",
-            "rm new && mv d2 d3 && echo w > o/w && echo more >> d3/sub/x && echo again >> a \
-             && mkdir n && echo 1 > n/1 && echo 1 > n/old",
-        ),
-        (
-            "c3",
-            "rm -r n && mkdir n && echo 2 > n/2 && echo 3 > three && rm o/z && chmod 700 o",
-        ),
-    ] {
-        let m = ws.mount();
-        sh(m.path(), script);
-        assert!(m.unmount());
-        ok(&[&"checkpoint", &ws.upper, &name]);
-    }
-    let view = view_of(&ws);
+    let view = checkpoints(
+        &ws,
+        &[
+            (
+                "c1",
+                "echo new > new && echo more >> a && rm gone && mv d d2 && rm -r o && mkdir o \
+                 && echo z > o/z && chmod 600 keep/k && ln -s a link && echo h > h && ln h h2",
+            ),
+            (
+                "c2",
+                "rm new && mv d2 d3 && echo w > o/w && echo more >> d3/sub/x && echo again >> a \
+                 && mkdir n && echo 1 > n/1 && echo 1 > n/old",
+            ),
+            (
+                "c3",
+                "rm -r n && mkdir n && echo 2 > n/2 && echo 3 > three && rm o/z && chmod 700 o",
+            ),
+        ],
+    );
     (ws, view)
 }
 
+/// Takes the checkpoints `steps` of the unmounted workspace `ws` in turn,
+/// each (name, script) the script run in a mount of it, then the
+/// checkpoint; returns the view at the last one.
+pub(crate) fn checkpoints(
+    ws: &Workspace,
+    steps: &[(&str, &str)],
+) -> std::collections::BTreeMap<String, String> {
+    for (name, script) in steps {
+        let m = ws.mount();
+        sh(m.path(), script);
+        assert!(m.unmount());
+        ok(&[&"checkpoint", &ws.upper, name]);
+    }
+    view_of(ws)
+}
+
 /// The layer names of `ws`'s stack, topmost first.
-fn stack_of(ws: &Workspace) -> Vec<String> {
+pub(crate) fn stack_of(ws: &Workspace) -> Vec<String> {
     let list: serde_json::Value =
         serde_json::from_str(&ok(&[&"checkpoint", &"list", &"--json", &ws.upper])).unwrap();
     list.as_array()
@@ -1163,14 +1216,12 @@ fn squash_merges_layers_into_one_with_the_same_tree_as_kernel_overlay() {
         &links_aside(&kernel_view(&ws, &["c3", "c2", "c1"])),
         "kernel overlayfs before the squash",
     );
-    // Changes since the latest checkpoint: refused (their origin records
-    // index the stack), until they are checkpointed too.
+    // Changes since the latest checkpoint, checkpointed too (a squash
+    // over changes left in the upper: tests/it/squash.rs).
     let m = ws.mount();
     sh(m.path(), "echo top > top && echo top >> three");
     let view = tree_view(m.path());
     assert!(m.unmount());
-    let e = refused(&[&"squash", &ws.upper]);
-    assert!(e.contains("take a checkpoint first"), "{e}");
     ok(&[&"checkpoint", &ws.upper, &"c4"]);
     let out = ok(&[&"squash", &ws.upper]);
     let name = out.split_whitespace().next().unwrap().to_string();
@@ -1244,11 +1295,9 @@ fn squash_keeps_the_newest_layers_and_forks_of_them() {
 fn a_live_squash_keeps_the_view_while_a_reader_holds_a_file_and_kernel_overlay_agrees() {
     let (ws, _) = layered();
     let m = ws.mount();
-    // Changes since the latest checkpoint: refused (their origin records
-    // index the stack), until a live checkpoint takes them.
+    // Changes since the latest checkpoint, taken by a live checkpoint (a
+    // squash over changes left in the upper: tests/it/squash.rs).
     sh(m.path(), "echo top > top");
-    let e = refused(&[&"squash", &m.path()]);
-    assert!(e.contains("take a checkpoint first"), "{e}");
     ok(&[&"checkpoint", &m.path(), &"c4"]);
     let view = tree_view(m.path());
     // A reader holds a file of a merged layer open, half read.
@@ -1536,19 +1585,9 @@ fn a_crash_at_any_step_of_a_squash_leaves_the_old_stack_or_the_new_one() {
         let (ws, view) = layered();
         crash_at("squash", step, &[&"squash", &ws.upper]);
         assert_same(&view, &view_of(&ws), &format!("squash crashed at {step}"));
-        let stack = stack_of(&ws);
-        assert!(
-            stack == ["c3", "c2", "c1"] || (stack.len() == 1 && !stack[0].starts_with('c')),
-            "crash at {step}: a mixed stack {stack:?}"
-        );
+        assert_old_or_squashed(&ws, &["c3", "c2", "c1"], &format!("crash at {step}"));
         // The next squash finishes or redoes it, and cleans up.
-        ok(&[&"squash", &ws.upper]);
-        assert_eq!(stack_of(&ws).len(), 1, "crash at {step}");
-        assert_same(
-            &view,
-            &view_of(&ws),
-            &format!("squash after a crash at {step}"),
-        );
+        assert_squash_finishes(&ws, &view, &format!("crash at {step}"));
         let store = ws.dir.path().join(".upper.layerfs-state").join("layers");
         let left: Vec<String> = fs::read_dir(&store)
             .unwrap()

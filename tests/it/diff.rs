@@ -448,13 +448,14 @@ fn origin_record_is_hidden_and_harmless_to_kernel_overlayfs() {
     let m = ws.mount();
     sh(m.path(), "echo more >> a.txt");
     let name = "trusted.overlay.layerfs.origin";
-    // In the upper: the record names the lower original.
+    // In the upper: the record names the lower original (the first
+    // shared lower, by name: `s:0`).
     let raw = xattr::get(ws.upper.join("a.txt"), name)
         .unwrap()
         .expect("origin recorded");
     let text = String::from_utf8(raw).unwrap();
     assert!(
-        text.starts_with("v1 0 ") && text.ends_with(" /a.txt"),
+        text.starts_with("v2 s:0 ") && text.ends_with(" /a.txt"),
         "{text}"
     );
     // Through the mount: never listed, read, set nor removed.

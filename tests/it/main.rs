@@ -45,6 +45,7 @@ mod sandbox_audit;
 mod shared;
 mod sharing;
 mod snapshot;
+mod squash;
 mod state;
 mod stress;
 mod systemd;

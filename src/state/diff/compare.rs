@@ -8,6 +8,7 @@ use std::os::fd::OwnedFd;
 use crate::layer::stack::{rel_of, stat_in, BaseEntry};
 use crate::layer::sys::{self, Stat};
 use crate::overlay::origin::Origin;
+use crate::state::frozen::origins::Found;
 
 use super::walk::Walk;
 use super::Kind;
@@ -77,7 +78,7 @@ impl Walk<'_> {
     /// Whether the upper file `name` in `dir` has an origin record whose
     /// shared original is no longer what was copied.
     pub(super) fn drifted(&self, dir: &OwnedFd, name: &OsStr) -> bool {
-        if !self.filter.origins {
+        if self.filter.origins.is_none() {
             return false;
         }
         let Ok(fd) = sys::open_path(dir, name) else {
@@ -89,14 +90,28 @@ impl Walk<'_> {
         }
     }
 
+    /// Whether the original `o` names is no longer what was copied: it is
+    /// gone, or its identity changed. A checkpoint layer never changes
+    /// (`frozen::origins`): an original in one has not drifted.
     pub(super) fn origin_drifted(&self, o: &Origin) -> bool {
-        let Some(root) = self.layers.lowers.get(o.layer) else {
+        let Some(at) = self.origin_layer(o) else {
+            return true;
+        };
+        if at.frozen {
+            return false;
+        }
+        let Some(root) = self.layers.lowers.get(at.index) else {
             return true;
         };
         match stat_in(root, &rel_of(&o.path)) {
             Ok(st) => !o.matches(&st),
             Err(_) => true,
         }
+    }
+
+    /// Where the layer `o` names is among these lowers now.
+    pub(super) fn origin_layer(&self, o: &Origin) -> Option<Found> {
+        self.filter.origins.as_ref()?.find(&o.layer)
     }
 }
 

@@ -254,11 +254,12 @@ pub struct Filter {
     /// Moves the journal saw, to label an added file that continues a
     /// deleted shared one as its rename (`state::moves`).
     pub moves: Option<super::moves::Moves>,
-    /// Whether the upper's origin records name entries of these lowers
-    /// (they find moves and drift). False for a merged view whose records
-    /// name lowers by their place in stacks of other depths (`diff --base
-    /// shared`): moves then come from the journal only, and no drift shows.
-    pub origins: bool,
+    /// The names of these lowers, to find the layer an upper's origin
+    /// record names (they find moves and drift). `None` for a merged view,
+    /// whose records name lowers of the workspace's stack, not of the view
+    /// (`diff --base shared`): moves then come from the journal only, and
+    /// no drift shows.
+    pub origins: Option<crate::state::frozen::origins::Origins>,
 }
 
 impl Filter {

@@ -7,7 +7,6 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 
 use crate::layer::stack::rel_of;
-use crate::layer::sys::{self};
 use crate::layer::walk::{self};
 use crate::overlay::origin::Origin;
 use crate::state::moves;
@@ -19,7 +18,7 @@ impl Walk<'_> {
     /// Turns an added file whose origin is a deleted shared file into a
     /// rename of it (one added file per deleted original).
     pub(super) fn match_moves(&mut self) {
-        if self.deleted.is_empty() || !self.filter.origins {
+        if self.deleted.is_empty() || self.filter.origins.is_none() {
             return;
         }
         // Only now, and only when a shared file was deleted, are the added
@@ -41,10 +40,13 @@ impl Walk<'_> {
             let Some((_, dfd)) = &dir else {
                 continue;
             };
-            let Some(o) = origin_at(dfd, name) else {
+            let Some(o) = Origin::read_at(dfd, name) else {
                 continue;
             };
-            let Some(d) = self.deleted.remove(&(o.layer, rel_of(&o.path))) else {
+            let Some(at) = self.origin_layer(&o) else {
+                continue;
+            };
+            let Some(d) = self.deleted.remove(&(at.index, rel_of(&o.path))) else {
                 continue;
             };
             let conflict = self.origin_drifted(&o);
@@ -118,19 +120,4 @@ fn split_parent(p: &OsStr) -> (&OsStr, &OsStr) {
         Some(i) => (OsStr::from_bytes(&b[..i]), OsStr::from_bytes(&b[i + 1..])),
         None => (OsStr::new(""), p),
     }
-}
-
-/// The origin record of `name` in `dir`, if it has one. Most upper files
-/// have no xattrs at all: one `listxattrat` call answers for them.
-fn origin_at(dir: &OwnedFd, name: &OsStr) -> Option<Origin> {
-    let list = sys::listxattr_at(dir, name).ok()?;
-    let has = list.split(|&b| b == 0).any(|n| {
-        crate::overlay::origin::ORIGIN_NAMES
-            .iter()
-            .any(|o| o.as_bytes() == n)
-    });
-    if !has {
-        return None;
-    }
-    Origin::read(&sys::open_path(dir, name).ok()?)
 }

@@ -321,5 +321,6 @@ pub fn frozen_paths(state: &SafeDir) -> Result<Vec<PathBuf>, StackError> {
     })
 }
 
+pub mod origins;
 mod store;
 pub use store::{Record, Store};

@@ -26,6 +26,11 @@ pub struct Record {
     /// For a layer `layerfs squash` made: the layers it replaced (removed
     /// after the switch; `state::squash`).
     pub squashed: Vec<String>,
+    /// For a layer `layerfs squash` made: every checkpoint it holds, the
+    /// layers it replaced and those they held in turn, so origin records
+    /// naming any of them still find it (`frozen::origins`). Kept apart
+    /// from `squashed`: only those are removed after a squash.
+    pub includes: Vec<String>,
 }
 
 impl Record {
@@ -35,6 +40,27 @@ impl Record {
             .chain(self.below.iter().cloned())
             .collect()
     }
+
+    /// The checkpoints merged into this layer (`includes`; for a layer
+    /// squashed before that was written, `squashed`).
+    pub fn holds(&self) -> Vec<String> {
+        let mut all = self.includes.clone();
+        for n in &self.squashed {
+            if !all.contains(n) {
+                all.push(n.clone());
+            }
+        }
+        all
+    }
+}
+
+/// The valid layer names in the list `v` (none when it is no list).
+fn valid_names(v: &serde_json::Value) -> Vec<String> {
+    names(v)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| crate::state::snapshot_id::validate(OsStr::new(n)).is_ok())
+        .collect()
 }
 
 /// A layer store, opened checked (`SafeDir`, role `Layers`).
@@ -176,11 +202,8 @@ impl Store {
                 .collect(),
             created: v["created"].as_i64().unwrap_or(0),
             upper: PathBuf::from(v["upper"].as_str().unwrap_or_default()),
-            squashed: names(&v["squashed"])
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|n| crate::state::snapshot_id::validate(OsStr::new(n)).is_ok())
-                .collect(),
+            squashed: valid_names(&v["squashed"]),
+            includes: valid_names(&v["includes"]),
         }))
     }
 
@@ -268,6 +291,9 @@ impl Store {
         let mut v = v;
         if !r.squashed.is_empty() {
             v["squashed"] = json!(r.squashed);
+        }
+        if !r.includes.is_empty() {
+            v["includes"] = json!(r.includes);
         }
         let mut text = serde_json::to_string_pretty(&v).unwrap_or_default();
         text.push('\n');
@@ -501,6 +527,7 @@ mod tests {
             created: 7,
             upper: PathBuf::from("/u"),
             squashed: Vec::new(),
+            includes: Vec::new(),
         };
         assert_eq!(pending_name(".a.b.pending.json"), Some("a.b"));
         assert_eq!(pending_name("a.pending.json"), None);
@@ -591,6 +618,7 @@ mod tests {
                     created: 0,
                     upper: PathBuf::from("/u"),
                     squashed: Vec::new(),
+                    includes: Vec::new(),
                 })
                 .unwrap();
         }
