@@ -1887,6 +1887,37 @@ fn a_write_or_truncate_by_another_user_clears_setuid_and_setgid() {
         0o777,
         "setuid/setgid survive another user's open(O_TRUNC)"
     );
+    // fallocate and copy_file_range change the data without a WRITE: the
+    // kernel hands the clearing over as a SETATTR that sets nothing.
+    for f in ["falloc", "copied", "source"] {
+        write(&m.p(f), b"c");
+        fs::set_permissions(m.p(f), fs::Permissions::from_mode(0o6777)).unwrap();
+    }
+    let (ok, err) = as_nobody(&[
+        "fallocate",
+        "-l",
+        "65536",
+        &m.p("falloc").display().to_string(),
+    ]);
+    assert!(ok, "nobody fallocates a 0777 file: {err}");
+    assert_eq!(
+        mode("falloc"),
+        0o777,
+        "setuid/setgid survive another user's fallocate"
+    );
+    let copy = format!(
+        "import os; s = os.open({:?}, os.O_RDONLY); d = os.open({:?}, os.O_WRONLY); \
+         assert os.copy_file_range(s, d, 1, 0, 1) == 1",
+        m.p("source").display().to_string(),
+        m.p("copied").display().to_string()
+    );
+    let (ok, err) = as_nobody(&["/usr/bin/python3", "-c", &copy]);
+    assert!(ok, "nobody copies into a 0777 file: {err}");
+    assert_eq!(
+        mode("copied"),
+        0o777,
+        "setuid/setgid survive another user's copy_file_range"
+    );
     assert_eq!(
         fs::metadata(ws.lower().join("lowsuid"))
             .unwrap()
