@@ -126,6 +126,14 @@ impl Overlay {
     /// `lacks_fsetid` is asked only when there are bits to clear. Returns
     /// the new attributes, or `None` when nothing changed (no upper copy,
     /// no bits, or a caller that keeps them).
+    ///
+    /// Invariant: the read of the mode and the fchmod are not atomic here;
+    /// what keeps a concurrent chmod from being undone by the stale mode is
+    /// the kernel, which holds the FUSE inode's lock while it sends each
+    /// request that leads here (a WRITE without direct I/O, a SETATTR, an
+    /// OPEN with `O_TRUNC`) and while it sends a chmod's SETATTR. layerfs
+    /// opens no file for direct or parallel writes; doing so would need a
+    /// lock of the daemon's own around this and `setattr`'s fchmod.
     pub fn kill_suid(&self, id: u64, lacks_fsetid: impl FnOnce() -> bool) -> Result<Option<Stat>> {
         let inode = self.inode(id)?;
         let Some(upper) = inode.real.read().upper.clone() else {
