@@ -44,6 +44,7 @@ use super::workspace::Workspace;
 use crate::layer::ops;
 use crate::layer::safedir::SafeDir;
 use crate::layer::sys;
+use crate::overlay::origin::{MOVED_IN_NAMES, MOVED_IN_VALUE, MOVED_IN_XATTR};
 
 /// What a squash did.
 pub struct Squashed {
@@ -82,8 +83,12 @@ pub fn take(ws: &Workspace, keep: usize) -> Result<Option<Squashed>, StackError>
 
 /// The file in a workspace's state dir saying that its upper holds no
 /// origin record of version 1 (`overlay::origin`): the upper root's
-/// device and inode, in hex. A checkpoint, an undo or a restore that puts
-/// another directory in the upper's place leaves it saying nothing.
+/// device, inode and birth time, in hex. A checkpoint, an undo or a
+/// restore that puts another directory in the upper's place leaves it
+/// saying nothing: that directory is another file, even if its inode
+/// number is the old upper's, recycled (its birth time differs). On a
+/// filesystem that keeps no birth time nothing is noted, and every squash
+/// searches.
 const NAMED_ORIGINS: &str = "origins-named";
 
 /// Refuses a squash over an upper that may hold origin records of version
@@ -97,15 +102,17 @@ fn require_named_origins(ws: &Workspace, note: bool) -> Result<(), StackError> {
     let what = || format!("cannot read {}", ws.upper.display());
     let up = sys::open_root(&ws.upper).map_err(io_ctx(what()))?;
     let st = sys::fstat(&up).map_err(io_ctx(what()))?;
-    let id = format!("{:x}-{:x}\n", st.st_dev, st.st_ino);
-    let noted = ws
-        .dir
-        .open_file(NAMED_ORIGINS, libc::O_RDONLY, 0)
-        .and_then(|mut f| {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut f, &mut text).map(|_| text)
-        })
-        .is_ok_and(|t| t == id);
+    let born = sys::birth_time(&up).map_err(io_ctx(what()))?;
+    let id = born.map(|(s, ns)| format!("{:x}-{:x}-{s:x}.{ns:x}\n", st.st_dev, st.st_ino));
+    let noted = id.is_some()
+        && ws
+            .dir
+            .open_file(NAMED_ORIGINS, libc::O_RDONLY, 0)
+            .and_then(|mut f| {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut f, &mut text).map(|_| text)
+            })
+            .is_ok_and(|t| Some(t) == id);
     if noted {
         return Ok(());
     }
@@ -119,7 +126,7 @@ fn require_named_origins(ws: &Workspace, note: bool) -> Result<(), StackError> {
             ws.upper.display()
         )));
     }
-    if note {
+    if let (true, Some(id)) = (note, id) {
         // Best effort: without it, the next squash searches again.
         if let Err(e) = ws.dir.replace_file_unsynced(NAMED_ORIGINS, id.as_bytes()) {
             tracing::debug!("squash: cannot note the upper's origin records: {e}");
@@ -398,6 +405,12 @@ impl Merge<'_> {
         let top = sys::open_dir(&meta[0])?;
         let dst = sys::open_dir(out)?;
         copy_dir_xattrs(&top, &dst)?;
+        // A file moved into this directory in an older layer lies in the
+        // merge too: the moved-in mark (a hint to read its origin record,
+        // `overlay::origin`) is kept if any part has it.
+        if dirs[1..].iter().any(has_moved_in) && !has_moved_in(&meta[0]) {
+            sys::setxattr(&dst, &mark(MOVED_IN_XATTR), MOVED_IN_VALUE, 0)?;
+        }
         sys::fchown(&dst, Some(like.st_uid), Some(like.st_gid))?;
         sys::fchmod(&dst, like.st_mode & 0o7777)?;
         let times = [
@@ -527,6 +540,14 @@ fn child_path(parent: &[u8], name: &[u8]) -> Vec<u8> {
     }
     p.extend_from_slice(name);
     p
+}
+
+/// Whether directory `d` carries the moved-in mark, in either spelling.
+fn has_moved_in(d: &OwnedFd) -> bool {
+    MOVED_IN_NAMES.iter().any(|n| {
+        let n = CString::new(*n).expect("no NUL");
+        sys::getxattr(d, &n).is_ok()
+    })
 }
 
 /// An overlay mark in the spelling a mount by this user writes.

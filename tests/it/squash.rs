@@ -286,3 +286,40 @@ fn a_squash_is_refused_over_records_of_an_older_layerfs_until_a_checkpoint() {
     assert!(out.contains("merged 4 checkpoints"), "{out}");
     assert_same(&view, &view_of(&ws), "after the squash");
 }
+
+#[test]
+fn a_squash_searches_again_an_upper_put_in_the_place_of_the_one_it_searched() {
+    let (ws, _) = on_checkpoints();
+    let out = ok(&[&"squash", &ws.upper, &"--keep", &"1"]);
+    assert!(out.contains("merged 2 checkpoints"), "{out}");
+    let m = ws.mount();
+    sh(m.path(), "echo edited >> a");
+    assert!(m.unmount());
+    // Other directories take the upper's place, as restores do, until
+    // the filesystem gives one the first upper's inode number (ext4 hands
+    // out the lowest free one; the ones below it are held meanwhile).
+    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+    let first = ino(&ws.upper);
+    let aside = ws.dir.path().join("aside");
+    fs::create_dir(&aside).unwrap();
+    let swap = |k: usize| {
+        let old = aside.join(k.to_string());
+        fs::rename(&ws.upper, &old).unwrap();
+        fs::create_dir(&ws.upper).unwrap();
+        fs::rename(old.join("a"), ws.upper.join("a")).unwrap();
+        old
+    };
+    fs::remove_dir(swap(0)).unwrap();
+    let mut k = 1;
+    while ino(&ws.upper) != first && k < 5000 {
+        swap(k);
+        k += 1;
+    }
+    eprintln!(
+        "upper inode first {first}, now {} after {k} swaps",
+        ino(&ws.upper)
+    );
+    make_indexed(&ws.upper.join("a"));
+    let e = refused(&[&"squash", &ws.upper]);
+    assert!(e.contains("older layerfs (a and maybe more)"), "{e}");
+}

@@ -162,6 +162,29 @@ pub fn fstatat(dir: &impl AsFd, name: &OsStr) -> io::Result<Stat> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// The birth time (seconds, nanoseconds) of the file an fd (also
+/// `O_PATH`) refers to; `None` where the filesystem does not keep one.
+/// With the inode number it names one file for good: a recycled inode
+/// number comes with a new birth time.
+pub fn birth_time(fd: &impl AsFd) -> io::Result<Option<(i64, u32)>> {
+    let mut stx = MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: the empty path with AT_EMPTY_PATH names the fd itself; stx
+    // is writable and written by the kernel on success.
+    check(unsafe {
+        libc::statx(
+            fd.as_fd().as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BTIME,
+            stx.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: zeroed, then filled by statx on success.
+    let stx = unsafe { stx.assume_init() };
+    Ok((stx.stx_mask & libc::STATX_BTIME != 0)
+        .then_some((stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec)))
+}
+
 /// stat of the file an fd (also `O_PATH`) refers to.
 pub fn fstat(fd: &impl AsFd) -> io::Result<Stat> {
     let mut st = MaybeUninit::<Stat>::uninit();
