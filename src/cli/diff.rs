@@ -19,9 +19,10 @@ entry of a new directory, every shared entry beneath a deleted one
 Scratch paths are left out.
 A fork, or a workspace with checkpoints, is compared with its lowers: the
 checkpoint layers it stands on, then the shared lowers. `--base shared` compares
-its whole view with the shared lowers (renames then come from the journal only,
-and no conflict is marked); `--patch --base shared` applied to a copy of the
-shared tree gives the view.
+its whole view with the shared lowers (a file moved before the checkpoint and
+again after it is one rename of its shared original; conflicts are marked as
+usual); `--patch --base shared` applied to a copy of the shared tree gives the
+view.
 
 Examples:
   layerfs diff ~/ws/mnt                  # a live mount

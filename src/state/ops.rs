@@ -169,9 +169,11 @@ pub struct Diffed {
 /// its upper and those layers (`squash::build_from`, hard links in the
 /// layer store, named `Store::aside_name(.., "diff")` and removed when the
 /// result is dropped). Its origin records name lowers of the stack, not
-/// of the view, so renames are then found from the journal only and no
-/// drift is marked. Against the checkpoint, records find their layer
-/// through the workspace's stack (`frozen::origins`).
+/// of the view: they are followed through the checkpoint layers to the
+/// shared file they began as (`Origins::shared_view`), which gives the
+/// renames and drift against the shared tree. Against the checkpoint,
+/// records find their layer through the workspace's stack
+/// (`frozen::origins`).
 pub fn changes_against(
     ws: &Workspace,
     paths: &[OsString],
@@ -186,10 +188,10 @@ pub fn changes_against(
         scratch: scratch::of_workspace(ws)?,
         paths: paths.to_vec(),
         moves: Some(Moves::from_journal(&ws.journal_path())),
-        origins: match view {
-            None => Some(super::frozen::origins::Origins::of(ws)?),
-            Some(_) => None,
-        },
+        origins: Some(match view {
+            None => super::frozen::origins::Origins::of(ws)?,
+            Some(_) => super::frozen::origins::Origins::shared_view(ws)?,
+        }),
     };
     let layers = match &view {
         Some(v) => Layers::open(&v.path(), &v.shared),

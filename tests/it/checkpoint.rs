@@ -1964,3 +1964,78 @@ fn an_import_killed_at_any_step_leaves_the_checkpoint_whole_or_its_name_free() {
     assert_eq!(fs::read_to_string(f.0.join("mine")).unwrap(), "mine\n");
     drop(f);
 }
+
+#[test]
+fn diff_with_base_shared_finds_moves_made_before_the_checkpoint_and_after_it_in_the_fork() {
+    let ws = Workspace::new();
+    let l = ws.lower();
+    for n in ["f1", "f2", "f3", "f4", "f5"] {
+        fs::write(l.join(n), format!("{n}\n")).unwrap();
+    }
+    fs::create_dir(l.join("dir")).unwrap();
+    let m = ws.mount();
+    // Moves in the workspace the checkpoint freezes: f1 moved and left
+    // alone after; f2 moved, then moved on in the fork; f3 moved, then
+    // changed in the shared tree (drift); f4 moved into a directory the
+    // fork later writes into (its upper copy of `dir` has no mark of its
+    // own).
+    sh(
+        m.path(),
+        "mv f1 g1 && mv f2 g2 && mv f3 g3 && mv f4 dir/g4 && echo more >> g1",
+    );
+    assert!(m.unmount());
+    ok(&[&"checkpoint", &ws.upper, &"base"]);
+    let f = fork(&ws, "base", 1);
+    sh(&f.0, "mv g2 h2 && echo n > dir/new && mv f5 h5");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs::write(l.join("f3"), "changed in the shared tree\n").unwrap();
+
+    let d = ok(&[&"diff", &"--base", &"shared", &f.0]);
+    let lines: Vec<&str> = d.lines().collect();
+    for want in [
+        "R f1 -> g1",
+        "R f2 -> h2",
+        "R f4 -> dir/g4",
+        "R f5 -> h5",
+        "A dir/new",
+    ] {
+        assert!(lines.contains(&want), "no `{want}` in:\n{d}");
+    }
+    for gone in ["f1", "f2", "f4", "f5"] {
+        assert!(
+            !lines.contains(&format!("D {gone}").as_str()),
+            "{gone} listed as deleted:\n{d}"
+        );
+    }
+    let json = ok(&[&"diff", &"--json", &"--base", &"shared", &f.0]);
+    let rows: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let row = |p: &str| {
+        rows.iter()
+            .find(|v| v["path"] == p)
+            .unwrap_or_else(|| panic!("no {p} in:\n{json}"))
+            .clone()
+    };
+    let g3 = row("g3");
+    assert_eq!(g3["change"], "renamed", "{json}");
+    assert_eq!(g3["from"], "f3", "{json}");
+    assert_eq!(
+        g3["conflict"], true,
+        "a drifted original not marked:\n{json}"
+    );
+    assert_eq!(row("h2")["conflict"], false, "{json}");
+    assert_eq!(row("g1")["from"], "f1", "{json}");
+
+    // Against the checkpoint, the fork's own move of a checkpoint file.
+    let d = ok(&[&"diff", &f.0]);
+    let lines: Vec<&str> = d.lines().collect();
+    assert!(lines.contains(&"R g2 -> h2"), "{d}");
+    assert!(lines.contains(&"R f5 -> h5"), "{d}");
+    // The patch against the shared tree still turns a copy of it into
+    // the view.
+    let patch = ok(&[&"diff", &"--patch", &"--base", &"shared", &f.0]);
+    crate::harness::assert_patch_gives(ws.dir.path(), ws.lower(), &patch, &f.0);
+    drop(f);
+}

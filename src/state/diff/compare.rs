@@ -94,9 +94,14 @@ impl Walk<'_> {
     /// gone, or its identity changed. A checkpoint layer never changes
     /// (`frozen::origins`): an original in one has not drifted.
     pub(super) fn origin_drifted(&self, o: &Origin) -> bool {
-        let Some(at) = self.origin_layer(o) else {
-            return true;
-        };
+        match self.origin_layer(o) {
+            Some((at, o)) => self.resolved_drifted(at, &o),
+            None => true,
+        }
+    }
+
+    /// `origin_drifted` for a record already resolved (`origin_layer`).
+    pub(super) fn resolved_drifted(&self, at: Found, o: &Origin) -> bool {
         if at.frozen {
             return false;
         }
@@ -109,9 +114,11 @@ impl Walk<'_> {
         }
     }
 
-    /// Where the layer `o` names is among these lowers now.
-    pub(super) fn origin_layer(&self, o: &Origin) -> Option<Found> {
-        self.filter.origins.as_ref()?.find(&o.layer)
+    /// The original `o` names (followed down to a shared lower against
+    /// the shared tree, `Origins::resolve`), and where its layer is among
+    /// these lowers now.
+    pub(super) fn origin_layer(&self, o: &Origin) -> Option<(Found, Origin)> {
+        self.filter.origins.as_ref()?.resolve(o)
     }
 }
 

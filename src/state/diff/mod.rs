@@ -255,10 +255,11 @@ pub struct Filter {
     /// deleted shared one as its rename (`state::moves`).
     pub moves: Option<super::moves::Moves>,
     /// The names of these lowers, to find the layer an upper's origin
-    /// record names (they find moves and drift). `None` for a merged view,
-    /// whose records name lowers of the workspace's stack, not of the view
-    /// (`diff --base shared`): moves then come from the journal only, and
-    /// no drift shows.
+    /// record names (they find moves and drift). For a merged view (`diff
+    /// --base shared`), whose records name lowers of the workspace's
+    /// stack, the records are followed through its checkpoint layers to
+    /// the shared lowers (`Origins::shared_view`). `None`: no records
+    /// are read (moves come from the journal only, no drift shows).
     pub origins: Option<crate::state::frozen::origins::Origins>,
 }
 

@@ -43,13 +43,13 @@ impl Walk<'_> {
             let Some(o) = Origin::read_at(dfd, name) else {
                 continue;
             };
-            let Some(at) = self.origin_layer(&o) else {
+            let Some((at, o)) = self.origin_layer(&o) else {
                 continue;
             };
             let Some(d) = self.deleted.remove(&(at.index, rel_of(&o.path))) else {
                 continue;
             };
-            let conflict = self.origin_drifted(&o);
+            let conflict = self.resolved_drifted(at, &o);
             let from = self.out[d].path.clone();
             let old = self.out[d].old.clone();
             let c = &mut self.out[idx];

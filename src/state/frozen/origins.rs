@@ -14,13 +14,21 @@
 //! A checkpoint layer never changes (`state::frozen`): a record naming
 //! one has not drifted, whatever the identity of the file now (a squash
 //! links the files into the merged layer, which changes their ctime).
+//!
+//! Against the shared tree (`diff --base shared`, `Origins::shared_view`)
+//! a record naming a checkpoint layer is followed down: the file it names
+//! there was itself copied up when that layer was the upper, so its own
+//! record says which shared file it came from (`Origins::resolve`). A
+//! record in a layer names only layers below that layer, so the chase
+//! ends; a file the checkpoint made has no record, and is new.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use super::{Stack, Store};
-use crate::layer::LayerName;
-use crate::overlay::origin::LayerRef;
+use crate::layer::stack::rel_of;
+use crate::layer::{sys, walk, LayerName};
+use crate::overlay::origin::{LayerRef, Origin};
 
 /// The names of a workspace's lowers, to find the layer a record names.
 #[derive(Debug, Clone)]
@@ -34,6 +42,8 @@ pub struct Origins {
     /// For each of `layers`, the checkpoints merged into it; read only when
     /// a record names a checkpoint not on the stack.
     merged: OnceLock<Vec<Vec<String>>>,
+    /// Records are resolved to the shared lowers only (`shared_view`).
+    view: bool,
 }
 
 /// Where a record's layer is now.
@@ -54,7 +64,21 @@ impl Origins {
             shared,
             store: stack.map(|s| s.store.clone()),
             merged: OnceLock::new(),
+            view: false,
         }
+    }
+
+    /// The lowers of `ws` seen from the shared tree: the merge of its
+    /// upper and checkpoint layers compared with its shared lowers alone
+    /// (`diff --base shared`). `resolve` then gives indices among the
+    /// shared lowers, following records through the checkpoint layers.
+    pub fn shared_view(
+        ws: &crate::state::workspace::Workspace,
+    ) -> Result<Origins, super::StackError> {
+        Ok(Origins {
+            view: true,
+            ..Origins::of(ws)?
+        })
     }
 
     /// The lowers of `ws` now.
@@ -86,6 +110,47 @@ impl Origins {
             index,
             frozen: index < frozen,
         })
+    }
+
+    /// The original `o` names, and where its layer is now. For a shared
+    /// view (`shared_view`), a record naming a checkpoint layer is followed
+    /// through the record of the file it names there, down to a shared
+    /// lower (`None` when the chain ends in a file a checkpoint made, or in
+    /// a version 1 record of a layer, whose stack is not known here); the
+    /// index is then among the shared lowers.
+    pub fn resolve(&self, o: &Origin) -> Option<(Found, Origin)> {
+        let frozen = self.layers.len();
+        let mut o = o.clone();
+        // Each step goes to a layer below the last: at most one per layer.
+        for _ in 0..=frozen {
+            let at = self.find(&o.layer)?;
+            if !self.view {
+                return Some((at, o));
+            }
+            if !at.frozen {
+                let index = at.index - frozen;
+                return Some((
+                    Found {
+                        index,
+                        frozen: false,
+                    },
+                    o,
+                ));
+            }
+            let root = self.store.as_ref()?.join(&self.layers[at.index]);
+            let root = sys::open_root(&root).ok()?;
+            let fd =
+                walk::open_rel(&root, &rel_of(&o.path), libc::O_PATH | libc::O_NOFOLLOW).ok()?;
+            if sys::fstat(&fd).ok()?.st_mode & libc::S_IFMT != libc::S_IFREG {
+                return None;
+            }
+            let next = Origin::read(&fd)?;
+            if matches!(next.layer, LayerRef::Index(_)) {
+                return None;
+            }
+            o = next;
+        }
+        None
     }
 
     fn merged(&self) -> &[Vec<String>] {
