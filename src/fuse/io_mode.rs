@@ -415,9 +415,6 @@ impl IoModes {
             return FopenFlags::empty();
         };
         let now = (st.st_mtime, st.st_mtime_nsec, st.st_size as u64);
-        // In a watched lower directory, an outside change of the file
-        // drops what `prefill` stored, as it drops pages read before.
-        let watched = !ov.volatile(&inode);
         // Held while the pages are filled: a second open of the node waits
         // here for them (see `prefill`).
         let mut io = inode.io.lock();
@@ -427,8 +424,13 @@ impl IoModes {
         if keep {
             return FopenFlags::FOPEN_KEEP_CACHE;
         }
+        // In a watched lower directory (`volatile`, which takes the
+        // node's and its parent's other locks, never held while waiting
+        // for `io`), an outside change of the file drops what `prefill`
+        // stored, as it drops pages read before.
+        let watched = || !ov.volatile(&inode);
         match notifier {
-            Some(n) if first && watched && prefills(o, &st) && prefill(n, id, &inode, o, &st) => {
+            Some(n) if first && watched() && prefills(o, &st) && prefill(n, id, &inode, o, &st) => {
                 FopenFlags::FOPEN_KEEP_CACHE
             }
             _ => FopenFlags::empty(),
