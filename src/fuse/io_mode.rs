@@ -590,11 +590,12 @@ fn prefills(o: &Opened, st: &sys::Stat) -> bool {
 /// Only at the node's first daemon-served open (`IoState::paged`): its
 /// kernel inode holds no pages yet, so the stored bytes are all it holds.
 /// The node's `io` lock is held throughout and no other open of it exists
-/// (`decide`): a second open waits in `cache_flags` until this one is
-/// answered, so no READ of the node can hold a page the store waits for,
+/// (`decide`): a second open waits in `cache_flags` until the pages are
+/// filled, so no READ of the node can hold a page the store waits for,
 /// and no write through the mount can reach the file meanwhile (an open
 /// for writing waits the same way; a truncation by path is seen below,
-/// as a copy-up).
+/// as a copy-up). A second open that follows keeps the pages only if its
+/// own `fstat` finds the file as this one read it.
 fn prefill(n: &Notifier, id: u64, inode: &Inode, o: &Opened, st: &sys::Stat) -> bool {
     let size = st.st_size as usize;
     let mut buf = vec![0u8; size];
