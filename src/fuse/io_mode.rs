@@ -55,6 +55,11 @@
 //! the name's next lookup makes a new node, with no backing yet, so the
 //! one-backing rule never meets the old file there.
 //!
+//! Daemon-served opens keep the kernel's page cache while the file is
+//! unchanged (`cache_flags`), and the first open of a small lower file
+//! fills it before it is answered (`prefill`), so that its reads send no
+//! READ.
+//!
 //! An open served through an io_uring queue (`super::uring`) is answered
 //! by a fuser session on a socket, which cannot open backing ids (an ioctl
 //! on `/dev/fuse`): it opens the id on the connection's fd
@@ -63,18 +68,21 @@
 //! share either kind.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use fuser::{BackingId, FileHandle, FopenFlags, Generation, ReplyCreate, ReplyOpen};
+use fuser::{
+    BackingId, FileHandle, FopenFlags, Generation, INodeNo, Notifier, ReplyCreate, ReplyOpen,
+};
 use parking_lot::{Condvar, Mutex};
 
 use super::sys::ConnectionBacking;
 use super::uring::QueueSide;
 use crate::layer::sys;
 use crate::overlay::file::Opened;
+use crate::overlay::inode::Inode;
 use crate::overlay::{Entry, Overlay};
 
 #[derive(Default)]
@@ -265,6 +273,9 @@ impl IoModes {
 
     /// Decides the mode of a new open of node `id` and books it; `booked`:
     /// its daemon-served open was booked already (`book_daemon_write`).
+    // The open's node and result, plus how the request came, its booking
+    // and the notifier for `prefill`.
+    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         ov: &Overlay,
@@ -272,13 +283,14 @@ impl IoModes {
         o: &Opened,
         via: Via,
         booked: bool,
+        notifier: Option<&Notifier>,
         open_backing: impl FnOnce(&std::os::fd::OwnedFd) -> std::io::Result<BackingId>,
     ) -> Mode {
         let mut st = self.state.lock();
         if booked {
             st.cached_handles.insert(o.fh, id);
             drop(st);
-            return Mode::Cached(self.cache_flags(ov, id, o));
+            return Mode::Cached(self.cache_flags(ov, id, o, None));
         }
         let cached_now = st.cached.get(&id).copied().unwrap_or(0);
         let regular = ov
@@ -339,7 +351,8 @@ impl IoModes {
                 return Mode::Passthrough(b);
             }
         }
-        if st.backing.get(&id).and_then(Weak::upgrade).is_some() {
+        let passed_through = st.backing.get(&id).and_then(Weak::upgrade).is_some();
+        if passed_through {
             // A passthrough open exists and a backing could not be shared:
             // serving this one through the daemon would be refused by the
             // kernel; the caller gets direct I/O through the daemon instead.
@@ -348,7 +361,10 @@ impl IoModes {
         *st.cached.entry(id).or_insert(0) += 1;
         st.cached_handles.insert(o.fh, id);
         drop(st);
-        Mode::Cached(self.cache_flags(ov, id, o))
+        // The only open of the node: nothing else can read its pages
+        // while `prefill` fills them (see there).
+        let sole = cached_now == 0 && !passed_through;
+        Mode::Cached(self.cache_flags(ov, id, o, notifier.filter(|_| sole)))
     }
 
     /// Whether a node may start passing a lower file through now: not
@@ -379,7 +395,16 @@ impl IoModes {
     /// not invalidate): pages kept then would keep that old data for as
     /// long as the attributes stay the same. Such files are re-read at
     /// every open (close-to-open, as NFS).
-    fn cache_flags(&self, ov: &Overlay, id: u64, o: &Opened) -> FopenFlags {
+    ///
+    /// `notifier`: given for the only open of the node (nothing else reads
+    /// its pages meanwhile), which may then fill them (`prefill`).
+    fn cache_flags(
+        &self,
+        ov: &Overlay,
+        id: u64,
+        o: &Opened,
+        notifier: Option<&Notifier>,
+    ) -> FopenFlags {
         if !o.upper && ov.involves_remote(id) {
             return FopenFlags::empty();
         }
@@ -390,19 +415,33 @@ impl IoModes {
             return FopenFlags::empty();
         };
         let now = (st.st_mtime, st.st_mtime_nsec, st.st_size as u64);
+        // Held while the pages are filled: a second open of the node waits
+        // here for them (see `prefill`).
         let mut io = inode.io.lock();
         let keep = io.last_seen == Some(now);
         io.last_seen = Some(now);
+        let first = !std::mem::replace(&mut io.paged, true);
         if keep {
-            FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::empty()
+            return FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        // In a watched lower directory (`volatile`, which takes the
+        // node's and its parent's other locks, never held while waiting
+        // for `io`), an outside change of the file drops what `prefill`
+        // stored, as it drops pages read before.
+        let watched = || !ov.volatile(&inode);
+        match notifier {
+            Some(n) if first && watched() && prefills(o, &st) && prefill(n, id, &inode, o, &st) => {
+                FopenFlags::FOPEN_KEEP_CACHE
+            }
+            _ => FopenFlags::empty(),
         }
     }
 
     /// Replies to an open; `before_reply` learns whether it is passthrough
     /// before the kernel can use the handle. `booked`: see `decide`;
-    /// `writing`: what `begin_write` began for an open for writing.
+    /// `writing`: what `begin_write` began for an open for writing;
+    /// `notifier`: the kernel's, with which the first open of a small
+    /// lower file fills its pages (`prefill`).
     // The open reply's fields, plus how the request came and its booking.
     #[allow(clippy::too_many_arguments)]
     pub fn reply_open(
@@ -411,12 +450,15 @@ impl IoModes {
         id: u64,
         o: Opened,
         via: Via,
+        notifier: Option<&Notifier>,
         booked: bool,
         writing: Option<Writing>,
         reply: ReplyOpen,
         before_reply: impl FnOnce(bool),
     ) {
-        let mode = self.decide(ov, id, &o, via, booked, |fd| reply.open_backing(fd));
+        let mode = self.decide(ov, id, &o, via, booked, notifier, |fd| {
+            reply.open_backing(fd)
+        });
         if let Some(w) = writing {
             // Decided: a later lower passthrough open shares with it.
             self.end_write(id, w);
@@ -448,7 +490,7 @@ impl IoModes {
         before_reply: impl FnOnce(bool),
     ) {
         let attr = super::convert::attr(&e.st);
-        let mode = self.decide(ov, e.id, &o, via, false, |fd| reply.open_backing(fd));
+        let mode = self.decide(ov, e.id, &o, via, false, None, |fd| reply.open_backing(fd));
         before_reply(matches!(mode, Mode::Passthrough(_)));
         match mode {
             Mode::Passthrough(b) => match &*b {
@@ -511,6 +553,82 @@ impl IoModes {
 /// their pages are cached and kept) — measured with grep -r and tar c
 /// over 30000 small files, slower passed through, warm and cold.
 const LOWER_PASSTHROUGH_MIN: i64 = 1 << 20;
+
+/// Lower files up to this size have their pages filled at their first
+/// open (`prefill`): the largest read the kernel's readahead asks for at
+/// once, so the whole of such a file arrives in one piece either way.
+const PREFILL_MAX: i64 = 128 << 10;
+
+/// Whether an open may have its file's pages filled by `prefill`: a
+/// read-only open of a nonempty lower regular file of at most
+/// `PREFILL_MAX` bytes, opened with `O_NOATIME` (the daemon's read then
+/// leaves the lower file's atime as it was, so the attributes the kernel
+/// holds stay true).
+fn prefills(o: &Opened, st: &sys::Stat) -> bool {
+    let noatime = || {
+        nix::fcntl::fcntl(o.fd.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL)
+            .is_ok_and(|f| f & libc::O_NOATIME != 0)
+    };
+    !o.writable
+        && !o.upper
+        && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && st.st_size > 0
+        && st.st_size <= PREFILL_MAX
+        && noatime()
+}
+
+/// Fills the kernel's pages of node `id` with the whole of the file just
+/// opened (`FUSE_NOTIFY_STORE`), before the open is answered, so that
+/// its reads are served from the page cache: no READ request, and no
+/// GETATTR at the next stat either (the kernel marks the atime stale
+/// after each READ it sends, not after reads from its cache). True when
+/// every byte was stored and the file did not change meanwhile: the open
+/// is then answered with `FOPEN_KEEP_CACHE`. Otherwise it is answered
+/// without, and the kernel drops whatever was stored when the open
+/// completes, as for any file whose pages are not kept.
+///
+/// Only at the node's first daemon-served open (`IoState::paged`): its
+/// kernel inode holds no pages yet, so the stored bytes are all it holds.
+/// The node's `io` lock is held throughout and no other open of it exists
+/// (`decide`): a second open waits in `cache_flags` until the pages are
+/// filled, so no READ of the node can hold a page the store waits for,
+/// and no write through the mount can reach the file meanwhile (an open
+/// for writing waits the same way; a truncation by path is seen below,
+/// as a copy-up). A second open that follows keeps the pages only if its
+/// own `fstat` finds the file as this one read it.
+fn prefill(n: &Notifier, id: u64, inode: &Inode, o: &Opened, st: &sys::Stat) -> bool {
+    let size = st.st_size as usize;
+    let mut buf = vec![0u8; size];
+    let mut done = 0;
+    while done < size {
+        match sys::pread(o.fd.as_ref(), &mut buf[done..], done as u64) {
+            Ok(0) | Err(_) => return false,
+            Ok(k) => done += k,
+        }
+    }
+    if let Err(e) = n.store(INodeNo(id), 0, &buf) {
+        tracing::debug!(id, "page fill refused: {e}");
+        return false;
+    }
+    // Changed while read (outside, or copied up through the mount): the
+    // stored bytes may be older than the file; the kernel drops them.
+    let same = |a: &sys::Stat| {
+        (
+            a.st_mtime,
+            a.st_mtime_nsec,
+            a.st_ctime,
+            a.st_ctime_nsec,
+            a.st_size,
+        ) == (
+            st.st_mtime,
+            st.st_mtime_nsec,
+            st.st_ctime,
+            st.st_ctime_nsec,
+            st.st_size,
+        )
+    };
+    sys::fstat(o.fd.as_ref()).is_ok_and(|a| same(&a)) && inode.upper().is_none()
+}
 
 /// Whether the opened lower file is large enough to pass through.
 fn large(o: &Opened) -> bool {

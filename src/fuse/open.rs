@@ -131,12 +131,22 @@ impl Shared {
                 let (fh, writable) = (o.fh, o.writable);
                 let via = queue.as_deref();
                 let Prepared { booked, writing } = prep;
-                self.io
-                    .reply_open(self.ov(), ino.0, o, via, booked, writing, reply, |pt| {
+                let notifier = self.notifier.get();
+                self.io.reply_open(
+                    self.ov(),
+                    ino.0,
+                    o,
+                    via,
+                    notifier,
+                    booked,
+                    writing,
+                    reply,
+                    |pt| {
                         if writable {
                             self.rec.opened(self.ov(), fh, c, pt)
                         }
-                    })
+                    },
+                )
             }
             Err(e) => reply.error(errno(e)),
         }

@@ -277,6 +277,10 @@ pub struct IoState {
     /// (mtime, size) seen at the last open, to keep the page cache when
     /// the file did not change.
     pub last_seen: Option<(i64, i64, u64)>,
+    /// The kernel may hold pages of this node: a daemon-served open was
+    /// answered once. Never cleared: a node id the kernel forgot comes
+    /// back as a new `Inode`, with a new kernel inode and no pages.
+    pub paged: bool,
 }
 
 impl Inode {

@@ -1563,6 +1563,74 @@ fn outside_attribute_changes_of_watched_lower_files_show_at_once() {
     assert!(poll_until(t, || fs::symlink_metadata(m.p("d/before")).is_err()));
 }
 
+/// The first open of a small lower file fills the kernel's pages of it
+/// before it is answered (`fuse::io_mode::prefill`): its reads then send
+/// no READ, and the stat after them no GETATTR (the kernel marks the
+/// atime stale only after a READ it sent). What a program sees stays the
+/// same: every byte at every size around a page, the lower file's atime
+/// (read with `O_NOATIME`), an outside change once the watch reports it
+/// (a reader that opened before a copy-up:
+/// `lower_passthrough::small_lower_files_stay_with_the_daemon_and_keep_their_semantics`).
+/// A file beyond 128 KiB is read through the daemon as before.
+#[test]
+fn the_first_open_of_a_small_lower_file_fills_its_pages() {
+    let ws = Workspace::new();
+    let sizes = [1usize, 4095, 4096, 4097, 65539, 131072];
+    let data = |n: usize, salt: u8| -> Vec<u8> {
+        (0..n)
+            .map(|i| (i / 4096) as u8 ^ (i % 253) as u8 ^ salt)
+            .collect()
+    };
+    for n in sizes.iter().chain(&[131073]) {
+        write(&ws.lower().join(format!("d/f{n}")), &data(*n, 0));
+    }
+    let m = ws.mount_with(&["--lower-timeout", "10m"]);
+    let count = |op: &str| -> u64 {
+        crate::netlower::status_json(m.path())["counters"]["by_op"][op]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    // The root's and the directory's first attributes, asked once.
+    fs::metadata(m.p("d")).unwrap();
+    count("getattr");
+    for n in sizes {
+        let rel = format!("d/f{n}");
+        let lower_atime = fs::metadata(ws.lower().join(&rel)).unwrap().atime();
+        let (reads, getattrs) = (count("read"), count("getattr"));
+        assert!(fs::read(m.p(&rel)).unwrap() == data(n, 0), "{rel}");
+        let f = fs::File::open(m.p(&rel)).unwrap();
+        let mut tail = vec![0; 10];
+        let k = f.read_at(&mut tail, n as u64 - 1).unwrap();
+        assert_eq!(&tail[..k], &data(n, 0)[n - 1..], "{rel}: the last byte");
+        drop(f);
+        let md = fs::metadata(m.p(&rel)).unwrap();
+        assert_eq!(md.len(), n as u64, "{rel}");
+        assert_eq!(md.atime(), lower_atime, "{rel}: atime through the mount");
+        assert_eq!(count("read"), reads, "{rel}: READ requests");
+        assert_eq!(count("getattr"), getattrs, "{rel}: GETATTR requests");
+    }
+    assert_eq!(
+        fs::metadata(ws.lower().join("d/f4097")).unwrap().atime(),
+        fs::metadata(m.p("d/f4097")).unwrap().atime(),
+        "the lower file's atime is untouched"
+    );
+    let reads = count("read");
+    assert!(fs::read(m.p("d/f131073")).unwrap() == data(131073, 0));
+    assert!(
+        count("read") > reads,
+        "a larger file is read through the daemon"
+    );
+
+    // An outside change replaces what was stored, once the watch saw it.
+    write(&ws.lower().join("d/f4097"), &data(4097, 7));
+    assert!(
+        poll_until(LOWER_CHANGE_TIMEOUT, || fs::read(m.p("d/f4097"))
+            .is_ok_and(|d| d == data(4097, 7))),
+        "an outside change did not show within {LOWER_CHANGE_TIMEOUT:?}"
+    );
+    drop(m);
+}
+
 /// A directory beyond `--max-watches` is not watched: the attributes of
 /// its lower files get `--lower-timeout`, so an outside change still shows
 /// once that passes (with the long timeout of watched entries it would

@@ -132,13 +132,62 @@ pub fn open_path(dir: &impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
 }
 
 /// Reopens the file behind an `O_PATH` fd with real access flags.
+///
+/// Through `fd_dir` where it can: the magic link `N` in this process's
+/// fd directory, without resolving `/proc/self/fd` again at every open
+/// (a read-only open of a lower file is one of these per OPEN request).
 pub fn reopen(fd: &impl AsRawFd, flags: i32) -> io::Result<OwnedFd> {
-    let p = proc_path(fd);
     let flags = (flags | libc::O_CLOEXEC) & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
-    // SAFETY: p is a valid C string; the returned fd is owned below.
-    let ret = check(unsafe { libc::open(p.as_ptr(), flags) })?;
+    let ret = match fd_dir() {
+        Some(dir) => {
+            let mut digits = [0u8; 24];
+            let name = fd_name(fd.as_raw_fd(), &mut digits);
+            // SAFETY: dir is an open directory fd (never closed, see
+            // `fd_dir`); name is NUL-terminated; the returned fd is owned below.
+            check(unsafe { libc::openat(dir, name.as_ptr().cast(), flags) })?
+        }
+        None => {
+            let p = proc_path(fd);
+            // SAFETY: p is a valid C string; the returned fd is owned below.
+            check(unsafe { libc::open(p.as_ptr(), flags) })?
+        }
+    };
     // SAFETY: a fresh fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(ret) })
+}
+
+/// This process's `/proc/self/fd` directory (an `O_PATH` fd opened once
+/// and never closed), or `None` in a process forked after it was opened,
+/// whose fds that directory does not list, or where it cannot be opened.
+fn fd_dir() -> Option<RawFd> {
+    static DIR: std::sync::OnceLock<Option<(u32, OwnedFd)>> = std::sync::OnceLock::new();
+    let (pid, dir) = DIR
+        .get_or_init(|| {
+            let p = c"/proc/self/fd";
+            let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+            // SAFETY: p is a valid C string; the returned fd is owned below.
+            let fd = check(unsafe { libc::open(p.as_ptr(), flags) }).ok()?;
+            // SAFETY: a fresh fd owned by nobody else.
+            Some((std::process::id(), unsafe { OwnedFd::from_raw_fd(fd) }))
+        })
+        .as_ref()?;
+    (*pid == std::process::id()).then(|| dir.as_raw_fd())
+}
+
+/// `fd` in decimal, NUL-terminated, written into `buf`.
+fn fd_name(fd: RawFd, buf: &mut [u8; 24]) -> &[u8] {
+    let mut n = fd.unsigned_abs();
+    let mut i = buf.len() - 1;
+    buf[i] = 0;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    &buf[i..]
 }
 
 /// Opens a directory fd (readable) of the directory behind an `O_PATH` fd.
@@ -615,4 +664,29 @@ pub fn background_thread() -> io::Result<()> {
         )
     };
     check(r as libc::c_int).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fd_names_are_decimal_and_nul_terminated() {
+        let mut buf = [0u8; 24];
+        for (fd, want) in [(0, "0"), (7, "7"), (10, "10"), (123_456, "123456")] {
+            let name = fd_name(fd, &mut buf);
+            assert_eq!(name, format!("{want}\0").as_bytes());
+        }
+        assert_eq!(fd_name(RawFd::MAX, &mut buf).len(), 11);
+    }
+
+    #[test]
+    fn reopen_reaches_the_file_behind_an_o_path_fd() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"content").unwrap();
+        let root = open_root(dir.path()).unwrap();
+        let path = open_path(&root, OsStr::new("f")).unwrap();
+        let f = std::fs::File::from(reopen(&path, libc::O_RDONLY).unwrap());
+        assert_eq!(std::io::read_to_string(f).unwrap(), "content");
+    }
 }
