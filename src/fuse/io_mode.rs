@@ -60,7 +60,9 @@
 //! on `/dev/fuse`): it opens the id on the connection's fd
 //! (`Backing::Connection`), which closes it when the last open using it
 //! is released. Backing ids belong to the connection, so any open may
-//! share either kind.
+//! share either kind. An open a queue thread answers itself (`fast`) is
+//! decided here all the same; only its reply is encoded by layerfs
+//! (`OpenReply`), with the backing id's number (`Backing::raw`).
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -68,10 +70,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use fuser::{BackingId, FileHandle, FopenFlags, Generation, ReplyCreate, ReplyOpen};
+use fuser::{Errno, FileHandle, FopenFlags, Generation, ReplyCreate, ReplyOpen};
 use parking_lot::{Condvar, Mutex};
 
-use super::sys::ConnectionBacking;
+use super::sys::{ConnectionBacking, SessionBacking};
 use super::uring::QueueSide;
 use crate::layer::sys;
 use crate::overlay::file::Opened;
@@ -125,10 +127,55 @@ enum Mode {
 /// A backing id, closed when the last open using it is released.
 pub enum Backing {
     /// Opened through a fuser session's reply (a `/dev/fuse` request).
-    Session(BackingId),
+    Session(SessionBacking),
     /// Opened on the connection's fd for a request served through an
     /// io_uring queue.
     Connection(ConnectionBacking),
+}
+
+impl Backing {
+    /// The id's number, as an open reply carries it.
+    pub fn raw(&self) -> u32 {
+        match self {
+            Backing::Session(b) => b.raw,
+            Backing::Connection(c) => c.raw(),
+        }
+    }
+}
+
+/// Where an OPEN's answer goes: fuser's `ReplyOpen`, or the reply a
+/// queue thread encodes itself (`fast`). Both answer what `reply_open`
+/// decided; only the encoding differs.
+pub trait OpenReply {
+    /// Opens a backing id through this reply's fuser session (used for
+    /// requests that came through `/dev/fuse` only, see `Via`).
+    fn open_backing(&self, fd: &OwnedFd) -> std::io::Result<SessionBacking>;
+    /// A daemon-served open.
+    fn opened(self, fh: FileHandle, flags: FopenFlags);
+    /// A passthrough open on backing `b` (`FOPEN_PASSTHROUGH` is added).
+    fn opened_passthrough(self, fh: FileHandle, flags: FopenFlags, b: &Backing);
+    fn error(self, e: Errno);
+}
+
+impl OpenReply for ReplyOpen {
+    fn open_backing(&self, fd: &OwnedFd) -> std::io::Result<SessionBacking> {
+        SessionBacking::for_open(self, fd)
+    }
+
+    fn opened(self, fh: FileHandle, flags: FopenFlags) {
+        ReplyOpen::opened(self, fh, flags)
+    }
+
+    fn opened_passthrough(self, fh: FileHandle, flags: FopenFlags, b: &Backing) {
+        match b {
+            Backing::Session(b) => ReplyOpen::opened_passthrough(self, fh, flags, &b.id),
+            Backing::Connection(c) => c.reply_opened(self, fh, flags),
+        }
+    }
+
+    fn error(self, e: Errno) {
+        ReplyOpen::error(self, e)
+    }
 }
 
 /// A change of data under way (`IoModes::begin_write`), given back to
@@ -216,10 +263,21 @@ impl IoModes {
     /// by the daemon instead; nothing was lower-backed before the flag, so
     /// an unlisted change has no reader to wait for.
     pub fn begin_write(&self, ov: &Overlay, id: u64) -> Result<Writing, i32> {
+        self.begin(ov, id, true).unwrap_or(Err(libc::ETXTBSY))
+    }
+
+    /// `begin_write` where nothing may wait (an io_uring queue thread):
+    /// `None`, with nothing begun, where `begin_write` would wait for a
+    /// reader's RELEASE — which may well be queued behind the caller.
+    pub fn begin_write_now(&self, ov: &Overlay, id: u64) -> Option<Result<Writing, i32>> {
+        self.begin(ov, id, false)
+    }
+
+    fn begin(&self, ov: &Overlay, id: u64, wait: bool) -> Option<Result<Writing, i32>> {
         if !self.lower_seen.load(Ordering::SeqCst) {
             self.unlisted_writes.fetch_add(1, Ordering::SeqCst);
             if !self.lower_seen.load(Ordering::SeqCst) {
-                return Ok(Writing::Unlisted);
+                return Some(Ok(Writing::Unlisted));
             }
             self.unlisted_writes.fetch_sub(1, Ordering::SeqCst);
         }
@@ -229,12 +287,15 @@ impl IoModes {
             && st.backing.get(&id).and_then(Weak::upgrade).is_some()
             && !no_copy_up(ov, id)
         {
+            if !wait {
+                return None;
+            }
             if self.released.wait_until(&mut st, deadline).timed_out() {
-                return Err(libc::ETXTBSY);
+                return Some(Err(libc::ETXTBSY));
             }
         }
         *st.writing.entry(id).or_insert(0) += 1;
-        Ok(Writing::Listed)
+        Some(Ok(Writing::Listed))
     }
 
     /// Ends what `begin_write` began.
@@ -272,7 +333,7 @@ impl IoModes {
         o: &Opened,
         via: Via,
         booked: bool,
-        open_backing: impl FnOnce(&std::os::fd::OwnedFd) -> std::io::Result<BackingId>,
+        open_backing: impl FnOnce(&OwnedFd) -> std::io::Result<SessionBacking>,
     ) -> Mode {
         let mut st = self.state.lock();
         if booked {
@@ -364,7 +425,7 @@ impl IoModes {
     fn open_backing(
         fd: &OwnedFd,
         via: Via,
-        by_session: impl FnOnce(&OwnedFd) -> std::io::Result<BackingId>,
+        by_session: impl FnOnce(&OwnedFd) -> std::io::Result<SessionBacking>,
     ) -> std::io::Result<Backing> {
         match via {
             None => by_session(fd).map(Backing::Session),
@@ -405,7 +466,7 @@ impl IoModes {
     /// `writing`: what `begin_write` began for an open for writing.
     // The open reply's fields, plus how the request came and its booking.
     #[allow(clippy::too_many_arguments)]
-    pub fn reply_open(
+    pub fn reply_open<R: OpenReply>(
         &self,
         ov: &Overlay,
         id: u64,
@@ -413,7 +474,7 @@ impl IoModes {
         via: Via,
         booked: bool,
         writing: Option<Writing>,
-        reply: ReplyOpen,
+        reply: R,
         before_reply: impl FnOnce(bool),
     ) {
         let mode = self.decide(ov, id, &o, via, booked, |fd| reply.open_backing(fd));
@@ -423,14 +484,9 @@ impl IoModes {
         }
         before_reply(matches!(mode, Mode::Passthrough(_)));
         match mode {
-            Mode::Passthrough(b) => match &*b {
-                Backing::Session(b) => {
-                    reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), b)
-                }
-                Backing::Connection(c) => {
-                    c.reply_opened(reply, FileHandle(o.fh), FopenFlags::empty())
-                }
-            },
+            Mode::Passthrough(b) => {
+                reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), &b)
+            }
             Mode::Cached(flags) => reply.opened(FileHandle(o.fh), flags),
         }
     }
@@ -448,7 +504,9 @@ impl IoModes {
         before_reply: impl FnOnce(bool),
     ) {
         let attr = super::convert::attr(&e.st);
-        let mode = self.decide(ov, e.id, &o, via, false, |fd| reply.open_backing(fd));
+        let mode = self.decide(ov, e.id, &o, via, false, |fd| {
+            SessionBacking::for_create(&reply, fd)
+        });
         before_reply(matches!(mode, Mode::Passthrough(_)));
         match mode {
             Mode::Passthrough(b) => match &*b {
@@ -458,7 +516,7 @@ impl IoModes {
                     Generation(0),
                     FileHandle(o.fh),
                     FopenFlags::empty(),
-                    b,
+                    &b.id,
                 ),
                 Backing::Connection(c) => {
                     c.reply_created(reply, &ttl, &attr, FileHandle(o.fh), FopenFlags::empty())

@@ -18,16 +18,55 @@ use super::convert;
 use super::init;
 use super::journal::setattr_rows;
 use super::killpriv;
-use super::reply::{self, errno};
+use super::reply::{self, errno, EntryReply};
 use super::shared::{ctx, LayerFs, Shared};
 use crate::overlay::attr::SetAttr;
 use crate::overlay::copy_up::NoHalt;
 use crate::overlay::dir::NewKind;
 use crate::overlay::events::EvOp;
-use crate::overlay::file::{wants_write, LONG_COPY};
+use crate::overlay::file::LONG_COPY;
 use crate::overlay::Ctx;
 
+/// FLUSH's answer. Nothing is buffered in the daemon and locks live in
+/// the kernel, so a close has nothing to flush: ENOSYS tells the kernel to
+/// stop sending FLUSH at all (one round trip less per close).
+pub(super) const NO_FLUSH: Errno = Errno::ENOSYS;
+
 impl Shared {
+    /// LOOKUP, for fuser's reply and for a queue thread's (`fast`). Each
+    /// entry answered counts one kernel reference (the core's lookup
+    /// count, given back by FORGET).
+    pub(super) fn lookup(&self, c: &Ctx, parent: INodeNo, name: &OsStr, reply: impl EntryReply) {
+        crate::failpoint::hit("lookup", name);
+        match self.ov().lookup(c, parent.0, name) {
+            Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
+            // A negative entry, trusted as long as the directory's other
+            // entries are: a lower name appearing in a watched directory
+            // is invalidated when it appears.
+            // Names the policy hides are never cached as absent: a reload
+            // that shows them again must take effect at once.
+            Err(e) if e.0 == libc::ENOENT && self.ov().hides(parent.0, name) => {
+                reply.error(errno(e))
+            }
+            Err(e) if e.0 == libc::ENOENT && !self.lower_ttl.is_zero() => {
+                let mut attr = convert::attr(&crate::overlay::attr::zero_stat());
+                attr.ino = INodeNo(0);
+                let ttl = self.ttl(!self.ov().dir_watched(parent.0));
+                reply.entry(&ttl, &attr, Generation(0))
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// RELEASE (answered with nothing but success), for fuser and for a
+    /// queue thread: the handle's writes recorded, its io mode and the
+    /// handle given up.
+    pub(super) fn release(&self, c: &Ctx, ino: u64, fh: u64) {
+        self.rec.writes(self.ov(), fh, Some(c), true);
+        self.io.release(self.ov(), ino, fh);
+        self.ov().release(fh);
+    }
+
     /// mknod, mkdir, symlink and link: create the object, reply its entry.
     fn create_entry(
         &self,
@@ -88,25 +127,7 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        crate::failpoint::hit("lookup", name);
-        match self.ov().lookup(&ctx(req, 0), parent.0, name) {
-            Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
-            // A negative entry, trusted as long as the directory's other
-            // entries are: a lower name appearing in a watched directory
-            // is invalidated when it appears.
-            // Names the policy hides are never cached as absent: a reload
-            // that shows them again must take effect at once.
-            Err(e) if e.0 == libc::ENOENT && self.ov().hides(parent.0, name) => {
-                reply.error(errno(e))
-            }
-            Err(e) if e.0 == libc::ENOENT && !self.inner.lower_ttl.is_zero() => {
-                let mut attr = convert::attr(&crate::overlay::attr::zero_stat());
-                attr.ino = INodeNo(0);
-                let ttl = self.ttl(!self.ov().dir_watched(parent.0));
-                reply.entry(&ttl, &attr, Generation(0))
-            }
-            Err(e) => reply.error(errno(e)),
-        }
+        self.inner.lookup(&ctx(req, 0), parent, name, reply)
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -306,15 +327,16 @@ impl fuser::Filesystem for LayerFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let c = ctx(req, 0);
+        let Err(reply) = self
+            .inner
+            .open_now(&c, ino, flags, self.queue.as_deref(), reply)
+        else {
+            return;
+        };
+        // An open for writing that must wait: for a pause to end (parked
+        // in the write gate), for a reader's release, or for a long copy
+        // (on the copy pool).
         let queue = self.queue.clone();
-        // An open for writing copies up and lets passthrough writes
-        // through: it waits while writes are paused. Reads never do.
-        if !wants_write(flags.0) {
-            let r = self.ov().open(&c, ino.0, flags.0);
-            return self
-                .inner
-                .opened(&c, ino, flags, (r, Default::default()), queue, reply);
-        }
         if self.ov().open_copies_long(ino.0, flags.0) {
             let inner = self.inner.clone();
             return self.inner.long.submit(c.uid, move || {
@@ -323,7 +345,7 @@ impl fuser::Filesystem for LayerFs {
         }
         self.gated(move |s| {
             let r = s.open_file(&c, ino, flags, &NoHalt);
-            s.opened(&c, ino, flags, r, queue, reply)
+            s.opened(&c, ino, flags, r, queue.as_deref(), reply)
         })
     }
 
@@ -366,9 +388,7 @@ impl fuser::Filesystem for LayerFs {
         self.gated(move |s| s.write(ino, kill, fh.0, offset, &data, reply))
     }
 
-    /// Nothing is buffered in the daemon and locks live in the kernel, so
-    /// a close has nothing to flush: ENOSYS tells the kernel to stop
-    /// sending FLUSH at all (one round trip less per close).
+    /// See `NO_FLUSH`.
     fn flush(
         &self,
         _req: &Request,
@@ -377,7 +397,7 @@ impl fuser::Filesystem for LayerFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOSYS);
+        reply.error(NO_FLUSH);
     }
 
     fn release(
@@ -390,11 +410,7 @@ impl fuser::Filesystem for LayerFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.inner
-            .rec
-            .writes(self.ov(), fh.0, Some(&ctx(req, 0)), true);
-        self.inner.io.release(self.ov(), ino.0, fh.0);
-        self.ov().release(fh.0);
+        self.inner.release(&ctx(req, 0), ino.0, fh.0);
         reply.ok();
     }
 

@@ -1,7 +1,27 @@
 //! Replies that need nothing but the result: the core's errno as fuser's,
-//! empty replies, and the size-or-data rule of the xattr replies.
+//! empty replies, and the size-or-data rule of the xattr replies; and
+//! where a LOOKUP's answer goes (`EntryReply`).
 
-use fuser::{Errno, ReplyEmpty, ReplyXattr};
+use std::time::Duration;
+
+use fuser::{Errno, FileAttr, Generation, ReplyEmpty, ReplyEntry, ReplyXattr};
+
+/// Where a LOOKUP's answer goes: fuser's `ReplyEntry`, or the reply a
+/// queue thread encodes itself (`fast`).
+pub(super) trait EntryReply {
+    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation);
+    fn error(self, e: Errno);
+}
+
+impl EntryReply for ReplyEntry {
+    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
+        ReplyEntry::entry(self, ttl, attr, generation)
+    }
+
+    fn error(self, e: Errno) {
+        ReplyEntry::error(self, e)
+    }
+}
 
 /// The core's errno as fuser's (the number is kept as it is).
 pub(super) fn errno(e: crate::overlay::Errno) -> Errno {
