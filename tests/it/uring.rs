@@ -494,3 +494,243 @@ fn a_file_held_open_through_a_live_reset_keeps_its_size_on_the_queues() {
     drop(reader);
     assert!(m.unmount());
 }
+
+fn answered_total(mnt: &Path) -> u64 {
+    transport(mnt)["ring_answered"]
+        .as_array()
+        .expect("ring_answered")
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .sum()
+}
+
+/// Lookups of names present, new, whited out and hidden; opens read-only,
+/// for writing and with `O_TRUNC` (both copying up), of a readonly path
+/// (refused) and of a directory; closes. Each outcome as a JSON line.
+const OPENS: &str = r#"
+import errno, json, os
+out = []
+def rec(label, f):
+    try:
+        r = f()
+    except OSError as e:
+        r = "E" + errno.errorcode[e.errno]
+    out.append([label, r])
+def read(p):
+    with open(p) as f:
+        return f.read()
+def write(p, flags, s):
+    fd = os.open(p, os.O_WRONLY | flags, 0o644)
+    try:
+        os.write(fd, s.encode())
+    finally:
+        os.close(fd)
+    return read(p)
+def st(p):
+    s = os.lstat(p)
+    return [s.st_size, oct(s.st_mode), s.st_nlink]
+rec("read f", lambda: read("f"))
+rec("append f", lambda: write("f", os.O_APPEND, "more\n"))
+rec("truncate t", lambda: write("t", os.O_TRUNC, "new\n"))
+rec("open f read-write", lambda: os.close(os.open("f", os.O_RDWR)))
+rec("lookup gone", lambda: st("gone"))
+rec("unlink gone", lambda: os.unlink("gone"))
+rec("lookup whited-out gone", lambda: st("gone"))
+rec("open whited-out gone", lambda: read("gone"))
+rec("lookup new", lambda: st("new"))
+rec("create new", lambda: write("new", os.O_CREAT, "fresh\n"))
+rec("lookup new again", lambda: st("new"))
+rec("create gone again", lambda: write("gone", os.O_CREAT, "back\n"))
+rec("lookup gone again", lambda: st("gone"))
+rec("read ro/x", lambda: read("ro/x"))
+rec("append ro/x", lambda: write("ro/x", os.O_APPEND, "no"))
+rec("truncate ro/x", lambda: write("ro/x", os.O_TRUNC, "no"))
+rec("lookup d/.env", lambda: st("d/.env"))
+rec("open d/.env", lambda: read("d/.env"))
+rec("create d/.env", lambda: write("d/.env", os.O_CREAT, "x"))
+rec("list d", lambda: sorted(os.listdir("d")))
+rec("open d for writing", lambda: os.open("d", os.O_WRONLY))
+rec("lookup d/nested/deep", lambda: st("d/nested/deep"))
+rec("read d/nested/deep", lambda: read("d/nested/deep"))
+for l in out:
+    print(json.dumps(l))
+"#;
+
+/// A workspace for `OPENS`, its policy, and the script's path.
+fn opens_workspace() -> (Workspace, String) {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("f", "lower\n"),
+            ("t", "to truncate\n"),
+            ("gone", "gone\n"),
+            ("ro/x", "readonly\n"),
+            ("d/.env", "secret\n"),
+            ("d/visible", "v\n"),
+            ("d/nested/deep", "deep\n"),
+        ],
+    );
+    let p = policy_file(&ws, "readonly ro/**\nhide **/.env\n");
+    (ws, p.to_str().unwrap().to_string())
+}
+
+/// The journal's rows as the script's outcome shows them: operation,
+/// path, errno, rule.
+fn journal(ws: &Workspace) -> Vec<String> {
+    let mut rows: Vec<String> = crate::state::log_rows(&ws.upper, &[])
+        .iter()
+        .map(|r| format!("{} {} {} {}", r["op"], r["path"], r["errno"], r["rule"]))
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// The queue threads answer LOOKUP, OPEN and RELEASE themselves (no hop
+/// to the request threads) with fuser's answers: every outcome, the upper,
+/// the journal and the counters are those of the same requests answered
+/// by fuser (`LAYERFS_URING_NO_FAST`), and policy refusals happen there
+/// too.
+#[test]
+fn the_queue_threads_answer_lookup_open_and_release_as_fuser_does() {
+    let run = |env: &[(&str, &str)]| {
+        let (ws, policy) = opens_workspace();
+        let script = ws.dir.path().join("opens.py");
+        fs::write(&script, OPENS).unwrap();
+        let mut switch = UringSwitch::set(true).expect("this kernel has no FUSE over io_uring");
+        let m = ws.mount_env(&["--io-uring", "--policy", &policy], env);
+        assert!(eventually(Duration::from_secs(10), || {
+            transport(m.path())["kind"] == "io_uring"
+        }));
+        switch.restore();
+        let before = status_json(m.path());
+        let answered = answered_total(m.path());
+        let out = sh(m.path(), &format!("python3 {}", script.display()));
+        let answered = answered_total(m.path()) - answered;
+        let after = status_json(m.path());
+        let by_op = |op: &str| {
+            after["counters"]["by_op"][op].as_u64().unwrap_or(0)
+                - before["counters"]["by_op"][op].as_u64().unwrap_or(0)
+        };
+        let quick = ["lookup", "open", "release", "flush", "getattr", "getxattr"];
+        let quick: u64 = quick.iter().map(|op| by_op(op)).sum();
+        let counters = ["copy_ups", "denials"].map(|c| after["counters"][c].clone());
+        let upper: Vec<String> = ["f", "t", "gone", "new"]
+            .iter()
+            .map(|p| fs::read_to_string(ws.upper.join(p)).unwrap_or_default())
+            .collect();
+        assert!(m.unmount(), "{}", ws.daemon_log());
+        let journal = journal(&ws);
+        (
+            out,
+            answered,
+            by_op("open"),
+            quick,
+            counters,
+            upper,
+            journal,
+        )
+    };
+    let (out, answered, opens, quick, counters, upper, journal) = run(&[]);
+    let line = |label: &str| -> Value {
+        out.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|v| v[0] == label)
+            .unwrap_or_else(|| panic!("no {label} in {out}"))[1]
+            .clone()
+    };
+    assert_eq!(line("read f"), "lower\n");
+    assert_eq!(line("append f"), "lower\nmore\n", "{out}");
+    assert_eq!(line("truncate t"), "new\n", "{out}");
+    assert_eq!(line("open f read-write"), Value::Null, "{out}");
+    assert_eq!(line("lookup whited-out gone"), "EENOENT", "{out}");
+    assert_eq!(line("open whited-out gone"), "EENOENT", "{out}");
+    assert_eq!(line("lookup new"), "EENOENT", "{out}");
+    assert_eq!(line("lookup new again")[0], 6, "{out}");
+    assert_eq!(line("lookup gone again")[0], 5, "{out}");
+    assert_eq!(line("read ro/x"), "readonly\n");
+    assert_eq!(line("append ro/x"), "EEROFS", "{out}");
+    assert_eq!(line("truncate ro/x"), "EEROFS", "{out}");
+    assert_eq!(line("lookup d/.env"), "EENOENT", "{out}");
+    assert_eq!(line("open d/.env"), "EENOENT", "{out}");
+    assert_eq!(line("list d"), serde_json::json!(["nested", "visible"]));
+    assert_eq!(line("open d for writing"), "EEISDIR", "{out}");
+    assert_eq!(line("read d/nested/deep"), "deep\n");
+    assert_eq!(upper[..2], ["lower\nmore\n", "new\n"]);
+    // The lower is untouched.
+    // Every LOOKUP, OPEN, RELEASE (and GETATTR, GETXATTR, FLUSH) was
+    // answered by a queue thread, none handed on.
+    assert!(opens >= 10, "{opens} opens");
+    assert_eq!(
+        answered, quick,
+        "answered by the queue threads: {answered} of {quick}"
+    );
+
+    let (slow, none, _, _, slow_counters, slow_upper, slow_journal) =
+        run(&[("LAYERFS_URING_NO_FAST", "1")]);
+    assert_eq!(none, 0);
+    for (a, b) in out.lines().zip(slow.lines()) {
+        assert_eq!(a, b, "queue thread's answer (left) against fuser's (right)");
+    }
+    assert_eq!(out.lines().count(), slow.lines().count());
+    assert_eq!(upper, slow_upper);
+    assert_eq!(counters, slow_counters, "copy-ups and denials");
+    assert_eq!(journal, slow_journal);
+    assert!(
+        journal
+            .iter()
+            .any(|r| r.starts_with("\"write\" \"ro/x\"") && r.contains("readonly ro/**")),
+        "the readonly refusal is in the journal with its rule: {journal:#?}"
+    );
+}
+
+/// A LOOKUP answered by a queue thread gives the kernel a reference the
+/// daemon counts, as through fuser (FORGET still comes through
+/// `/dev/fuse`): once the kernel forgets every name, the daemon drops
+/// every node (the watches of the lower directories go with them), and
+/// the names look up again afterwards.
+#[test]
+fn lookups_answered_by_the_queue_threads_are_forgotten_exactly() {
+    let ws = Workspace::new();
+    for i in 0..40 {
+        populate(ws.lower(), &[(&format!("d{i:02}/sub/f"), "f\n")]);
+    }
+    let Some(m) = mount_uring(&ws, &[]) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    // Each path looked up name by name (no listing), several times.
+    let stat_all = "for i in $(seq -w 0 39); do stat -c %s d$i/sub/f; done | sort | uniq -c";
+    let lookups = |v: &Value| v["counters"]["by_op"]["lookup"].as_u64().unwrap_or(0);
+    let before = status_json(m.path());
+    let answered = answered_total(m.path());
+    for _ in 0..3 {
+        assert_eq!(sh(m.path(), stat_all).trim(), "40 2");
+    }
+    let after = status_json(m.path());
+    assert!(
+        lookups(&after) - lookups(&before) >= 120,
+        "{}",
+        after["counters"]
+    );
+    assert!(answered_total(m.path()) - answered >= 120);
+    let watched = |m: &Mount| status_json(m.path())["watches"]["used"].as_u64().unwrap();
+    assert!(
+        watched(&m) >= 80,
+        "lower directories watched: {}",
+        watched(&m)
+    );
+    let mut c = crate::state::Control::connect(&crate::state::state_dir(&ws));
+    let v = c.ask(serde_json::json!({"cmd": "invalidate_all"}));
+    assert_eq!(v["ok"], serde_json::json!(true), "{v}");
+    let mut left = 0;
+    let forgotten = eventually(Duration::from_secs(10), || {
+        left = watched(&m);
+        left <= 1
+    });
+    assert!(
+        forgotten,
+        "{left} watches kept after the kernel forgot every name"
+    );
+    assert_eq!(sh(m.path(), stat_all).trim(), "40 2");
+    assert!(m.unmount(), "{}", ws.daemon_log());
+}
