@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo, TimeOrNow};
 
 use crate::layer::sys::Stat;
+use crate::overlay::attr::SetAttr;
 
 pub fn kind(mode: u32) -> FileType {
     match mode & libc::S_IFMT {
@@ -80,12 +81,50 @@ pub fn timespec(t: TimeOrNow) -> libc::timespec {
 /// `struct fuse_attr`); returns its length, 104. For replies built
 /// outside fuser (`uring::Fast`).
 pub fn attr_out(ttl: &Duration, st: &Stat, out: &mut [u8]) -> usize {
+    attr_out_of(ttl, &attr(st), out)
+}
+
+/// `attr_out` for attributes already converted (`attr`).
+pub fn attr_out_of(ttl: &Duration, a: &FileAttr, out: &mut [u8]) -> usize {
     let mut w = Writer { out, at: 0 };
     w.u64(ttl.as_secs());
     w.u32(ttl.subsec_nanos());
     w.u32(0);
-    w.attr(&attr(st));
+    w.attr(a);
     w.at
+}
+
+/// SETATTR's arguments as the core takes them.
+pub fn set_attr(
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+    fh: Option<u64>,
+) -> SetAttr {
+    SetAttr {
+        mode,
+        uid,
+        gid,
+        size,
+        atime: atime.map(timespec),
+        mtime: mtime.map(timespec),
+        fh,
+    }
+}
+
+/// A time of a request (`fuse_setattr_in`'s atime, mtime) as fuser
+/// decodes it: before 1970, the nanoseconds are taken away from the
+/// seconds rather than added (fuser 0.18's `system_time_from_time`), kept
+/// here so that both decoders give the same answer.
+pub fn request_time(secs: i64, nsecs: u32) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs)
+    } else {
+        UNIX_EPOCH - Duration::new(secs.unsigned_abs(), nsecs)
+    }
 }
 
 /// `struct fuse_entry_out` as fuser's `ReplyEntry::entry` encodes it

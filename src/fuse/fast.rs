@@ -1,27 +1,30 @@
 //! The requests an io_uring queue thread answers itself (`uring::Fast`):
 //! the most frequent ones that, on local layers, do not wait long —
-//! GETATTR, GETXATTR, LOOKUP, OPEN where it need not wait
-//! (`Shared::open_now`), RELEASE and FLUSH — with the same handler code as
+//! GETATTR, GETXATTR, LOOKUP, OPEN, SETATTR and UNLINK where they need not
+//! wait (`Shared::open_now`, `setattr_now`; UNLINK while writes are not
+//! paused), RELEASE, FLUSH and IOCTL — with the same handler code as
 //! through fuser (`LayerFs::attr_of`, the overlay's getxattr,
-//! `Shared::lookup`, `open_now`, `release`, `NO_FLUSH`) and the same
-//! admission (`Contained::answer`); only the reply is encoded here
-//! (`Encoded`, `convert::*_out`).
+//! `Shared::lookup`, `open_now`, `setattr_now`, `unlink`, `release`,
+//! `NO_FLUSH`, `NO_IOCTL`) and the same admission (`Contained::answer`); only the
+//! request's arguments are decoded and the reply encoded here (`Encoded`,
+//! `convert::*_out`).
 
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuser::{Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo, OpenFlags};
+use fuser::{Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo, OpenFlags, TimeOrNow};
 
 use super::contain::Contained;
 use super::convert;
 use super::io_mode::{Backing, OpenReply};
-use super::ops::NO_FLUSH;
-use super::reply::{errno, EntryReply};
+use super::ops::{NO_FLUSH, NO_IOCTL};
+use super::reply::{errno, AttrReply, EntryReply};
 use super::shared::{LayerFs, Shared};
 use super::sys::SessionBacking;
 use super::uring;
+use crate::overlay::attr::SetAttr;
 use crate::overlay::Ctx;
 
 /// `fuse_getattr_in.getattr_flags`: `fh` names the handle the request
@@ -48,6 +51,51 @@ impl QueueAnswers {
             owner: nix::unistd::getuid().as_raw(),
         }
     }
+}
+
+/// `fuse_ioctl_in.flags`: an ioctl of CUSE, which fuser refuses itself.
+const FUSE_IOCTL_UNRESTRICTED: u32 = 1 << 1;
+
+/// `fuse_setattr_in.valid`: which fields are set (`include/uapi/linux/fuse.h`).
+const FATTR_MODE: u32 = 1 << 0;
+const FATTR_UID: u32 = 1 << 1;
+const FATTR_GID: u32 = 1 << 2;
+const FATTR_SIZE: u32 = 1 << 3;
+const FATTR_ATIME: u32 = 1 << 4;
+const FATTR_MTIME: u32 = 1 << 5;
+const FATTR_FH: u32 = 1 << 6;
+const FATTR_ATIME_NOW: u32 = 1 << 7;
+const FATTR_MTIME_NOW: u32 = 1 << 8;
+
+/// `fuse_setattr_in` as fuser decodes it for `Filesystem::setattr`, made
+/// into the core's `SetAttr` as `ops` does: valid (u32), padding, fh,
+/// size, lock_owner, atime, mtime, ctime (u64 each), atimensec,
+/// mtimensec, ctimensec, mode, unused, uid, gid (u32 each).
+fn setattr_in(arg: &[u8]) -> Option<SetAttr> {
+    let valid = u32_at(arg, 0)?;
+    let set = |bit: u32| valid & bit != 0;
+    let u32_if = |bit: u32, at: usize| if set(bit) { u32_at(arg, at) } else { None };
+    let u64_if = |bit: u32, at: usize| if set(bit) { u64_at(arg, at) } else { None };
+    let time = |bit: u32, now: u32, at: usize, nsec_at: usize| {
+        if !set(bit) {
+            None
+        } else if set(now) {
+            Some(TimeOrNow::Now)
+        } else {
+            let (secs, nsecs) = (u64_at(arg, at)? as i64, u32_at(arg, nsec_at)?);
+            Some(TimeOrNow::SpecificTime(convert::request_time(secs, nsecs)))
+        }
+    };
+    arg.get(..88)?;
+    Some(convert::set_attr(
+        u32_if(FATTR_MODE, 68),
+        u32_if(FATTR_UID, 76),
+        u32_if(FATTR_GID, 80),
+        u64_if(FATTR_SIZE, 16),
+        time(FATTR_ATIME, FATTR_ATIME_NOW, 32, 56),
+        time(FATTR_MTIME, FATTR_MTIME_NOW, 40, 60),
+        u64_if(FATTR_FH, 8),
+    ))
 }
 
 /// The `u32` or `u64` at `at` in a request's argument.
@@ -138,6 +186,17 @@ impl uring::Fast for QueueAnswers {
                     }
                 })
             }
+            uring::FUSE_SETATTR => {
+                let a = setattr_in(arg)?;
+                let mut enc = Encoded::new(out);
+                self.fs.answer("setattr", ino, |fs| {
+                    match fs.inner.setattr_now(&c, INodeNo(ino), &a, &mut enc) {
+                        Ok(()) => Some(enc.result),
+                        // It must wait: left to the request threads.
+                        Err(_) => None,
+                    }
+                })
+            }
             uring::FUSE_RELEASE => {
                 // fuse_release_in: fh (u64), flags, release_flags,
                 // lock_owner (not read, as through fuser).
@@ -147,7 +206,24 @@ impl uring::Fast for QueueAnswers {
                     Some(Ok(0))
                 })
             }
+            uring::FUSE_UNLINK => {
+                // No first argument; the name. Inside the write gate, as
+                // through fuser; while writes are paused, left to fuser.
+                let name = name(rest)?;
+                self.fs.answer("unlink", ino, |fs| {
+                    let _pass = fs.inner.ov.gate().try_enter()?;
+                    let r = fs.inner.unlink(&c, INodeNo(ino), name);
+                    Some(r.map(|()| 0).map_err(errno))
+                })
+            }
             uring::FUSE_FLUSH => self.fs.answer("flush", ino, |_| Some(Err(NO_FLUSH))),
+            uring::FUSE_IOCTL => {
+                // fuse_ioctl_in: fh (u64), flags (u32), ...
+                if u32_at(arg, 8)? & FUSE_IOCTL_UNRESTRICTED != 0 {
+                    return None;
+                }
+                self.fs.answer("ioctl", ino, |_| Some(Err(NO_IOCTL)))
+            }
             _ => return None,
         };
         r.map(|r| r.map_err(|e| e.code()))
@@ -174,6 +250,16 @@ impl Encoded<'_> {
 impl EntryReply for &mut Encoded<'_> {
     fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
         self.result = Ok(convert::entry_out(ttl, attr, generation.0, self.out));
+    }
+
+    fn error(self, e: Errno) {
+        self.result = Err(e);
+    }
+}
+
+impl AttrReply for &mut Encoded<'_> {
+    fn attr(self, ttl: &Duration, attr: &FileAttr) {
+        self.result = Ok(convert::attr_out_of(ttl, attr, self.out));
     }
 
     fn error(self, e: Errno) {
@@ -295,9 +381,28 @@ mod tests {
         }
     }
 
-    /// Answers with the cases above, through fuser's replies.
+    /// What SETATTR carries, comparable.
+    type SetKey = (
+        Option<u32>,
+        Option<u32>,
+        Option<u32>,
+        Option<u64>,
+        Option<(i64, i64)>,
+        Option<(i64, i64)>,
+        Option<u64>,
+    );
+
+    fn key(a: &SetAttr) -> SetKey {
+        let t = |t: &libc::timespec| (t.tv_sec, t.tv_nsec);
+        let (at, mt) = (a.atime.as_ref().map(t), a.mtime.as_ref().map(t));
+        (a.mode, a.uid, a.gid, a.size, at, mt, a.fh)
+    }
+
+    /// Answers with the cases above, through fuser's replies; keeps what
+    /// fuser decoded of each SETATTR (made into `SetAttr` as `ops` does).
     struct Cases {
         dev: Arc<OwnedFd>,
+        set: Arc<std::sync::Mutex<Vec<SetKey>>>,
     }
 
     impl fuser::Filesystem for Cases {
@@ -313,6 +418,53 @@ mod tests {
         fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
             open_case(ino.0, &self.dev, reply)
         }
+
+        fn setattr(
+            &self,
+            _req: &Request,
+            ino: INodeNo,
+            mode: Option<u32>,
+            uid: Option<u32>,
+            gid: Option<u32>,
+            size: Option<u64>,
+            atime: Option<TimeOrNow>,
+            mtime: Option<TimeOrNow>,
+            _ctime: Option<std::time::SystemTime>,
+            fh: Option<FileHandle>,
+            _crtime: Option<std::time::SystemTime>,
+            _chgtime: Option<std::time::SystemTime>,
+            _bkuptime: Option<std::time::SystemTime>,
+            _flags: Option<fuser::BsdFileFlags>,
+            reply: ReplyAttr,
+        ) {
+            let a = convert::set_attr(mode, uid, gid, size, atime, mtime, fh.map(|f| f.0));
+            self.set.lock().unwrap().push(key(&a));
+            let (ttl, st) = attr_case(ino.0);
+            AttrReply::attr(reply, &ttl, &convert::attr(&st))
+        }
+    }
+
+    /// A `fuse_setattr_in` (88 bytes): valid, fh, size, then the times
+    /// (seconds, nanoseconds), mode, uid, gid.
+    fn setattr_arg(valid: u32, fh: u64, size: u64, t: [(i64, u32); 3], ids: [u32; 3]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(88);
+        b.extend_from_slice(&valid.to_ne_bytes());
+        b.extend_from_slice(&0u32.to_ne_bytes());
+        b.extend_from_slice(&fh.to_ne_bytes());
+        b.extend_from_slice(&size.to_ne_bytes());
+        b.extend_from_slice(&0x55u64.to_ne_bytes());
+        for (s, _) in t {
+            b.extend_from_slice(&s.to_ne_bytes());
+        }
+        for (_, ns) in t {
+            b.extend_from_slice(&ns.to_ne_bytes());
+        }
+        let [mode, uid, gid] = ids;
+        for v in [mode, 0, uid, gid, 0] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        assert_eq!(b.len(), 88);
+        b
     }
 
     fn request(opcode: u32, unique: u64, nodeid: u64, arg: &[u8]) -> Vec<u8> {
@@ -364,7 +516,11 @@ mod tests {
         socket::send(mine.as_raw_fd(), &init, MsgFlags::empty()).unwrap();
         let mut cfg = fuser::Config::default();
         cfg.n_threads = Some(1);
-        let fs = Cases { dev: dev.clone() };
+        let decoded = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let fs = Cases {
+            dev: dev.clone(),
+            set: decoded.clone(),
+        };
         let session = fuser::Session::from_fd(fs, theirs, fuser::SessionACL::All, cfg).unwrap();
         let mut reply = [0u8; 512];
         socket::recv(mine.as_raw_fd(), &mut reply, MsgFlags::empty()).unwrap();
@@ -411,6 +567,44 @@ mod tests {
                 enc.result
             });
             assert_eq!(ours, fusers(&mine, &req), "OPEN case {ino}");
+        }
+
+        const NOW: u32 = FATTR_ATIME_NOW | FATTR_MTIME_NOW;
+        let times = [(1_780_000_000, 5), (1_000_000_000, 999_999_999), (3, 4)];
+        let old = [(-315_619_200, 250_000_000), (-1, 1), (-7, 0)];
+        let sets = [
+            setattr_arg(
+                FATTR_MODE | FATTR_UID | FATTR_GID,
+                9,
+                9,
+                times,
+                [0o104755, 7, 8],
+            ),
+            setattr_arg(FATTR_SIZE | FATTR_FH, 99, 12345, times, [1, 2, 3]),
+            setattr_arg(FATTR_SIZE, 99, 0, times, [1, 2, 3]),
+            setattr_arg(FATTR_ATIME | FATTR_MTIME, 0, 0, times, [0; 3]),
+            setattr_arg(FATTR_ATIME | FATTR_MTIME | NOW, 0, 0, times, [0; 3]),
+            setattr_arg(FATTR_ATIME | FATTR_MTIME, 0, 0, old, [0; 3]),
+            setattr_arg(FATTR_MTIME | FATTR_ATIME_NOW, 0, 0, old, [0; 3]),
+            // Sets nothing: KILL_SUIDGID, LOCKOWNER, CTIME are not read.
+            setattr_arg((1 << 11) | (1 << 10) | (1 << 9), 5, 6, times, [7, 8, 9]),
+        ];
+        for (n, arg) in sets.iter().enumerate() {
+            let ino = n as u64 % 4 + 1;
+            let req = request(uring::FUSE_SETATTR, next(), ino, arg);
+            let ours = ours(|out| {
+                let mut enc = Encoded::new(out);
+                let (ttl, st) = attr_case(ino);
+                AttrReply::attr(&mut enc, &ttl, &convert::attr(&st));
+                enc.result
+            });
+            assert_eq!(ours, fusers(&mine, &req), "SETATTR reply {n}");
+            let fusers = decoded.lock().unwrap().pop();
+            assert_eq!(
+                setattr_in(arg).map(|a| key(&a)),
+                fusers,
+                "SETATTR {n} decoded"
+            );
         }
 
         let destroy = abi::destroy_request(next());

@@ -18,7 +18,7 @@ use super::convert;
 use super::init;
 use super::journal::setattr_rows;
 use super::killpriv;
-use super::reply::{self, errno, EntryReply};
+use super::reply::{self, errno, AttrReply, EntryReply};
 use super::shared::{ctx, LayerFs, Shared};
 use crate::overlay::attr::SetAttr;
 use crate::overlay::copy_up::NoHalt;
@@ -31,6 +31,11 @@ use crate::overlay::Ctx;
 /// the kernel, so a close has nothing to flush: ENOSYS tells the kernel to
 /// stop sending FLUSH at all (one round trip less per close).
 pub(super) const NO_FLUSH: Errno = Errno::ENOSYS;
+
+/// IOCTL's answer: no file ioctls are forwarded. Tools probing for flags
+/// or reflinks (`FS_IOC_GETFLAGS`, `FICLONE`) get ENOTTY and fall back,
+/// without a log line per call.
+pub(super) const NO_IOCTL: Errno = Errno::ENOTTY;
 
 impl Shared {
     /// LOOKUP, for fuser's reply and for a queue thread's (`fast`). Each
@@ -56,6 +61,93 @@ impl Shared {
             }
             Err(e) => reply.error(errno(e)),
         }
+    }
+
+    /// SETATTR answered at once where nothing needs waiting: writes are
+    /// not paused, and a truncation by path has no lower reader's release
+    /// to wait for. Otherwise nothing is done and the reply is given back.
+    pub(super) fn setattr_now<R: AttrReply>(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        a: &SetAttr,
+        reply: R,
+    ) -> Result<(), R> {
+        let Some(_pass) = self.ov.gate().try_enter() else {
+            return Err(reply);
+        };
+        self.setattr_gated(c, ino, a, false, reply)
+    }
+
+    /// SETATTR inside the write gate; `wait`: it may wait for a lower
+    /// reader's release (else the reply is given back, nothing done).
+    pub(super) fn setattr_gated<R: AttrReply>(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        a: &SetAttr,
+        wait: bool,
+        reply: R,
+    ) -> Result<(), R> {
+        let path = self.path(ino.0);
+        // A truncation by path changes the data: not while the lower
+        // file is passed through to readers (`io_mode`).
+        let truncates = a.size.is_some() && a.fh.is_none();
+        let began = match (truncates, wait) {
+            (false, _) => None,
+            (true, true) => Some(self.io.begin_write(self.ov(), ino.0)),
+            (true, false) => match self.io.begin_write_now(self.ov(), ino.0) {
+                None => return Err(reply),
+                began => began,
+            },
+        };
+        let writing = match began {
+            Some(Err(e)) => {
+                reply.error(Errno::from_i32(e));
+                return Ok(());
+            }
+            Some(Ok(w)) => Some(w),
+            None => None,
+        };
+        self.rec.around_setattr(self.ov(), ino.0, false);
+        let r = self.ov().setattr(c, ino.0, a).and_then(|st| {
+            // A truncate, or the kernel's own clearing handed over (a
+            // SETATTR that sets nothing): `killpriv`.
+            let sets_nothing = a.mode.is_none()
+                && a.uid.is_none()
+                && a.gid.is_none()
+                && a.size.is_none()
+                && a.atime.is_none()
+                && a.mtime.is_none();
+            if a.mode.is_some() || (a.size.is_none() && !sets_nothing) {
+                return Ok(st);
+            }
+            let killed = self
+                .ov()
+                .kill_suid(ino.0, || killpriv::caller_lacks_fsetid(c.pid))?;
+            Ok(killed.unwrap_or(st))
+        });
+        self.rec.around_setattr(self.ov(), ino.0, true);
+        if let Some(w) = writing {
+            self.io.end_write(ino.0, w);
+        }
+        let errno = r.as_ref().err().map_or(0, |e| e.0);
+        self.rec.done(c, &setattr_rows(a), path, None, errno);
+        self.reply_attr(ino, r, reply);
+        Ok(())
+    }
+
+    /// UNLINK, inside the write gate: for fuser and for a queue thread.
+    pub(super) fn unlink(
+        &self,
+        c: &Ctx,
+        parent: INodeNo,
+        name: &OsStr,
+    ) -> crate::overlay::Result<()> {
+        let path = self.child(parent, name);
+        let r = self.ov().unlink(c, parent.0, name);
+        self.done(c, EvOp::Unlink, path, None, &r);
+        r
     }
 
     /// RELEASE (answered with nothing but success), for fuser and for a
@@ -159,51 +251,15 @@ impl fuser::Filesystem for LayerFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let a = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(convert::timespec),
-            mtime: mtime.map(convert::timespec),
-            fh: fh.map(|f| f.0),
-        };
+        let a = convert::set_attr(mode, uid, gid, size, atime, mtime, fh.map(|f| f.0));
         let c = ctx(req, 0);
+        let Err(reply) = self.inner.setattr_now(&c, ino, &a, reply) else {
+            return;
+        };
+        // Paused, or a truncation waiting for a reader's release.
         self.gated(move |s| {
-            let path = s.path(ino.0);
-            // A truncation by path changes the data: not while the lower
-            // file is passed through to readers (`io_mode`).
-            let truncates = a.size.is_some() && a.fh.is_none();
-            let writing = match truncates.then(|| s.io.begin_write(s.ov(), ino.0)) {
-                Some(Err(e)) => return reply.error(Errno::from_i32(e)),
-                Some(Ok(w)) => Some(w),
-                None => None,
-            };
-            s.rec.around_setattr(s.ov(), ino.0, false);
-            let r = s.ov().setattr(&c, ino.0, &a).and_then(|st| {
-                // A truncate, or the kernel's own clearing handed over (a
-                // SETATTR that sets nothing): `killpriv`.
-                let sets_nothing = a.mode.is_none()
-                    && a.uid.is_none()
-                    && a.gid.is_none()
-                    && a.size.is_none()
-                    && a.atime.is_none()
-                    && a.mtime.is_none();
-                if a.mode.is_some() || (a.size.is_none() && !sets_nothing) {
-                    return Ok(st);
-                }
-                let killed = s
-                    .ov()
-                    .kill_suid(ino.0, || killpriv::caller_lacks_fsetid(c.pid))?;
-                Ok(killed.unwrap_or(st))
-            });
-            s.rec.around_setattr(s.ov(), ino.0, true);
-            if let Some(w) = writing {
-                s.io.end_write(ino.0, w);
-            }
-            let errno = r.as_ref().err().map_or(0, |e| e.0);
-            s.rec.done(&c, &setattr_rows(&a), path, None, errno);
-            s.reply_attr(ino, r, reply)
+            // Given back only when it may not wait.
+            let _ = s.setattr_gated(&c, ino, &a, true, reply);
         })
     }
 
@@ -249,12 +305,7 @@ impl fuser::Filesystem for LayerFs {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (ctx(req, 0), name.to_owned());
-        self.gated(move |s| {
-            let path = s.child(parent, &name);
-            let r = s.ov().unlink(&c, parent.0, &name);
-            s.done(&c, EvOp::Unlink, path, None, &r);
-            reply::empty(r, reply)
-        })
+        self.gated(move |s| reply::empty(s.unlink(&c, parent, &name), reply))
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -571,9 +622,7 @@ impl fuser::Filesystem for LayerFs {
         self.gated(move |s| s.create(&c, parent, &name, mode, flags, queue.as_deref(), reply))
     }
 
-    /// No file ioctls are forwarded: tools probing for flags or reflinks
-    /// (`FS_IOC_GETFLAGS`, `FICLONE`) get ENOTTY and fall back, without a
-    /// log line per call.
+    /// See `NO_IOCTL`.
     fn ioctl(
         &self,
         _req: &Request,
@@ -585,7 +634,7 @@ impl fuser::Filesystem for LayerFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        reply.error(Errno::ENOTTY);
+        reply.error(NO_IOCTL);
     }
 
     fn fallocate(

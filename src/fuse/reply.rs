@@ -1,16 +1,34 @@
 //! Replies that need nothing but the result: the core's errno as fuser's,
 //! empty replies, and the size-or-data rule of the xattr replies; and
-//! where a LOOKUP's answer goes (`EntryReply`).
+//! where a LOOKUP's and a SETATTR's answers go (`EntryReply`,
+//! `AttrReply`).
 
 use std::time::Duration;
 
-use fuser::{Errno, FileAttr, Generation, ReplyEmpty, ReplyEntry, ReplyXattr};
+use fuser::{Errno, FileAttr, Generation, ReplyAttr, ReplyEmpty, ReplyEntry, ReplyXattr};
 
 /// Where a LOOKUP's answer goes: fuser's `ReplyEntry`, or the reply a
 /// queue thread encodes itself (`fast`).
 pub(super) trait EntryReply {
     fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation);
     fn error(self, e: Errno);
+}
+
+/// Where a SETATTR's answer goes: fuser's `ReplyAttr`, or the reply a
+/// queue thread encodes itself (`fast`).
+pub(super) trait AttrReply {
+    fn attr(self, ttl: &Duration, attr: &FileAttr);
+    fn error(self, e: Errno);
+}
+
+impl AttrReply for ReplyAttr {
+    fn attr(self, ttl: &Duration, attr: &FileAttr) {
+        ReplyAttr::attr(self, ttl, attr)
+    }
+
+    fn error(self, e: Errno) {
+        ReplyAttr::error(self, e)
+    }
 }
 
 impl EntryReply for ReplyEntry {

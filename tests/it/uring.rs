@@ -506,7 +506,9 @@ fn answered_total(mnt: &Path) -> u64 {
 
 /// Lookups of names present, new, whited out and hidden; opens read-only,
 /// for writing and with `O_TRUNC` (both copying up), of a readonly path
-/// (refused) and of a directory; closes. Each outcome as a JSON line.
+/// (refused) and of a directory; closes; attribute changes (mode, owner,
+/// size by path and by handle, times given, before 1970 and now), allowed
+/// and refused. Each outcome as a JSON line.
 const OPENS: &str = r#"
 import errno, json, os
 out = []
@@ -552,6 +554,43 @@ rec("list d", lambda: sorted(os.listdir("d")))
 rec("open d for writing", lambda: os.open("d", os.O_WRONLY))
 rec("lookup d/nested/deep", lambda: st("d/nested/deep"))
 rec("read d/nested/deep", lambda: read("d/nested/deep"))
+def stt(p):
+    s = os.lstat(p)
+    return [s.st_size, oct(s.st_mode), s.st_uid, s.st_gid, s.st_atime_ns, s.st_mtime_ns]
+def ftrunc(p, n):
+    fd = os.open(p, os.O_RDWR)
+    try:
+        os.ftruncate(fd, n)
+    finally:
+        os.close(fd)
+    return read(p)
+rec("chmod f", lambda: os.chmod("f", 0o4711))
+rec("chown f", lambda: os.chown("f", 1234, 5678))
+rec("truncate lower s by path", lambda: (os.truncate("s", 3), read("s"))[1])
+rec("ftruncate f", lambda: ftrunc("f", 2))
+rec("times of f", lambda: (os.utime("f", ns=(1600000000123456789, 1700000000987654321)), stt("f"))[1])
+rec("old times of s", lambda: (os.utime("s", ns=(-99750000000, -1)), stt("s"))[1])
+rec("times of t now", lambda: (os.utime("t"), os.lstat("t").st_size)[1])
+rec("chmod ro/x", lambda: os.chmod("ro/x", 0o600))
+rec("truncate ro/x by path", lambda: os.truncate("ro/x", 1))
+rec("times of ro/x", lambda: os.utime("ro/x", ns=(1, 1)))
+rec("chmod d/.env", lambda: os.chmod("d/.env", 0o600))
+rec("mode of d/nested/deep", lambda: (os.chmod("d/nested/deep", 0o640), stt("d/nested/deep")[:4])[1])
+def getflags(p):
+    import fcntl
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        return fcntl.ioctl(fd, 0x80086601, b"\0" * 8).hex()
+    finally:
+        os.close(fd)
+rec("ioctl FS_IOC_GETFLAGS f", lambda: getflags("f"))
+rec("unlink new", lambda: os.unlink("new"))
+rec("lookup unlinked new", lambda: st("new"))
+rec("unlink absent", lambda: os.unlink("absent"))
+rec("unlink ro/x", lambda: os.unlink("ro/x"))
+rec("unlink d/.env", lambda: os.unlink("d/.env"))
+rec("unlink lower d/visible", lambda: os.unlink("d/visible"))
+rec("list d after unlink", lambda: sorted(os.listdir("d")))
 for l in out:
     print(json.dumps(l))
 "#;
@@ -563,6 +602,7 @@ fn opens_workspace() -> (Workspace, String) {
         ws.lower(),
         &[
             ("f", "lower\n"),
+            ("s", "shortened\n"),
             ("t", "to truncate\n"),
             ("gone", "gone\n"),
             ("ro/x", "readonly\n"),
@@ -586,13 +626,13 @@ fn journal(ws: &Workspace) -> Vec<String> {
     rows
 }
 
-/// The queue threads answer LOOKUP, OPEN and RELEASE themselves (no hop
-/// to the request threads) with fuser's answers: every outcome, the upper,
-/// the journal and the counters are those of the same requests answered
-/// by fuser (`LAYERFS_URING_NO_FAST`), and policy refusals happen there
-/// too.
+/// The queue threads answer LOOKUP, OPEN, SETATTR, UNLINK, RELEASE and
+/// IOCTL themselves (no hop to the request threads) with fuser's answers:
+/// every outcome, the upper, the journal and the counters are those of
+/// the same requests answered by fuser (`LAYERFS_URING_NO_FAST`), and
+/// policy refusals happen there too.
 #[test]
-fn the_queue_threads_answer_lookup_open_and_release_as_fuser_does() {
+fn the_queue_threads_answer_their_requests_as_fuser_does() {
     let run = |env: &[(&str, &str)]| {
         let (ws, policy) = opens_workspace();
         let script = ws.dir.path().join("opens.py");
@@ -607,15 +647,26 @@ fn the_queue_threads_answer_lookup_open_and_release_as_fuser_does() {
         let answered = answered_total(m.path());
         let out = sh(m.path(), &format!("python3 {}", script.display()));
         let answered = answered_total(m.path()) - answered;
+        // The lower is untouched.
+        for (p, was) in [
+            ("f", "lower\n"),
+            ("s", "shortened\n"),
+            ("t", "to truncate\n"),
+        ] {
+            assert_eq!(fs::read_to_string(ws.lower().join(p)).unwrap(), was);
+        }
         let after = status_json(m.path());
         let by_op = |op: &str| {
             after["counters"]["by_op"][op].as_u64().unwrap_or(0)
                 - before["counters"]["by_op"][op].as_u64().unwrap_or(0)
         };
-        let quick = ["lookup", "open", "release", "flush", "getattr", "getxattr"];
+        let quick = [
+            "lookup", "open", "setattr", "unlink", "release", "flush", "ioctl", "getattr",
+            "getxattr",
+        ];
         let quick: u64 = quick.iter().map(|op| by_op(op)).sum();
         let counters = ["copy_ups", "denials"].map(|c| after["counters"][c].clone());
-        let upper: Vec<String> = ["f", "t", "gone", "new"]
+        let upper: Vec<String> = ["f", "s", "t", "gone"]
             .iter()
             .map(|p| fs::read_to_string(ws.upper.join(p)).unwrap_or_default())
             .collect();
@@ -656,8 +707,27 @@ fn the_queue_threads_answer_lookup_open_and_release_as_fuser_does() {
     assert_eq!(line("list d"), serde_json::json!(["nested", "visible"]));
     assert_eq!(line("open d for writing"), "EEISDIR", "{out}");
     assert_eq!(line("read d/nested/deep"), "deep\n");
-    assert_eq!(upper[..2], ["lower\nmore\n", "new\n"]);
-    // The lower is untouched.
+    assert_eq!(line("ftruncate f"), "lo", "{out}");
+    assert_eq!(line("truncate lower s by path"), "sho", "{out}");
+    let f = line("times of f");
+    let f: Vec<u64> = (2..6).map(|i| f[i].as_u64().unwrap()).collect();
+    assert_eq!(f, [1234, 5678, 1600000000123456789, 1700000000987654321]);
+    assert_eq!(line("chmod ro/x"), "EEROFS", "{out}");
+    assert_eq!(line("truncate ro/x by path"), "EEROFS", "{out}");
+    assert_eq!(line("times of ro/x"), "EEROFS", "{out}");
+    assert_eq!(line("chmod d/.env"), "EENOENT", "{out}");
+    assert_eq!(
+        line("mode of d/nested/deep"),
+        serde_json::json!([5, "0o100640", 0, 0])
+    );
+    assert_eq!(line("ioctl FS_IOC_GETFLAGS f"), "EENOTTY", "{out}");
+    assert_eq!(line("lookup unlinked new"), "EENOENT", "{out}");
+    assert_eq!(line("unlink absent"), "EENOENT", "{out}");
+    assert_eq!(line("unlink ro/x"), "EEROFS", "{out}");
+    assert_eq!(line("unlink d/.env"), "EENOENT", "{out}");
+    assert_eq!(line("list d after unlink"), serde_json::json!(["nested"]));
+    assert_eq!(upper[..3], ["lo", "sho", "new\n"]);
+
     // Every LOOKUP, OPEN, RELEASE (and GETATTR, GETXATTR, FLUSH) was
     // answered by a queue thread, none handed on.
     assert!(opens >= 10, "{opens} opens");

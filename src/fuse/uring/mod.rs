@@ -88,10 +88,13 @@ pub const SCRATCH: usize = 64 * 1024 + 64;
 /// The requests `Fast` may answer (`include/uapi/linux/fuse.h`).
 pub const FUSE_LOOKUP: u32 = 1;
 pub const FUSE_GETATTR: u32 = 3;
+pub const FUSE_SETATTR: u32 = 4;
+pub const FUSE_UNLINK: u32 = 10;
 pub const FUSE_OPEN: u32 = 14;
 pub const FUSE_RELEASE: u32 = 18;
 pub const FUSE_GETXATTR: u32 = 22;
 pub const FUSE_FLUSH: u32 = 25;
+pub const FUSE_IOCTL: u32 = 39;
 
 /// What a request served through a queue needs: the connection's fd, for
 /// backing ids.
