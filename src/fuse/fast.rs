@@ -1,11 +1,12 @@
 //! The requests an io_uring queue thread answers itself (`uring::Fast`):
 //! the most frequent ones that, on local layers, do not wait long —
-//! GETATTR, GETXATTR, LOOKUP, OPEN, SETATTR and UNLINK where they need not
-//! wait (`Shared::open_now`, `setattr_now`; UNLINK while writes are not
-//! paused), RELEASE, FLUSH and IOCTL — with the same handler code as
-//! through fuser (`LayerFs::attr_of`, the overlay's getxattr,
-//! `Shared::lookup`, `open_now`, `setattr_now`, `unlink`, `release`,
-//! `NO_FLUSH`, `NO_IOCTL`) and the same admission (`Contained::answer`); only the
+//! GETATTR, GETXATTR, LOOKUP, OPEN, SETATTR, CREATE and UNLINK where they
+//! need not wait (`Shared::open_now`, `setattr_now`; CREATE and UNLINK
+//! while writes are not paused), RELEASE, FLUSH and IOCTL — with the same
+//! handler code as through fuser (`LayerFs::attr_of`, the overlay's
+//! getxattr, `Shared::lookup`, `open_now`, `setattr_now`, `create`,
+//! `unlink`, `release`, `NO_FLUSH`, `NO_IOCTL`) and the same admission
+//! (`Contained::answer`); only the
 //! request's arguments are decoded and the reply encoded here (`Encoded`,
 //! `convert::*_out`).
 
@@ -18,7 +19,7 @@ use fuser::{Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo, OpenFl
 
 use super::contain::Contained;
 use super::convert;
-use super::io_mode::{Backing, OpenReply};
+use super::io_mode::{Backing, CreateReply, OpenReply};
 use super::ops::{NO_FLUSH, NO_IOCTL};
 use super::reply::{errno, AttrReply, EntryReply};
 use super::shared::{LayerFs, Shared};
@@ -216,6 +217,23 @@ impl uring::Fast for QueueAnswers {
                     Some(r.map(|()| 0).map_err(errno))
                 })
             }
+            uring::FUSE_CREATE => {
+                // fuse_create_in: flags (i32), mode, umask, open_flags
+                // (not read, as through fuser); then the name. Inside the
+                // write gate; while writes are paused, left to fuser.
+                let flags = u32_at(arg, 0)? as i32;
+                let (mode, umask) = (u32_at(arg, 4)?, u32_at(arg, 8)?);
+                let name = name(rest)?;
+                let c = Ctx { umask, ..c };
+                let mut enc = Encoded::new(out);
+                self.fs.answer("create", ino, |fs| {
+                    let _pass = fs.inner.ov.gate().try_enter()?;
+                    let via = Some(side);
+                    fs.inner
+                        .create(&c, INodeNo(ino), name, mode, flags, via, &mut enc);
+                    Some(enc.result)
+                })
+            }
             uring::FUSE_FLUSH => self.fs.answer("flush", ino, |_| Some(Err(NO_FLUSH))),
             uring::FUSE_IOCTL => {
                 // fuse_ioctl_in: fh (u64), flags (u32), ...
@@ -260,6 +278,40 @@ impl EntryReply for &mut Encoded<'_> {
 impl AttrReply for &mut Encoded<'_> {
     fn attr(self, ttl: &Duration, attr: &FileAttr) {
         self.result = Ok(convert::attr_out_of(ttl, attr, self.out));
+    }
+
+    fn error(self, e: Errno) {
+        self.result = Err(e);
+    }
+}
+
+impl CreateReply for &mut Encoded<'_> {
+    /// Never asked, as for `OpenReply`.
+    fn open_backing(&self, _fd: &OwnedFd) -> std::io::Result<SessionBacking> {
+        Err(std::io::Error::other(
+            "a queue thread's create has no fuser session to open a backing id",
+        ))
+    }
+
+    /// `struct fuse_create_out`: the entry, then the open.
+    fn created(self, ttl: &Duration, attr: &FileAttr, fh: FileHandle, flags: FopenFlags) {
+        let n = convert::entry_out(ttl, attr, 0, self.out);
+        let m = convert::open_out(fh.0, flags, 0, &mut self.out[n..]);
+        self.result = Ok(n + m);
+    }
+
+    fn created_passthrough(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        fh: FileHandle,
+        flags: FopenFlags,
+        b: &Backing,
+    ) {
+        let flags = flags | FopenFlags::FOPEN_PASSTHROUGH;
+        let n = convert::entry_out(ttl, attr, 0, self.out);
+        let m = convert::open_out(fh.0, flags, b.raw(), &mut self.out[n..]);
+        self.result = Ok(n + m);
     }
 
     fn error(self, e: Errno) {
@@ -398,6 +450,34 @@ mod tests {
         (a.mode, a.uid, a.gid, a.size, at, mt, a.fh)
     }
 
+    /// CREATE's cases, by name: cached and passthrough creates, errors.
+    fn create_case(name: &OsStr, dev: &Arc<OwnedFd>, reply: impl CreateReply) {
+        let (ttl, st) = attr_case(name.len() as u64 % 4);
+        let attr = convert::attr(&st);
+        let pt = |id| Backing::Connection(ConnectionBacking::for_test(id, dev.clone()));
+        match name.to_str().unwrap() {
+            "a" => reply.created(&ttl, &attr, FileHandle(3), FopenFlags::empty()),
+            "bb" => reply.created(
+                &ttl,
+                &attr,
+                FileHandle(u64::MAX),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            "ccc" => {
+                reply.created_passthrough(&ttl, &attr, FileHandle(9), FopenFlags::empty(), &pt(11))
+            }
+            "dddd" => reply.created_passthrough(
+                &ttl,
+                &attr,
+                FileHandle(0x0a0b_0c0d),
+                FopenFlags::FOPEN_KEEP_CACHE,
+                &pt(0x7fff_ffff),
+            ),
+            "exists" => reply.error(Errno::EEXIST),
+            _ => reply.error(Errno::EACCES),
+        }
+    }
+
     /// Answers with the cases above, through fuser's replies; keeps what
     /// fuser decoded of each SETATTR (made into `SetAttr` as `ops` does).
     struct Cases {
@@ -417,6 +497,19 @@ mod tests {
 
         fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
             open_case(ino.0, &self.dev, reply)
+        }
+
+        fn create(
+            &self,
+            _req: &Request,
+            _parent: INodeNo,
+            name: &OsStr,
+            _mode: u32,
+            _umask: u32,
+            _flags: i32,
+            reply: fuser::ReplyCreate,
+        ) {
+            create_case(name, &self.dev, reply)
         }
 
         fn setattr(
@@ -569,6 +662,19 @@ mod tests {
             assert_eq!(ours, fusers(&mine, &req), "OPEN case {ino}");
         }
 
+        for name in ["a", "bb", "ccc", "dddd", "exists", "refused"] {
+            // fuse_create_in: flags, mode, umask, open_flags; the name.
+            let mut arg = vec![0u8; 16];
+            arg.extend_from_slice(name.as_bytes());
+            arg.push(0);
+            let req = request(uring::FUSE_CREATE, next(), 1, &arg);
+            let ours = ours(|out| {
+                let mut enc = Encoded::new(out);
+                create_case(OsStr::new(name), &dev, &mut enc);
+                enc.result
+            });
+            assert_eq!(ours, fusers(&mine, &req), "CREATE {name}");
+        }
         const NOW: u32 = FATTR_ATIME_NOW | FATTR_MTIME_NOW;
         let times = [(1_780_000_000, 5), (1_000_000_000, 999_999_999), (3, 4)];
         let old = [(-315_619_200, 250_000_000), (-1, 1), (-7, 0)];

@@ -70,7 +70,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use fuser::{Errno, FileHandle, FopenFlags, Generation, ReplyCreate, ReplyOpen};
+use fuser::{Errno, FileAttr, FileHandle, FopenFlags, Generation, ReplyCreate, ReplyOpen};
 use parking_lot::{Condvar, Mutex};
 
 use super::sys::{ConnectionBacking, SessionBacking};
@@ -155,6 +155,51 @@ pub trait OpenReply {
     /// A passthrough open on backing `b` (`FOPEN_PASSTHROUGH` is added).
     fn opened_passthrough(self, fh: FileHandle, flags: FopenFlags, b: &Backing);
     fn error(self, e: Errno);
+}
+
+/// Where a CREATE's answer goes (generation 0), as `OpenReply`.
+pub trait CreateReply {
+    fn open_backing(&self, fd: &OwnedFd) -> std::io::Result<SessionBacking>;
+    fn created(self, ttl: &Duration, attr: &FileAttr, fh: FileHandle, flags: FopenFlags);
+    fn created_passthrough(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        fh: FileHandle,
+        flags: FopenFlags,
+        b: &Backing,
+    );
+    fn error(self, e: Errno);
+}
+
+impl CreateReply for ReplyCreate {
+    fn open_backing(&self, fd: &OwnedFd) -> std::io::Result<SessionBacking> {
+        SessionBacking::for_create(self, fd)
+    }
+
+    fn created(self, ttl: &Duration, attr: &FileAttr, fh: FileHandle, flags: FopenFlags) {
+        ReplyCreate::created(self, ttl, attr, Generation(0), fh, flags)
+    }
+
+    fn created_passthrough(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        fh: FileHandle,
+        flags: FopenFlags,
+        b: &Backing,
+    ) {
+        match b {
+            Backing::Session(b) => {
+                ReplyCreate::created_passthrough(self, ttl, attr, Generation(0), fh, flags, &b.id)
+            }
+            Backing::Connection(c) => c.reply_created(self, ttl, attr, fh, flags),
+        }
+    }
+
+    fn error(self, e: Errno) {
+        ReplyCreate::error(self, e)
+    }
 }
 
 impl OpenReply for ReplyOpen {
@@ -500,31 +545,18 @@ impl IoModes {
         ttl: Duration,
         o: Opened,
         via: Via,
-        reply: ReplyCreate,
+        reply: impl CreateReply,
         before_reply: impl FnOnce(bool),
     ) {
         let attr = super::convert::attr(&e.st);
-        let mode = self.decide(ov, e.id, &o, via, false, |fd| {
-            SessionBacking::for_create(&reply, fd)
-        });
+        let mode = self.decide(ov, e.id, &o, via, false, |fd| reply.open_backing(fd));
         before_reply(matches!(mode, Mode::Passthrough(_)));
+        let fh = FileHandle(o.fh);
         match mode {
-            Mode::Passthrough(b) => match &*b {
-                Backing::Session(b) => reply.created_passthrough(
-                    &ttl,
-                    &attr,
-                    Generation(0),
-                    FileHandle(o.fh),
-                    FopenFlags::empty(),
-                    &b.id,
-                ),
-                Backing::Connection(c) => {
-                    c.reply_created(reply, &ttl, &attr, FileHandle(o.fh), FopenFlags::empty())
-                }
-            },
-            Mode::Cached(flags) => {
-                reply.created(&ttl, &attr, Generation(0), FileHandle(o.fh), flags)
+            Mode::Passthrough(b) => {
+                reply.created_passthrough(&ttl, &attr, fh, FopenFlags::empty(), &b)
             }
+            Mode::Cached(flags) => reply.created(&ttl, &attr, fh, flags),
         }
     }
 

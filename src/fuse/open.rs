@@ -7,9 +7,9 @@
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use fuser::{Errno, INodeNo, OpenFlags, ReplyCreate, ReplyOpen};
+use fuser::{Errno, INodeNo, OpenFlags, ReplyOpen};
 
-use super::io_mode::OpenReply;
+use super::io_mode::{CreateReply, OpenReply};
 use super::journal::open_row;
 use super::reply::errno;
 use super::shared::Shared;
@@ -203,7 +203,7 @@ impl Shared {
         mode: u32,
         flags: i32,
         via: io_mode::Via,
-        reply: ReplyCreate,
+        reply: impl CreateReply,
     ) {
         let kind = NewKind::File { mode, flags };
         let path = self.child(parent, name);

@@ -591,6 +591,17 @@ rec("unlink ro/x", lambda: os.unlink("ro/x"))
 rec("unlink d/.env", lambda: os.unlink("d/.env"))
 rec("unlink lower d/visible", lambda: os.unlink("d/visible"))
 rec("list d after unlink", lambda: sorted(os.listdir("d")))
+def umasked(p):
+    old = os.umask(0o027)
+    try:
+        fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o666)
+        os.close(fd)
+    finally:
+        os.umask(old)
+    return stt(p)[:4]
+rec("create under umask 027", lambda: umasked("umasked"))
+rec("create existing O_EXCL", lambda: umasked("umasked"))
+rec("create ro/new", lambda: write("ro/new", os.O_CREAT, "no"))
 for l in out:
     print(json.dumps(l))
 "#;
@@ -626,8 +637,8 @@ fn journal(ws: &Workspace) -> Vec<String> {
     rows
 }
 
-/// The queue threads answer LOOKUP, OPEN, SETATTR, UNLINK, RELEASE and
-/// IOCTL themselves (no hop to the request threads) with fuser's answers:
+/// The queue threads answer LOOKUP, OPEN, CREATE, SETATTR, UNLINK, RELEASE
+/// and IOCTL themselves (no hop to the request threads) with fuser's answers:
 /// every outcome, the upper, the journal and the counters are those of
 /// the same requests answered by fuser (`LAYERFS_URING_NO_FAST`), and
 /// policy refusals happen there too.
@@ -661,8 +672,8 @@ fn the_queue_threads_answer_their_requests_as_fuser_does() {
                 - before["counters"]["by_op"][op].as_u64().unwrap_or(0)
         };
         let quick = [
-            "lookup", "open", "setattr", "unlink", "release", "flush", "ioctl", "getattr",
-            "getxattr",
+            "lookup", "open", "create", "setattr", "unlink", "release", "flush", "ioctl",
+            "getattr", "getxattr",
         ];
         let quick: u64 = quick.iter().map(|op| by_op(op)).sum();
         let counters = ["copy_ups", "denials"].map(|c| after["counters"][c].clone());
@@ -726,6 +737,12 @@ fn the_queue_threads_answer_their_requests_as_fuser_does() {
     assert_eq!(line("unlink ro/x"), "EEROFS", "{out}");
     assert_eq!(line("unlink d/.env"), "EENOENT", "{out}");
     assert_eq!(line("list d after unlink"), serde_json::json!(["nested"]));
+    assert_eq!(
+        line("create under umask 027"),
+        serde_json::json!([0, "0o100640", 0, 0])
+    );
+    assert_eq!(line("create existing O_EXCL"), "EEEXIST", "{out}");
+    assert_eq!(line("create ro/new"), "EEROFS", "{out}");
     assert_eq!(upper[..3], ["lo", "sho", "new\n"]);
 
     // Every LOOKUP, OPEN, RELEASE (and GETATTR, GETXATTR, FLUSH) was

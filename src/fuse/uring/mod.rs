@@ -94,6 +94,7 @@ pub const FUSE_OPEN: u32 = 14;
 pub const FUSE_RELEASE: u32 = 18;
 pub const FUSE_GETXATTR: u32 = 22;
 pub const FUSE_FLUSH: u32 = 25;
+pub const FUSE_CREATE: u32 = 35;
 pub const FUSE_IOCTL: u32 = 39;
 
 /// What a request served through a queue needs: the connection's fd, for

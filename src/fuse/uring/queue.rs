@@ -289,7 +289,9 @@ impl Run {
             );
             return self.fail(ring, i, commit_id, unique, libc::EIO);
         };
-        if let Some(fast) = &self.q.fast {
+        // (Extensions after the arguments, which layerfs does not ask
+        // for, are left to fuser.)
+        if let (Some(fast), 0) = (&self.q.fast, head.total_extlen) {
             let req = Req {
                 opcode,
                 nodeid: head.nodeid,
