@@ -64,8 +64,10 @@ impl Shared {
     }
 
     /// SETATTR answered at once where nothing needs waiting: writes are
-    /// not paused, and a truncation by path has no lower reader's release
-    /// to wait for. Otherwise nothing is done and the reply is given back.
+    /// not paused, no long copy-up comes first (a change of a lower file's
+    /// attributes copies it up as an open for writing does), and a
+    /// truncation by path has no lower reader's release to wait for.
+    /// Otherwise nothing is done and the reply is given back.
     pub(super) fn setattr_now<R: AttrReply>(
         &self,
         c: &Ctx,
@@ -73,6 +75,9 @@ impl Shared {
         a: &SetAttr,
         reply: R,
     ) -> Result<(), R> {
+        if self.ov().open_copies_long(ino.0, libc::O_WRONLY) {
+            return Err(reply);
+        }
         let Some(_pass) = self.ov.gate().try_enter() else {
             return Err(reply);
         };

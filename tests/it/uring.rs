@@ -821,3 +821,50 @@ fn lookups_answered_by_the_queue_threads_are_forgotten_exactly() {
     assert_eq!(sh(m.path(), stat_all).trim(), "40 2");
     assert!(m.unmount(), "{}", ws.daemon_log());
 }
+
+/// A change that copies up 8 MiB or more (a chmod of a lower file, an
+/// open for writing) is not answered by a queue thread, which would hold
+/// up every other request of its CPU meanwhile: the request threads get
+/// it, and it works as usual.
+#[test]
+fn a_long_copy_up_is_left_to_the_request_threads() {
+    let ws = Workspace::new();
+    let data: Vec<u8> = (0..9 << 20).map(|i: u32| (i % 251) as u8).collect();
+    fs::write(ws.lower().join("big"), &data).unwrap();
+    fs::write(ws.lower().join("big2"), &data).unwrap();
+    let Some(m) = mount_uring(&ws, &[]) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    let handed_on = |m: &Mount| -> u64 {
+        ring_requests(m.path()).iter().sum::<u64>() - answered_total(m.path())
+    };
+    fs::metadata(m.p("big")).unwrap();
+    fs::metadata(m.p("big2")).unwrap();
+    let before = handed_on(&m);
+    fs::set_permissions(m.p("big"), fs::Permissions::from_mode(0o600)).unwrap();
+    let after_chmod = handed_on(&m);
+    assert!(
+        after_chmod > before,
+        "the chmod's SETATTR was answered by a queue thread"
+    );
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("big2"))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"end").unwrap();
+    drop(f);
+    assert!(
+        handed_on(&m) > after_chmod,
+        "the open for writing was answered by a queue thread"
+    );
+    let meta = fs::metadata(ws.upper.join("big")).unwrap();
+    assert_eq!(
+        (meta.len(), meta.mode() & 0o777),
+        (data.len() as u64, 0o600)
+    );
+    assert_eq!(
+        fs::read(ws.upper.join("big2")).unwrap().len(),
+        data.len() + 3
+    );
+    assert!(m.unmount(), "{}", ws.daemon_log());
+}
