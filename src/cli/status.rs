@@ -320,17 +320,17 @@ fn usage_line(u: &UpperUsage) -> String {
 /// How requests reach the daemon.
 fn transport_line(t: &Transport) -> String {
     if t.kind == "io_uring" {
-        let per_queue: Vec<String> = t
-            .ring_requests
-            .iter()
-            .flatten()
-            .map(|n| n.to_string())
-            .collect();
+        let per_queue = |v: &Option<Vec<u64>>| -> String {
+            let v: Vec<String> = v.iter().flatten().map(|n| n.to_string()).collect();
+            v.join(" ")
+        };
         format!(
-            "io_uring, {} queues of {} entries (requests per CPU: {})",
+            "io_uring, {} queues of {} entries (requests per CPU: {}; answered by the \
+             queue threads themselves: {})",
             or_dash(t.queues),
             or_dash(t.entries_per_queue),
-            per_queue.join(" ")
+            per_queue(&t.ring_requests),
+            per_queue(&t.ring_answered)
         )
     } else {
         match &t.io_uring_refused {

@@ -481,6 +481,12 @@ fn transport(fs: &crate::fuse::FsHandle) -> Transport {
                     .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
                     .collect(),
             ),
+            ring_answered: Some(
+                u.answered
+                    .iter()
+                    .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
+                    .collect(),
+            ),
             ..Transport::default()
         },
         None => Transport {

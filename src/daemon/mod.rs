@@ -282,9 +282,9 @@ fn start_uring(
         );
         return None;
     }
-    // The queue threads answer GETATTR and GETXATTR themselves (not on a
-    // mount with a network lower), unless LAYERFS_URING_NO_FAST is set
-    // (to measure what that saves).
+    // The queue threads answer the frequent requests themselves (`fast`;
+    // not on a mount with a network lower), unless LAYERFS_URING_NO_FAST
+    // is set (to measure what that saves, and for the tests that compare).
     let fast: Option<std::sync::Arc<dyn crate::fuse::uring::Fast>> =
         if std::env::var_os("LAYERFS_URING_NO_FAST").is_some() {
             None

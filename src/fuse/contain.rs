@@ -59,21 +59,25 @@ fn contain(op: &'static str, ino: u64, f: impl FnOnce()) {
 impl<F: Admit> Contained<F> {
     /// Runs an answer computed outside fuser (an io_uring queue's own
     /// answers, `uring::Fast`) under the same rules as a request handler:
-    /// counted, admitted, and a panic answered with EIO.
+    /// counted, admitted, and a panic answered with EIO. `f` may decline
+    /// (`None`, having done nothing): the request is then left to fuser,
+    /// which counts it.
     pub fn answer<R>(
         &self,
         op: &'static str,
         ino: u64,
-        f: impl FnOnce(&F) -> Result<R, Errno>,
-    ) -> Result<R, Errno> {
-        self.0.seen(op);
-        let mut out = Err(Errno::EIO);
+        f: impl FnOnce(&F) -> Option<Result<R, Errno>>,
+    ) -> Option<Result<R, Errno>> {
+        let mut out = Some(Err(Errno::EIO));
         contain(op, ino, || {
             out = match self.0.admit(op, ino) {
                 Ok(_pass) => f(&self.0),
-                Err(e) => Err(e),
+                Err(e) => Some(Err(e)),
             }
         });
+        if out.is_some() {
+            self.0.seen(op);
+        }
         out
     }
 }

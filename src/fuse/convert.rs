@@ -2,9 +2,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::{Errno, FileAttr, FileType, INodeNo, TimeOrNow};
+use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo, TimeOrNow};
 
 use crate::layer::sys::Stat;
+use crate::overlay::attr::SetAttr;
 
 pub fn kind(mode: u32) -> FileType {
     match mode & libc::S_IFMT {
@@ -80,50 +81,75 @@ pub fn timespec(t: TimeOrNow) -> libc::timespec {
 /// `struct fuse_attr`); returns its length, 104. For replies built
 /// outside fuser (`uring::Fast`).
 pub fn attr_out(ttl: &Duration, st: &Stat, out: &mut [u8]) -> usize {
-    let a = attr(st);
-    let secs = |t: SystemTime| match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
-        Err(e) => {
-            let d = e.duration();
-            if d.subsec_nanos() == 0 {
-                (-(d.as_secs() as i64), 0)
-            } else {
-                (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
-            }
-        }
-    };
-    let (at, an) = secs(a.atime);
-    let (mt, mn) = secs(a.mtime);
-    let (ct, cn) = secs(a.ctime);
-    let kind = match a.kind {
-        FileType::NamedPipe => libc::S_IFIFO,
-        FileType::CharDevice => libc::S_IFCHR,
-        FileType::BlockDevice => libc::S_IFBLK,
-        FileType::Directory => libc::S_IFDIR,
-        FileType::RegularFile => libc::S_IFREG,
-        FileType::Symlink => libc::S_IFLNK,
-        FileType::Socket => libc::S_IFSOCK,
-    };
+    attr_out_of(ttl, &attr(st), out)
+}
+
+/// `attr_out` for attributes already converted (`attr`).
+pub fn attr_out_of(ttl: &Duration, a: &FileAttr, out: &mut [u8]) -> usize {
     let mut w = Writer { out, at: 0 };
     w.u64(ttl.as_secs());
     w.u32(ttl.subsec_nanos());
     w.u32(0);
+    w.attr(a);
+    w.at
+}
+
+/// SETATTR's arguments as the core takes them.
+pub fn set_attr(
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime: Option<TimeOrNow>,
+    mtime: Option<TimeOrNow>,
+    fh: Option<u64>,
+) -> SetAttr {
+    SetAttr {
+        mode,
+        uid,
+        gid,
+        size,
+        atime: atime.map(timespec),
+        mtime: mtime.map(timespec),
+        fh,
+    }
+}
+
+/// A time of a request (`fuse_setattr_in`'s atime, mtime) as fuser
+/// decodes it: before 1970, the nanoseconds are taken away from the
+/// seconds rather than added (fuser 0.18's `system_time_from_time`), kept
+/// here so that both decoders give the same answer.
+pub fn request_time(secs: i64, nsecs: u32) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs)
+    } else {
+        UNIX_EPOCH - Duration::new(secs.unsigned_abs(), nsecs)
+    }
+}
+
+/// `struct fuse_entry_out` as fuser's `ReplyEntry::entry` encodes it
+/// (`nodeid` from `a.ino`, one timeout for the entry and its attributes,
+/// then `struct fuse_attr`); returns its length, 128.
+pub fn entry_out(ttl: &Duration, a: &FileAttr, generation: u64, out: &mut [u8]) -> usize {
+    let mut w = Writer { out, at: 0 };
     w.u64(a.ino.0);
-    w.u64(a.size);
-    w.u64(a.blocks);
-    w.u64(at as u64);
-    w.u64(mt as u64);
-    w.u64(ct as u64);
-    w.u32(an);
-    w.u32(mn);
-    w.u32(cn);
-    w.u32(kind | u32::from(a.perm));
-    w.u32(a.nlink);
-    w.u32(a.uid);
-    w.u32(a.gid);
-    w.u32(a.rdev);
-    w.u32(a.blksize);
-    w.u32(0);
+    w.u64(generation);
+    w.u64(ttl.as_secs());
+    w.u64(ttl.as_secs());
+    w.u32(ttl.subsec_nanos());
+    w.u32(ttl.subsec_nanos());
+    w.attr(a);
+    w.at
+}
+
+/// `struct fuse_open_out` as fuser's `ReplyOpen` encodes it: the handle,
+/// the `FOPEN_*` flags and the backing id (0 unless the flags hold
+/// `FOPEN_PASSTHROUGH`); returns its length, 16.
+pub fn open_out(fh: u64, flags: FopenFlags, backing_id: u32, out: &mut [u8]) -> usize {
+    let mut w = Writer { out, at: 0 };
+    w.u64(fh);
+    w.u32(flags.bits());
+    w.u32(backing_id);
     w.at
 }
 
@@ -160,5 +186,48 @@ impl Writer<'_> {
     fn u32(&mut self, v: u32) {
         self.out[self.at..self.at + 4].copy_from_slice(&v.to_ne_bytes());
         self.at += 4;
+    }
+
+    /// `struct fuse_attr` as fuser encodes `a` (88 bytes).
+    fn attr(&mut self, a: &FileAttr) {
+        let secs = |t: SystemTime| match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+            Err(e) => {
+                let d = e.duration();
+                if d.subsec_nanos() == 0 {
+                    (-(d.as_secs() as i64), 0)
+                } else {
+                    (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+                }
+            }
+        };
+        let (at, an) = secs(a.atime);
+        let (mt, mn) = secs(a.mtime);
+        let (ct, cn) = secs(a.ctime);
+        let kind = match a.kind {
+            FileType::NamedPipe => libc::S_IFIFO,
+            FileType::CharDevice => libc::S_IFCHR,
+            FileType::BlockDevice => libc::S_IFBLK,
+            FileType::Directory => libc::S_IFDIR,
+            FileType::RegularFile => libc::S_IFREG,
+            FileType::Symlink => libc::S_IFLNK,
+            FileType::Socket => libc::S_IFSOCK,
+        };
+        self.u64(a.ino.0);
+        self.u64(a.size);
+        self.u64(a.blocks);
+        self.u64(at as u64);
+        self.u64(mt as u64);
+        self.u64(ct as u64);
+        self.u32(an);
+        self.u32(mn);
+        self.u32(cn);
+        self.u32(kind | u32::from(a.perm));
+        self.u32(a.nlink);
+        self.u32(a.uid);
+        self.u32(a.gid);
+        self.u32(a.rdev);
+        self.u32(a.blksize);
+        self.u32(0);
     }
 }

@@ -1,17 +1,32 @@
 //! The requests an io_uring queue thread answers itself (`uring::Fast`):
-//! GETATTR and GETXATTR, the most frequent ones that change nothing (and,
-//! on local layers, do not wait long), with the same handler code as
-//! through fuser (`LayerFs::attr_of`, the overlay's getxattr) and the same
-//! admission (`Contained::answer`); only the reply is encoded here.
+//! the most frequent ones that, on local layers, do not wait long —
+//! GETATTR, GETXATTR, LOOKUP, OPEN, SETATTR, CREATE and UNLINK where they
+//! need not wait (`Shared::open_now`, `setattr_now`; CREATE and UNLINK
+//! while writes are not paused), RELEASE, FLUSH and IOCTL — with the same
+//! handler code as through fuser (`LayerFs::attr_of`, the overlay's
+//! getxattr, `Shared::lookup`, `open_now`, `setattr_now`, `create`,
+//! `unlink`, `release`, `NO_FLUSH`, `NO_IOCTL`) and the same admission
+//! (`Contained::answer`); only the
+//! request's arguments are decoded and the reply encoded here (`Encoded`,
+//! `convert::*_out`).
 
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo, OpenFlags, TimeOrNow};
 
 use super::contain::Contained;
 use super::convert;
-use super::reply::errno;
+use super::io_mode::{Backing, CreateReply, OpenReply};
+use super::ops::{NO_FLUSH, NO_IOCTL};
+use super::reply::{errno, AttrReply, EntryReply};
 use super::shared::{LayerFs, Shared};
+use super::sys::SessionBacking;
 use super::uring;
+use crate::overlay::attr::SetAttr;
+use crate::overlay::Ctx;
 
 /// `fuse_getattr_in.getattr_flags`: `fh` names the handle the request
 /// comes through (the kernel's `FUSE_GETATTR_FH`).
@@ -39,9 +54,71 @@ impl QueueAnswers {
     }
 }
 
+/// `fuse_ioctl_in.flags`: an ioctl of CUSE, which fuser refuses itself.
+const FUSE_IOCTL_UNRESTRICTED: u32 = 1 << 1;
+
+/// `fuse_setattr_in.valid`: which fields are set (`include/uapi/linux/fuse.h`).
+const FATTR_MODE: u32 = 1 << 0;
+const FATTR_UID: u32 = 1 << 1;
+const FATTR_GID: u32 = 1 << 2;
+const FATTR_SIZE: u32 = 1 << 3;
+const FATTR_ATIME: u32 = 1 << 4;
+const FATTR_MTIME: u32 = 1 << 5;
+const FATTR_FH: u32 = 1 << 6;
+const FATTR_ATIME_NOW: u32 = 1 << 7;
+const FATTR_MTIME_NOW: u32 = 1 << 8;
+
+/// `fuse_setattr_in` as fuser decodes it for `Filesystem::setattr`, made
+/// into the core's `SetAttr` as `ops` does: valid (u32), padding, fh,
+/// size, lock_owner, atime, mtime, ctime (u64 each), atimensec,
+/// mtimensec, ctimensec, mode, unused, uid, gid (u32 each).
+fn setattr_in(arg: &[u8]) -> Option<SetAttr> {
+    let valid = u32_at(arg, 0)?;
+    let set = |bit: u32| valid & bit != 0;
+    let u32_if = |bit: u32, at: usize| if set(bit) { u32_at(arg, at) } else { None };
+    let u64_if = |bit: u32, at: usize| if set(bit) { u64_at(arg, at) } else { None };
+    let time = |bit: u32, now: u32, at: usize, nsec_at: usize| {
+        if !set(bit) {
+            None
+        } else if set(now) {
+            Some(TimeOrNow::Now)
+        } else {
+            let (secs, nsecs) = (u64_at(arg, at)? as i64, u32_at(arg, nsec_at)?);
+            Some(TimeOrNow::SpecificTime(convert::request_time(secs, nsecs)))
+        }
+    };
+    arg.get(..88)?;
+    Some(convert::set_attr(
+        u32_if(FATTR_MODE, 68),
+        u32_if(FATTR_UID, 76),
+        u32_if(FATTR_GID, 80),
+        u64_if(FATTR_SIZE, 16),
+        time(FATTR_ATIME, FATTR_ATIME_NOW, 32, 56),
+        time(FATTR_MTIME, FATTR_MTIME_NOW, 40, 60),
+        u64_if(FATTR_FH, 8),
+    ))
+}
+
+/// The `u32` or `u64` at `at` in a request's argument.
+fn u32_at(arg: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(arg.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(arg: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_ne_bytes(arg.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// A name argument: its bytes up to the NUL that ends it.
+fn name(rest: &[u8]) -> Option<&std::ffi::OsStr> {
+    rest.split(|&b| b == 0)
+        .next()
+        .map(std::ffi::OsStr::from_bytes)
+}
+
 impl uring::Fast for QueueAnswers {
     fn answer(
         &self,
+        side: &uring::QueueSide,
         req: uring::Req,
         arg: &[u8],
         rest: &[u8],
@@ -50,32 +127,595 @@ impl uring::Fast for QueueAnswers {
         if !self.anyone && req.uid != self.owner {
             return None;
         }
+        let c = Ctx {
+            uid: req.uid,
+            gid: req.gid,
+            pid: req.pid,
+            umask: 0,
+        };
+        let ino = req.nodeid;
         let r = match req.opcode {
             uring::FUSE_GETATTR => {
                 // fuse_getattr_in: getattr_flags (u32), dummy (u32), fh
                 // (u64), the handle valid when the flags say so. An object
                 // a live reset or undo emptied answers through the handle
                 // that holds it (`Overlay::getattr`), as through fuser.
-                let flags = u32::from_ne_bytes(arg.get(0..4)?.try_into().ok()?);
-                let fh = u64::from_ne_bytes(arg.get(8..16)?.try_into().ok()?);
+                let flags = u32_at(arg, 0)?;
+                let fh = u64_at(arg, 8)?;
                 let fh = (flags & FUSE_GETATTR_FH != 0).then_some(fh);
-                self.fs
-                    .answer("getattr", req.nodeid, |fs| fs.attr_of(req.nodeid, fh))
-                    .map(|(ttl, st)| convert::attr_out(&ttl, &st, out))
+                self.fs.answer("getattr", ino, |fs| {
+                    Some(
+                        fs.attr_of(ino, fh)
+                            .map(|(ttl, st)| convert::attr_out(&ttl, &st, out)),
+                    )
+                })
             }
             uring::FUSE_GETXATTR => {
                 // fuse_getxattr_in: size (u32), padding; then the name.
-                let size = u32::from_ne_bytes(arg.get(0..4)?.try_into().ok()?);
-                let name = rest.split(|&b| b == 0).next()?;
-                let name = std::ffi::OsStr::from_bytes(name);
-                self.fs
-                    .answer("getxattr", req.nodeid, |fs| {
-                        fs.ov().getxattr(req.nodeid, name).map_err(errno)
-                    })
-                    .and_then(|v| convert::xattr_out(&v, size, out))
+                let size = u32_at(arg, 0)?;
+                let name = name(rest)?;
+                self.fs.answer("getxattr", ino, |fs| {
+                    Some(
+                        fs.ov()
+                            .getxattr(ino, name)
+                            .map_err(errno)
+                            .and_then(|v| convert::xattr_out(&v, size, out)),
+                    )
+                })
+            }
+            uring::FUSE_LOOKUP => {
+                // No first argument; the name.
+                let name = name(rest)?;
+                let mut enc = Encoded::new(out);
+                self.fs.answer("lookup", ino, |fs| {
+                    fs.inner.lookup(&c, INodeNo(ino), name, &mut enc);
+                    Some(enc.result)
+                })
+            }
+            uring::FUSE_OPEN => {
+                // fuse_open_in: flags (u32), open_flags (u32, not read:
+                // the O_TRUNC privilege check is `killpriv`'s, as through
+                // fuser).
+                let flags = OpenFlags(u32_at(arg, 0)? as i32);
+                let mut enc = Encoded::new(out);
+                self.fs.answer("open", ino, |fs| {
+                    let via = Some(side);
+                    match fs.inner.open_now(&c, INodeNo(ino), flags, via, &mut enc) {
+                        Ok(()) => Some(enc.result),
+                        // It must wait: left to the request threads.
+                        Err(_) => None,
+                    }
+                })
+            }
+            uring::FUSE_SETATTR => {
+                let a = setattr_in(arg)?;
+                let mut enc = Encoded::new(out);
+                self.fs.answer("setattr", ino, |fs| {
+                    match fs.inner.setattr_now(&c, INodeNo(ino), &a, &mut enc) {
+                        Ok(()) => Some(enc.result),
+                        // It must wait: left to the request threads.
+                        Err(_) => None,
+                    }
+                })
+            }
+            uring::FUSE_RELEASE => {
+                // fuse_release_in: fh (u64), flags, release_flags,
+                // lock_owner (not read, as through fuser).
+                let fh = u64_at(arg, 0)?;
+                self.fs.answer("release", ino, |fs| {
+                    fs.inner.release(&c, ino, fh);
+                    Some(Ok(0))
+                })
+            }
+            uring::FUSE_UNLINK => {
+                // No first argument; the name. Inside the write gate, as
+                // through fuser; while writes are paused, left to fuser.
+                let name = name(rest)?;
+                self.fs.answer("unlink", ino, |fs| {
+                    let _pass = fs.inner.ov.gate().try_enter()?;
+                    let r = fs.inner.unlink(&c, INodeNo(ino), name);
+                    Some(r.map(|()| 0).map_err(errno))
+                })
+            }
+            uring::FUSE_CREATE => {
+                // fuse_create_in: flags (i32), mode, umask, open_flags
+                // (not read, as through fuser); then the name. Inside the
+                // write gate; while writes are paused, left to fuser.
+                let flags = u32_at(arg, 0)? as i32;
+                let (mode, umask) = (u32_at(arg, 4)?, u32_at(arg, 8)?);
+                let name = name(rest)?;
+                let c = Ctx { umask, ..c };
+                let mut enc = Encoded::new(out);
+                self.fs.answer("create", ino, |fs| {
+                    let _pass = fs.inner.ov.gate().try_enter()?;
+                    let via = Some(side);
+                    fs.inner
+                        .create(&c, INodeNo(ino), name, mode, flags, via, &mut enc);
+                    Some(enc.result)
+                })
+            }
+            uring::FUSE_FLUSH => self.fs.answer("flush", ino, |_| Some(Err(NO_FLUSH))),
+            uring::FUSE_IOCTL => {
+                // fuse_ioctl_in: fh (u64), flags (u32), ...
+                if u32_at(arg, 8)? & FUSE_IOCTL_UNRESTRICTED != 0 {
+                    return None;
+                }
+                self.fs.answer("ioctl", ino, |_| Some(Err(NO_IOCTL)))
             }
             _ => return None,
         };
-        Some(r.map_err(|e| e.code()))
+        r.map(|r| r.map_err(|e| e.code()))
+    }
+}
+
+/// A reply a queue thread encodes itself, as fuser's reply would send it:
+/// the length of its arguments written to `out`, or an errno. EIO until
+/// answered, as for a fuser reply dropped unsent.
+struct Encoded<'a> {
+    out: &'a mut [u8],
+    result: Result<usize, Errno>,
+}
+
+impl Encoded<'_> {
+    fn new(out: &mut [u8]) -> Encoded<'_> {
+        Encoded {
+            out,
+            result: Err(Errno::EIO),
+        }
+    }
+}
+
+impl EntryReply for &mut Encoded<'_> {
+    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
+        self.result = Ok(convert::entry_out(ttl, attr, generation.0, self.out));
+    }
+
+    fn error(self, e: Errno) {
+        self.result = Err(e);
+    }
+}
+
+impl AttrReply for &mut Encoded<'_> {
+    fn attr(self, ttl: &Duration, attr: &FileAttr) {
+        self.result = Ok(convert::attr_out_of(ttl, attr, self.out));
+    }
+
+    fn error(self, e: Errno) {
+        self.result = Err(e);
+    }
+}
+
+impl CreateReply for &mut Encoded<'_> {
+    /// Never asked, as for `OpenReply`.
+    fn open_backing(&self, _fd: &OwnedFd) -> std::io::Result<SessionBacking> {
+        Err(std::io::Error::other(
+            "a queue thread's create has no fuser session to open a backing id",
+        ))
+    }
+
+    /// `struct fuse_create_out`: the entry, then the open.
+    fn created(self, ttl: &Duration, attr: &FileAttr, fh: FileHandle, flags: FopenFlags) {
+        let n = convert::entry_out(ttl, attr, 0, self.out);
+        let m = convert::open_out(fh.0, flags, 0, &mut self.out[n..]);
+        self.result = Ok(n + m);
+    }
+
+    fn created_passthrough(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        fh: FileHandle,
+        flags: FopenFlags,
+        b: &Backing,
+    ) {
+        let flags = flags | FopenFlags::FOPEN_PASSTHROUGH;
+        let n = convert::entry_out(ttl, attr, 0, self.out);
+        let m = convert::open_out(fh.0, flags, b.raw(), &mut self.out[n..]);
+        self.result = Ok(n + m);
+    }
+
+    fn error(self, e: Errno) {
+        self.result = Err(e);
+    }
+}
+
+impl OpenReply for &mut Encoded<'_> {
+    /// Never asked: a queue's opens take their backing ids on the
+    /// connection (`io_mode::Backing::Connection`).
+    fn open_backing(&self, _fd: &OwnedFd) -> std::io::Result<SessionBacking> {
+        Err(std::io::Error::other(
+            "a queue thread's open has no fuser session to open a backing id",
+        ))
+    }
+
+    fn opened(self, fh: FileHandle, flags: FopenFlags) {
+        self.result = Ok(convert::open_out(fh.0, flags, 0, self.out));
+    }
+
+    fn opened_passthrough(self, fh: FileHandle, flags: FopenFlags, b: &Backing) {
+        let flags = flags | FopenFlags::FOPEN_PASSTHROUGH;
+        self.result = Ok(convert::open_out(fh.0, flags, b.raw(), self.out));
+    }
+
+    fn error(self, e: Errno) {
+        self.result = Err(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each reply a queue thread encodes, compared byte for byte with what
+    //! fuser sends for the same call: a fuser session on a socket pair (as
+    //! a queue's own) answers requests by calling the same reply functions.
+
+    use std::ffi::OsStr;
+    use std::os::fd::AsRawFd;
+
+    use fuser::{ReplyAttr, ReplyEntry, ReplyOpen, Request};
+    use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType};
+    use zerocopy::IntoBytes;
+
+    use super::*;
+    use crate::fuse::sys::ConnectionBacking;
+    use crate::fuse::uring::abi;
+    use crate::layer::sys::{zeroed_stat, Stat};
+
+    fn stat(ino: u64, mode: u32, times: [(i64, i64); 3]) -> Stat {
+        let mut st = zeroed_stat();
+        st.st_ino = ino;
+        st.st_mode = mode;
+        st.st_size = 123_456_789_012;
+        st.st_blocks = 241_126_544;
+        st.st_nlink = 3;
+        st.st_uid = 1000;
+        st.st_gid = 65534;
+        st.st_rdev = libc::makedev(1, 3);
+        st.st_blksize = 4096;
+        [
+            (st.st_atime, st.st_atime_nsec),
+            (st.st_mtime, st.st_mtime_nsec),
+            (st.st_ctime, st.st_ctime_nsec),
+        ] = times;
+        st
+    }
+
+    const NOW: (i64, i64) = (1_780_000_000, 123_456_789);
+    const OLD: (i64, i64) = (-315_619_200, 250_000_000);
+
+    /// GETATTR's cases: a timeout and the attributes.
+    fn attr_case(i: u64) -> (Duration, Stat) {
+        match i {
+            1 => (Duration::from_secs(1), stat(5, 0o100644, [NOW; 3])),
+            2 => (Duration::ZERO, stat(6, 0o40755, [OLD, NOW, (0, 0)])),
+            3 => (
+                Duration::new(60, 999_999_999),
+                stat(7, 0o124777, [(-1, 1), OLD, NOW]),
+            ),
+            _ => (Duration::new(3, 5), stat(8, 0o26640, [(0, 0); 3])),
+        }
+    }
+
+    /// LOOKUP's cases, by name: entries (negative ones too) and errors.
+    fn entry_case(name: &OsStr, reply: impl EntryReply) {
+        let (ttl, st) = attr_case(name.len() as u64 % 4);
+        match name.to_str().unwrap() {
+            "a" | "bb" | "ccc" | "dddd" => reply.entry(&ttl, &convert::attr(&st), Generation(0)),
+            "generation" => reply.entry(&ttl, &convert::attr(&st), Generation(u64::MAX - 7)),
+            "negative" => {
+                let mut attr = convert::attr(&zeroed_stat());
+                attr.ino = INodeNo(0);
+                reply.entry(&Duration::new(1, 500), &attr, Generation(0))
+            }
+            "hidden" => reply.error(Errno::ENOENT),
+            _ => reply.error(Errno::EACCES),
+        }
+    }
+
+    /// OPEN's cases, by node id: cached opens with their flags,
+    /// passthrough opens with their backing id, errors.
+    fn open_case(ino: u64, dev: &Arc<OwnedFd>, reply: impl OpenReply) {
+        let pt = |id| Backing::Connection(ConnectionBacking::for_test(id, dev.clone()));
+        match ino {
+            1 => reply.opened(FileHandle(1), FopenFlags::empty()),
+            2 => reply.opened(FileHandle(u64::MAX - 3), FopenFlags::FOPEN_KEEP_CACHE),
+            3 => reply.opened(
+                FileHandle(0x0102_0304_0506_0708),
+                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            4 => reply.opened_passthrough(FileHandle(77), FopenFlags::empty(), &pt(5)),
+            5 => reply.opened_passthrough(
+                FileHandle(u64::MAX),
+                FopenFlags::FOPEN_KEEP_CACHE,
+                &pt(0x1234_5678),
+            ),
+            6 => reply.error(Errno::ETXTBSY),
+            _ => reply.error(Errno::EROFS),
+        }
+    }
+
+    /// What SETATTR carries, comparable.
+    type SetKey = (
+        Option<u32>,
+        Option<u32>,
+        Option<u32>,
+        Option<u64>,
+        Option<(i64, i64)>,
+        Option<(i64, i64)>,
+        Option<u64>,
+    );
+
+    fn key(a: &SetAttr) -> SetKey {
+        let t = |t: &libc::timespec| (t.tv_sec, t.tv_nsec);
+        let (at, mt) = (a.atime.as_ref().map(t), a.mtime.as_ref().map(t));
+        (a.mode, a.uid, a.gid, a.size, at, mt, a.fh)
+    }
+
+    /// CREATE's cases, by name: cached and passthrough creates, errors.
+    fn create_case(name: &OsStr, dev: &Arc<OwnedFd>, reply: impl CreateReply) {
+        let (ttl, st) = attr_case(name.len() as u64 % 4);
+        let attr = convert::attr(&st);
+        let pt = |id| Backing::Connection(ConnectionBacking::for_test(id, dev.clone()));
+        match name.to_str().unwrap() {
+            "a" => reply.created(&ttl, &attr, FileHandle(3), FopenFlags::empty()),
+            "bb" => reply.created(
+                &ttl,
+                &attr,
+                FileHandle(u64::MAX),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            "ccc" => {
+                reply.created_passthrough(&ttl, &attr, FileHandle(9), FopenFlags::empty(), &pt(11))
+            }
+            "dddd" => reply.created_passthrough(
+                &ttl,
+                &attr,
+                FileHandle(0x0a0b_0c0d),
+                FopenFlags::FOPEN_KEEP_CACHE,
+                &pt(0x7fff_ffff),
+            ),
+            "exists" => reply.error(Errno::EEXIST),
+            _ => reply.error(Errno::EACCES),
+        }
+    }
+
+    /// Answers with the cases above, through fuser's replies; keeps what
+    /// fuser decoded of each SETATTR (made into `SetAttr` as `ops` does).
+    struct Cases {
+        dev: Arc<OwnedFd>,
+        set: Arc<std::sync::Mutex<Vec<SetKey>>>,
+    }
+
+    impl fuser::Filesystem for Cases {
+        fn lookup(&self, _req: &Request, _parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+            entry_case(name, reply)
+        }
+
+        fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+            let (ttl, st) = attr_case(ino.0);
+            reply.attr(&ttl, &convert::attr(&st))
+        }
+
+        fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+            open_case(ino.0, &self.dev, reply)
+        }
+
+        fn create(
+            &self,
+            _req: &Request,
+            _parent: INodeNo,
+            name: &OsStr,
+            _mode: u32,
+            _umask: u32,
+            _flags: i32,
+            reply: fuser::ReplyCreate,
+        ) {
+            create_case(name, &self.dev, reply)
+        }
+
+        fn setattr(
+            &self,
+            _req: &Request,
+            ino: INodeNo,
+            mode: Option<u32>,
+            uid: Option<u32>,
+            gid: Option<u32>,
+            size: Option<u64>,
+            atime: Option<TimeOrNow>,
+            mtime: Option<TimeOrNow>,
+            _ctime: Option<std::time::SystemTime>,
+            fh: Option<FileHandle>,
+            _crtime: Option<std::time::SystemTime>,
+            _chgtime: Option<std::time::SystemTime>,
+            _bkuptime: Option<std::time::SystemTime>,
+            _flags: Option<fuser::BsdFileFlags>,
+            reply: ReplyAttr,
+        ) {
+            let a = convert::set_attr(mode, uid, gid, size, atime, mtime, fh.map(|f| f.0));
+            self.set.lock().unwrap().push(key(&a));
+            let (ttl, st) = attr_case(ino.0);
+            AttrReply::attr(reply, &ttl, &convert::attr(&st))
+        }
+    }
+
+    /// A `fuse_setattr_in` (88 bytes): valid, fh, size, then the times
+    /// (seconds, nanoseconds), mode, uid, gid.
+    fn setattr_arg(valid: u32, fh: u64, size: u64, t: [(i64, u32); 3], ids: [u32; 3]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(88);
+        b.extend_from_slice(&valid.to_ne_bytes());
+        b.extend_from_slice(&0u32.to_ne_bytes());
+        b.extend_from_slice(&fh.to_ne_bytes());
+        b.extend_from_slice(&size.to_ne_bytes());
+        b.extend_from_slice(&0x55u64.to_ne_bytes());
+        for (s, _) in t {
+            b.extend_from_slice(&s.to_ne_bytes());
+        }
+        for (_, ns) in t {
+            b.extend_from_slice(&ns.to_ne_bytes());
+        }
+        let [mode, uid, gid] = ids;
+        for v in [mode, 0, uid, gid, 0] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        assert_eq!(b.len(), 88);
+        b
+    }
+
+    fn request(opcode: u32, unique: u64, nodeid: u64, arg: &[u8]) -> Vec<u8> {
+        let h = abi::InHeader {
+            len: (abi::IN_HEADER_LEN + arg.len()) as u32,
+            opcode,
+            unique,
+            nodeid,
+            ..abi::InHeader::default()
+        };
+        let mut b = h.as_bytes().to_vec();
+        b.extend_from_slice(arg);
+        b
+    }
+
+    /// fuser's answer to `req`: its body, or its errno.
+    fn fusers(sock: &OwnedFd, req: &[u8]) -> Result<Vec<u8>, i32> {
+        socket::send(sock.as_raw_fd(), req, MsgFlags::empty()).unwrap();
+        let mut buf = vec![0u8; 8192];
+        let n = socket::recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+        let h = abi::reply_header(&buf[..n]).unwrap();
+        assert_eq!(h.len as usize, n);
+        if h.error != 0 {
+            assert_eq!(n, abi::OUT_HEADER_LEN);
+            return Err(-h.error);
+        }
+        Ok(buf[abi::OUT_HEADER_LEN..n].to_vec())
+    }
+
+    /// What `Encoded` (or `attr_out`) made of the same call.
+    fn ours(answer: impl FnOnce(&mut [u8]) -> Result<usize, Errno>) -> Result<Vec<u8>, i32> {
+        let mut out = vec![0u8; uring::SCRATCH];
+        answer(&mut out)
+            .map(|n| out[..n].to_vec())
+            .map_err(|e| e.code())
+    }
+
+    #[test]
+    fn queue_replies_are_byte_for_byte_fusers() {
+        let dev = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
+        let (mine, theirs) = socket::socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let init = abi::init_request(1, 40, 131072, 0);
+        socket::send(mine.as_raw_fd(), &init, MsgFlags::empty()).unwrap();
+        let mut cfg = fuser::Config::default();
+        cfg.n_threads = Some(1);
+        let decoded = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let fs = Cases {
+            dev: dev.clone(),
+            set: decoded.clone(),
+        };
+        let session = fuser::Session::from_fd(fs, theirs, fuser::SessionACL::All, cfg).unwrap();
+        let mut reply = [0u8; 512];
+        socket::recv(mine.as_raw_fd(), &mut reply, MsgFlags::empty()).unwrap();
+        let served = std::thread::spawn(move || session.run());
+        let mut unique = 1;
+        let mut next = || {
+            unique += 2;
+            unique
+        };
+
+        for ino in 1..=4 {
+            // fuse_getattr_in: no handle.
+            let req = request(uring::FUSE_GETATTR, next(), ino, &[0u8; 16]);
+            let (ttl, st) = attr_case(ino);
+            let ours = ours(|out| Ok(convert::attr_out(&ttl, &st, out)));
+            assert_eq!(ours, fusers(&mine, &req), "GETATTR case {ino}");
+        }
+        for name in [
+            "a",
+            "bb",
+            "ccc",
+            "dddd",
+            "generation",
+            "negative",
+            "hidden",
+            "refused",
+        ] {
+            let mut arg = name.as_bytes().to_vec();
+            arg.push(0);
+            let req = request(uring::FUSE_LOOKUP, next(), 1, &arg);
+            let ours = ours(|out| {
+                let mut enc = Encoded::new(out);
+                entry_case(OsStr::new(name), &mut enc);
+                enc.result
+            });
+            assert_eq!(ours, fusers(&mine, &req), "LOOKUP {name}");
+        }
+        for ino in 1..=7 {
+            // fuse_open_in: flags, open_flags.
+            let req = request(uring::FUSE_OPEN, next(), ino, &[0u8; 8]);
+            let ours = ours(|out| {
+                let mut enc = Encoded::new(out);
+                open_case(ino, &dev, &mut enc);
+                enc.result
+            });
+            assert_eq!(ours, fusers(&mine, &req), "OPEN case {ino}");
+        }
+
+        for name in ["a", "bb", "ccc", "dddd", "exists", "refused"] {
+            // fuse_create_in: flags, mode, umask, open_flags; the name.
+            let mut arg = vec![0u8; 16];
+            arg.extend_from_slice(name.as_bytes());
+            arg.push(0);
+            let req = request(uring::FUSE_CREATE, next(), 1, &arg);
+            let ours = ours(|out| {
+                let mut enc = Encoded::new(out);
+                create_case(OsStr::new(name), &dev, &mut enc);
+                enc.result
+            });
+            assert_eq!(ours, fusers(&mine, &req), "CREATE {name}");
+        }
+        const NOW: u32 = FATTR_ATIME_NOW | FATTR_MTIME_NOW;
+        let times = [(1_780_000_000, 5), (1_000_000_000, 999_999_999), (3, 4)];
+        let old = [(-315_619_200, 250_000_000), (-1, 1), (-7, 0)];
+        let sets = [
+            setattr_arg(
+                FATTR_MODE | FATTR_UID | FATTR_GID,
+                9,
+                9,
+                times,
+                [0o104755, 7, 8],
+            ),
+            setattr_arg(FATTR_SIZE | FATTR_FH, 99, 12345, times, [1, 2, 3]),
+            setattr_arg(FATTR_SIZE, 99, 0, times, [1, 2, 3]),
+            setattr_arg(FATTR_ATIME | FATTR_MTIME, 0, 0, times, [0; 3]),
+            setattr_arg(FATTR_ATIME | FATTR_MTIME | NOW, 0, 0, times, [0; 3]),
+            setattr_arg(FATTR_ATIME | FATTR_MTIME, 0, 0, old, [0; 3]),
+            setattr_arg(FATTR_MTIME | FATTR_ATIME_NOW, 0, 0, old, [0; 3]),
+            // Sets nothing: KILL_SUIDGID, LOCKOWNER, CTIME are not read.
+            setattr_arg((1 << 11) | (1 << 10) | (1 << 9), 5, 6, times, [7, 8, 9]),
+        ];
+        for (n, arg) in sets.iter().enumerate() {
+            let ino = n as u64 % 4 + 1;
+            let req = request(uring::FUSE_SETATTR, next(), ino, arg);
+            let ours = ours(|out| {
+                let mut enc = Encoded::new(out);
+                let (ttl, st) = attr_case(ino);
+                AttrReply::attr(&mut enc, &ttl, &convert::attr(&st));
+                enc.result
+            });
+            assert_eq!(ours, fusers(&mine, &req), "SETATTR reply {n}");
+            let fusers = decoded.lock().unwrap().pop();
+            assert_eq!(
+                setattr_in(arg).map(|a| key(&a)),
+                fusers,
+                "SETATTR {n} decoded"
+            );
+        }
+
+        let destroy = abi::destroy_request(next());
+        socket::send(mine.as_raw_fd(), &destroy, MsgFlags::empty()).unwrap();
+        drop(mine);
+        let _ = served.join();
     }
 }

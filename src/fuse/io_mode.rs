@@ -65,7 +65,9 @@
 //! on `/dev/fuse`): it opens the id on the connection's fd
 //! (`Backing::Connection`), which closes it when the last open using it
 //! is released. Backing ids belong to the connection, so any open may
-//! share either kind.
+//! share either kind. An open a queue thread answers itself (`fast`) is
+//! decided here all the same; only its reply is encoded by layerfs
+//! (`OpenReply`), with the backing id's number (`Backing::raw`).
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -74,11 +76,11 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use fuser::{
-    BackingId, FileHandle, FopenFlags, Generation, INodeNo, Notifier, ReplyCreate, ReplyOpen,
+    Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo, Notifier, ReplyCreate, ReplyOpen,
 };
 use parking_lot::{Condvar, Mutex};
 
-use super::sys::ConnectionBacking;
+use super::sys::{ConnectionBacking, SessionBacking};
 use super::uring::QueueSide;
 use crate::layer::sys;
 use crate::overlay::file::Opened;
@@ -133,10 +135,100 @@ enum Mode {
 /// A backing id, closed when the last open using it is released.
 pub enum Backing {
     /// Opened through a fuser session's reply (a `/dev/fuse` request).
-    Session(BackingId),
+    Session(SessionBacking),
     /// Opened on the connection's fd for a request served through an
     /// io_uring queue.
     Connection(ConnectionBacking),
+}
+
+impl Backing {
+    /// The id's number, as an open reply carries it.
+    pub fn raw(&self) -> u32 {
+        match self {
+            Backing::Session(b) => b.raw,
+            Backing::Connection(c) => c.raw(),
+        }
+    }
+}
+
+/// Where an OPEN's answer goes: fuser's `ReplyOpen`, or the reply a
+/// queue thread encodes itself (`fast`). Both answer what `reply_open`
+/// decided; only the encoding differs.
+pub trait OpenReply {
+    /// Opens a backing id through this reply's fuser session (used for
+    /// requests that came through `/dev/fuse` only, see `Via`).
+    fn open_backing(&self, fd: &OwnedFd) -> std::io::Result<SessionBacking>;
+    /// A daemon-served open.
+    fn opened(self, fh: FileHandle, flags: FopenFlags);
+    /// A passthrough open on backing `b` (`FOPEN_PASSTHROUGH` is added).
+    fn opened_passthrough(self, fh: FileHandle, flags: FopenFlags, b: &Backing);
+    fn error(self, e: Errno);
+}
+
+/// Where a CREATE's answer goes (generation 0), as `OpenReply`.
+pub trait CreateReply {
+    fn open_backing(&self, fd: &OwnedFd) -> std::io::Result<SessionBacking>;
+    fn created(self, ttl: &Duration, attr: &FileAttr, fh: FileHandle, flags: FopenFlags);
+    fn created_passthrough(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        fh: FileHandle,
+        flags: FopenFlags,
+        b: &Backing,
+    );
+    fn error(self, e: Errno);
+}
+
+impl CreateReply for ReplyCreate {
+    fn open_backing(&self, fd: &OwnedFd) -> std::io::Result<SessionBacking> {
+        SessionBacking::for_create(self, fd)
+    }
+
+    fn created(self, ttl: &Duration, attr: &FileAttr, fh: FileHandle, flags: FopenFlags) {
+        ReplyCreate::created(self, ttl, attr, Generation(0), fh, flags)
+    }
+
+    fn created_passthrough(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        fh: FileHandle,
+        flags: FopenFlags,
+        b: &Backing,
+    ) {
+        match b {
+            Backing::Session(b) => {
+                ReplyCreate::created_passthrough(self, ttl, attr, Generation(0), fh, flags, &b.id)
+            }
+            Backing::Connection(c) => c.reply_created(self, ttl, attr, fh, flags),
+        }
+    }
+
+    fn error(self, e: Errno) {
+        ReplyCreate::error(self, e)
+    }
+}
+
+impl OpenReply for ReplyOpen {
+    fn open_backing(&self, fd: &OwnedFd) -> std::io::Result<SessionBacking> {
+        SessionBacking::for_open(self, fd)
+    }
+
+    fn opened(self, fh: FileHandle, flags: FopenFlags) {
+        ReplyOpen::opened(self, fh, flags)
+    }
+
+    fn opened_passthrough(self, fh: FileHandle, flags: FopenFlags, b: &Backing) {
+        match b {
+            Backing::Session(b) => ReplyOpen::opened_passthrough(self, fh, flags, &b.id),
+            Backing::Connection(c) => c.reply_opened(self, fh, flags),
+        }
+    }
+
+    fn error(self, e: Errno) {
+        ReplyOpen::error(self, e)
+    }
 }
 
 /// A change of data under way (`IoModes::begin_write`), given back to
@@ -224,10 +316,21 @@ impl IoModes {
     /// by the daemon instead; nothing was lower-backed before the flag, so
     /// an unlisted change has no reader to wait for.
     pub fn begin_write(&self, ov: &Overlay, id: u64) -> Result<Writing, i32> {
+        self.begin(ov, id, true).unwrap_or(Err(libc::ETXTBSY))
+    }
+
+    /// `begin_write` where nothing may wait (an io_uring queue thread):
+    /// `None`, with nothing begun, where `begin_write` would wait for a
+    /// reader's RELEASE — which may well be queued behind the caller.
+    pub fn begin_write_now(&self, ov: &Overlay, id: u64) -> Option<Result<Writing, i32>> {
+        self.begin(ov, id, false)
+    }
+
+    fn begin(&self, ov: &Overlay, id: u64, wait: bool) -> Option<Result<Writing, i32>> {
         if !self.lower_seen.load(Ordering::SeqCst) {
             self.unlisted_writes.fetch_add(1, Ordering::SeqCst);
             if !self.lower_seen.load(Ordering::SeqCst) {
-                return Ok(Writing::Unlisted);
+                return Some(Ok(Writing::Unlisted));
             }
             self.unlisted_writes.fetch_sub(1, Ordering::SeqCst);
         }
@@ -237,12 +340,15 @@ impl IoModes {
             && st.backing.get(&id).and_then(Weak::upgrade).is_some()
             && !no_copy_up(ov, id)
         {
+            if !wait {
+                return None;
+            }
             if self.released.wait_until(&mut st, deadline).timed_out() {
-                return Err(libc::ETXTBSY);
+                return Some(Err(libc::ETXTBSY));
             }
         }
         *st.writing.entry(id).or_insert(0) += 1;
-        Ok(Writing::Listed)
+        Some(Ok(Writing::Listed))
     }
 
     /// Ends what `begin_write` began.
@@ -284,7 +390,7 @@ impl IoModes {
         via: Via,
         booked: bool,
         notifier: Option<&Notifier>,
-        open_backing: impl FnOnce(&std::os::fd::OwnedFd) -> std::io::Result<BackingId>,
+        open_backing: impl FnOnce(&OwnedFd) -> std::io::Result<SessionBacking>,
     ) -> Mode {
         let mut st = self.state.lock();
         if booked {
@@ -380,7 +486,7 @@ impl IoModes {
     fn open_backing(
         fd: &OwnedFd,
         via: Via,
-        by_session: impl FnOnce(&OwnedFd) -> std::io::Result<BackingId>,
+        by_session: impl FnOnce(&OwnedFd) -> std::io::Result<SessionBacking>,
     ) -> std::io::Result<Backing> {
         match via {
             None => by_session(fd).map(Backing::Session),
@@ -444,7 +550,7 @@ impl IoModes {
     /// lower file fills its pages (`prefill`).
     // The open reply's fields, plus how the request came and its booking.
     #[allow(clippy::too_many_arguments)]
-    pub fn reply_open(
+    pub fn reply_open<R: OpenReply>(
         &self,
         ov: &Overlay,
         id: u64,
@@ -453,7 +559,7 @@ impl IoModes {
         notifier: Option<&Notifier>,
         booked: bool,
         writing: Option<Writing>,
-        reply: ReplyOpen,
+        reply: R,
         before_reply: impl FnOnce(bool),
     ) {
         let mode = self.decide(ov, id, &o, via, booked, notifier, |fd| {
@@ -465,14 +571,9 @@ impl IoModes {
         }
         before_reply(matches!(mode, Mode::Passthrough(_)));
         match mode {
-            Mode::Passthrough(b) => match &*b {
-                Backing::Session(b) => {
-                    reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), b)
-                }
-                Backing::Connection(c) => {
-                    c.reply_opened(reply, FileHandle(o.fh), FopenFlags::empty())
-                }
-            },
+            Mode::Passthrough(b) => {
+                reply.opened_passthrough(FileHandle(o.fh), FopenFlags::empty(), &b)
+            }
             Mode::Cached(flags) => reply.opened(FileHandle(o.fh), flags),
         }
     }
@@ -486,29 +587,18 @@ impl IoModes {
         ttl: Duration,
         o: Opened,
         via: Via,
-        reply: ReplyCreate,
+        reply: impl CreateReply,
         before_reply: impl FnOnce(bool),
     ) {
         let attr = super::convert::attr(&e.st);
         let mode = self.decide(ov, e.id, &o, via, false, None, |fd| reply.open_backing(fd));
         before_reply(matches!(mode, Mode::Passthrough(_)));
+        let fh = FileHandle(o.fh);
         match mode {
-            Mode::Passthrough(b) => match &*b {
-                Backing::Session(b) => reply.created_passthrough(
-                    &ttl,
-                    &attr,
-                    Generation(0),
-                    FileHandle(o.fh),
-                    FopenFlags::empty(),
-                    b,
-                ),
-                Backing::Connection(c) => {
-                    c.reply_created(reply, &ttl, &attr, FileHandle(o.fh), FopenFlags::empty())
-                }
-            },
-            Mode::Cached(flags) => {
-                reply.created(&ttl, &attr, Generation(0), FileHandle(o.fh), flags)
+            Mode::Passthrough(b) => {
+                reply.created_passthrough(&ttl, &attr, fh, FopenFlags::empty(), &b)
             }
+            Mode::Cached(flags) => reply.created(&ttl, &attr, fh, flags),
         }
     }
 

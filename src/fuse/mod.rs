@@ -3,10 +3,12 @@
 //! cache timeouts, init flags and passthrough (`io_mode`).
 //!
 //! Inside, dependencies point down: `ops` (the `Filesystem` impl) uses the
-//! request bodies (`open`, `listing`), the journal's mapping (`journal`)
-//! and the replies (`reply`), all on `shared` (what every request shares);
-//! `handle` (the daemon's side) and `fast` (the io_uring queues' own
-//! answers) use `shared` too; `init` negotiates with the kernel. Below
+//! request bodies (`open`, `listing`, its own `Shared::lookup` and
+//! `release`), the journal's mapping (`journal`) and the replies
+//! (`reply`), all on `shared` (what every request shares); `fast` (the
+//! io_uring queues' own answers) calls the same request bodies with replies
+//! it encodes itself; `handle` (the daemon's side) uses `shared` too;
+//! `init` negotiates with the kernel. Below
 //! them: `contain`, `convert`, `io_mode`, `killpriv`, `long`, `record`, `invalidate`,
 //! `watcher`, `sys` and `uring`, none of which knows `LayerFs`.
 

@@ -1,17 +1,20 @@
 //! OPEN and CREATE: the caller's share of the daemon's fds and writers,
 //! the open itself (on the copy pool when it copies up a large file), the
 //! journal's row for it, and the reply in the file's io mode (`io_mode`).
+//! An open that need not wait (`open_now`) is answered by whoever received
+//! it, a fuser request thread or an io_uring queue thread (`fast`).
 
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use fuser::{Errno, INodeNo, OpenFlags, ReplyCreate, ReplyOpen};
+use fuser::{Errno, INodeNo, OpenFlags, ReplyOpen};
 
+use super::io_mode::{CreateReply, OpenReply};
 use super::journal::open_row;
 use super::reply::errno;
 use super::shared::Shared;
 use super::{io_mode, long, uring};
-use crate::overlay::copy_up::Halt;
+use crate::overlay::copy_up::{Halt, NoHalt};
 use crate::overlay::dir::NewKind;
 use crate::overlay::events::EvOp;
 use crate::overlay::file::{wants_write, Opened};
@@ -27,6 +30,41 @@ pub(super) struct Prepared {
 }
 
 impl Shared {
+    /// OPEN, answered at once where nothing needs waiting: a read-only
+    /// open; an open for writing while writes are not paused, with no
+    /// long copy-up (`Overlay::open_copies_long`) and no lower reader's
+    /// release to wait for (`IoModes::begin_write_now`). Otherwise nothing
+    /// is done and the reply is given back, for an open where waiting is
+    /// allowed (`open_file`, in the write gate or on the copy pool).
+    pub(super) fn open_now<R: OpenReply>(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        flags: OpenFlags,
+        via: io_mode::Via,
+        reply: R,
+    ) -> Result<(), R> {
+        // An open for writing copies up and lets passthrough writes
+        // through: it waits while writes are paused. Reads never do.
+        if !wants_write(flags.0) {
+            let r = self.ov().open(c, ino.0, flags.0);
+            self.opened(c, ino, flags, (r, Prepared::default()), via, reply);
+            return Ok(());
+        }
+        if self.ov().open_copies_long(ino.0, flags.0) {
+            return Err(reply);
+        }
+        let Some(_pass) = self.ov.gate().try_enter() else {
+            return Err(reply);
+        };
+        let Some(began) = self.io.begin_write_now(self.ov(), ino.0) else {
+            return Err(reply);
+        };
+        let r = self.open_begun(c, ino, flags, &NoHalt, began);
+        self.opened(c, ino, flags, r, via, reply);
+        Ok(())
+    }
+
     /// An open's work (the caller's share of daemon-served writers booked
     /// first for another user's open for writing; see `io_mode`): the
     /// result, and what was set up for its reply.
@@ -37,9 +75,22 @@ impl Shared {
         flags: OpenFlags,
         halt: &dyn Halt,
     ) -> (crate::overlay::Result<Opened>, Prepared) {
+        let began = self.io.begin_write(self.ov(), ino.0);
+        self.open_begun(c, ino, flags, halt, began)
+    }
+
+    /// `open_file` once `IoModes::begin_write` has answered.
+    fn open_begun(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        flags: OpenFlags,
+        halt: &dyn Halt,
+        began: Result<io_mode::Writing, i32>,
+    ) -> (crate::overlay::Result<Opened>, Prepared) {
         // Before the copy-up: refused while the lower file is passed
         // through to readers (`io_mode`); ended when the open is decided.
-        let writing = match self.io.begin_write(self.ov(), ino.0) {
+        let writing = match began {
             Ok(w) => w,
             Err(e) => {
                 let path = self.ov().inode(ino.0).map(|i| self.ov().path_of(&i));
@@ -106,19 +157,19 @@ impl Shared {
             if r.0.is_err() && watch.stopped() == Some(long::Stopped::PauseWanted) {
                 continue;
             }
-            return self.opened(c, ino, flags, r, queue, reply);
+            return self.opened(c, ino, flags, r, queue.as_deref(), reply);
         }
     }
 
     /// Records an open's outcome in the journal and replies to it.
-    pub(super) fn opened(
+    pub(super) fn opened<R: OpenReply>(
         &self,
         c: &Ctx,
         ino: INodeNo,
         flags: OpenFlags,
         (r, prep): (crate::overlay::Result<Opened>, Prepared),
-        queue: Option<Arc<uring::QueueSide>>,
-        reply: ReplyOpen,
+        via: io_mode::Via,
+        reply: R,
     ) {
         if wants_write(flags.0) {
             let row = open_row(flags.0 & libc::O_TRUNC != 0, r.is_ok());
@@ -129,7 +180,6 @@ impl Shared {
         match r {
             Ok(o) => {
                 let (fh, writable) = (o.fh, o.writable);
-                let via = queue.as_deref();
                 let Prepared { booked, writing } = prep;
                 let notifier = self.notifier.get();
                 self.io.reply_open(
@@ -163,7 +213,7 @@ impl Shared {
         mode: u32,
         flags: i32,
         via: io_mode::Via,
-        reply: ReplyCreate,
+        reply: impl CreateReply,
     ) {
         let kind = NewKind::File { mode, flags };
         let path = self.child(parent, name);

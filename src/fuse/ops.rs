@@ -18,16 +18,152 @@ use super::convert;
 use super::init;
 use super::journal::setattr_rows;
 use super::killpriv;
-use super::reply::{self, errno};
+use super::reply::{self, errno, AttrReply, EntryReply};
 use super::shared::{ctx, LayerFs, Shared};
 use crate::overlay::attr::SetAttr;
 use crate::overlay::copy_up::NoHalt;
 use crate::overlay::dir::NewKind;
 use crate::overlay::events::EvOp;
-use crate::overlay::file::{wants_write, LONG_COPY};
+use crate::overlay::file::LONG_COPY;
 use crate::overlay::Ctx;
 
+/// FLUSH's answer. Nothing is buffered in the daemon and locks live in
+/// the kernel, so a close has nothing to flush: ENOSYS tells the kernel to
+/// stop sending FLUSH at all (one round trip less per close).
+pub(super) const NO_FLUSH: Errno = Errno::ENOSYS;
+
+/// IOCTL's answer: no file ioctls are forwarded. Tools probing for flags
+/// or reflinks (`FS_IOC_GETFLAGS`, `FICLONE`) get ENOTTY and fall back,
+/// without a log line per call.
+pub(super) const NO_IOCTL: Errno = Errno::ENOTTY;
+
 impl Shared {
+    /// LOOKUP, for fuser's reply and for a queue thread's (`fast`). Each
+    /// entry answered counts one kernel reference (the core's lookup
+    /// count, given back by FORGET).
+    pub(super) fn lookup(&self, c: &Ctx, parent: INodeNo, name: &OsStr, reply: impl EntryReply) {
+        crate::failpoint::hit("lookup", name);
+        match self.ov().lookup(c, parent.0, name) {
+            Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
+            // A negative entry, trusted as long as the directory's other
+            // entries are: a lower name appearing in a watched directory
+            // is invalidated when it appears.
+            // Names the policy hides are never cached as absent: a reload
+            // that shows them again must take effect at once.
+            Err(e) if e.0 == libc::ENOENT && self.ov().hides(parent.0, name) => {
+                reply.error(errno(e))
+            }
+            Err(e) if e.0 == libc::ENOENT && !self.lower_ttl.is_zero() => {
+                let mut attr = convert::attr(&crate::overlay::attr::zero_stat());
+                attr.ino = INodeNo(0);
+                let ttl = self.ttl(!self.ov().dir_watched(parent.0));
+                reply.entry(&ttl, &attr, Generation(0))
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// SETATTR answered at once where nothing needs waiting: writes are
+    /// not paused, no long copy-up comes first (a change of a lower file's
+    /// attributes copies it up as an open for writing does), and a
+    /// truncation by path has no lower reader's release to wait for.
+    /// Otherwise nothing is done and the reply is given back.
+    pub(super) fn setattr_now<R: AttrReply>(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        a: &SetAttr,
+        reply: R,
+    ) -> Result<(), R> {
+        if self.ov().open_copies_long(ino.0, libc::O_WRONLY) {
+            return Err(reply);
+        }
+        let Some(_pass) = self.ov.gate().try_enter() else {
+            return Err(reply);
+        };
+        self.setattr_gated(c, ino, a, false, reply)
+    }
+
+    /// SETATTR inside the write gate; `wait`: it may wait for a lower
+    /// reader's release (else the reply is given back, nothing done).
+    pub(super) fn setattr_gated<R: AttrReply>(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        a: &SetAttr,
+        wait: bool,
+        reply: R,
+    ) -> Result<(), R> {
+        let path = self.path(ino.0);
+        // A truncation by path changes the data: not while the lower
+        // file is passed through to readers (`io_mode`).
+        let truncates = a.size.is_some() && a.fh.is_none();
+        let began = match (truncates, wait) {
+            (false, _) => None,
+            (true, true) => Some(self.io.begin_write(self.ov(), ino.0)),
+            (true, false) => match self.io.begin_write_now(self.ov(), ino.0) {
+                None => return Err(reply),
+                began => began,
+            },
+        };
+        let writing = match began {
+            Some(Err(e)) => {
+                reply.error(Errno::from_i32(e));
+                return Ok(());
+            }
+            Some(Ok(w)) => Some(w),
+            None => None,
+        };
+        self.rec.around_setattr(self.ov(), ino.0, false);
+        let r = self.ov().setattr(c, ino.0, a).and_then(|st| {
+            // A truncate, or the kernel's own clearing handed over (a
+            // SETATTR that sets nothing): `killpriv`.
+            let sets_nothing = a.mode.is_none()
+                && a.uid.is_none()
+                && a.gid.is_none()
+                && a.size.is_none()
+                && a.atime.is_none()
+                && a.mtime.is_none();
+            if a.mode.is_some() || (a.size.is_none() && !sets_nothing) {
+                return Ok(st);
+            }
+            let killed = self
+                .ov()
+                .kill_suid(ino.0, || killpriv::caller_lacks_fsetid(c.pid))?;
+            Ok(killed.unwrap_or(st))
+        });
+        self.rec.around_setattr(self.ov(), ino.0, true);
+        if let Some(w) = writing {
+            self.io.end_write(ino.0, w);
+        }
+        let errno = r.as_ref().err().map_or(0, |e| e.0);
+        self.rec.done(c, &setattr_rows(a), path, None, errno);
+        self.reply_attr(ino, r, reply);
+        Ok(())
+    }
+
+    /// UNLINK, inside the write gate: for fuser and for a queue thread.
+    pub(super) fn unlink(
+        &self,
+        c: &Ctx,
+        parent: INodeNo,
+        name: &OsStr,
+    ) -> crate::overlay::Result<()> {
+        let path = self.child(parent, name);
+        let r = self.ov().unlink(c, parent.0, name);
+        self.done(c, EvOp::Unlink, path, None, &r);
+        r
+    }
+
+    /// RELEASE (answered with nothing but success), for fuser and for a
+    /// queue thread: the handle's writes recorded, its io mode and the
+    /// handle given up.
+    pub(super) fn release(&self, c: &Ctx, ino: u64, fh: u64) {
+        self.rec.writes(self.ov(), fh, Some(c), true);
+        self.io.release(self.ov(), ino, fh);
+        self.ov().release(fh);
+    }
+
     /// mknod, mkdir, symlink and link: create the object, reply its entry.
     fn create_entry(
         &self,
@@ -88,25 +224,7 @@ impl fuser::Filesystem for LayerFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        crate::failpoint::hit("lookup", name);
-        match self.ov().lookup(&ctx(req, 0), parent.0, name) {
-            Ok(e) => reply.entry(&self.ttl(e.lower), &convert::attr(&e.st), Generation(0)),
-            // A negative entry, trusted as long as the directory's other
-            // entries are: a lower name appearing in a watched directory
-            // is invalidated when it appears.
-            // Names the policy hides are never cached as absent: a reload
-            // that shows them again must take effect at once.
-            Err(e) if e.0 == libc::ENOENT && self.ov().hides(parent.0, name) => {
-                reply.error(errno(e))
-            }
-            Err(e) if e.0 == libc::ENOENT && !self.inner.lower_ttl.is_zero() => {
-                let mut attr = convert::attr(&crate::overlay::attr::zero_stat());
-                attr.ino = INodeNo(0);
-                let ttl = self.ttl(!self.ov().dir_watched(parent.0));
-                reply.entry(&ttl, &attr, Generation(0))
-            }
-            Err(e) => reply.error(errno(e)),
-        }
+        self.inner.lookup(&ctx(req, 0), parent, name, reply)
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -138,51 +256,15 @@ impl fuser::Filesystem for LayerFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let a = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(convert::timespec),
-            mtime: mtime.map(convert::timespec),
-            fh: fh.map(|f| f.0),
-        };
+        let a = convert::set_attr(mode, uid, gid, size, atime, mtime, fh.map(|f| f.0));
         let c = ctx(req, 0);
+        let Err(reply) = self.inner.setattr_now(&c, ino, &a, reply) else {
+            return;
+        };
+        // Paused, or a truncation waiting for a reader's release.
         self.gated(move |s| {
-            let path = s.path(ino.0);
-            // A truncation by path changes the data: not while the lower
-            // file is passed through to readers (`io_mode`).
-            let truncates = a.size.is_some() && a.fh.is_none();
-            let writing = match truncates.then(|| s.io.begin_write(s.ov(), ino.0)) {
-                Some(Err(e)) => return reply.error(Errno::from_i32(e)),
-                Some(Ok(w)) => Some(w),
-                None => None,
-            };
-            s.rec.around_setattr(s.ov(), ino.0, false);
-            let r = s.ov().setattr(&c, ino.0, &a).and_then(|st| {
-                // A truncate, or the kernel's own clearing handed over (a
-                // SETATTR that sets nothing): `killpriv`.
-                let sets_nothing = a.mode.is_none()
-                    && a.uid.is_none()
-                    && a.gid.is_none()
-                    && a.size.is_none()
-                    && a.atime.is_none()
-                    && a.mtime.is_none();
-                if a.mode.is_some() || (a.size.is_none() && !sets_nothing) {
-                    return Ok(st);
-                }
-                let killed = s
-                    .ov()
-                    .kill_suid(ino.0, || killpriv::caller_lacks_fsetid(c.pid))?;
-                Ok(killed.unwrap_or(st))
-            });
-            s.rec.around_setattr(s.ov(), ino.0, true);
-            if let Some(w) = writing {
-                s.io.end_write(ino.0, w);
-            }
-            let errno = r.as_ref().err().map_or(0, |e| e.0);
-            s.rec.done(&c, &setattr_rows(&a), path, None, errno);
-            s.reply_attr(ino, r, reply)
+            // Given back only when it may not wait.
+            let _ = s.setattr_gated(&c, ino, &a, true, reply);
         })
     }
 
@@ -228,12 +310,7 @@ impl fuser::Filesystem for LayerFs {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (ctx(req, 0), name.to_owned());
-        self.gated(move |s| {
-            let path = s.child(parent, &name);
-            let r = s.ov().unlink(&c, parent.0, &name);
-            s.done(&c, EvOp::Unlink, path, None, &r);
-            reply::empty(r, reply)
-        })
+        self.gated(move |s| reply::empty(s.unlink(&c, parent, &name), reply))
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -306,15 +383,16 @@ impl fuser::Filesystem for LayerFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let c = ctx(req, 0);
+        let Err(reply) = self
+            .inner
+            .open_now(&c, ino, flags, self.queue.as_deref(), reply)
+        else {
+            return;
+        };
+        // An open for writing that must wait: for a pause to end (parked
+        // in the write gate), for a reader's release, or for a long copy
+        // (on the copy pool).
         let queue = self.queue.clone();
-        // An open for writing copies up and lets passthrough writes
-        // through: it waits while writes are paused. Reads never do.
-        if !wants_write(flags.0) {
-            let r = self.ov().open(&c, ino.0, flags.0);
-            return self
-                .inner
-                .opened(&c, ino, flags, (r, Default::default()), queue, reply);
-        }
         if self.ov().open_copies_long(ino.0, flags.0) {
             let inner = self.inner.clone();
             return self.inner.long.submit(c.uid, move || {
@@ -323,7 +401,7 @@ impl fuser::Filesystem for LayerFs {
         }
         self.gated(move |s| {
             let r = s.open_file(&c, ino, flags, &NoHalt);
-            s.opened(&c, ino, flags, r, queue, reply)
+            s.opened(&c, ino, flags, r, queue.as_deref(), reply)
         })
     }
 
@@ -366,9 +444,7 @@ impl fuser::Filesystem for LayerFs {
         self.gated(move |s| s.write(ino, kill, fh.0, offset, &data, reply))
     }
 
-    /// Nothing is buffered in the daemon and locks live in the kernel, so
-    /// a close has nothing to flush: ENOSYS tells the kernel to stop
-    /// sending FLUSH at all (one round trip less per close).
+    /// See `NO_FLUSH`.
     fn flush(
         &self,
         _req: &Request,
@@ -377,7 +453,7 @@ impl fuser::Filesystem for LayerFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOSYS);
+        reply.error(NO_FLUSH);
     }
 
     fn release(
@@ -390,11 +466,7 @@ impl fuser::Filesystem for LayerFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.inner
-            .rec
-            .writes(self.ov(), fh.0, Some(&ctx(req, 0)), true);
-        self.inner.io.release(self.ov(), ino.0, fh.0);
-        self.ov().release(fh.0);
+        self.inner.release(&ctx(req, 0), ino.0, fh.0);
         reply.ok();
     }
 
@@ -555,9 +627,7 @@ impl fuser::Filesystem for LayerFs {
         self.gated(move |s| s.create(&c, parent, &name, mode, flags, queue.as_deref(), reply))
     }
 
-    /// No file ioctls are forwarded: tools probing for flags or reflinks
-    /// (`FS_IOC_GETFLAGS`, `FICLONE`) get ENOTTY and fall back, without a
-    /// log line per call.
+    /// See `NO_IOCTL`.
     fn ioctl(
         &self,
         _req: &Request,
@@ -569,7 +639,7 @@ impl fuser::Filesystem for LayerFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        reply.error(Errno::ENOTTY);
+        reply.error(NO_IOCTL);
     }
 
     fn fallocate(

@@ -1,7 +1,45 @@
 //! Replies that need nothing but the result: the core's errno as fuser's,
-//! empty replies, and the size-or-data rule of the xattr replies.
+//! empty replies, and the size-or-data rule of the xattr replies; and
+//! where a LOOKUP's and a SETATTR's answers go (`EntryReply`,
+//! `AttrReply`).
 
-use fuser::{Errno, ReplyEmpty, ReplyXattr};
+use std::time::Duration;
+
+use fuser::{Errno, FileAttr, Generation, ReplyAttr, ReplyEmpty, ReplyEntry, ReplyXattr};
+
+/// Where a LOOKUP's answer goes: fuser's `ReplyEntry`, or the reply a
+/// queue thread encodes itself (`fast`).
+pub(super) trait EntryReply {
+    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation);
+    fn error(self, e: Errno);
+}
+
+/// Where a SETATTR's answer goes: fuser's `ReplyAttr`, or the reply a
+/// queue thread encodes itself (`fast`).
+pub(super) trait AttrReply {
+    fn attr(self, ttl: &Duration, attr: &FileAttr);
+    fn error(self, e: Errno);
+}
+
+impl AttrReply for ReplyAttr {
+    fn attr(self, ttl: &Duration, attr: &FileAttr) {
+        ReplyAttr::attr(self, ttl, attr)
+    }
+
+    fn error(self, e: Errno) {
+        ReplyAttr::error(self, e)
+    }
+}
+
+impl EntryReply for ReplyEntry {
+    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
+        ReplyEntry::entry(self, ttl, attr, generation)
+    }
+
+    fn error(self, e: Errno) {
+        ReplyEntry::error(self, e)
+    }
+}
 
 /// The core's errno as fuser's (the number is kept as it is).
 pub(super) fn errno(e: crate::overlay::Errno) -> Errno {

@@ -7,12 +7,12 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use fuser::{Errno, INodeNo, ReplyAttr, ReplyEntry, Request};
+use fuser::{Errno, INodeNo, ReplyEntry, Request};
 
 use super::contain;
 use super::convert;
 use super::init::Negotiated;
-use super::reply::errno;
+use super::reply::{errno, AttrReply};
 use super::{io_mode, long, record, uring};
 use crate::config::Config;
 use crate::overlay::{Ctx, Entry, Overlay};
@@ -154,7 +154,7 @@ impl Shared {
         &self,
         ino: INodeNo,
         r: crate::overlay::Result<crate::layer::sys::Stat>,
-        reply: ReplyAttr,
+        reply: impl AttrReply,
     ) {
         match r {
             Ok(st) => {

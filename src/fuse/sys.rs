@@ -1,7 +1,9 @@
 //! The FUSE adapter's `unsafe` calls outside the io_uring ring (whose
 //! entries point into the queue's own buffers, `uring::queue`): backing
 //! ids opened on the connection's fd for passthrough opens that reach the
-//! daemon through an io_uring queue, where no fuser session can open them.
+//! daemon through an io_uring queue, where no fuser session can open them,
+//! and the number of a backing id a fuser session opened (which fuser
+//! keeps to itself), for open replies layerfs encodes itself.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -10,6 +12,33 @@ use std::time::Duration;
 use fuser::{BackingId, FileAttr, FileHandle, FopenFlags, Generation, ReplyCreate, ReplyOpen};
 
 nix::ioctl_write_ptr!(fuse_dev_ioc_backing_close, 229, 2, u32);
+
+/// A backing id opened through a fuser session's reply (closed by fuser
+/// when `id` is dropped), with its number.
+pub struct SessionBacking {
+    pub id: BackingId,
+    pub raw: u32,
+}
+
+impl SessionBacking {
+    /// Opens a backing id for `fd` through an OPEN's reply.
+    pub fn for_open(reply: &ReplyOpen, fd: impl AsFd) -> std::io::Result<SessionBacking> {
+        let raw = reply.open_backing(fd)?.into_raw();
+        // SAFETY: `raw` was opened on this reply's session just now, and
+        // `into_raw` gave up closing it: the wrapper takes that back, so
+        // the id stays open until `id` is dropped, and only then closes.
+        let id = unsafe { reply.wrap_backing(raw) };
+        Ok(SessionBacking { id, raw })
+    }
+
+    /// Opens a backing id for `fd` through a CREATE's reply.
+    pub fn for_create(reply: &ReplyCreate, fd: impl AsFd) -> std::io::Result<SessionBacking> {
+        let raw = reply.open_backing(fd)?.into_raw();
+        // SAFETY: as in `for_open`.
+        let id = unsafe { reply.wrap_backing(raw) };
+        Ok(SessionBacking { id, raw })
+    }
+}
 
 /// A backing id open on the connection `dev`, closed when this is dropped.
 ///
@@ -29,6 +58,18 @@ impl ConnectionBacking {
             id,
             dev: dev.clone(),
         })
+    }
+
+    /// A value for id `id` on `dev` that was never opened (encoding tests:
+    /// its drop's close fails and is only logged).
+    #[cfg(test)]
+    pub fn for_test(id: u32, dev: Arc<OwnedFd>) -> ConnectionBacking {
+        ConnectionBacking { id, dev }
+    }
+
+    /// The id's number, for a reply layerfs encodes itself.
+    pub fn raw(&self) -> u32 {
+        self.id
     }
 
     /// Replies to an open with this backing id.

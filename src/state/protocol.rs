@@ -311,6 +311,9 @@ pub struct Transport {
     pub entries_per_queue: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ring_requests: Option<Vec<u64>>,
+    /// Of `ring_requests`, those each CPU's queue thread answered itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ring_answered: Option<Vec<u64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub io_uring_requested: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -494,3 +494,377 @@ fn a_file_held_open_through_a_live_reset_keeps_its_size_on_the_queues() {
     drop(reader);
     assert!(m.unmount());
 }
+
+fn answered_total(mnt: &Path) -> u64 {
+    transport(mnt)["ring_answered"]
+        .as_array()
+        .expect("ring_answered")
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .sum()
+}
+
+/// Lookups of names present, new, whited out and hidden; opens read-only,
+/// for writing and with `O_TRUNC` (both copying up), of a readonly path
+/// (refused) and of a directory; closes; attribute changes (mode, owner,
+/// size by path and by handle, times given, before 1970 and now), allowed
+/// and refused. Each outcome as a JSON line.
+const OPENS: &str = r#"
+import errno, json, os
+out = []
+def rec(label, f):
+    try:
+        r = f()
+    except OSError as e:
+        r = "E" + errno.errorcode[e.errno]
+    out.append([label, r])
+def read(p):
+    with open(p) as f:
+        return f.read()
+def write(p, flags, s):
+    fd = os.open(p, os.O_WRONLY | flags, 0o644)
+    try:
+        os.write(fd, s.encode())
+    finally:
+        os.close(fd)
+    return read(p)
+def st(p):
+    s = os.lstat(p)
+    return [s.st_size, oct(s.st_mode), s.st_nlink]
+rec("read f", lambda: read("f"))
+rec("append f", lambda: write("f", os.O_APPEND, "more\n"))
+rec("truncate t", lambda: write("t", os.O_TRUNC, "new\n"))
+rec("open f read-write", lambda: os.close(os.open("f", os.O_RDWR)))
+rec("lookup gone", lambda: st("gone"))
+rec("unlink gone", lambda: os.unlink("gone"))
+rec("lookup whited-out gone", lambda: st("gone"))
+rec("open whited-out gone", lambda: read("gone"))
+rec("lookup new", lambda: st("new"))
+rec("create new", lambda: write("new", os.O_CREAT, "fresh\n"))
+rec("lookup new again", lambda: st("new"))
+rec("create gone again", lambda: write("gone", os.O_CREAT, "back\n"))
+rec("lookup gone again", lambda: st("gone"))
+rec("read ro/x", lambda: read("ro/x"))
+rec("append ro/x", lambda: write("ro/x", os.O_APPEND, "no"))
+rec("truncate ro/x", lambda: write("ro/x", os.O_TRUNC, "no"))
+rec("lookup d/.env", lambda: st("d/.env"))
+rec("open d/.env", lambda: read("d/.env"))
+rec("create d/.env", lambda: write("d/.env", os.O_CREAT, "x"))
+rec("list d", lambda: sorted(os.listdir("d")))
+rec("open d for writing", lambda: os.open("d", os.O_WRONLY))
+rec("lookup d/nested/deep", lambda: st("d/nested/deep"))
+rec("read d/nested/deep", lambda: read("d/nested/deep"))
+def stt(p):
+    s = os.lstat(p)
+    return [s.st_size, oct(s.st_mode), s.st_uid, s.st_gid, s.st_atime_ns, s.st_mtime_ns]
+def ftrunc(p, n):
+    fd = os.open(p, os.O_RDWR)
+    try:
+        os.ftruncate(fd, n)
+    finally:
+        os.close(fd)
+    return read(p)
+rec("chmod f", lambda: os.chmod("f", 0o4711))
+rec("chown f", lambda: os.chown("f", 1234, 5678))
+rec("truncate lower s by path", lambda: (os.truncate("s", 3), read("s"))[1])
+rec("ftruncate f", lambda: ftrunc("f", 2))
+rec("times of f", lambda: (os.utime("f", ns=(1600000000123456789, 1700000000987654321)), stt("f"))[1])
+rec("old times of s", lambda: (os.utime("s", ns=(-99750000000, -1)), stt("s"))[1])
+rec("times of t now", lambda: (os.utime("t"), os.lstat("t").st_size)[1])
+rec("chmod ro/x", lambda: os.chmod("ro/x", 0o600))
+rec("truncate ro/x by path", lambda: os.truncate("ro/x", 1))
+rec("times of ro/x", lambda: os.utime("ro/x", ns=(1, 1)))
+rec("chmod d/.env", lambda: os.chmod("d/.env", 0o600))
+rec("mode of d/nested/deep", lambda: (os.chmod("d/nested/deep", 0o640), stt("d/nested/deep")[:4])[1])
+def getflags(p):
+    import fcntl
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        return fcntl.ioctl(fd, 0x80086601, b"\0" * 8).hex()
+    finally:
+        os.close(fd)
+rec("ioctl FS_IOC_GETFLAGS f", lambda: getflags("f"))
+rec("unlink new", lambda: os.unlink("new"))
+rec("lookup unlinked new", lambda: st("new"))
+rec("unlink absent", lambda: os.unlink("absent"))
+rec("unlink ro/x", lambda: os.unlink("ro/x"))
+rec("unlink d/.env", lambda: os.unlink("d/.env"))
+rec("unlink lower d/visible", lambda: os.unlink("d/visible"))
+rec("list d after unlink", lambda: sorted(os.listdir("d")))
+def umasked(p):
+    old = os.umask(0o027)
+    try:
+        fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o666)
+        os.close(fd)
+    finally:
+        os.umask(old)
+    return stt(p)[:4]
+rec("create under umask 027", lambda: umasked("umasked"))
+rec("create existing O_EXCL", lambda: umasked("umasked"))
+rec("create ro/new", lambda: write("ro/new", os.O_CREAT, "no"))
+for l in out:
+    print(json.dumps(l))
+"#;
+
+/// A workspace for `OPENS`, its policy, and the script's path.
+fn opens_workspace() -> (Workspace, String) {
+    let ws = Workspace::new();
+    populate(
+        ws.lower(),
+        &[
+            ("f", "lower\n"),
+            ("s", "shortened\n"),
+            ("t", "to truncate\n"),
+            ("gone", "gone\n"),
+            ("ro/x", "readonly\n"),
+            ("d/.env", "secret\n"),
+            ("d/visible", "v\n"),
+            ("d/nested/deep", "deep\n"),
+        ],
+    );
+    let p = policy_file(&ws, "readonly ro/**\nhide **/.env\n");
+    (ws, p.to_str().unwrap().to_string())
+}
+
+/// The journal's rows as the script's outcome shows them: operation,
+/// path, errno, rule.
+fn journal(ws: &Workspace) -> Vec<String> {
+    let mut rows: Vec<String> = crate::state::log_rows(&ws.upper, &[])
+        .iter()
+        .map(|r| format!("{} {} {} {}", r["op"], r["path"], r["errno"], r["rule"]))
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// The queue threads answer LOOKUP, OPEN, CREATE, SETATTR, UNLINK, RELEASE
+/// and IOCTL themselves (no hop to the request threads) with fuser's answers:
+/// every outcome, the upper, the journal and the counters are those of
+/// the same requests answered by fuser (`LAYERFS_URING_NO_FAST`), and
+/// policy refusals happen there too.
+#[test]
+fn the_queue_threads_answer_their_requests_as_fuser_does() {
+    let run = |env: &[(&str, &str)]| {
+        let (ws, policy) = opens_workspace();
+        let script = ws.dir.path().join("opens.py");
+        fs::write(&script, OPENS).unwrap();
+        let mut switch = UringSwitch::set(true).expect("this kernel has no FUSE over io_uring");
+        let m = ws.mount_env(&["--io-uring", "--policy", &policy], env);
+        assert!(eventually(Duration::from_secs(10), || {
+            transport(m.path())["kind"] == "io_uring"
+        }));
+        switch.restore();
+        let before = status_json(m.path());
+        let answered = answered_total(m.path());
+        let out = sh(m.path(), &format!("python3 {}", script.display()));
+        let answered = answered_total(m.path()) - answered;
+        // The lower is untouched.
+        for (p, was) in [
+            ("f", "lower\n"),
+            ("s", "shortened\n"),
+            ("t", "to truncate\n"),
+        ] {
+            assert_eq!(fs::read_to_string(ws.lower().join(p)).unwrap(), was);
+        }
+        let after = status_json(m.path());
+        let by_op = |op: &str| {
+            after["counters"]["by_op"][op].as_u64().unwrap_or(0)
+                - before["counters"]["by_op"][op].as_u64().unwrap_or(0)
+        };
+        let quick = [
+            "lookup", "open", "create", "setattr", "unlink", "release", "flush", "ioctl",
+            "getattr", "getxattr",
+        ];
+        let quick: u64 = quick.iter().map(|op| by_op(op)).sum();
+        let counters = ["copy_ups", "denials"].map(|c| after["counters"][c].clone());
+        let upper: Vec<String> = ["f", "s", "t", "gone"]
+            .iter()
+            .map(|p| fs::read_to_string(ws.upper.join(p)).unwrap_or_default())
+            .collect();
+        assert!(m.unmount(), "{}", ws.daemon_log());
+        let journal = journal(&ws);
+        (
+            out,
+            answered,
+            by_op("open"),
+            quick,
+            counters,
+            upper,
+            journal,
+        )
+    };
+    let (out, answered, opens, quick, counters, upper, journal) = run(&[]);
+    let line = |label: &str| -> Value {
+        out.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|v| v[0] == label)
+            .unwrap_or_else(|| panic!("no {label} in {out}"))[1]
+            .clone()
+    };
+    assert_eq!(line("read f"), "lower\n");
+    assert_eq!(line("append f"), "lower\nmore\n", "{out}");
+    assert_eq!(line("truncate t"), "new\n", "{out}");
+    assert_eq!(line("open f read-write"), Value::Null, "{out}");
+    assert_eq!(line("lookup whited-out gone"), "EENOENT", "{out}");
+    assert_eq!(line("open whited-out gone"), "EENOENT", "{out}");
+    assert_eq!(line("lookup new"), "EENOENT", "{out}");
+    assert_eq!(line("lookup new again")[0], 6, "{out}");
+    assert_eq!(line("lookup gone again")[0], 5, "{out}");
+    assert_eq!(line("read ro/x"), "readonly\n");
+    assert_eq!(line("append ro/x"), "EEROFS", "{out}");
+    assert_eq!(line("truncate ro/x"), "EEROFS", "{out}");
+    assert_eq!(line("lookup d/.env"), "EENOENT", "{out}");
+    assert_eq!(line("open d/.env"), "EENOENT", "{out}");
+    assert_eq!(line("list d"), serde_json::json!(["nested", "visible"]));
+    assert_eq!(line("open d for writing"), "EEISDIR", "{out}");
+    assert_eq!(line("read d/nested/deep"), "deep\n");
+    assert_eq!(line("ftruncate f"), "lo", "{out}");
+    assert_eq!(line("truncate lower s by path"), "sho", "{out}");
+    let f = line("times of f");
+    let f: Vec<u64> = (2..6).map(|i| f[i].as_u64().unwrap()).collect();
+    assert_eq!(f, [1234, 5678, 1600000000123456789, 1700000000987654321]);
+    assert_eq!(line("chmod ro/x"), "EEROFS", "{out}");
+    assert_eq!(line("truncate ro/x by path"), "EEROFS", "{out}");
+    assert_eq!(line("times of ro/x"), "EEROFS", "{out}");
+    assert_eq!(line("chmod d/.env"), "EENOENT", "{out}");
+    assert_eq!(
+        line("mode of d/nested/deep"),
+        serde_json::json!([5, "0o100640", 0, 0])
+    );
+    assert_eq!(line("ioctl FS_IOC_GETFLAGS f"), "EENOTTY", "{out}");
+    assert_eq!(line("lookup unlinked new"), "EENOENT", "{out}");
+    assert_eq!(line("unlink absent"), "EENOENT", "{out}");
+    assert_eq!(line("unlink ro/x"), "EEROFS", "{out}");
+    assert_eq!(line("unlink d/.env"), "EENOENT", "{out}");
+    assert_eq!(line("list d after unlink"), serde_json::json!(["nested"]));
+    assert_eq!(
+        line("create under umask 027"),
+        serde_json::json!([0, "0o100640", 0, 0])
+    );
+    assert_eq!(line("create existing O_EXCL"), "EEEXIST", "{out}");
+    assert_eq!(line("create ro/new"), "EEROFS", "{out}");
+    assert_eq!(upper[..3], ["lo", "sho", "new\n"]);
+
+    // Every LOOKUP, OPEN, RELEASE (and GETATTR, GETXATTR, FLUSH) was
+    // answered by a queue thread, none handed on.
+    assert!(opens >= 10, "{opens} opens");
+    assert_eq!(
+        answered, quick,
+        "answered by the queue threads: {answered} of {quick}"
+    );
+
+    let (slow, none, _, _, slow_counters, slow_upper, slow_journal) =
+        run(&[("LAYERFS_URING_NO_FAST", "1")]);
+    assert_eq!(none, 0);
+    for (a, b) in out.lines().zip(slow.lines()) {
+        assert_eq!(a, b, "queue thread's answer (left) against fuser's (right)");
+    }
+    assert_eq!(out.lines().count(), slow.lines().count());
+    assert_eq!(upper, slow_upper);
+    assert_eq!(counters, slow_counters, "copy-ups and denials");
+    assert_eq!(journal, slow_journal);
+    assert!(
+        journal
+            .iter()
+            .any(|r| r.starts_with("\"write\" \"ro/x\"") && r.contains("readonly ro/**")),
+        "the readonly refusal is in the journal with its rule: {journal:#?}"
+    );
+}
+
+/// A LOOKUP answered by a queue thread gives the kernel a reference the
+/// daemon counts, as through fuser (FORGET still comes through
+/// `/dev/fuse`): once the kernel forgets every name, the daemon drops
+/// every node (the watches of the lower directories go with them), and
+/// the names look up again afterwards.
+#[test]
+fn lookups_answered_by_the_queue_threads_are_forgotten_exactly() {
+    let ws = Workspace::new();
+    for i in 0..40 {
+        populate(ws.lower(), &[(&format!("d{i:02}/sub/f"), "f\n")]);
+    }
+    let Some(m) = mount_uring(&ws, &[]) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    // Each path looked up name by name (no listing), several times.
+    let stat_all = "for i in $(seq -w 0 39); do stat -c %s d$i/sub/f; done | sort | uniq -c";
+    let lookups = |v: &Value| v["counters"]["by_op"]["lookup"].as_u64().unwrap_or(0);
+    let before = status_json(m.path());
+    let answered = answered_total(m.path());
+    for _ in 0..3 {
+        assert_eq!(sh(m.path(), stat_all).trim(), "40 2");
+    }
+    let after = status_json(m.path());
+    assert!(
+        lookups(&after) - lookups(&before) >= 120,
+        "{}",
+        after["counters"]
+    );
+    assert!(answered_total(m.path()) - answered >= 120);
+    let watched = |m: &Mount| status_json(m.path())["watches"]["used"].as_u64().unwrap();
+    assert!(
+        watched(&m) >= 80,
+        "lower directories watched: {}",
+        watched(&m)
+    );
+    let mut c = crate::state::Control::connect(&crate::state::state_dir(&ws));
+    let v = c.ask(serde_json::json!({"cmd": "invalidate_all"}));
+    assert_eq!(v["ok"], serde_json::json!(true), "{v}");
+    let mut left = 0;
+    let forgotten = eventually(Duration::from_secs(10), || {
+        left = watched(&m);
+        left <= 1
+    });
+    assert!(
+        forgotten,
+        "{left} watches kept after the kernel forgot every name"
+    );
+    assert_eq!(sh(m.path(), stat_all).trim(), "40 2");
+    assert!(m.unmount(), "{}", ws.daemon_log());
+}
+
+/// A change that copies up 8 MiB or more (a chmod of a lower file, an
+/// open for writing) is not answered by a queue thread, which would hold
+/// up every other request of its CPU meanwhile: the request threads get
+/// it, and it works as usual.
+#[test]
+fn a_long_copy_up_is_left_to_the_request_threads() {
+    let ws = Workspace::new();
+    let data: Vec<u8> = (0..9 << 20).map(|i: u32| (i % 251) as u8).collect();
+    fs::write(ws.lower().join("big"), &data).unwrap();
+    fs::write(ws.lower().join("big2"), &data).unwrap();
+    let Some(m) = mount_uring(&ws, &[]) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    let handed_on = |m: &Mount| -> u64 {
+        ring_requests(m.path()).iter().sum::<u64>() - answered_total(m.path())
+    };
+    fs::metadata(m.p("big")).unwrap();
+    fs::metadata(m.p("big2")).unwrap();
+    let before = handed_on(&m);
+    fs::set_permissions(m.p("big"), fs::Permissions::from_mode(0o600)).unwrap();
+    let after_chmod = handed_on(&m);
+    assert!(
+        after_chmod > before,
+        "the chmod's SETATTR was answered by a queue thread"
+    );
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("big2"))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"end").unwrap();
+    drop(f);
+    assert!(
+        handed_on(&m) > after_chmod,
+        "the open for writing was answered by a queue thread"
+    );
+    let meta = fs::metadata(ws.upper.join("big")).unwrap();
+    assert_eq!(
+        (meta.len(), meta.mode() & 0o777),
+        (data.len() as u64, 0o600)
+    );
+    assert_eq!(
+        fs::read(ws.upper.join("big2")).unwrap().len(),
+        data.len() + 3
+    );
+    assert!(m.unmount(), "{}", ws.daemon_log());
+}

@@ -31,7 +31,7 @@
 //! has an entry, so a set-up that fails half-way makes the kernel give up
 //! on the rings (`give_up`) before `/dev/fuse` serves.
 
-mod abi;
+pub(super) mod abi;
 mod error;
 mod queue;
 
@@ -58,19 +58,23 @@ pub struct Req {
     pub opcode: u32,
     pub nodeid: u64,
     pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
 }
 
 /// Requests a queue thread answers itself instead of handing them to its
 /// request threads: the socket hop costs two thread switches, more than
-/// answering a GETATTR or GETXATTR does. `answer` writes the reply's
-/// arguments into `out` and returns their length, or an errno; `None`
-/// hands the request on as usual. Its answers must be the ones the
-/// filesystem gives through fuser (one implementation of the operation,
-/// two encodings of the reply).
+/// answering a GETATTR, LOOKUP or OPEN does. `answer` writes the reply's
+/// arguments into `out` (at least `SCRATCH` bytes) and returns their
+/// length, or an errno; `None` hands the request on as usual, untouched.
+/// Its answers must be the ones the filesystem gives through fuser (one
+/// implementation of the operation, two encodings of the reply). `side`
+/// is the queue the request came through.
 pub trait Fast: Send + Sync {
     /// `arg` is the request's first argument, `rest` the others.
     fn answer(
         &self,
+        side: &QueueSide,
         req: Req,
         arg: &[u8],
         rest: &[u8],
@@ -78,9 +82,20 @@ pub trait Fast: Send + Sync {
     ) -> Option<Result<usize, i32>>;
 }
 
-/// `FUSE_GETATTR` and `FUSE_GETXATTR`, the requests `Fast` may answer.
+/// Room for a reply `Fast` writes: an xattr value is at most 64 KiB.
+pub const SCRATCH: usize = 64 * 1024 + 64;
+
+/// The requests `Fast` may answer (`include/uapi/linux/fuse.h`).
+pub const FUSE_LOOKUP: u32 = 1;
 pub const FUSE_GETATTR: u32 = 3;
+pub const FUSE_SETATTR: u32 = 4;
+pub const FUSE_UNLINK: u32 = 10;
+pub const FUSE_OPEN: u32 = 14;
+pub const FUSE_RELEASE: u32 = 18;
 pub const FUSE_GETXATTR: u32 = 22;
+pub const FUSE_FLUSH: u32 = 25;
+pub const FUSE_CREATE: u32 = 35;
+pub const FUSE_IOCTL: u32 = 39;
 
 /// What a request served through a queue needs: the connection's fd, for
 /// backing ids.
@@ -95,6 +110,8 @@ pub struct Stats {
     pub depth: usize,
     /// Requests served through each CPU's ring.
     pub requests: Vec<AtomicU64>,
+    /// Of those, the ones its queue thread answered itself (`Fast`).
+    pub answered: Vec<AtomicU64>,
 }
 
 /// What the INIT handshake settled, for the queues' own sessions.
@@ -176,6 +193,7 @@ fn start_queues<F: fuser::Filesystem>(
         queues: cpus,
         depth: DEPTH,
         requests: (0..cpus).map(|_| AtomicU64::new(0)).collect(),
+        answered: (0..cpus).map(|_| AtomicU64::new(0)).collect(),
     });
     let mut threads = Vec::new();
     let mut waits = Vec::new();
@@ -201,7 +219,15 @@ fn start_queues<F: fuser::Filesystem>(
             }
         }
         let side = Arc::new(QueueSide { dev: dev.clone() });
-        let session = handshake(qid, &mine, theirs, negotiated, acl, workers, view(side))?;
+        let session = handshake(
+            qid,
+            &mine,
+            theirs,
+            negotiated,
+            acl,
+            workers,
+            view(side.clone()),
+        )?;
         threads.push(
             std::thread::Builder::new()
                 .name(format!("uring-{qid}-req"))
@@ -216,6 +242,7 @@ fn start_queues<F: fuser::Filesystem>(
         let q = queue::Queue {
             qid: qid as u16,
             dev: dev.clone(),
+            side,
             sock: mine,
             depth: DEPTH,
             payload,

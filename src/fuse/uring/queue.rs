@@ -23,7 +23,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use nix::sys::socket::{sendmsg, MsgFlags};
 
 use super::abi::{self, OutHeader, ReqHeader};
-use super::{Fast, Req, Stats, UringError, FUSE_GETATTR, FUSE_GETXATTR};
+use super::{Fast, QueueSide, Req, Stats, UringError, SCRATCH};
 use zerocopy::FromZeros;
 
 /// `user_data` of the pending receive on the socket pair; entries use
@@ -64,6 +64,8 @@ pub struct Queue {
     /// The `/dev/fuse` connection's fd (a duplicate: any fd of the
     /// connection serves its rings).
     pub dev: Arc<OwnedFd>,
+    /// What the requests this queue serves know of it (for `fast`'s opens).
+    pub side: Arc<QueueSide>,
     /// This queue's end of the socket pair to its request threads.
     pub sock: OwnedFd,
     pub depth: usize,
@@ -85,7 +87,7 @@ struct Run {
     /// Set once the request threads are gone: requests then fail with EIO.
     threads_gone: bool,
     live: usize,
-    /// Where `Fast` writes a reply (an xattr value is at most 64 KiB).
+    /// Where `Fast` writes a reply.
     scratch: Vec<u8>,
 }
 
@@ -104,7 +106,7 @@ impl Queue {
             reply,
             inflight: HashMap::new(),
             threads_gone: false,
-            scratch: vec![0u8; 64 * 1024 + 64],
+            scratch: vec![0u8; SCRATCH],
         };
         // Declared after `run`, so dropped before it: the buffers the
         // kernel may still write (a pending receive) outlive the ring.
@@ -287,17 +289,23 @@ impl Run {
             );
             return self.fail(ring, i, commit_id, unique, libc::EIO);
         };
-        if matches!(opcode, FUSE_GETATTR | FUSE_GETXATTR) {
-            if let Some(fast) = &self.q.fast {
-                let req = Req {
-                    opcode,
-                    nodeid: head.nodeid,
-                    uid: head.uid,
-                };
-                let arg = &h.op_in[..first];
-                if let Some(r) = fast.answer(req, arg, &e.payload[..psz], &mut self.scratch) {
-                    return self.answered(ring, i, commit_id, unique, r);
+        // (Extensions after the arguments, which layerfs does not ask
+        // for, are left to fuser.)
+        if let (Some(fast), 0) = (&self.q.fast, head.total_extlen) {
+            let req = Req {
+                opcode,
+                nodeid: head.nodeid,
+                uid: head.uid,
+                gid: head.gid,
+                pid: head.pid,
+            };
+            let arg = &h.op_in[..first];
+            let rest = &e.payload[..psz];
+            if let Some(r) = fast.answer(&self.q.side, req, arg, rest, &mut self.scratch) {
+                if let Some(n) = self.q.stats.answered.get(self.q.qid as usize) {
+                    n.fetch_add(1, Ordering::Relaxed);
                 }
+                return self.answered(ring, i, commit_id, unique, r);
             }
         }
         if self.threads_gone {
