@@ -28,40 +28,15 @@
 //! Removing `security.capability` on a write needs nothing: the upper's
 //! filesystem removes it on any write, whoever writes.
 
-use std::os::unix::fs::MetadataExt;
+use super::caller::{Creds, CAP_FSETID};
 
-/// `CAP_FSETID`'s bit in a `CapEff` mask (linux/capability.h).
-const CAP_FSETID: u32 = 4;
-
-/// Whether the process `pid` (a request's caller, blocked in its system
-/// call while the daemon answers, so the id is its own) lacks
-/// `CAP_FSETID` as the kernel counts it: held in the daemon's user
-/// namespace. Anything unknown (pid 0 for a caller outside the daemon's
-/// pid namespace, a process gone, an unreadable status) counts as
-/// lacking it: the bits are cleared, the side a local filesystem errs on
-/// for any caller it cannot vouch for.
+/// Whether the process `pid` (a request's caller) lacks `CAP_FSETID` as
+/// the kernel counts it: held in the daemon's user namespace. A caller the
+/// daemon cannot vouch for (`caller::Creds`) counts as lacking it: the
+/// bits are cleared, the side a local filesystem errs on for any caller it
+/// cannot vouch for.
 pub fn caller_lacks_fsetid(pid: u32) -> bool {
-    if pid == 0 {
-        return true;
-    }
-    let same_userns = match (
-        std::fs::metadata(format!("/proc/{pid}/ns/user")),
-        std::fs::metadata("/proc/self/ns/user"),
-    ) {
-        (Ok(theirs), Ok(ours)) => (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()),
-        _ => false,
-    };
-    if !same_userns {
-        return true;
-    }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return true;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_none_or(|caps| caps & (1 << CAP_FSETID) == 0)
+    Creds::of(pid).is_none_or(|c| !c.has_cap(CAP_FSETID))
 }
 
 #[cfg(test)]

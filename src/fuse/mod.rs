@@ -12,6 +12,7 @@
 //! them: `contain`, `convert`, `io_mode`, `killpriv`, `long`, `record`, `invalidate`,
 //! `watcher`, `sys` and `uring`, none of which knows `LayerFs`.
 
+mod caller;
 mod contain;
 mod convert;
 mod fast;

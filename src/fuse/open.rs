@@ -13,6 +13,7 @@ use super::io_mode::{CreateReply, OpenReply};
 use super::journal::open_row;
 use super::reply::errno;
 use super::shared::Shared;
+use super::sys::SessionBacking;
 use super::{io_mode, long, uring};
 use crate::overlay::copy_up::{Halt, NoHalt};
 use crate::overlay::dir::NewKind;
@@ -202,6 +203,58 @@ impl Shared {
         }
     }
 
+    /// CREATE of a name that exists after all: it appeared in a lower (one
+    /// not watched: `--max-watches`, a network lower) or in the upper
+    /// through another mount after the kernel had cached it as absent.
+    /// Without `O_EXCL`, open(2) opens the file it finds, so the name is
+    /// opened as an OPEN of it is (`open_begun`: policy, copy-up, journal
+    /// row) and answered as a CREATE of it; a directory is `EISDIR`. Rare,
+    /// so it may wait (a copy-up, a lower reader's release) in whichever
+    /// thread received it.
+    fn create_existing(
+        &self,
+        c: &Ctx,
+        parent: INodeNo,
+        name: &OsStr,
+        flags: i32,
+        via: io_mode::Via,
+        reply: impl CreateReply,
+    ) {
+        let e = match self.ov().lookup(c, parent.0, name) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(e)),
+        };
+        // The lookup counted a kernel reference, which the kernel takes
+        // only with a successful answer (`Existing::error` gives it back).
+        let reply = Existing {
+            reply,
+            shared: self,
+            id: e.id,
+            ttl: self.ttl(e.lower),
+            found: super::convert::attr(&e.st),
+        };
+        if e.st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return reply.error(Errno::EISDIR);
+        }
+        // The kernel checked only the directory: the file's own
+        // permissions are checked here, as it would have had it known.
+        let acl = self
+            .ov()
+            .getxattr(e.id, OsStr::new("system.posix_acl_access"))
+            .is_ok();
+        if let Err(no) = may_open_existing(c, &e.st, flags, acl) {
+            return reply.error(no);
+        }
+        let (ino, oflags) = (INodeNo(e.id), OpenFlags(flags & !libc::O_CREAT));
+        let r = if wants_write(flags) {
+            let began = self.io.begin_write(self.ov(), e.id);
+            self.open_begun(c, ino, oflags, &NoHalt, began)
+        } else {
+            (self.ov().open(c, e.id, oflags.0), Prepared::default())
+        };
+        self.opened(c, ino, oflags, r, via, reply)
+    }
+
     /// CREATE: the new file, opened. FUSE CREATE's own arguments, plus how
     /// the request came.
     #[allow(clippy::too_many_arguments)]
@@ -224,6 +277,9 @@ impl Shared {
             .files()
             .charge(c.uid)
             .and_then(|charge| Ok((self.ov().create_object(c, parent.0, name, kind)?, charge)));
+        if matches!(&created, Err(e) if e.0 == libc::EEXIST) && flags & libc::O_EXCL == 0 {
+            return self.create_existing(c, parent, name, flags, via, reply);
+        }
         self.done(c, EvOp::Create, path, None, &created);
         let (entry, fd, charge) = match created {
             Ok(((e, Some(fd)), charge)) => (e, fd, charge),
@@ -243,5 +299,92 @@ impl Shared {
             }
             Err(e) => reply.error(errno(e)),
         }
+    }
+}
+
+/// Whether caller `c` may open the existing file `st` with `flags`, as the
+/// kernel's check (`default_permissions`) decides for an OPEN: the mode's
+/// bits for the caller's uid, else its groups, else anyone;
+/// `CAP_DAC_OVERRIDE` allows any access, `CAP_DAC_READ_SEARCH` reading
+/// (`caller::Creds`; a caller that cannot be vouched for has neither).
+/// `EACCES` when it may not. A file with an access ACL (`acl`) is left to
+/// the kernel: `EEXIST`, the answer it had before, which drops the
+/// kernel's entry so that a retry meets its own check.
+fn may_open_existing(
+    c: &Ctx,
+    st: &crate::layer::sys::Stat,
+    flags: i32,
+    acl: bool,
+) -> Result<(), Errno> {
+    use super::caller::{Creds, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH};
+    let creds = Creds::of(c.pid);
+    let cap = |bit| creds.as_ref().is_some_and(|k| k.has_cap(bit));
+    let write = wants_write(flags) || flags & libc::O_TRUNC != 0;
+    let read = flags & libc::O_ACCMODE != libc::O_WRONLY;
+    if cap(CAP_DAC_OVERRIDE) || (!write && cap(CAP_DAC_READ_SEARCH)) {
+        return Ok(());
+    }
+    if acl {
+        return Err(Errno::EEXIST);
+    }
+    let shift = if c.uid == st.st_uid {
+        6
+    } else if c.gid == st.st_gid || creds.as_ref().is_some_and(|k| k.in_group(st.st_gid)) {
+        3
+    } else {
+        0
+    };
+    let bits = (st.st_mode >> shift) & 0o7;
+    if (read && bits & 0o4 == 0) || (write && bits & 0o2 == 0) {
+        return Err(Errno::EACCES);
+    }
+    Ok(())
+}
+
+/// A CREATE answered with an open of the name found there
+/// (`Shared::create_existing`): the open's answer, with the file's
+/// attributes as they are once it is open (after a copy-up or a
+/// truncation; as the lookup found them if they cannot be read).
+struct Existing<'a, R> {
+    reply: R,
+    shared: &'a Shared,
+    id: u64,
+    ttl: std::time::Duration,
+    found: fuser::FileAttr,
+}
+
+impl<R: CreateReply> Existing<'_, R> {
+    fn attr(&self) -> fuser::FileAttr {
+        match self.shared.ov().getattr(self.id, None) {
+            Ok((st, _)) => super::convert::attr(&st),
+            Err(_) => self.found,
+        }
+    }
+}
+
+impl<R: CreateReply> OpenReply for Existing<'_, R> {
+    fn open_backing(&self, fd: &std::os::fd::OwnedFd) -> std::io::Result<SessionBacking> {
+        self.reply.open_backing(fd)
+    }
+
+    fn opened(self, fh: fuser::FileHandle, flags: fuser::FopenFlags) {
+        let attr = self.attr();
+        self.reply.created(&self.ttl, &attr, fh, flags)
+    }
+
+    fn opened_passthrough(
+        self,
+        fh: fuser::FileHandle,
+        flags: fuser::FopenFlags,
+        b: &io_mode::Backing,
+    ) {
+        let attr = self.attr();
+        self.reply
+            .created_passthrough(&self.ttl, &attr, fh, flags, b)
+    }
+
+    fn error(self, e: Errno) {
+        self.shared.ov().forget(self.id, 1);
+        self.reply.error(e)
     }
 }

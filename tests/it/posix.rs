@@ -2214,3 +2214,134 @@ fn a_directory_removed_while_open_acts_as_on_a_local_filesystem() {
         0
     );
 }
+
+/// A name the kernel holds as absent may exist by the time it is created:
+/// it appeared in a lower that is not watched (or in a network lower).
+/// open(O_CREAT) without O_EXCL then opens what is there, as on a plain
+/// directory (the daemon's CREATE finds the name and opens it instead of
+/// answering EEXIST); with O_EXCL it is EEXIST, and a directory EISDIR.
+#[test]
+fn create_of_a_name_that_appeared_in_an_unwatched_lower_opens_it() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let ws = Workspace::new();
+    fs::create_dir(ws.lower().join("d")).unwrap();
+    let m = ws.mount_with(&["--max-watches", "0", "--lower-timeout", "60s"]);
+    for n in ["f", "g", "t", "x", "sub"] {
+        assert!(fs::symlink_metadata(m.p(&format!("d/{n}"))).is_err());
+    }
+    for n in ["f", "g", "t", "x"] {
+        fs::write(ws.lower().join("d").join(n), "from the lower\n").unwrap();
+    }
+    fs::create_dir(ws.lower().join("d/sub")).unwrap();
+
+    // Appended to (a copy-up), as `echo >> f` does.
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(m.p("d/f"))
+        .expect("open(O_APPEND|O_CREAT) of a name that appeared in the lower");
+    f.write_all(b"appended\n").unwrap();
+    drop(f);
+    assert_eq!(
+        fs::read_to_string(m.p("d/f")).unwrap(),
+        "from the lower\nappended\n"
+    );
+    // Opened read-only with O_CREAT: the lower file itself.
+    let g = fs::OpenOptions::new()
+        .read(true)
+        .write(false)
+        .custom_flags(libc::O_CREAT)
+        .open(m.p("d/g"))
+        .expect("open(O_RDONLY|O_CREAT)");
+    assert_eq!(std::io::read_to_string(g).unwrap(), "from the lower\n");
+    // O_TRUNC: emptied, and the size the kernel holds says so.
+    let mut t = fs::File::create(m.p("d/t")).expect("creat(2) of a name in the lower");
+    assert_eq!(t.metadata().unwrap().len(), 0);
+    t.write_all(b"new\n").unwrap();
+    drop(t);
+    assert_eq!(fs::read_to_string(m.p("d/t")).unwrap(), "new\n");
+    // O_EXCL: it exists.
+    let e = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(m.p("d/x"))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EEXIST), "{e}");
+    // A directory: EISDIR, as open(2) gives.
+    let e = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(m.p("d/sub"))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EISDIR), "{e}");
+    // The lower is untouched; the changes are in the upper.
+    for n in ["f", "g", "t", "x"] {
+        assert_eq!(
+            fs::read_to_string(ws.lower().join("d").join(n)).unwrap(),
+            "from the lower\n"
+        );
+    }
+    assert_eq!(
+        fs::read_to_string(ws.upper.join("d/f")).unwrap(),
+        "from the lower\nappended\n"
+    );
+    assert!(!ws.upper.join("d/g").exists(), "a read-only open copied up");
+    assert!(m.unmount());
+}
+
+/// The open a CREATE falls back to for a name that appeared unseen (see
+/// above) checks the file's own permissions, which the kernel did not (it
+/// checked only the directory's): another user is refused writing a file
+/// that is not theirs, as on a plain directory, and may read it.
+#[test]
+fn create_of_a_name_that_appeared_unseen_checks_the_files_permissions() {
+    let ws = shared_workspace();
+    let d = ws.lower().join("d");
+    fs::create_dir(&d).unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).unwrap();
+    let m = ws.mount_with(&[
+        "--allow-other",
+        "--max-watches",
+        "0",
+        "--lower-timeout",
+        "60s",
+    ]);
+    for n in ["mine", "theirs", "open"] {
+        assert!(fs::symlink_metadata(m.p(&format!("d/{n}"))).is_err());
+    }
+    for (n, mode, uid) in [
+        ("mine", 0o600, 65534),
+        ("theirs", 0o644, 0),
+        ("open", 0o666, 0),
+    ] {
+        let f = d.join(n);
+        fs::write(&f, "lower\n").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(mode)).unwrap();
+        std::os::unix::fs::chown(&f, Some(uid), Some(uid)).unwrap();
+    }
+    let append = |n: &str| {
+        let script = format!("echo more >> {}", m.p(&format!("d/{n}")).display());
+        as_nobody(&["sh", "-c", &script])
+    };
+    let (ok, err) = append("theirs");
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    let read = format!(
+        "import os; os.read(os.open({:?}, os.O_RDONLY | os.O_CREAT), 9)",
+        m.p("d/theirs").display().to_string()
+    );
+    let (ok, err) = as_nobody(&["/usr/bin/python3", "-c", &read]);
+    assert!(ok, "reading a readable file refused: {err}");
+    let (ok, err) = append("mine");
+    assert!(ok, "{err}");
+    let (ok, err) = append("open");
+    assert!(ok, "{err}");
+    assert_eq!(fs::read_to_string(m.p("d/theirs")).unwrap(), "lower\n");
+    assert_eq!(fs::read_to_string(m.p("d/mine")).unwrap(), "lower\nmore\n");
+    assert_eq!(fs::read_to_string(m.p("d/open")).unwrap(), "lower\nmore\n");
+    assert!(
+        !ws.upper.join("d/theirs").exists(),
+        "a refused open copied up"
+    );
+    assert!(m.unmount());
+}
