@@ -208,7 +208,8 @@ impl Shared {
     /// through another mount after the kernel had cached it as absent.
     /// Without `O_EXCL`, open(2) opens the file it finds, so the name is
     /// opened as an OPEN of it is (`open_begun`: policy, copy-up, journal
-    /// row) and answered as a CREATE of it; a directory is `EISDIR`. Rare,
+    /// row) and answered as a CREATE of it; a directory is `EISDIR`, any
+    /// other kind keeps `EEXIST` (see below). Rare,
     /// so it may wait (a copy-up, a lower reader's release) in whichever
     /// thread received it.
     fn create_existing(
@@ -233,8 +234,15 @@ impl Shared {
             ttl: self.ttl(e.lower),
             found: super::convert::attr(&e.st),
         };
-        if e.st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            return reply.error(Errno::EISDIR);
+        match e.st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {}
+            libc::S_IFDIR => return reply.error(Errno::EISDIR),
+            // A symlink would be followed by the kernel's own walk (the
+            // daemon must never follow one), and a FIFO or device opened
+            // here could block or reach a device: these keep the EEXIST,
+            // which drops the kernel's entry, so a retry takes the
+            // kernel's path.
+            _ => return reply.error(Errno::EEXIST),
         }
         // The kernel checked only the directory: the file's own
         // permissions are checked here, as it would have had it known.

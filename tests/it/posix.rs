@@ -2226,7 +2226,7 @@ fn create_of_a_name_that_appeared_in_an_unwatched_lower_opens_it() {
     let ws = Workspace::new();
     fs::create_dir(ws.lower().join("d")).unwrap();
     let m = ws.mount_with(&["--max-watches", "0", "--lower-timeout", "60s"]);
-    for n in ["f", "g", "t", "x", "sub"] {
+    for n in ["f", "g", "t", "x", "sub", "link"] {
         assert!(fs::symlink_metadata(m.p(&format!("d/{n}"))).is_err());
     }
     for n in ["f", "g", "t", "x"] {
@@ -2275,6 +2275,20 @@ fn create_of_a_name_that_appeared_in_an_unwatched_lower_opens_it() {
         .open(m.p("d/sub"))
         .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EISDIR), "{e}");
+    // A symlink that appeared, pointing out of the mount: the daemon
+    // never follows it; the open fails (EEXIST, the kernel's entry is
+    // dropped) and the file outside is untouched. A retry then takes the
+    // kernel's own walk, which resolves the link inside the mount's view.
+    let outside = ws.dir.path().join("outside");
+    fs::write(&outside, "outside\n").unwrap();
+    std::os::unix::fs::symlink(&outside, ws.lower().join("d/link")).unwrap();
+    let e = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(m.p("d/link"))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EEXIST), "{e}");
+    assert_eq!(fs::read_to_string(&outside).unwrap(), "outside\n");
     // The lower is untouched; the changes are in the upper.
     for n in ["f", "g", "t", "x"] {
         assert_eq!(
