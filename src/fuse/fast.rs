@@ -1,14 +1,15 @@
 //! The requests an io_uring queue thread answers itself (`uring::Fast`):
-//! the most frequent ones that, on local layers, do not wait long —
-//! GETATTR, GETXATTR, LOOKUP, OPEN, SETATTR, CREATE and UNLINK where they
-//! need not wait (`Shared::open_now`, `setattr_now`; CREATE and UNLINK
-//! while writes are not paused), RELEASE, FLUSH and IOCTL — with the same
-//! handler code as through fuser (`LayerFs::attr_of`, the overlay's
-//! getxattr, `Shared::lookup`, `open_now`, `setattr_now`, `create`,
-//! `unlink`, `release`, `NO_FLUSH`, `NO_IOCTL`) and the same admission
-//! (`Contained::answer`); only the
-//! request's arguments are decoded and the reply encoded here (`Encoded`,
-//! `convert::*_out`).
+//! every frequent one, where on local layers it need not wait — GETATTR,
+//! GETXATTR, LISTXATTR, LOOKUP, OPEN, SETATTR, CREATE, READ, WRITE,
+//! RENAME, SETXATTR, REMOVEXATTR, MKDIR, MKNOD, SYMLINK, LINK, UNLINK,
+//! RMDIR, READLINK, READDIR, READDIRPLUS, STATFS, LSEEK, RELEASE, FLUSH
+//! and IOCTL — with the same handler code as through fuser (`Shared`'s
+//! bodies, the core's calls, `NO_FLUSH`, `NO_IOCTL`) and the same
+//! admission (`Contained::answer`). A request that would wait (a write
+//! pause, a long copy-up, a rename's walk, a long listing: see each arm)
+//! is declined, untouched, and goes to fuser. Only the request's
+//! arguments are decoded and the reply encoded here (`Encoded`,
+//! `DirList`, `convert::*_out`).
 
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
