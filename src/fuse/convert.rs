@@ -172,6 +172,119 @@ pub fn xattr_out(v: &[u8], size: u32, out: &mut [u8]) -> Result<usize, Errno> {
     }
 }
 
+/// `struct fuse_write_out` as fuser's `ReplyWrite::written` encodes it:
+/// the count and a pad; returns its length, 8.
+pub fn write_out(n: u32, out: &mut [u8]) -> usize {
+    let mut w = Writer { out, at: 0 };
+    w.u32(n);
+    w.u32(0);
+    w.at
+}
+
+/// `struct fuse_lseek_out` as fuser's `ReplyLseek::offset` encodes it;
+/// returns its length, 8.
+pub fn lseek_out(offset: i64, out: &mut [u8]) -> usize {
+    let mut w = Writer { out, at: 0 };
+    w.u64(offset as u64);
+    w.at
+}
+
+/// `struct fuse_statfs_out` for `s` as `ops` answers STATFS through
+/// fuser's `ReplyStatfs` (names of up to 255 bytes); returns its length,
+/// 80.
+pub fn statfs_out(s: &libc::statvfs, out: &mut [u8]) -> usize {
+    let mut w = Writer { out, at: 0 };
+    for v in [s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree] {
+        w.u64(v);
+    }
+    for v in [
+        s.f_bsize as u32,
+        NAME_MAX,
+        s.f_frsize as u32,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ] {
+        w.u32(v);
+    }
+    w.at
+}
+
+/// The longest name STATFS reports.
+pub const NAME_MAX: u32 = 255;
+
+/// Bytes a reply sends as they are (READ, READLINK): copied to `out`;
+/// returns their length (E2BIG if `out` is too small, never for READ,
+/// whose buffer is the size asked).
+pub fn data_out(v: &[u8], out: &mut [u8]) -> Result<usize, Errno> {
+    let dst = out.get_mut(..v.len()).ok_or(Errno::E2BIG)?;
+    dst.copy_from_slice(v);
+    Ok(v.len())
+}
+
+/// `struct fuse_dirent` and its name, zero-padded to 8 bytes, as fuser's
+/// `ReplyDirectory::add` lays an entry out; `None` when it does not fit
+/// in `out` (fuser's "full").
+pub fn dirent_out(
+    ino: u64,
+    off: u64,
+    kind: FileType,
+    name: &[u8],
+    out: &mut [u8],
+) -> Option<usize> {
+    dirent_typed(ino, off, kind_bits(kind) >> 12, name, out)
+}
+
+/// `struct fuse_direntplus` (the entry, then the dirent) and its name,
+/// padded, as fuser's `ReplyDirectoryPlus::add` lays it out
+/// (generation 0, as layerfs answers every entry).
+pub fn direntplus_out(
+    off: u64,
+    name: &[u8],
+    ttl: &Duration,
+    a: &FileAttr,
+    out: &mut [u8],
+) -> Option<usize> {
+    let size = (ENTRY_OUT_LEN + DIRENT_LEN + name.len()).next_multiple_of(8);
+    let out = out.get_mut(..size)?;
+    let n = entry_out(ttl, a, 0, out);
+    let typ = (kind_bits(a.kind) | u32::from(a.perm)) >> 12;
+    Some(n + dirent_typed(a.ino.0, off, typ, name, &mut out[n..])?)
+}
+
+const ENTRY_OUT_LEN: usize = 128;
+const DIRENT_LEN: usize = 24;
+
+fn dirent_typed(ino: u64, off: u64, typ: u32, name: &[u8], out: &mut [u8]) -> Option<usize> {
+    let len = DIRENT_LEN + name.len();
+    let out = out.get_mut(..len.next_multiple_of(8))?;
+    let mut w = Writer { out, at: 0 };
+    w.u64(ino);
+    w.u64(off);
+    w.u32(name.len() as u32);
+    w.u32(typ);
+    out[DIRENT_LEN..len].copy_from_slice(name);
+    out[len..].fill(0);
+    Some(out.len())
+}
+
+/// The `S_IF*` bits of a kind, as fuser encodes it.
+fn kind_bits(kind: FileType) -> u32 {
+    match kind {
+        FileType::NamedPipe => libc::S_IFIFO,
+        FileType::CharDevice => libc::S_IFCHR,
+        FileType::BlockDevice => libc::S_IFBLK,
+        FileType::Directory => libc::S_IFDIR,
+        FileType::RegularFile => libc::S_IFREG,
+        FileType::Symlink => libc::S_IFLNK,
+        FileType::Socket => libc::S_IFSOCK,
+    }
+}
+
 struct Writer<'a> {
     out: &'a mut [u8],
     at: usize,
@@ -204,15 +317,7 @@ impl Writer<'_> {
         let (at, an) = secs(a.atime);
         let (mt, mn) = secs(a.mtime);
         let (ct, cn) = secs(a.ctime);
-        let kind = match a.kind {
-            FileType::NamedPipe => libc::S_IFIFO,
-            FileType::CharDevice => libc::S_IFCHR,
-            FileType::BlockDevice => libc::S_IFBLK,
-            FileType::Directory => libc::S_IFDIR,
-            FileType::RegularFile => libc::S_IFREG,
-            FileType::Symlink => libc::S_IFLNK,
-            FileType::Socket => libc::S_IFSOCK,
-        };
+        let kind = kind_bits(a.kind);
         self.u64(a.ino.0);
         self.u64(a.size);
         self.u64(a.blocks);

@@ -1,31 +1,37 @@
 //! The requests an io_uring queue thread answers itself (`uring::Fast`):
-//! the most frequent ones that, on local layers, do not wait long —
-//! GETATTR, GETXATTR, LOOKUP, OPEN, SETATTR, CREATE and UNLINK where they
-//! need not wait (`Shared::open_now`, `setattr_now`; CREATE and UNLINK
-//! while writes are not paused), RELEASE, FLUSH and IOCTL — with the same
-//! handler code as through fuser (`LayerFs::attr_of`, the overlay's
-//! getxattr, `Shared::lookup`, `open_now`, `setattr_now`, `create`,
-//! `unlink`, `release`, `NO_FLUSH`, `NO_IOCTL`) and the same admission
-//! (`Contained::answer`); only the
-//! request's arguments are decoded and the reply encoded here (`Encoded`,
-//! `convert::*_out`).
+//! every frequent one, where on local layers it need not wait — GETATTR,
+//! GETXATTR, LISTXATTR, LOOKUP, OPEN, SETATTR, CREATE, READ, WRITE,
+//! RENAME, SETXATTR, REMOVEXATTR, MKDIR, MKNOD, SYMLINK, LINK, UNLINK,
+//! RMDIR, READLINK, READDIR, READDIRPLUS, STATFS, LSEEK, RELEASE, FLUSH
+//! and IOCTL — with the same handler code as through fuser (`Shared`'s
+//! bodies, the core's calls, `NO_FLUSH`, `NO_IOCTL`) and the same
+//! admission (`Contained::answer`). A request that would wait (a write
+//! pause, a long copy-up, a rename's walk, a long listing: see each arm)
+//! is declined, untouched, and goes to fuser. Only the request's
+//! arguments are decoded and the reply encoded here (`Encoded`,
+//! `DirList`, `convert::*_out`).
 
+use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuser::{Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo, OpenFlags, TimeOrNow};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, OpenFlags, TimeOrNow,
+};
 
 use super::contain::Contained;
 use super::convert;
 use super::io_mode::{Backing, CreateReply, OpenReply};
+use super::listing::{DirPlusReply, DirReply, Listing};
 use super::ops::{NO_FLUSH, NO_IOCTL};
 use super::reply::{errno, AttrReply, EntryReply};
 use super::shared::{LayerFs, Shared};
 use super::sys::SessionBacking;
 use super::uring;
 use crate::overlay::attr::SetAttr;
+use crate::overlay::dir::NewKind;
 use crate::overlay::Ctx;
 
 /// `fuse_getattr_in.getattr_flags`: `fh` names the handle the request
@@ -114,6 +120,22 @@ fn name(rest: &[u8]) -> Option<&std::ffi::OsStr> {
         .next()
         .map(std::ffi::OsStr::from_bytes)
 }
+
+/// A name argument and the bytes after its NUL.
+fn name_then(rest: &[u8]) -> Option<(&std::ffi::OsStr, &[u8])> {
+    let end = rest.iter().position(|&b| b == 0)?;
+    Some((std::ffi::OsStr::from_bytes(&rest[..end]), &rest[end + 1..]))
+}
+
+/// An offset fuser takes (an `off_t`: EINVAL beyond `i64::MAX`, left to
+/// fuser to answer).
+fn offset_at(arg: &[u8], at: usize) -> Option<u64> {
+    u64_at(arg, at).filter(|&o| o <= i64::MAX as u64)
+}
+
+/// `fuse_write_in.write_flags`: the caller lacks CAP_FSETID
+/// (`FUSE_WRITE_KILL_SUIDGID`).
+const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
 
 impl uring::Fast for QueueAnswers {
     fn answer(
@@ -207,13 +229,15 @@ impl uring::Fast for QueueAnswers {
                     Some(Ok(0))
                 })
             }
-            uring::FUSE_UNLINK => {
+            uring::FUSE_UNLINK | uring::FUSE_RMDIR => {
                 // No first argument; the name. Inside the write gate, as
                 // through fuser; while writes are paused, left to fuser.
                 let name = name(rest)?;
-                self.fs.answer("unlink", ino, |fs| {
+                let dir = req.opcode == uring::FUSE_RMDIR;
+                let op = if dir { "rmdir" } else { "unlink" };
+                self.fs.answer(op, ino, |fs| {
                     let _pass = fs.inner.ov.gate().try_enter()?;
-                    let r = fs.inner.unlink(&c, INodeNo(ino), name);
+                    let r = fs.inner.remove(&c, INodeNo(ino), name, dir);
                     Some(r.map(|()| 0).map_err(errno))
                 })
             }
@@ -234,6 +258,178 @@ impl uring::Fast for QueueAnswers {
                     Some(enc.result)
                 })
             }
+            uring::FUSE_READ => {
+                // fuse_read_in: fh, offset (u64), size (u32), read_flags,
+                // lock_owner, flags (not read, as through fuser). Read
+                // straight into the reply; a read larger than the room is
+                // left to fuser.
+                let (fh, offset) = (u64_at(arg, 0)?, offset_at(arg, 8)?);
+                let buf = out.get_mut(..u32_at(arg, 16)? as usize)?;
+                self.fs.answer("read", ino, |fs| {
+                    Some(fs.ov().read_into(fh, offset, buf).map_err(errno))
+                })
+            }
+            uring::FUSE_WRITE => {
+                // fuse_write_in: fh, offset (u64), size, write_flags (u32),
+                // lock_owner (u64), flags (u32, not read); then the data.
+                // Inside the write gate; while writes are paused, left to
+                // fuser (which parks it).
+                let (fh, offset) = (u64_at(arg, 0)?, offset_at(arg, 8)?);
+                let (size, wflags) = (u32_at(arg, 16)? as usize, u32_at(arg, 20)?);
+                let data = rest.get(..size).filter(|d| d.len() == rest.len())?;
+                let kill = wflags & FUSE_WRITE_KILL_SUIDGID != 0;
+                self.fs.answer("write", ino, |fs| {
+                    let _pass = fs.inner.ov.gate().try_enter()?;
+                    let r = fs.inner.write(INodeNo(ino), kill, fh, offset, data);
+                    Some(r.map(|n| convert::write_out(n, out)).map_err(errno))
+                })
+            }
+            uring::FUSE_RENAME | uring::FUSE_RENAME2 => {
+                // fuse_rename_in: newdir (u64); fuse_rename2_in adds flags
+                // (u32). Then the two names. Inside the write gate; a
+                // move that must wait (a pause, another move's walk, its
+                // own policy walk, a long copy-up) is left to fuser.
+                let newdir = u64_at(arg, 0)?;
+                let flags = match req.opcode {
+                    uring::FUSE_RENAME2 => u32_at(arg, 8)?,
+                    _ => 0,
+                };
+                let (from, after) = name_then(rest)?;
+                let to = name(after)?;
+                self.fs.answer("rename", ino, |fs| {
+                    let _pass = fs.inner.ov.gate().try_enter()?;
+                    let (from, to) = ((INodeNo(ino), from), (INodeNo(newdir), to));
+                    let r = fs.inner.rename(&c, from, to, flags, false)?;
+                    Some(r.map(|()| 0).map_err(errno))
+                })
+            }
+            uring::FUSE_SETXATTR => {
+                // fuse_setxattr_in: size (u32), flags (i32); the name,
+                // then the value. Inside the write gate; a copy-up that
+                // would be long is left to fuser.
+                let (size, flags) = (u32_at(arg, 0)? as usize, u32_at(arg, 4)? as i32);
+                let (name, value) = name_then(rest)?;
+                if value.len() != size {
+                    return None;
+                }
+                self.fs.answer("setxattr", ino, |fs| {
+                    let _pass = self.may_copy_up(fs, ino)?;
+                    let r = fs.inner.setxattr(&c, INodeNo(ino), name, value, flags);
+                    Some(r.map(|()| 0).map_err(errno))
+                })
+            }
+            uring::FUSE_REMOVEXATTR => {
+                // No first argument; the name. As SETXATTR.
+                let name = name(rest)?;
+                self.fs.answer("removexattr", ino, |fs| {
+                    let _pass = self.may_copy_up(fs, ino)?;
+                    let r = fs.inner.removexattr(&c, INodeNo(ino), name);
+                    Some(r.map(|()| 0).map_err(errno))
+                })
+            }
+            uring::FUSE_LISTXATTR => {
+                // fuse_getxattr_in: size (u32), padding.
+                let size = u32_at(arg, 0)?;
+                self.fs.answer("listxattr", ino, |fs| {
+                    Some(
+                        fs.ov()
+                            .listxattr(ino)
+                            .map_err(errno)
+                            .and_then(|v| convert::xattr_out(&v, size, out)),
+                    )
+                })
+            }
+            uring::FUSE_MKDIR => {
+                // fuse_mkdir_in: mode, umask (u32); the name. Inside the
+                // write gate, as every new name.
+                let (mode, umask) = (u32_at(arg, 0)?, u32_at(arg, 4)?);
+                let name = name(rest)?;
+                let c = Ctx { umask, ..c };
+                let kind = NewKind::Dir { mode };
+                self.new_entry("mkdir", (ino, name), kind, &c, out)
+            }
+            uring::FUSE_MKNOD => {
+                // fuse_mknod_in: mode, rdev, umask, padding (u32); the name.
+                let (mode, rdev, umask) = (u32_at(arg, 0)?, u32_at(arg, 4)?, u32_at(arg, 8)?);
+                let name = name(rest)?;
+                let c = Ctx { umask, ..c };
+                let kind = NewKind::Node {
+                    mode,
+                    rdev: rdev as u64,
+                };
+                self.new_entry("mknod", (ino, name), kind, &c, out)
+            }
+            uring::FUSE_SYMLINK => {
+                // No first argument; the name, then the target.
+                let (name, after) = name_then(rest)?;
+                let target = self::name(after)?;
+                let kind = NewKind::Symlink { target };
+                self.new_entry("symlink", (ino, name), kind, &c, out)
+            }
+            uring::FUSE_LINK => {
+                // fuse_link_in: oldnodeid (u64); the new name. `ino` is
+                // the new parent; a source whose copy-up would be long is
+                // left to fuser.
+                let source = u64_at(arg, 0)?;
+                let name = name(rest)?;
+                let mut enc = Encoded::new(out);
+                self.fs.answer("link", source, |fs| {
+                    let _pass = self.may_copy_up(fs, source)?;
+                    fs.inner
+                        .link(&c, INodeNo(source), INodeNo(ino), name, &mut enc);
+                    Some(enc.result)
+                })
+            }
+            uring::FUSE_READLINK => self.fs.answer("readlink", ino, |fs| {
+                Some(
+                    fs.ov()
+                        .readlink(ino)
+                        .map_err(errno)
+                        .and_then(|t| convert::data_out(t.as_bytes(), out)),
+                )
+            }),
+            uring::FUSE_STATFS => self.fs.answer("statfs", ino, |fs| {
+                Some(
+                    fs.ov()
+                        .statfs()
+                        .map(|s| convert::statfs_out(&s, out))
+                        .map_err(errno),
+                )
+            }),
+            uring::FUSE_LSEEK => {
+                // fuse_lseek_in: fh (u64), offset (i64), whence (i32).
+                let (fh, offset) = (u64_at(arg, 0)?, u64_at(arg, 8)? as i64);
+                let whence = u32_at(arg, 16)? as i32;
+                self.fs.answer("lseek", ino, |fs| {
+                    Some(
+                        fs.ov()
+                            .lseek(fh, offset, whence)
+                            .map(|o| convert::lseek_out(o, out))
+                            .map_err(errno),
+                    )
+                })
+            }
+            uring::FUSE_READDIR | uring::FUSE_READDIRPLUS => {
+                // fuse_read_in: fh, offset (u64), size (u32), ... A
+                // listing larger than the room is left to fuser, and so is
+                // one built on the copy pool (`lists_long`).
+                let offset = u64_at(arg, 8)?;
+                let size = u32_at(arg, 16)? as usize;
+                let plus = req.opcode == uring::FUSE_READDIRPLUS;
+                let mut list = DirList::new(out.get_mut(..size)?);
+                let op = if plus { "readdirplus" } else { "readdir" };
+                self.fs.answer(op, ino, |fs| {
+                    if offset == 0 && fs.ov().lists_long(ino) {
+                        return None;
+                    }
+                    if plus {
+                        fs.inner.readdirplus(&c, INodeNo(ino), offset, &mut list);
+                    } else {
+                        fs.inner.readdir(INodeNo(ino), offset, &mut list);
+                    }
+                    Some(list.result)
+                })
+            }
             uring::FUSE_FLUSH => self.fs.answer("flush", ino, |_| Some(Err(NO_FLUSH))),
             uring::FUSE_IOCTL => {
                 // fuse_ioctl_in: fh (u64), flags (u32), ...
@@ -245,6 +441,37 @@ impl uring::Fast for QueueAnswers {
             _ => return None,
         };
         r.map(|r| r.map_err(|e| e.code()))
+    }
+}
+
+impl QueueAnswers {
+    /// The write gate's pass for a change that copies `ino` up, unless
+    /// writes are paused or the copy would be long (then `None`: the
+    /// request is left to fuser).
+    fn may_copy_up<'a>(&self, fs: &'a LayerFs, ino: u64) -> Option<crate::overlay::gate::Pass<'a>> {
+        if fs.ov().open_copies_long(ino, libc::O_WRONLY) {
+            return None;
+        }
+        fs.inner.ov.gate().try_enter()
+    }
+
+    /// MKDIR, MKNOD and SYMLINK: `name` in `parent` made as `kind`,
+    /// inside the write gate (while writes are paused, left to fuser).
+    fn new_entry(
+        &self,
+        op: &'static str,
+        (parent, name): (u64, &std::ffi::OsStr),
+        kind: NewKind<'_>,
+        c: &Ctx,
+        out: &mut [u8],
+    ) -> Option<Result<usize, Errno>> {
+        let mut enc = Encoded::new(out);
+        self.fs.answer(op, parent, |fs| {
+            let _pass = fs.inner.ov.gate().try_enter()?;
+            fs.inner
+                .create_entry(c, INodeNo(parent), name, kind, &mut enc);
+            Some(enc.result)
+        })
     }
 }
 
@@ -262,6 +489,60 @@ impl Encoded<'_> {
             out,
             result: Err(Errno::EIO),
         }
+    }
+}
+
+/// A READDIR or READDIRPLUS reply a queue thread encodes itself: entries
+/// laid out in `out` (the size the kernel asked) as fuser adds them.
+struct DirList<'a> {
+    out: &'a mut [u8],
+    len: usize,
+    result: Result<usize, Errno>,
+}
+
+impl DirList<'_> {
+    fn new(out: &mut [u8]) -> DirList<'_> {
+        DirList {
+            out,
+            len: 0,
+            result: Err(Errno::EIO),
+        }
+    }
+
+    fn added(&mut self, n: Option<usize>) -> bool {
+        match n {
+            Some(n) => {
+                self.len += n;
+                false
+            }
+            None => true,
+        }
+    }
+}
+
+impl Listing for &mut DirList<'_> {
+    fn ok(self) {
+        self.result = Ok(self.len);
+    }
+
+    fn error(self, e: Errno) {
+        self.result = Err(e);
+    }
+}
+
+impl DirReply for &mut DirList<'_> {
+    fn add(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &OsStr) -> bool {
+        let room = &mut self.out[self.len..];
+        let n = convert::dirent_out(ino.0, offset, kind, name.as_bytes(), room);
+        self.added(n)
+    }
+}
+
+impl DirPlusReply for &mut DirList<'_> {
+    fn add(&mut self, offset: u64, name: &OsStr, ttl: &Duration, attr: &FileAttr) -> bool {
+        let room = &mut self.out[self.len..];
+        let n = convert::direntplus_out(offset, name.as_bytes(), ttl, attr, room);
+        self.added(n)
     }
 }
 
@@ -478,6 +759,74 @@ mod tests {
         }
     }
 
+    /// READ's and READLINK's data, by node id.
+    fn data_case(ino: u64) -> Vec<u8> {
+        match ino {
+            1 => Vec::new(),
+            2 => b"x".to_vec(),
+            3 => (0..=255u8).cycle().take(60_000).collect(),
+            _ => b"../some/target with spaces".to_vec(),
+        }
+    }
+
+    /// STATFS's answer: a full `statvfs`.
+    fn statvfs_case() -> libc::statvfs {
+        let root = std::fs::File::open("/").unwrap();
+        let mut s = crate::layer::sys::fstatfs(&root).unwrap();
+        s.f_blocks = u64::MAX - 1;
+        s.f_bfree = 123_456_789;
+        s.f_bavail = 98_765;
+        s.f_files = 1 << 40;
+        s.f_ffree = 7;
+        s.f_bsize = 4096;
+        s.f_frsize = 1024;
+        s.f_namemax = 1000;
+        s
+    }
+
+    /// A listing's entries: every kind, names of every length modulo 8.
+    const NAMES: [(&str, FileType); 9] = [
+        ("a", FileType::RegularFile),
+        ("bb", FileType::Directory),
+        ("ccc", FileType::Symlink),
+        ("dddd", FileType::NamedPipe),
+        ("eeeee", FileType::CharDevice),
+        ("ffffff", FileType::BlockDevice),
+        ("ggggggg", FileType::Socket),
+        ("hhhhhhhh", FileType::RegularFile),
+        ("a name that is quite a bit longer", FileType::Directory),
+    ];
+
+    /// READDIR's cases: from `offset`, entries until the reply is full.
+    fn dir_case(offset: u64, mut reply: impl DirReply) {
+        if offset == 99 {
+            return reply.error(Errno::ENOTDIR);
+        }
+        for (i, (name, kind)) in NAMES.iter().enumerate().skip(offset as usize) {
+            let ino = INodeNo(u64::MAX / (i as u64 + 1));
+            if reply.add(ino, i as u64 + 1, *kind, OsStr::new(name)) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    /// READDIRPLUS's cases, as `dir_case`, with attributes.
+    fn dirplus_case(offset: u64, mut reply: impl DirPlusReply) {
+        if offset == 99 {
+            return reply.error(Errno::EACCES);
+        }
+        for (i, (name, _)) in NAMES.iter().enumerate().skip(offset as usize) {
+            let (ttl, mut st) = attr_case(i as u64 % 4 + 1);
+            st.st_ino = 1000 + i as u64;
+            let attr = convert::attr(&st);
+            if reply.add(i as u64 + 1, OsStr::new(name), &ttl, &attr) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
     /// Answers with the cases above, through fuser's replies; keeps what
     /// fuser decoded of each SETATTR (made into `SetAttr` as `ops` does).
     struct Cases {
@@ -535,6 +884,103 @@ mod tests {
             let (ttl, st) = attr_case(ino.0);
             AttrReply::attr(reply, &ttl, &convert::attr(&st))
         }
+
+        fn read(
+            &self,
+            _req: &Request,
+            ino: INodeNo,
+            _fh: FileHandle,
+            _offset: u64,
+            _size: u32,
+            _flags: OpenFlags,
+            _lock_owner: Option<fuser::LockOwner>,
+            reply: fuser::ReplyData,
+        ) {
+            reply.data(&data_case(ino.0))
+        }
+
+        fn readlink(&self, _req: &Request, ino: INodeNo, reply: fuser::ReplyData) {
+            reply.data(&data_case(ino.0))
+        }
+
+        fn write(
+            &self,
+            _req: &Request,
+            _ino: INodeNo,
+            _fh: FileHandle,
+            offset: u64,
+            data: &[u8],
+            _write_flags: fuser::WriteFlags,
+            _flags: OpenFlags,
+            _lock_owner: Option<fuser::LockOwner>,
+            reply: fuser::ReplyWrite,
+        ) {
+            reply.written(data.len() as u32 + offset as u32)
+        }
+
+        fn statfs(&self, _req: &Request, _ino: INodeNo, reply: fuser::ReplyStatfs) {
+            crate::fuse::reply::statfs(&statvfs_case(), reply)
+        }
+
+        fn lseek(
+            &self,
+            _req: &Request,
+            _ino: INodeNo,
+            _fh: FileHandle,
+            offset: i64,
+            _whence: i32,
+            reply: fuser::ReplyLseek,
+        ) {
+            reply.offset(offset)
+        }
+
+        fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+            crate::fuse::reply::xattr(&data_case(ino.0), size, reply)
+        }
+
+        fn mkdir(
+            &self,
+            _req: &Request,
+            _parent: INodeNo,
+            name: &OsStr,
+            _mode: u32,
+            _umask: u32,
+            reply: ReplyEntry,
+        ) {
+            entry_case(name, reply)
+        }
+
+        fn readdir(
+            &self,
+            _req: &Request,
+            _ino: INodeNo,
+            _fh: FileHandle,
+            offset: u64,
+            reply: fuser::ReplyDirectory,
+        ) {
+            dir_case(offset, reply)
+        }
+
+        fn readdirplus(
+            &self,
+            _req: &Request,
+            _ino: INodeNo,
+            _fh: FileHandle,
+            offset: u64,
+            reply: fuser::ReplyDirectoryPlus,
+        ) {
+            dirplus_case(offset, reply)
+        }
+    }
+
+    /// A `fuse_read_in` (40 bytes) for READ, READDIR and READDIRPLUS.
+    fn read_arg(fh: u64, offset: u64, size: u32) -> Vec<u8> {
+        let mut b = Vec::with_capacity(40);
+        b.extend_from_slice(&fh.to_ne_bytes());
+        b.extend_from_slice(&offset.to_ne_bytes());
+        b.extend_from_slice(&size.to_ne_bytes());
+        b.extend_from_slice(&[0u8; 20]);
+        b
     }
 
     /// A `fuse_setattr_in` (88 bytes): valid, fh, size, then the times
@@ -576,7 +1022,7 @@ mod tests {
     /// fuser's answer to `req`: its body, or its errno.
     fn fusers(sock: &OwnedFd, req: &[u8]) -> Result<Vec<u8>, i32> {
         socket::send(sock.as_raw_fd(), req, MsgFlags::empty()).unwrap();
-        let mut buf = vec![0u8; 8192];
+        let mut buf = vec![0u8; 140_000];
         let n = socket::recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
         let h = abi::reply_header(&buf[..n]).unwrap();
         assert_eq!(h.len as usize, n);
@@ -650,6 +1096,11 @@ mod tests {
                 enc.result
             });
             assert_eq!(ours, fusers(&mine, &req), "LOOKUP {name}");
+            // fuse_mkdir_in: mode, umask; the name. The same entry.
+            let mut mkdir = vec![0u8; 8];
+            mkdir.extend_from_slice(&arg);
+            let req = request(uring::FUSE_MKDIR, next(), 1, &mkdir);
+            assert_eq!(ours, fusers(&mine, &req), "MKDIR {name}");
         }
         for ino in 1..=7 {
             // fuse_open_in: flags, open_flags.
@@ -711,6 +1162,73 @@ mod tests {
                 fusers,
                 "SETATTR {n} decoded"
             );
+        }
+
+        for ino in 1..=4 {
+            let data = data_case(ino);
+            let req = request(uring::FUSE_READ, next(), ino, &read_arg(1, 0, 131072));
+            let data_ours = ours(|out| convert::data_out(&data, out));
+            assert_eq!(data_ours, fusers(&mine, &req), "READ case {ino}");
+            let req = request(uring::FUSE_READLINK, next(), ino, &[]);
+            assert_eq!(data_ours, fusers(&mine, &req), "READLINK case {ino}");
+            for size in [0u32, 1, 4096] {
+                // fuse_getxattr_in: size, padding.
+                let mut arg = size.to_ne_bytes().to_vec();
+                arg.extend_from_slice(&[0u8; 4]);
+                let req = request(uring::FUSE_LISTXATTR, next(), ino, &arg);
+                let ours = ours(|out| convert::xattr_out(&data, size, out));
+                assert_eq!(ours, fusers(&mine, &req), "LISTXATTR case {ino}, {size}");
+            }
+        }
+        for (offset, len) in [(0u64, 0usize), (5, 1), (1 << 40, 4000)] {
+            // fuse_write_in: fh, offset, size, write_flags, lock_owner,
+            // flags, padding; the data.
+            let mut arg = 7u64.to_ne_bytes().to_vec();
+            arg.extend_from_slice(&offset.to_ne_bytes());
+            arg.extend_from_slice(&(len as u32).to_ne_bytes());
+            arg.extend_from_slice(&[0u8; 20]);
+            arg.extend(std::iter::repeat_n(b'w', len));
+            let req = request(uring::FUSE_WRITE, next(), 2, &arg);
+            let n = len as u32 + offset as u32;
+            let ours = ours(|out| Ok(convert::write_out(n, out)));
+            assert_eq!(ours, fusers(&mine, &req), "WRITE {offset} {len}");
+        }
+        let req = request(uring::FUSE_STATFS, next(), 1, &[]);
+        let ours_statfs = ours(|out| Ok(convert::statfs_out(&statvfs_case(), out)));
+        assert_eq!(ours_statfs, fusers(&mine, &req), "STATFS");
+        for offset in [0i64, 1, i64::MAX, -5] {
+            // fuse_lseek_in: fh, offset, whence, padding.
+            let mut arg = 3u64.to_ne_bytes().to_vec();
+            arg.extend_from_slice(&offset.to_ne_bytes());
+            arg.extend_from_slice(&[0u8; 8]);
+            let req = request(uring::FUSE_LSEEK, next(), 1, &arg);
+            let ours = ours(|out| Ok(convert::lseek_out(offset, out)));
+            assert_eq!(ours, fusers(&mine, &req), "LSEEK {offset}");
+        }
+        // Listings from several offsets into buffers of several sizes:
+        // none, one entry, part of them, all.
+        for offset in [0, 1, 4, 8, 9, 99] {
+            for size in [0, 24, 40, 100, 200, 400, 4096] {
+                let req = request(uring::FUSE_READDIR, next(), 1, &read_arg(1, offset, size));
+                let listed = ours(|out| {
+                    let mut list = DirList::new(&mut out[..size as usize]);
+                    dir_case(offset, &mut list);
+                    list.result
+                });
+                assert_eq!(listed, fusers(&mine, &req), "READDIR {offset} {size}");
+                let req = request(
+                    uring::FUSE_READDIRPLUS,
+                    next(),
+                    1,
+                    &read_arg(1, offset, size),
+                );
+                let listed = ours(|out| {
+                    let mut list = DirList::new(&mut out[..size as usize]);
+                    dirplus_case(offset, &mut list);
+                    list.result
+                });
+                assert_eq!(listed, fusers(&mine, &req), "READDIRPLUS {offset} {size}");
+            }
         }
 
         let destroy = abi::destroy_request(next());

@@ -142,16 +142,21 @@ impl Shared {
         Ok(())
     }
 
-    /// UNLINK, inside the write gate: for fuser and for a queue thread.
-    pub(super) fn unlink(
+    /// UNLINK (RMDIR when `dir`), inside the write gate: for fuser and
+    /// for a queue thread.
+    pub(super) fn remove(
         &self,
         c: &Ctx,
         parent: INodeNo,
         name: &OsStr,
+        dir: bool,
     ) -> crate::overlay::Result<()> {
         let path = self.child(parent, name);
-        let r = self.ov().unlink(c, parent.0, name);
-        self.done(c, EvOp::Unlink, path, None, &r);
+        let (r, op) = match dir {
+            true => (self.ov().rmdir(c, parent.0, name), EvOp::Rmdir),
+            false => (self.ov().unlink(c, parent.0, name), EvOp::Unlink),
+        };
+        self.done(c, op, path, None, &r);
         r
     }
 
@@ -164,14 +169,15 @@ impl Shared {
         self.ov().release(fh);
     }
 
-    /// mknod, mkdir, symlink and link: create the object, reply its entry.
-    fn create_entry(
+    /// mknod, mkdir, symlink and link, inside the write gate: create the
+    /// object, reply its entry (for fuser and for a queue thread).
+    pub(super) fn create_entry(
         &self,
         c: &Ctx,
         parent: INodeNo,
         name: &OsStr,
         kind: NewKind<'_>,
-        reply: ReplyEntry,
+        reply: impl EntryReply,
     ) {
         let (op, path, to) = self.creation(parent, name, &kind);
         let r = self
@@ -182,26 +188,98 @@ impl Shared {
         self.reply_entry(r, reply)
     }
 
-    /// A write through the daemon; `kill`: its caller lacks CAP_FSETID,
-    /// so setuid/setgid bits go first (`killpriv`).
-    fn write(
+    /// LINK, inside the write gate: `ino` gets the new name `newname`.
+    pub(super) fn link(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: impl EntryReply,
+    ) {
+        let source = match self.ov().inode(ino.0) {
+            Ok(src) => src,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let kind = NewKind::Link { source: &source };
+        self.create_entry(c, newparent, newname, kind, reply)
+    }
+
+    /// RENAME, inside the write gate. `walk`: the move may wait for the
+    /// walk its policy check needs (and for another move's walk); else
+    /// `None`, nothing done, when it would (`Overlay::rename_unwalked`).
+    pub(super) fn rename(
+        &self,
+        c: &Ctx,
+        (parent, name): (INodeNo, &OsStr),
+        (newparent, newname): (INodeNo, &OsStr),
+        flags: u32,
+        walk: bool,
+    ) -> Option<crate::overlay::Result<()>> {
+        let (from, to) = (self.child(parent, name), self.child(newparent, newname));
+        let args = (parent.0, name, newparent.0, newname, flags);
+        let r = if walk {
+            self.ov().rename(c, args.0, name, args.2, newname, flags)
+        } else {
+            self.ov().rename_unwalked(c, args)?
+        };
+        self.done(c, EvOp::Rename, from, to, &r);
+        Some(r)
+    }
+
+    /// SETXATTR, inside the write gate.
+    pub(super) fn setxattr(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> crate::overlay::Result<()> {
+        let path = self.path(ino.0);
+        let r = self.ov().setxattr(c, ino.0, name, value, flags);
+        let attr = Some(name.to_string_lossy().into_owned());
+        self.done(c, EvOp::Setxattr, path, attr, &r);
+        r
+    }
+
+    /// REMOVEXATTR, inside the write gate.
+    pub(super) fn removexattr(
+        &self,
+        c: &Ctx,
+        ino: INodeNo,
+        name: &OsStr,
+    ) -> crate::overlay::Result<()> {
+        let path = self.path(ino.0);
+        let r = self.ov().removexattr(c, ino.0, name);
+        let attr = Some(name.to_string_lossy().into_owned());
+        self.done(c, EvOp::Removexattr, path, attr, &r);
+        r
+    }
+
+    /// A write through the daemon, inside the write gate; `kill`: its
+    /// caller lacks CAP_FSETID, so setuid/setgid bits go first
+    /// (`killpriv`). For fuser and for a queue thread.
+    pub(super) fn write(
         &self,
         ino: INodeNo,
         kill: bool,
         fh: u64,
         offset: u64,
         data: &[u8],
-        reply: ReplyWrite,
-    ) {
+    ) -> crate::overlay::Result<u32> {
         if kill {
-            if let Err(e) = self.ov().kill_suid(ino.0, || true) {
-                return reply.error(errno(e));
-            }
+            self.ov().kill_suid(ino.0, || true)?;
         }
-        match self.ov().write(fh, offset, data) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.ov().write(fh, offset, data)
+    }
+}
+
+/// WRITE's reply through fuser.
+fn written(r: crate::overlay::Result<u32>, reply: ReplyWrite) {
+    match r {
+        Ok(n) => reply.written(n),
+        Err(e) => reply.error(errno(e)),
     }
 }
 
@@ -310,17 +388,12 @@ impl fuser::Filesystem for LayerFs {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (ctx(req, 0), name.to_owned());
-        self.gated(move |s| reply::empty(s.unlink(&c, parent, &name), reply))
+        self.gated(move |s| reply::empty(s.remove(&c, parent, &name, false), reply))
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (ctx(req, 0), name.to_owned());
-        self.gated(move |s| {
-            let path = s.child(parent, &name);
-            let r = s.ov().rmdir(&c, parent.0, &name);
-            s.done(&c, EvOp::Rmdir, path, None, &r);
-            reply::empty(r, reply)
-        })
+        self.gated(move |s| reply::empty(s.remove(&c, parent, &name, true), reply))
     }
 
     fn symlink(
@@ -353,12 +426,12 @@ impl fuser::Filesystem for LayerFs {
         let c = ctx(req, 0);
         let (name, newname) = (name.to_owned(), newname.to_owned());
         self.gated(move |s| {
-            let (from, to) = (s.child(parent, &name), s.child(newparent, &newname));
-            let r = s
-                .ov()
-                .rename(&c, parent.0, &name, newparent.0, &newname, flags.bits());
-            s.done(&c, EvOp::Rename, from, to, &r);
-            reply::empty(r, reply)
+            let (from, to) = ((parent, &*name), (newparent, &*newname));
+            match s.rename(&c, from, to, flags.bits(), true) {
+                Some(r) => reply::empty(r, reply),
+                // Never: a rename that may walk is done.
+                None => reply.error(Errno::EIO),
+            }
         })
     }
 
@@ -371,14 +444,7 @@ impl fuser::Filesystem for LayerFs {
         reply: ReplyEntry,
     ) {
         let (c, newname) = (ctx(req, 0), newname.to_owned());
-        self.gated(move |s| {
-            let source = match s.ov().inode(ino.0) {
-                Ok(src) => src,
-                Err(e) => return reply.error(errno(e)),
-            };
-            let kind = NewKind::Link { source: &source };
-            s.create_entry(&c, newparent, &newname, kind, reply)
-        })
+        self.gated(move |s| s.link(&c, ino, newparent, &newname, reply))
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -438,10 +504,10 @@ impl fuser::Filesystem for LayerFs {
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         // The data is copied only for a request parked by a pause.
         if let Some(_pass) = self.ov().gate().try_enter() {
-            return self.inner.write(ino, kill, fh.0, offset, data, reply);
+            return written(self.inner.write(ino, kill, fh.0, offset, data), reply);
         }
         let data = data.to_vec();
-        self.gated(move |s| s.write(ino, kill, fh.0, offset, &data, reply))
+        self.gated(move |s| written(s.write(ino, kill, fh.0, offset, &data), reply))
     }
 
     /// See `NO_FLUSH`.
@@ -553,16 +619,7 @@ impl fuser::Filesystem for LayerFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         match self.ov().statfs() {
-            Ok(s) => reply.statfs(
-                s.f_blocks,
-                s.f_bfree,
-                s.f_bavail,
-                s.f_files,
-                s.f_ffree,
-                s.f_bsize as u32,
-                255,
-                s.f_frsize as u32,
-            ),
+            Ok(s) => reply::statfs(&s, reply),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -578,13 +635,7 @@ impl fuser::Filesystem for LayerFs {
         reply: ReplyEmpty,
     ) {
         let (c, name, value) = (ctx(req, 0), name.to_owned(), value.to_vec());
-        self.gated(move |s| {
-            let path = s.path(ino.0);
-            let r = s.ov().setxattr(&c, ino.0, &name, &value, flags);
-            let attr = Some(name.to_string_lossy().into_owned());
-            s.done(&c, EvOp::Setxattr, path, attr, &r);
-            reply::empty(r, reply)
-        })
+        self.gated(move |s| reply::empty(s.setxattr(&c, ino, &name, &value, flags), reply))
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -603,13 +654,7 @@ impl fuser::Filesystem for LayerFs {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, name) = (ctx(req, 0), name.to_owned());
-        self.gated(move |s| {
-            let path = s.path(ino.0);
-            let r = s.ov().removexattr(&c, ino.0, &name);
-            let attr = Some(name.to_string_lossy().into_owned());
-            s.done(&c, EvOp::Removexattr, path, attr, &r);
-            reply::empty(r, reply)
-        })
+        self.gated(move |s| reply::empty(s.removexattr(&c, ino, &name), reply))
     }
 
     fn create(

@@ -64,3 +64,17 @@ pub(super) fn xattr(v: &[u8], size: u32, reply: ReplyXattr) {
         reply.data(v)
     }
 }
+
+/// STATFS through fuser (`convert::statfs_out` is the queue's encoding).
+pub(super) fn statfs(s: &libc::statvfs, reply: fuser::ReplyStatfs) {
+    reply.statfs(
+        s.f_blocks,
+        s.f_bfree,
+        s.f_bavail,
+        s.f_files,
+        s.f_ffree,
+        s.f_bsize as u32,
+        super::convert::NAME_MAX,
+        s.f_frsize as u32,
+    )
+}

@@ -7,12 +7,12 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use fuser::{Errno, INodeNo, ReplyEntry, Request};
+use fuser::{Errno, INodeNo, Request};
 
 use super::contain;
 use super::convert;
 use super::init::Negotiated;
-use super::reply::{errno, AttrReply};
+use super::reply::{errno, AttrReply, EntryReply};
 use super::{io_mode, long, record, uring};
 use crate::config::Config;
 use crate::overlay::{Ctx, Entry, Overlay};
@@ -139,7 +139,7 @@ impl Shared {
         }
     }
 
-    pub(super) fn reply_entry(&self, r: crate::overlay::Result<Entry>, reply: ReplyEntry) {
+    pub(super) fn reply_entry(&self, r: crate::overlay::Result<Entry>, reply: impl EntryReply) {
         match r {
             Ok(e) => reply.entry(
                 &self.ttl(e.lower),

@@ -188,9 +188,12 @@ impl Overlay {
         if !wants_write(flags) || flags & libc::O_TRUNC != 0 {
             return false;
         }
-        let Ok(inode) = self.inode(id) else {
-            return false;
-        };
+        self.inode(id).is_ok_and(|i| self.copy_up_long(&i))
+    }
+
+    /// Whether copying `inode` up copies at least `LONG_COPY` bytes of
+    /// data: a regular file with no upper copy yet, that large.
+    pub(super) fn copy_up_long(&self, inode: &Inode) -> bool {
         if inode.kind != libc::S_IFREG || inode.upper().is_some() {
             return false;
         }
@@ -296,8 +299,16 @@ impl Overlay {
     }
 
     pub fn read(&self, fh: u64, off: u64, size: u32) -> Result<Vec<u8>> {
-        let (_h, fd) = self.file(fh)?;
         let mut buf = vec![0u8; size as usize];
+        let n = self.read_into(fh, off, &mut buf)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// `read` into `buf` (its length the size asked): the bytes read,
+    /// fewer only at the end of the file.
+    pub fn read_into(&self, fh: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let (_h, fd) = self.file(fh)?;
         let mut done = 0;
         while done < buf.len() {
             let n = sys::pread(fd.as_ref(), &mut buf[done..], off + done as u64)?;
@@ -306,8 +317,7 @@ impl Overlay {
             }
             done += n;
         }
-        buf.truncate(done);
-        Ok(buf)
+        Ok(done)
     }
 
     pub fn write(&self, fh: u64, off: u64, data: &[u8]) -> Result<u32> {

@@ -74,6 +74,11 @@ impl MoveLock {
         self.lock.read()
     }
 
+    /// `adding`, unless a move's walk holds the lock.
+    pub fn try_adding(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        self.lock.try_read()
+    }
+
     /// Held by a move that walks what it moves.
     pub fn walking(&self) -> RwLockWriteGuard<'_, ()> {
         self.lock.write()

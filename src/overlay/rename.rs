@@ -13,6 +13,10 @@ use crate::layer::ops::is_whiteout;
 use crate::layer::sys;
 use crate::layer::walk::is_dir;
 
+/// A rename's names: the parent's id and the name, the new parent's id
+/// and the new name, and the flags (`RENAME_NOREPLACE`, `RENAME_EXCHANGE`).
+pub type Names<'a> = (u64, &'a OsStr, u64, &'a OsStr, u32);
+
 impl Overlay {
     /// rename(2) and renameat2 with `RENAME_NOREPLACE` / `RENAME_EXCHANGE`.
     ///
@@ -29,21 +33,44 @@ impl Overlay {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
+        let args = (parent_id, name, newparent_id, newname, flags);
         {
             let _adding = self.moves.adding();
-            let args = (parent_id, name, newparent_id, newname, flags);
             if self.rename_locked(ctx, args, false)? == MoveCheck::Allowed {
                 return Ok(());
             }
         }
         let _walking = self.moves.walking();
-        let args = (parent_id, name, newparent_id, newname, flags);
         match self.rename_locked(ctx, args, true)? {
             MoveCheck::Allowed => Ok(()),
             MoveCheck::Walk => {
                 tracing::error!("rename: a walk was asked for under the exclusive move lock");
                 err(libc::EIO)
             }
+        }
+    }
+
+    /// `rename` where it need not wait long: `None`, nothing changed,
+    /// when another move's walk holds the move lock, when the policy
+    /// check must walk what moves, or when the source is a lower file
+    /// whose copy-up would be long (`open_copies_long`).
+    pub fn rename_unwalked(&self, ctx: &Ctx, args: Names<'_>) -> Option<Result<()>> {
+        let (parent_id, name, ..) = args;
+        let src = self.inode(parent_id).and_then(|p| {
+            if p.is_dir() {
+                self.child(&p, name)
+            } else {
+                err(libc::ENOTDIR)
+            }
+        });
+        if src.is_ok_and(|src| self.copy_up_long(&src)) {
+            return None;
+        }
+        let _adding = self.moves.try_adding()?;
+        match self.rename_locked(ctx, args, false) {
+            Ok(MoveCheck::Allowed) => Some(Ok(())),
+            Ok(MoveCheck::Walk) => None,
+            Err(e) => Some(Err(e)),
         }
     }
 
@@ -59,7 +86,7 @@ impl Overlay {
     fn rename_locked(
         &self,
         ctx: &Ctx,
-        (parent_id, name, newparent_id, newname, flags): (u64, &OsStr, u64, &OsStr, u32),
+        (parent_id, name, newparent_id, newname, flags): Names<'_>,
         walking: bool,
     ) -> Result<MoveCheck> {
         let Some(m) = self.rename_targets(parent_id, name, newparent_id, newname, flags)? else {

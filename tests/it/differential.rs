@@ -949,7 +949,7 @@ fn view_entry(
 }
 
 /// All xattrs of `p` (not following a symlink), values as lossy text.
-fn xattrs(p: &Path) -> Result<BTreeMap<String, String>, String> {
+pub(crate) fn xattrs(p: &Path) -> Result<BTreeMap<String, String>, String> {
     let c = cpath(p);
     let mut buf = vec![0u8; 4096];
     // SAFETY: buf is writable for buf.len() bytes.

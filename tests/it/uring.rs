@@ -602,9 +602,89 @@ def umasked(p):
 rec("create under umask 027", lambda: umasked("umasked"))
 rec("create existing O_EXCL", lambda: umasked("umasked"))
 rec("create ro/new", lambda: write("ro/new", os.O_CREAT, "no"))
+import ctypes, hashlib
+libc = ctypes.CDLL(None, use_errno=True)
+def renameat2(a, b, flags):
+    if libc.renameat2(-100, a.encode(), -100, b.encode(), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+def tree(p):
+    return sorted((os.path.relpath(os.path.join(r, n), p), oct(os.lstat(os.path.join(r, n)).st_mode))
+                  for r, ds, fs in os.walk(p) for n in ds + fs)
+rec("read big", lambda: hashlib.sha256(open("big", "rb").read()).hexdigest())
+rec("read big from 100000", lambda: (lambda f: (f.seek(100000), len(f.read(70000)))[1])(open("big", "rb")))
+rec("rename lower file", lambda: (os.rename("m/one", "m/one-moved"), read("m/one-moved"), sorted(os.listdir("m")))[1:])
+rec("rename over lower file", lambda: (write("m/fresh", os.O_CREAT, "fresh\n"), os.rename("m/fresh", "m/two"), read("m/two"), sorted(os.listdir("m")))[2:])
+rec("rename lower dir", lambda: (os.rename("ldir", "ldir-moved"), tree("ldir-moved"), os.path.exists("ldir"))[1:])
+rec("rename onto a whiteout", lambda: (os.unlink("m/three"), os.rename("m/two", "m/three"), read("m/three"), sorted(os.listdir("m")))[2:])
+rec("rename noreplace", lambda: renameat2("m/one-moved", "m/three", 1))
+rec("rename exchange", lambda: (renameat2("m/one-moved", "m/three", 2), read("m/one-moved"), read("m/three"))[1:])
+rec("rename ro/x", lambda: os.rename("ro/x", "x-out"))
+rec("rename into ro", lambda: os.rename("m/three", "ro/in"))
+rec("rename d/.env", lambda: os.rename("d/.env", "env-out"))
+rec("rename onto d/.env", lambda: os.rename("m/three", "d/.env"))
+rec("rename dir over non-empty", lambda: os.rename("ldir-moved", "d"))
+rec("mkdir over a whiteout", lambda: (os.unlink("m/four"), os.mkdir("m/four", 0o750), os.listdir("m/four"), stt("m/four")[1])[2:])
+rec("mkdir existing", lambda: os.mkdir("m"))
+rec("mkdir ro/new", lambda: os.mkdir("ro/new"))
+rec("mkdir d/.env", lambda: os.mkdir("d/.env"))
+rec("rmdir lower empty", lambda: (os.rmdir("emptyd"), os.path.exists("emptyd"))[1])
+rec("rmdir non-empty", lambda: os.rmdir("ldir-moved"))
+rec("rmdir ro", lambda: os.rmdir("ro"))
+rec("list merged", lambda: (write("d/upper-new", os.O_CREAT, "u"), sorted(os.listdir("d")))[1])
+rec("scandir merged", lambda: sorted((e.name, e.is_dir(), e.stat().st_size) for e in os.scandir("d")))
+rec("walk merged", lambda: tree("."))
+rec("setxattr lower", lambda: (os.setxattr("m/five", "user.k", b"v1"), os.getxattr("m/five", "user.k"))[1].decode())
+rec("listxattr", lambda: sorted(os.listxattr("m/five")))
+rec("removexattr", lambda: (os.removexattr("m/five", "user.k"), os.listxattr("m/five"))[1])
+rec("removexattr absent", lambda: os.removexattr("m/five", "user.k"))
+rec("removexattr lower absent", lambda: os.removexattr("m/six", "user.k"))
+rec("setxattr ro/x", lambda: os.setxattr("ro/x", "user.k", b"v"))
+rec("setxattr d/.env", lambda: os.setxattr("d/.env", "user.k", b"v"))
+rec("listxattr ro/x", lambda: os.listxattr("ro/x"))
+rec("symlink", lambda: (os.symlink("m/three", "sl"), os.readlink("sl"), read("sl"))[1:])
+rec("symlink in ro", lambda: os.symlink("x", "ro/sl"))
+rec("symlink d/.env", lambda: os.symlink("x", "d/.env"))
+rec("link lower", lambda: (os.link("m/six", "six-link"), os.lstat("six-link").st_nlink, read("six-link"))[1:])
+rec("link ro/x", lambda: os.link("ro/x", "x-link"))
+rec("link into ro", lambda: os.link("m/three", "ro/link"))
+rec("mkfifo", lambda: (os.mkfifo("fifo", 0o600), oct(os.lstat("fifo").st_mode))[1])
+rec("statfs", lambda: os.statvfs(".").f_namemax)
+rec("lseek SEEK_DATA", lambda: (lambda fd: (os.lseek(fd, 10, os.SEEK_DATA), os.close(fd))[0])(os.open("big", os.O_RDONLY)))
+rec("write and read back", lambda: write("m/three", os.O_APPEND, "appended\n"))
 for l in out:
     print(json.dumps(l))
 "#;
+
+/// Every name under `upper` with its kind, size and the names and values
+/// of its xattrs, sorted.
+fn upper_tree(upper: &Path) -> Vec<String> {
+    let mut rows = Vec::new();
+    let mut todo = vec![upper.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let md = fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(upper).unwrap().display().to_string();
+            // An origin names the lower file's inode and times, which
+            // differ between workspaces: kept by name only.
+            let mut xattrs = crate::differential::xattrs(&p).unwrap();
+            for (name, v) in xattrs.iter_mut() {
+                if name.ends_with(".origin") {
+                    *v = "..".into();
+                }
+            }
+            let size = if md.is_file() { md.len() } else { 0 };
+            let kind = format!("{:o}", md.mode() & libc::S_IFMT);
+            rows.push(format!("{rel} {kind} {size} {xattrs:?}"));
+            if md.is_dir() {
+                todo.push(p);
+            }
+        }
+    }
+    rows.sort();
+    rows
+}
 
 /// A workspace for `OPENS`, its policy, and the script's path.
 fn opens_workspace() -> (Workspace, String) {
@@ -620,8 +700,19 @@ fn opens_workspace() -> (Workspace, String) {
             ("d/.env", "secret\n"),
             ("d/visible", "v\n"),
             ("d/nested/deep", "deep\n"),
+            ("m/one", "one\n"),
+            ("m/two", "two\n"),
+            ("m/three", "three\n"),
+            ("m/four", "four\n"),
+            ("m/five", "five\n"),
+            ("m/six", "six\n"),
+            ("ldir/inner", "inner\n"),
+            ("ldir/sub/deeper", "deeper\n"),
         ],
     );
+    fs::create_dir_all(ws.lower().join("emptyd")).unwrap();
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    fs::write(ws.lower().join("big"), big).unwrap();
     let p = policy_file(&ws, "readonly ro/**\nhide **/.env\n");
     (ws, p.to_str().unwrap().to_string())
 }
@@ -672,8 +763,32 @@ fn the_queue_threads_answer_their_requests_as_fuser_does() {
                 - before["counters"]["by_op"][op].as_u64().unwrap_or(0)
         };
         let quick = [
-            "lookup", "open", "create", "setattr", "unlink", "release", "flush", "ioctl",
-            "getattr", "getxattr",
+            "lookup",
+            "open",
+            "create",
+            "setattr",
+            "unlink",
+            "release",
+            "flush",
+            "ioctl",
+            "getattr",
+            "getxattr",
+            "read",
+            "write",
+            "rename",
+            "setxattr",
+            "removexattr",
+            "listxattr",
+            "mkdir",
+            "mknod",
+            "symlink",
+            "link",
+            "rmdir",
+            "readlink",
+            "statfs",
+            "lseek",
+            "readdir",
+            "readdirplus",
         ];
         let quick: u64 = quick.iter().map(|op| by_op(op)).sum();
         let counters = ["copy_ups", "denials"].map(|c| after["counters"][c].clone());
@@ -681,6 +796,9 @@ fn the_queue_threads_answer_their_requests_as_fuser_does() {
             .iter()
             .map(|p| fs::read_to_string(ws.upper.join(p)).unwrap_or_default())
             .collect();
+        // Every name of the upper (whiteouts, redirects and copies
+        // included) with its kind and its layerfs xattrs.
+        let upper_tree = upper_tree(&ws.upper);
         assert!(m.unmount(), "{}", ws.daemon_log());
         let journal = journal(&ws);
         (
@@ -689,11 +807,11 @@ fn the_queue_threads_answer_their_requests_as_fuser_does() {
             by_op("open"),
             quick,
             counters,
-            upper,
+            (upper, upper_tree),
             journal,
         )
     };
-    let (out, answered, opens, quick, counters, upper, journal) = run(&[]);
+    let (out, answered, opens, quick, counters, (upper, upper_tree), journal) = run(&[]);
     let line = |label: &str| -> Value {
         out.lines()
             .map(|l| serde_json::from_str::<Value>(l).unwrap())
@@ -753,7 +871,7 @@ fn the_queue_threads_answer_their_requests_as_fuser_does() {
         "answered by the queue threads: {answered} of {quick}"
     );
 
-    let (slow, none, _, _, slow_counters, slow_upper, slow_journal) =
+    let (slow, none, _, _, slow_counters, (slow_upper, slow_tree), slow_journal) =
         run(&[("LAYERFS_URING_NO_FAST", "1")]);
     assert_eq!(none, 0);
     for (a, b) in out.lines().zip(slow.lines()) {
@@ -761,6 +879,7 @@ fn the_queue_threads_answer_their_requests_as_fuser_does() {
     }
     assert_eq!(out.lines().count(), slow.lines().count());
     assert_eq!(upper, slow_upper);
+    assert_eq!(upper_tree, slow_tree, "the upper's names, kinds and xattrs");
     assert_eq!(counters, slow_counters, "copy-ups and denials");
     assert_eq!(journal, slow_journal);
     assert!(

@@ -82,20 +82,39 @@ pub trait Fast: Send + Sync {
     ) -> Option<Result<usize, i32>>;
 }
 
-/// Room for a reply `Fast` writes: an xattr value is at most 64 KiB.
+/// Room for a reply `Fast` writes: an xattr value is at most 64 KiB (a
+/// queue's room is the larger of this and its payload buffer, which
+/// holds the largest READ).
 pub const SCRATCH: usize = 64 * 1024 + 64;
 
 /// The requests `Fast` may answer (`include/uapi/linux/fuse.h`).
 pub const FUSE_LOOKUP: u32 = 1;
 pub const FUSE_GETATTR: u32 = 3;
 pub const FUSE_SETATTR: u32 = 4;
+pub const FUSE_READLINK: u32 = 5;
+pub const FUSE_SYMLINK: u32 = 6;
+pub const FUSE_MKNOD: u32 = 8;
+pub const FUSE_MKDIR: u32 = 9;
 pub const FUSE_UNLINK: u32 = 10;
+pub const FUSE_RMDIR: u32 = 11;
+pub const FUSE_RENAME: u32 = 12;
+pub const FUSE_LINK: u32 = 13;
 pub const FUSE_OPEN: u32 = 14;
+pub const FUSE_READ: u32 = 15;
+pub const FUSE_WRITE: u32 = 16;
+pub const FUSE_STATFS: u32 = 17;
 pub const FUSE_RELEASE: u32 = 18;
+pub const FUSE_SETXATTR: u32 = 21;
 pub const FUSE_GETXATTR: u32 = 22;
+pub const FUSE_LISTXATTR: u32 = 23;
+pub const FUSE_REMOVEXATTR: u32 = 24;
 pub const FUSE_FLUSH: u32 = 25;
+pub const FUSE_READDIR: u32 = 28;
 pub const FUSE_CREATE: u32 = 35;
 pub const FUSE_IOCTL: u32 = 39;
+pub const FUSE_READDIRPLUS: u32 = 44;
+pub const FUSE_RENAME2: u32 = 45;
+pub const FUSE_LSEEK: u32 = 46;
 
 /// What a request served through a queue needs: the connection's fd, for
 /// backing ids.

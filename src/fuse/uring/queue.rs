@@ -99,6 +99,7 @@ impl Queue {
         let qid = self.qid;
         let entries = (0..self.depth).map(|_| Entry::new(self.payload)).collect();
         let reply = vec![0u8; self.payload + 4096];
+        let scratch = vec![0u8; SCRATCH.max(self.payload)];
         let mut run = Run {
             live: self.depth,
             q: self,
@@ -106,7 +107,7 @@ impl Queue {
             reply,
             inflight: HashMap::new(),
             threads_gone: false,
-            scratch: vec![0u8; SCRATCH],
+            scratch,
         };
         // Declared after `run`, so dropped before it: the buffers the
         // kernel may still write (a pending receive) outlive the ring.
@@ -409,6 +410,13 @@ impl Run {
             Err(errno) => return self.fail(ring, i, commit_id, unique, errno),
         };
         let e = &mut self.entries[i];
+        if n > e.payload.len() {
+            tracing::error!(
+                "queue {}: a {n}-byte answer does not fit the ring's buffer",
+                self.q.qid
+            );
+            return self.fail(ring, i, commit_id, unique, libc::EIO);
+        }
         let out = OutHeader {
             len: (abi::OUT_HEADER_LEN + n) as u32,
             error: 0,
