@@ -240,14 +240,17 @@ pub struct ForkCmd {
 
 impl ForkCmd {
     pub fn run(self) -> Outcome {
-        let cfg = self.prepare().or_fail("fork")?;
-        crate::daemon::start(cfg).or_fail("fork").map(|()| EXIT_OK)
+        let (cfg, staged) = self.prepare().or_fail("fork")?;
+        crate::daemon::start_placing(cfg, Some(staged))
+            .or_fail("fork")
+            .map(|()| EXIT_OK)
     }
 
-    /// Writes the fork's stack and validates its mount.
-    fn prepare(&self) -> Result<crate::config::Config, Failed> {
+    /// Stages the fork's stack (its daemon places it) and validates its
+    /// mount, with the stack's layers.
+    fn prepare(&self) -> Result<(crate::config::Config, checkpoint::StagedFork), Failed> {
         let ws = Workspace::resolve(&self.workspace)?;
-        let (upper, lowers, _) = checkpoint::fork_at(&ws, &self.name, &self.upper)?;
+        let (upper, lowers, staged) = checkpoint::fork_at_staged(&ws, &self.name, &self.upper)?;
         let args = crate::config::MountArgs {
             lowers,
             upper: Some(upper),
@@ -260,7 +263,10 @@ impl ForkCmd {
             scratch: ws.scratch.clone(),
             ..Default::default()
         };
-        Ok(crate::config::validate(args)?)
+        let mut cfg = crate::config::validate(args)?;
+        // The stack is not in place yet: its layers are served all the same.
+        cfg.layers = staged.layers().to_vec();
+        Ok((cfg, staged))
     }
 }
 

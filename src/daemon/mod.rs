@@ -85,6 +85,9 @@ pub enum DaemonError {
     },
     #[error("starting the service thread: {0}")]
     ServiceThread(#[source] std::io::Error),
+    /// The fork's stack could not be made durable and put in place.
+    #[error(transparent)]
+    Placing(crate::state::frozen::StackError),
     #[error("serving {} failed: {source}", mountpoint.display())]
     Serve {
         mountpoint: PathBuf,
@@ -98,13 +101,25 @@ pub enum DaemonError {
 /// caller to print with its own prefix (`layerfs mount: `,
 /// `mount.fuse.layerfs: `): the one exit path of `cli::exit`.
 pub fn start(cfg: Config) -> Result<(), DaemonError> {
+    start_placing(cfg, None)
+}
+
+/// `start` of a fork whose stack is staged (`checkpoint::stage_fork`):
+/// the daemon places it while it starts, so the wait for the disk that
+/// makes the fork durable runs beside the daemon's own start-up; the
+/// mount is described (whose state dir fsync makes the stack's rename
+/// durable) and appears only once it is placed.
+pub fn start_placing(
+    cfg: Config,
+    staged: Option<crate::state::checkpoint::StagedFork>,
+) -> Result<(), DaemonError> {
     let log = open_log(&cfg)?;
     if cfg.foreground {
         if let Some(f) = &log {
             redirect_fd(f.as_raw_fd(), libc::STDERR_FILENO);
         }
         let notify = SdNotify::from_env();
-        serve(&cfg, &notify, || {}).inspect_err(|e| {
+        serve(&cfg, &notify, staged, || {}).inspect_err(|e| {
             forget_created_work(&cfg);
             if log.is_some() {
                 // The log file's own record; the caller prints it too.
@@ -118,7 +133,7 @@ pub fn start(cfg: Config) -> Result<(), DaemonError> {
         exclusive::claim_noting(&cfg, &mut |m| eprintln!("layerfs: {m}")).inspect_err(|_| {
             forget_created_work(&cfg);
         })?;
-        background(cfg, log)
+        background(cfg, log, staged)
     }
 }
 
@@ -151,7 +166,11 @@ fn redirect_fd(from: i32, to: i32) {
 
 /// Forks; the child detaches and serves, the parent waits on a pipe for
 /// "ok" (mount live) or the error text.
-fn background(cfg: Config, log: Option<File>) -> Result<(), DaemonError> {
+fn background(
+    cfg: Config,
+    log: Option<File>,
+    staged: Option<crate::state::checkpoint::StagedFork>,
+) -> Result<(), DaemonError> {
     let (mut reader, writer) = std::io::pipe().map_err(DaemonError::Pipe)?;
     // Nothing has spawned a thread before `start` (checked by the fork).
     match crate::sys::fork_single_threaded() {
@@ -185,7 +204,7 @@ fn background(cfg: Config, log: Option<File>) -> Result<(), DaemonError> {
             drop(log);
             let mut writer = Some(writer);
             let notify = SdNotify::from_env();
-            let res = serve(&cfg, &notify, || {
+            let res = serve(&cfg, &notify, staged, || {
                 if let Some(mut w) = writer.take() {
                     let _ = w.write_all(b"ok\n");
                 }
@@ -319,8 +338,17 @@ fn start_uring(
 /// dir, control socket, layers, description, mount, queues, ready, serve,
 /// clean up) and each step's comment says why it comes where it does;
 /// the steps themselves are calls into their modules.
-fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(), DaemonError> {
+fn serve(
+    cfg: &Config,
+    notify: &SdNotify,
+    staged: Option<crate::state::checkpoint::StagedFork>,
+    on_ready: impl FnOnce(),
+) -> Result<(), DaemonError> {
     signals::block().map_err(DaemonError::Signals)?;
+    // A fork's stack is made durable and put in place beside the start-up
+    // (its fsyncs wait for the disk, the steps below for the CPU), and
+    // waited for before the mount is described.
+    let placing = staged.map(|f| std::thread::spawn(move || f.place()));
     // Before the layers are opened: opening clears the work dir.
     let _claim = exclusive::claim(cfg)?;
     // The state dir, checked again and held open: the control socket,
@@ -348,8 +376,18 @@ fn serve(cfg: &Config, notify: &SdNotify, on_ready: impl FnOnce()) -> Result<(),
         handle.set_journal(j.clone());
         j
     });
+    if let Some(p) = placing {
+        p.join()
+            .unwrap_or_else(|_| {
+                Err(crate::state::frozen::StackError::Refused(
+                    "placing the fork's stack panicked".into(),
+                ))
+            })
+            .map_err(DaemonError::Placing)?;
+    }
     // Described and registered before the mount appears, so a state
-    // command run as soon as the mountpoint is live finds both.
+    // command run as soon as the mountpoint is live finds both; its
+    // state dir fsync also makes a fork's stack rename durable.
     let _described = Described::new(cfg, &state_dir);
     let pid_file = match PidFile::create(&cfg.mountpoint, &cfg.state) {
         Ok(p) => Some(p),

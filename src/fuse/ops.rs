@@ -544,9 +544,7 @@ impl fuser::Filesystem for LayerFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.inner
-            .rec
-            .writes(self.ov(), fh.0, Some(&ctx(req, 0)), false);
+        self.inner.rec.fsynced(self.ov(), fh.0, &ctx(req, 0));
         match self.ov().fsync(fh.0, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),

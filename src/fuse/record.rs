@@ -3,10 +3,11 @@
 //! the request knows (op, path, result, and the caller: the pid, uid and
 //! gid of the request header, and the command name the process gave
 //! itself) and hands events to the sink. Writes are coalesced per open
-//! file: one event at fsync and at close, with the bytes the daemon wrote
-//! (passthrough writes bypass the daemon: their event has no byte count
-//! and is recorded when the file changed). Counters for `status` are
-//! kept whether or not a journal is on.
+//! file: one event at close, and at fsync at most once per
+//! `FSYNC_ROW_EVERY`, with the bytes the daemon wrote (passthrough writes
+//! bypass the daemon: their event has no byte count and is recorded when
+//! the file changed). Counters for `status` are kept whether or not a
+//! journal is on.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +22,12 @@ use crate::overlay::{Ctx, Overlay};
 
 /// How long a pid's command name is trusted (pids are reused).
 const COMM_TTL: Duration = Duration::from_secs(2);
+/// At most one write event per open file in this time at fsync: a
+/// database commits (writes and fsyncs) hundreds of times a second, and
+/// a row per commit would make the journal write as often as the
+/// program. Writes an fsync leaves unrecorded are recorded by the next
+/// fsync after this time, or at close.
+const FSYNC_ROW_EVERY: Duration = Duration::from_secs(1);
 const SHARDS: usize = 16;
 
 /// An open file whose writes are recorded at fsync and close.
@@ -32,6 +39,8 @@ struct Track {
     passthrough: bool,
     /// (mtime s, mtime ns, size) last seen, for passthrough handles.
     seen: Option<(i64, i64, u64)>,
+    /// When an fsync last looked for writes to record (`fsynced`).
+    fsynced: Option<Instant>,
 }
 
 /// Seconds of request counts kept for the rate.
@@ -334,6 +343,7 @@ impl Recorder {
             who: self.caller(c),
             passthrough,
             seen,
+            fsynced: None,
         };
         self.tracks[fh as usize % SHARDS].lock().insert(fh, t);
     }
@@ -373,6 +383,27 @@ impl Recorder {
         }
     }
 
+    /// An fsync of `fh` by `by`: records its writes since the last
+    /// record, unless an fsync of it did so less than `FSYNC_ROW_EVERY`
+    /// ago (they are then recorded by a later fsync or at close).
+    pub fn fsynced(&self, ov: &Overlay, fh: u64, by: &Ctx) {
+        if !self.on() {
+            return;
+        }
+        let now = Instant::now();
+        {
+            let mut shard = self.tracks[fh as usize % SHARDS].lock();
+            let Some(t) = shard.get_mut(&fh) else { return };
+            if t.fsynced
+                .is_some_and(|at| now.duration_since(at) < FSYNC_ROW_EVERY)
+            {
+                return;
+            }
+            t.fsynced = Some(now);
+        }
+        self.writes(ov, fh, Some(by), false);
+    }
+
     /// Records the writes made through `fh` since the last record (at
     /// fsync, and at close with `closing`), attributed to `by` (the
     /// fsync's or release's caller) when the kernel names a process
@@ -391,6 +422,7 @@ impl Recorder {
                 who: t.who.clone(),
                 passthrough: t.passthrough,
                 seen: t.seen,
+                fsynced: t.fsynced,
             })
         };
         drop(shard);

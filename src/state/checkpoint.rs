@@ -703,12 +703,51 @@ pub fn list(ws: &Workspace) -> Result<Vec<Record>, StackError> {
 /// (on a journaling filesystem that commits the holds' links with it,
 /// so their directories' fsyncs right after find nothing left to write),
 /// and the rename is made durable by the mount that follows
-/// (`frozen::write_new`).
-pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathBuf>, StackError> {
+/// (`frozen::stage_new`). `stage_fork` and `StagedFork::place` are the
+/// same steps split at that wait, so the mount's daemon can wait for the
+/// disk while it starts (`fork_at_staged`).
+pub fn fork(ws: &Workspace, name: &str, new_state: SafeDir) -> Result<Vec<PathBuf>, StackError> {
+    let (staged, lowers) = stage_fork(ws, name, new_state)?;
+    staged.place()?;
+    Ok(lowers)
+}
+
+/// A fork whose holds are linked and whose stack is staged beside its
+/// place, neither yet durable (`stage_fork`). Until `place` has run the
+/// new workspace is no fork: it has no stack, and its holds are stale.
+pub struct StagedFork {
+    state: SafeDir,
+    holds: Vec<SafeDir>,
+    layers: Vec<PathBuf>,
+}
+
+impl StagedFork {
+    /// The frozen layers the fork stacks on, topmost first.
+    pub fn layers(&self) -> &[PathBuf] {
+        &self.layers
+    }
+
+    /// The stack's content synced, then the holds' directories, then the
+    /// stack renamed into place: the fork exists from here.
+    pub fn place(self) -> Result<(), StackError> {
+        let holds = self.holds;
+        frozen::place_new(&self.state, || holds.iter().try_for_each(SafeDir::sync))?;
+        crate::failpoint::crash("fork", "stack");
+        Ok(())
+    }
+}
+
+/// `fork` up to its wait for the disk: the holds linked, the stack staged
+/// (`frozen::stage_new`). Returns the staged fork and the shared lowers.
+pub fn stage_fork(
+    ws: &Workspace,
+    name: &str,
+    new_state: SafeDir,
+) -> Result<(StagedFork, Vec<PathBuf>), StackError> {
     crate::failpoint::init();
     let Layers { store, stack } = open(&ws.dir, None, false)?;
     let record = store.checkpoint(name)?;
-    if frozen::read(new_state)?.is_some() {
+    if frozen::read(&new_state)?.is_some() {
         return Err(StackError::Refused(format!(
             "{} belongs to a workspace that stacks on layers already; give a new --upper",
             new_state.path().display()
@@ -723,21 +762,25 @@ pub fn fork(ws: &Workspace, name: &str, new_state: &SafeDir) -> Result<Vec<PathB
                 store.path().display()
             )));
         }
-        holds.extend(store.hold_unsynced(l, new_state)?);
+        holds.extend(store.hold_unsynced(l, &new_state)?);
     }
     crate::failpoint::crash("fork", "holds");
-    frozen::write_new(
-        new_state,
-        &Stack {
-            store: stack.store.clone(),
-            layers,
-            pending_undo: None,
-            repeats: 0,
+    let new = Stack {
+        store: stack.store.clone(),
+        layers,
+        pending_undo: None,
+        repeats: 0,
+    };
+    frozen::stage_new(&new_state, &new)?;
+    let paths = new.effective().iter().map(|n| new.store.join(n)).collect();
+    Ok((
+        StagedFork {
+            state: new_state,
+            holds,
+            layers: paths,
         },
-        || holds.iter().try_for_each(SafeDir::sync),
-    )?;
-    crate::failpoint::crash("fork", "stack");
-    Ok(record.lowers)
+        record.lowers,
+    ))
 }
 
 /// A new workspace at `upper` (missing or empty; created) forked from
@@ -749,6 +792,19 @@ pub fn fork_at(
     name: &str,
     upper: &Path,
 ) -> Result<(PathBuf, Vec<PathBuf>, Vec<PathBuf>), StackError> {
+    let (upper, lowers, staged) = fork_at_staged(ws, name, upper)?;
+    let layers = staged.layers().to_vec();
+    staged.place()?;
+    Ok((upper, lowers, layers))
+}
+
+/// `fork_at` with the fork staged, not placed (`stage_fork`): for the
+/// `fork` command, whose daemon places it while it starts.
+pub fn fork_at_staged(
+    ws: &Workspace,
+    name: &str,
+    upper: &Path,
+) -> Result<(PathBuf, Vec<PathBuf>, StagedFork), StackError> {
     let empty = std::fs::create_dir_all(upper)
         .and_then(|()| {
             let mut entries = std::fs::read_dir(upper)?;
@@ -762,9 +818,8 @@ pub fn fork_at(
     }
     let upper = std::fs::canonicalize(upper).map_err(io_ctx(upper.display()))?;
     let state = super::workspace::create_state_dir(&super::workspace::default_state_dir(&upper))?;
-    let lowers = fork(ws, name, &state)?;
-    let layers = frozen::frozen_paths(&state)?;
-    Ok((upper, lowers, layers))
+    let (staged, lowers) = stage_fork(ws, name, state)?;
+    Ok((upper, lowers, staged))
 }
 
 #[cfg(test)]

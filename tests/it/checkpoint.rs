@@ -521,12 +521,7 @@ fn undo_returns_the_upper_to_the_checkpoint_exactly_and_steps_back() {
 
 /// `layerfs ARGS` with a crash armed at `op`'s `step`: it must die there.
 pub(crate) fn crash_at(op: &str, step: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) {
-    let out = Command::new(bin())
-        .args(args.iter().map(|a| a.as_ref()))
-        .env("LAYERFS_FAILPOINT", format!("abort:{op}:{step}"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = armed(op, step, args);
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(
         out.status.signal(),
@@ -534,6 +529,16 @@ pub(crate) fn crash_at(op: &str, step: &str, args: &[&dyn AsRef<std::ffi::OsStr>
         "{op} did not stop at {step}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `layerfs ARGS` run with a crash armed at `op`'s `step`.
+fn armed(op: &str, step: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> std::process::Output {
+    Command::new(bin())
+        .args(args.iter().map(|a| a.as_ref()))
+        .env("LAYERFS_FAILPOINT", format!("abort:{op}:{step}"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
 
 /// A shared tree and a workspace with changes of every kind.
@@ -581,11 +586,21 @@ fn a_crash_at_any_step_of_a_fork_leaves_no_fork_or_a_whole_one_its_base_held() {
         let (upper, mnt) = (base.join("upper"), base.join("mnt"));
         fs::create_dir_all(&mnt).unwrap();
         let guard = Fork(mnt.clone());
-        crash_at(
-            "fork",
-            step,
-            &[&"fork", &ws.upper, &"c", &"--upper", &upper, &mnt],
-        );
+        let args: [&dyn AsRef<std::ffi::OsStr>; 6] =
+            [&"fork", &ws.upper, &"c", &"--upper", &upper, &mnt];
+        if step == "holds" {
+            crash_at("fork", step, &args);
+        } else {
+            // The new daemon places the stack while it starts: the process
+            // that dies there is the daemon, and the command says so.
+            let out = armed("fork", step, &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "fork went on past {step}: {err}");
+            assert!(
+                err.contains("the daemon exited before the mount was live"),
+                "fork did not stop at {step}: {err}"
+            );
+        }
         assert!(!is_mounted(&mnt), "crash at {step}: mounted");
         let stack = base.join(".upper.layerfs-state/layers.json");
         let e = refused(&[&"checkpoint", &"rm", &ws.upper, &"c"]);

@@ -865,10 +865,20 @@ fn a_daemon_started_under_another_file_name_is_found_from_its_mountpoint() {
     fs::write(ws.lower().join("f"), "f\n").unwrap();
     let renamed = ws.dir.path().join("agentfs-copy");
     fs::copy(bin(), &renamed).unwrap();
-    let out = Command::new(&renamed)
-        .args(mount_args(&ws, &[]))
-        .output()
-        .unwrap();
+    // Another test's fork can hold the copy's descriptor for a moment
+    // (between its fork and exec): running the copy is then ETXTBSY.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let out = loop {
+        match Command::new(&renamed).args(mount_args(&ws, &[])).output() {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ETXTBSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r.unwrap(),
+        }
+    };
     let canon = fs::canonicalize(&ws.mnt).unwrap();
     let m = BgMount {
         mnt: ws.mnt.clone(),

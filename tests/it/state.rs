@@ -753,6 +753,39 @@ fn passthrough_writes_are_recorded_at_close() {
     drop(m);
 }
 
+/// A database commits (writes and fsyncs) many times a second: the
+/// journal records a write row at an fsync at most once a second per
+/// open file, and what the skipped fsyncs covered at the next record
+/// (here, the close).
+#[test]
+fn a_file_fsynced_many_times_a_second_gets_a_write_row_a_second() {
+    let ws = Workspace::new();
+    let m = ws.mount();
+    let mut f = fs::File::create(m.p("app.db")).unwrap();
+    let started = std::time::Instant::now();
+    for _ in 0..50 {
+        f.write_all(&[b'x'; 512]).unwrap();
+        f.sync_data().unwrap();
+    }
+    let secs = started.elapsed().as_secs() as usize;
+    drop(f);
+    let writes = |r: &[Value]| {
+        r.iter()
+            .filter(|x| x["op"] == json!("write") && x["path"] == json!("app.db"))
+            .count()
+    };
+    // The first fsync's row, then the close's.
+    poll_log(m.path(), |r| writes(r) >= 2);
+    // (Time for any later row to be written too.)
+    std::thread::sleep(Duration::from_millis(300));
+    let rows = log_rows(m.path(), &["--path", "app.db"]);
+    let n = writes(&rows);
+    assert!(
+        (2..=secs + 3).contains(&n),
+        "{n} write rows for 50 fsyncs in {secs} s: {rows:#?}"
+    );
+}
+
 #[test]
 fn status_reports_usage_counters_and_journal_health() {
     let ws = Workspace::new();

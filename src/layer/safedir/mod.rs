@@ -513,12 +513,29 @@ impl SafeDir {
         bytes: &[u8],
         before_rename: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<()> {
+        self.stage_file(name, bytes)?;
+        self.place_staged(name, before_rename)
+    }
+
+    /// The first half of `replace_file_then_sync_later`: the new content
+    /// in its temporary file (`.NAME.tmp`), not yet synced; `name` is
+    /// untouched. `place_staged` finishes it, maybe in another thread.
+    pub fn stage_file(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
         use std::io::Write;
         let tmp = format!(".{name}.tmp");
         let mut f = self.open_file(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
+        f.write_all(bytes)
+    }
+
+    /// The second half: the staged content made durable, `before_rename`
+    /// run, and the file renamed over `name`.
+    pub fn place_staged(
+        &self,
+        name: &str,
+        before_rename: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
+        let tmp = format!(".{name}.tmp");
+        self.open_file(&tmp, libc::O_RDONLY, 0)?.sync_all()?;
         before_rename()?;
         self.rename(&tmp, name, 0)
     }

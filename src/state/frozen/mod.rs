@@ -210,36 +210,30 @@ pub fn read(state: &SafeDir) -> Result<Option<Stack>, StackError> {
 
 /// Writes the stack atomically (see the module comment).
 pub fn write(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
-    let mut text = serde_json::to_string_pretty(&stack.to_json()).unwrap_or_default();
-    text.push('\n');
-    state
-        .replace_file(STACK_FILE, text.as_bytes())
-        .map_err(io_ctx(format!(
-            "cannot write {}",
-            state.shown(STACK_FILE).display()
-        )))
+    write_with(state, stack, SafeDir::replace_file)
 }
 
-/// Writes a new workspace's stack (a fork's): its content is durable,
-/// then `before_rename` makes durable what must be first (the holds on
-/// its layers), then it is renamed into place. The state dir's fsync that
-/// makes the rename durable is left to the mount that follows, whose
+/// Stages a new workspace's stack (a fork's) beside its place, not yet
+/// synced (`SafeDir::stage_file`): the workspace has no stack until
+/// `place_new`, which makes the content durable, then runs
+/// `before_rename` to make durable what must be first (the holds on its
+/// layers), then renames it into place. The state dir's fsync that makes
+/// the rename durable is left to the mount that follows, whose
 /// `workspace.json` write (`daemon::describe`) fsyncs the same directory
 /// before the mount appears; a power loss before that loses the stack
 /// whole (the workspace is then no fork, its holds stale).
-pub fn write_new(
+pub fn stage_new(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
+    write_with(state, stack, SafeDir::stage_file)
+}
+
+/// The rest of `stage_new`'s write (see there).
+pub fn place_new(
     state: &SafeDir,
-    stack: &Stack,
     before_rename: impl FnOnce() -> io::Result<()>,
 ) -> Result<(), StackError> {
-    let mut text = serde_json::to_string_pretty(&stack.to_json()).unwrap_or_default();
-    text.push('\n');
     state
-        .replace_file_then_sync_later(STACK_FILE, text.as_bytes(), before_rename)
-        .map_err(io_ctx(format!(
-            "cannot write {}",
-            state.shown(STACK_FILE).display()
-        )))
+        .place_staged(STACK_FILE, before_rename)
+        .map_err(writing(state))
 }
 
 /// Writes the stack atomically but without waiting for the disk: for a
@@ -248,14 +242,26 @@ pub fn write_new(
 /// checkpoint (`state::checkpoint::Durability::Deferred`), which
 /// `sync_stack` makes durable after.
 pub fn write_unsynced(state: &SafeDir, stack: &Stack) -> Result<(), StackError> {
+    write_with(state, stack, SafeDir::replace_file_unsynced)
+}
+
+/// The stack's file written by `how` (one of `SafeDir`'s ways).
+fn write_with(
+    state: &SafeDir,
+    stack: &Stack,
+    how: impl FnOnce(&SafeDir, &str, &[u8]) -> io::Result<()>,
+) -> Result<(), StackError> {
     let mut text = serde_json::to_string_pretty(&stack.to_json()).unwrap_or_default();
     text.push('\n');
-    state
-        .replace_file_unsynced(STACK_FILE, text.as_bytes())
-        .map_err(io_ctx(format!(
-            "cannot write {}",
-            state.shown(STACK_FILE).display()
-        )))
+    how(state, STACK_FILE, text.as_bytes()).map_err(writing(state))
+}
+
+/// The error of a failed write of the stack's file in `state`.
+fn writing(state: &SafeDir) -> impl FnOnce(io::Error) -> StackError {
+    io_ctx(format!(
+        "cannot write {}",
+        state.shown(STACK_FILE).display()
+    ))
 }
 
 /// Makes the stack written by `write_unsynced` durable: the file's data,
