@@ -80,6 +80,7 @@ use fuser::{
 };
 use parking_lot::{Condvar, Mutex};
 
+use super::prefetch::{Hint, Prefetch};
 use super::sys::{ConnectionBacking, SessionBacking};
 use super::uring::QueueSide;
 use crate::layer::sys;
@@ -125,6 +126,9 @@ pub struct IoModes {
     state: Mutex<State>,
     /// Signalled when a lower passthrough backing is given up.
     released: Condvar,
+    /// Reads ahead the next small lower files of a directory whose files
+    /// are being filled (`prefill`).
+    prefetch: Prefetch,
 }
 
 enum Mode {
@@ -255,6 +259,7 @@ impl IoModes {
             unlisted_writes: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
             released: Condvar::new(),
+            prefetch: Prefetch::new(PREFILL_MAX as u64),
         }
     }
 
@@ -535,11 +540,19 @@ impl IoModes {
         // for `io`), an outside change of the file drops what `prefill`
         // stored, as it drops pages read before.
         let watched = || !ov.volatile(&inode);
-        match notifier {
-            Some(n) if first && watched() && prefills(o, &st) && prefill(n, id, &inode, o, &st) => {
-                FopenFlags::FOPEN_KEEP_CACHE
-            }
-            _ => FopenFlags::empty(),
+        let fills = notifier.filter(|_| first && watched() && prefills(o, &st));
+        let Some(n) = fills else {
+            return FopenFlags::empty();
+        };
+        // The next small files of its lower directory are read ahead
+        // while this one is read (`prefetch`).
+        if let Some(h) = hint(&inode) {
+            self.prefetch.hint(h);
+        }
+        if prefill(n, id, &inode, o, &st) {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
         }
     }
 
@@ -718,6 +731,30 @@ fn prefill(n: &Notifier, id: u64, inode: &Inode, o: &Opened, st: &sys::Stat) -> 
         )
     };
     sys::fstat(o.fd.as_ref()).is_ok_and(|a| same(&a)) && inode.upper().is_none()
+}
+
+/// What `prefetch` needs of a lower file being filled: its name and the
+/// lower directory it was found in (the same lower of its parent).
+fn hint(inode: &Inode) -> Option<Hint> {
+    let layer = inode.real.read().lowers.first()?.0;
+    let (parent, name) = {
+        let loc = inode.loc.read();
+        (loc.parent.clone()?, loc.name.clone())
+    };
+    let dir = parent
+        .real
+        .read()
+        .lowers
+        .iter()
+        .find(|(i, _)| *i == layer)?
+        .1
+        .clone();
+    Some(Hint {
+        dir_id: parent.id,
+        layer,
+        dir,
+        name,
+    })
 }
 
 /// Whether the opened lower file is large enough to pass through.
