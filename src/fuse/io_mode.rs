@@ -394,7 +394,7 @@ impl IoModes {
         o: &Opened,
         via: Via,
         booked: bool,
-        notifier: Option<&Notifier>,
+        notifier: Option<(&Notifier, u32)>,
         open_backing: impl FnOnce(&OwnedFd) -> std::io::Result<SessionBacking>,
     ) -> Mode {
         let mut st = self.state.lock();
@@ -508,13 +508,14 @@ impl IoModes {
     /// every open (close-to-open, as NFS).
     ///
     /// `notifier`: given for the only open of the node (nothing else reads
-    /// its pages meanwhile), which may then fill them (`prefill`).
+    /// its pages meanwhile), which may then fill them (`prefill`), with
+    /// the caller's pid.
     fn cache_flags(
         &self,
         ov: &Overlay,
         id: u64,
         o: &Opened,
-        notifier: Option<&Notifier>,
+        notifier: Option<(&Notifier, u32)>,
     ) -> FopenFlags {
         if !o.upper && ov.involves_remote(id) {
             return FopenFlags::empty();
@@ -541,13 +542,13 @@ impl IoModes {
         // stored, as it drops pages read before.
         let watched = || !ov.volatile(&inode);
         let fills = notifier.filter(|_| first && watched() && prefills(o, &st));
-        let Some(n) = fills else {
+        let Some((n, pid)) = fills else {
             return FopenFlags::empty();
         };
         // The next small files of its lower directory are read ahead
         // while this one is read (`prefetch`).
         if let Some(h) = hint(&inode) {
-            self.prefetch.hint(h);
+            self.prefetch.hint(h, pid);
         }
         if prefill(n, id, &inode, o, &st) {
             FopenFlags::FOPEN_KEEP_CACHE
@@ -560,7 +561,7 @@ impl IoModes {
     /// before the kernel can use the handle. `booked`: see `decide`;
     /// `writing`: what `begin_write` began for an open for writing;
     /// `notifier`: the kernel's, with which the first open of a small
-    /// lower file fills its pages (`prefill`).
+    /// lower file fills its pages (`prefill`), and the caller's pid.
     // The open reply's fields, plus how the request came and its booking.
     #[allow(clippy::too_many_arguments)]
     pub fn reply_open<R: OpenReply>(
@@ -569,7 +570,7 @@ impl IoModes {
         id: u64,
         o: Opened,
         via: Via,
-        notifier: Option<&Notifier>,
+        notifier: Option<(&Notifier, u32)>,
         booked: bool,
         writing: Option<Writing>,
         reply: R,
@@ -615,6 +616,30 @@ impl IoModes {
         }
     }
 
+    /// A listing of directory `dir_id` from its start, asked by caller
+    /// `pid`: if that caller is reading small lower files (a walk that
+    /// reads, `Prefetch::reading`), the first small files of the
+    /// directory's lowers are read ahead, so the walk's first opens there
+    /// find them too. A caller that only lists and stats reads nothing.
+    pub fn listed(&self, ov: &Overlay, dir_id: u64, pid: u32) {
+        if !self.prefetch.reading(pid) || ov.involves_remote(dir_id) || !ov.dir_watched(dir_id) {
+            return;
+        }
+        let Ok(dir) = ov.inode(dir_id) else {
+            return;
+        };
+        let lowers = dir.real.read().lowers.clone();
+        for (layer, fd) in lowers.into_iter().take(LISTED_LOWERS) {
+            let h = Hint {
+                dir_id,
+                layer,
+                dir: fd,
+                name: None,
+            };
+            self.prefetch.hint(h, pid);
+        }
+    }
+
     /// Node ids of passthrough handles open for writing, with the uid
     /// holding each.
     pub fn passthrough_writers(&self) -> Vec<(u64, u32)> {
@@ -656,6 +681,10 @@ impl IoModes {
 /// their pages are cached and kept) — measured with grep -r and tar c
 /// over 30000 small files, slower passed through, warm and cold.
 const LOWER_PASSTHROUGH_MIN: i64 = 1 << 20;
+
+/// A listing by a reading caller reads ahead in this many of the
+/// directory's lowers, topmost first (`IoModes::listed`).
+const LISTED_LOWERS: usize = 2;
 
 /// Lower files up to this size have their pages filled at their first
 /// open (`prefill`): the largest read the kernel's readahead asks for at
@@ -753,7 +782,7 @@ fn hint(inode: &Inode) -> Option<Hint> {
         dir_id: parent.id,
         layer,
         dir,
-        name,
+        name: Some(name),
     })
 }
 

@@ -41,7 +41,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -50,6 +50,11 @@ use crate::layer::sys;
 
 /// Hints waiting for the thread; more are dropped.
 const QUEUE: usize = 256;
+/// How long a caller counts as reading small lower files after its last
+/// open of one (`Prefetch::reading`).
+const READER_TIME: Duration = Duration::from_secs(1);
+/// Callers remembered as reading.
+const READERS: usize = 8;
 /// Directories with a cursor at once.
 const CURSORS: usize = 16;
 /// Cursors are dropped (their directory fds closed) after this long
@@ -72,12 +77,13 @@ const STEP_BYTES: usize = 16 << 10;
 type Key = (u64, usize);
 
 /// An open of a small lower file: `name` in the lower directory `dir`,
-/// which is lower `layer` of the merged directory `dir_id`.
+/// which is lower `layer` of the merged directory `dir_id`; or, with no
+/// name, a listing of that directory by a caller reading small files.
 pub struct Hint {
     pub dir_id: u64,
     pub layer: usize,
     pub dir: Arc<RealFd>,
-    pub name: OsString,
+    pub name: Option<OsString>,
 }
 
 impl Hint {
@@ -93,6 +99,8 @@ pub struct Prefetch {
     file_max: u64,
     shared: Arc<Shared>,
     thread: OnceLock<Mutex<Option<JoinHandle<()>>>>,
+    /// Callers that opened small lower files lately, with when.
+    readers: Mutex<VecDeque<(u32, Instant)>>,
 }
 
 #[derive(Default)]
@@ -130,12 +138,31 @@ impl Prefetch {
             file_max,
             shared: Arc::default(),
             thread: OnceLock::new(),
+            readers: Mutex::new(VecDeque::new()),
         }
     }
 
-    /// Passes an open on to the thread, if it needs it; never waits (a
-    /// full queue drops the hint).
-    pub fn hint(&self, h: Hint) {
+    /// Whether caller `pid` opened a small lower file within
+    /// `READER_TIME`: a walk that reads, whose listings may start a read
+    /// ahead (a walk that only stats never opens one).
+    pub fn reading(&self, pid: u32) -> bool {
+        self.readers
+            .lock()
+            .iter()
+            .any(|(p, t)| *p == pid && t.elapsed() < READER_TIME)
+    }
+
+    /// Passes an open (or a listing) by caller `pid` on to the thread, if
+    /// it needs it; never waits (a full queue drops the hint).
+    pub fn hint(&self, h: Hint, pid: u32) {
+        if h.name.is_some() {
+            let mut r = self.readers.lock();
+            r.retain(|(p, _)| *p != pid);
+            if r.len() >= READERS {
+                r.pop_back();
+            }
+            r.push_front((pid, Instant::now()));
+        }
         if !self.wanted(&h) {
             return;
         }
@@ -157,10 +184,11 @@ impl Prefetch {
         let Some(m) = marks.get_mut(&h.key()) else {
             return true;
         };
-        if m.off {
+        // A listing of a directory read ahead already adds nothing.
+        let Some(name) = h.name.as_ref().filter(|_| !m.off) else {
             return false;
-        }
-        let Some(j) = m.asked.iter().position(|n| *n == h.name) else {
+        };
+        let Some(j) = m.asked.iter().position(|n| n == name) else {
             // Beyond what was asked (the walk ran ahead) or elsewhere.
             return true;
         };
@@ -259,7 +287,10 @@ impl Ahead {
 
     fn hint(&mut self, h: Hint) {
         let key = h.key();
-        let mut cur = match self.cursors.iter().position(|c| c.key == key) {
+        let found = self.cursors.iter().position(|c| c.key == key);
+        let mut cur = match found {
+            // A listing of a directory with a cursor: nothing new.
+            Some(_) if h.name.is_none() => return,
             Some(i) => self.cursors.remove(i).expect("position found"),
             None => match h.dir.get().and_then(|d| sys::open_dir(d.as_ref())) {
                 Ok(d) => Cursor {
@@ -278,7 +309,15 @@ impl Ahead {
             },
         };
         if cur.dir.is_some() {
-            if cur.seek(&h.name, &mut self.buf) {
+            let at = match &h.name {
+                Some(n) => cur.seek(n, &mut self.buf),
+                // A listing: from its first file.
+                None => {
+                    cur.window = FIRST_WINDOW;
+                    true
+                }
+            };
+            if at {
                 self.fill(&mut cur);
             } else {
                 // Not read in listing order: left alone (the cursor stays,

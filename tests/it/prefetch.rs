@@ -144,6 +144,31 @@ fn opening_small_lower_files_in_order_reads_the_next_ones_ahead() {
     drop(m);
 }
 
+/// A caller reading small lower files that lists another directory (a
+/// walk entering it) has that directory's first files read ahead before
+/// it opens any of them. (Without it, only files of directories with an
+/// open are.)
+#[test]
+fn a_reading_walk_entering_a_directory_reads_its_first_files_ahead() {
+    let ws = Workspace::new();
+    fill_dir(&ws, "e");
+    let Some((m, names)) = mounted_dir(&ws) else {
+        return;
+    };
+    drop_pages(&ws.lower().join("e"));
+    for n in &names[..2] {
+        fs::read(m.p(&format!("d/{n}"))).unwrap();
+    }
+    let e_names = listed(&m.p("e"));
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            !lower_files_resident(&ws, "e", &e_names).is_empty()
+        }),
+        "no file of the directory listed became resident"
+    );
+    drop(m);
+}
+
 /// A walk that only stats (find, ls -lR) reads no file data: nothing
 /// becomes resident.
 #[test]
