@@ -58,7 +58,9 @@
 //! Daemon-served opens keep the kernel's page cache while the file is
 //! unchanged (`cache_flags`), and the first open of a small lower file
 //! fills it before it is answered (`prefill`), so that its reads send no
-//! READ.
+//! READ; while a caller fills the files of a directory, the next ones are
+//! read ahead into the lower's page cache (`super::prefetch`), so those
+//! fills do not wait for the disk.
 //!
 //! An open served through an io_uring queue (`super::uring`) is answered
 //! by a fuser session on a socket, which cannot open backing ids (an ioctl

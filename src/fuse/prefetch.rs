@@ -10,13 +10,18 @@
 //!   with `POSIX_FADV_WILLNEED`; nothing a program sees through the mount
 //!   depends on it (each OPEN still reads the file as it is then). A lower
 //!   changed meanwhile costs at most a wasted read.
-//! - Triggered by OPEN alone, never by LOOKUP or READDIR: a walk that only
-//!   stats (find, ls -lR) reads no file data. The trigger is the first
-//!   open of a small lower file that `io_mode` fills (not on a network
-//!   lower, in a watched directory); its hint names the file and the lower
-//!   directory it was found in.
+//! - Triggered by opens: a walk that only stats (find, ls -lR) reads no
+//!   file data. The trigger is the first open of a small lower file that
+//!   `io_mode` fills (not on a network lower, in a watched directory); its
+//!   hint names the file and the lower directory it was found in. A
+//!   listing (READDIR, READDIRPLUS from offset 0) starts a read ahead of
+//!   the directory's first files only for a caller that filled a file
+//!   within `READER_TIME` (`reading`; the caller is the thread id FUSE
+//!   gives), never for LOOKUP.
 //! - Never blocking a request thread: a hint goes into a bounded queue
-//!   with `try_send` and is dropped when the queue is full. One thread
+//!   and is dropped when the queue is full; an open of a file asked
+//!   already sends none while half of what was asked is left after it
+//!   (`Mark`), so the thread is not woken once per file. One thread
 //!   of its own, started at the first hint, does the listing and the
 //!   opens, at the request threads' priorities (the walk waits for what it
 //!   reads).
@@ -26,8 +31,8 @@
 //!   read a step at a time (a directory of 100,000 names is never held
 //!   whole), with the files asked ahead of the last one opened: at most
 //!   `AHEAD_FILES` files and `AHEAD_BYTES` bytes, each at most the fill's
-//!   size limit; the window starts at `FIRST_WINDOW` files and doubles
-//!   while the opens follow it. At most `CURSORS` directories at once
+//!   size limit; the window starts at `FIRST_WINDOW` files and grows
+//!   fourfold while the opens follow it. At most `CURSORS` directories at once
 //!   (least recently used dropped), all dropped after `IDLE` without hints.
 //! - A directory whose opens do not follow its listing (the name is not
 //!   found within `SCAN_MAX` entries ahead) is left alone until its cursor
