@@ -58,7 +58,9 @@
 //! Daemon-served opens keep the kernel's page cache while the file is
 //! unchanged (`cache_flags`), and the first open of a small lower file
 //! fills it before it is answered (`prefill`), so that its reads send no
-//! READ.
+//! READ; while a caller fills the files of a directory, the next ones are
+//! read ahead into the lower's page cache (`super::prefetch`), so those
+//! fills do not wait for the disk.
 //!
 //! An open served through an io_uring queue (`super::uring`) is answered
 //! by a fuser session on a socket, which cannot open backing ids (an ioctl
@@ -80,6 +82,7 @@ use fuser::{
 };
 use parking_lot::{Condvar, Mutex};
 
+use super::prefetch::{Hint, Prefetch};
 use super::sys::{ConnectionBacking, SessionBacking};
 use super::uring::QueueSide;
 use crate::layer::sys;
@@ -125,6 +128,9 @@ pub struct IoModes {
     state: Mutex<State>,
     /// Signalled when a lower passthrough backing is given up.
     released: Condvar,
+    /// Reads ahead the next small lower files of a directory whose files
+    /// are being filled (`prefill`).
+    prefetch: Prefetch,
 }
 
 enum Mode {
@@ -255,6 +261,7 @@ impl IoModes {
             unlisted_writes: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
             released: Condvar::new(),
+            prefetch: Prefetch::new(PREFILL_MAX as u64),
         }
     }
 
@@ -389,7 +396,7 @@ impl IoModes {
         o: &Opened,
         via: Via,
         booked: bool,
-        notifier: Option<&Notifier>,
+        notifier: Option<(&Notifier, u32)>,
         open_backing: impl FnOnce(&OwnedFd) -> std::io::Result<SessionBacking>,
     ) -> Mode {
         let mut st = self.state.lock();
@@ -503,13 +510,14 @@ impl IoModes {
     /// every open (close-to-open, as NFS).
     ///
     /// `notifier`: given for the only open of the node (nothing else reads
-    /// its pages meanwhile), which may then fill them (`prefill`).
+    /// its pages meanwhile), which may then fill them (`prefill`), with
+    /// the caller's pid.
     fn cache_flags(
         &self,
         ov: &Overlay,
         id: u64,
         o: &Opened,
-        notifier: Option<&Notifier>,
+        notifier: Option<(&Notifier, u32)>,
     ) -> FopenFlags {
         if !o.upper && ov.involves_remote(id) {
             return FopenFlags::empty();
@@ -535,11 +543,19 @@ impl IoModes {
         // for `io`), an outside change of the file drops what `prefill`
         // stored, as it drops pages read before.
         let watched = || !ov.volatile(&inode);
-        match notifier {
-            Some(n) if first && watched() && prefills(o, &st) && prefill(n, id, &inode, o, &st) => {
-                FopenFlags::FOPEN_KEEP_CACHE
-            }
-            _ => FopenFlags::empty(),
+        let fills = notifier.filter(|_| first && watched() && prefills(o, &st));
+        let Some((n, pid)) = fills else {
+            return FopenFlags::empty();
+        };
+        // The next small files of its lower directory are read ahead
+        // while this one is read (`prefetch`).
+        if let Some(h) = hint(&inode) {
+            self.prefetch.hint(h, pid);
+        }
+        if prefill(n, id, &inode, o, &st) {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
         }
     }
 
@@ -547,7 +563,7 @@ impl IoModes {
     /// before the kernel can use the handle. `booked`: see `decide`;
     /// `writing`: what `begin_write` began for an open for writing;
     /// `notifier`: the kernel's, with which the first open of a small
-    /// lower file fills its pages (`prefill`).
+    /// lower file fills its pages (`prefill`), and the caller's pid.
     // The open reply's fields, plus how the request came and its booking.
     #[allow(clippy::too_many_arguments)]
     pub fn reply_open<R: OpenReply>(
@@ -556,7 +572,7 @@ impl IoModes {
         id: u64,
         o: Opened,
         via: Via,
-        notifier: Option<&Notifier>,
+        notifier: Option<(&Notifier, u32)>,
         booked: bool,
         writing: Option<Writing>,
         reply: R,
@@ -602,6 +618,30 @@ impl IoModes {
         }
     }
 
+    /// A listing of directory `dir_id` from its start, asked by caller
+    /// `pid`: if that caller is reading small lower files (a walk that
+    /// reads, `Prefetch::reading`), the first small files of the
+    /// directory's lowers are read ahead, so the walk's first opens there
+    /// find them too. A caller that only lists and stats reads nothing.
+    pub fn listed(&self, ov: &Overlay, dir_id: u64, pid: u32) {
+        if !self.prefetch.reading(pid) || ov.involves_remote(dir_id) || !ov.dir_watched(dir_id) {
+            return;
+        }
+        let Ok(dir) = ov.inode(dir_id) else {
+            return;
+        };
+        let lowers = dir.real.read().lowers.clone();
+        for (layer, fd) in lowers.into_iter().take(LISTED_LOWERS) {
+            let h = Hint {
+                dir_id,
+                layer,
+                dir: fd,
+                name: None,
+            };
+            self.prefetch.hint(h, pid);
+        }
+    }
+
     /// Node ids of passthrough handles open for writing, with the uid
     /// holding each.
     pub fn passthrough_writers(&self) -> Vec<(u64, u32)> {
@@ -643,6 +683,10 @@ impl IoModes {
 /// their pages are cached and kept) — measured with grep -r and tar c
 /// over 30000 small files, slower passed through, warm and cold.
 const LOWER_PASSTHROUGH_MIN: i64 = 1 << 20;
+
+/// A listing by a reading caller reads ahead in this many of the
+/// directory's lowers, topmost first (`IoModes::listed`).
+const LISTED_LOWERS: usize = 2;
 
 /// Lower files up to this size have their pages filled at their first
 /// open (`prefill`): the largest read the kernel's readahead asks for at
@@ -718,6 +762,30 @@ fn prefill(n: &Notifier, id: u64, inode: &Inode, o: &Opened, st: &sys::Stat) -> 
         )
     };
     sys::fstat(o.fd.as_ref()).is_ok_and(|a| same(&a)) && inode.upper().is_none()
+}
+
+/// What `prefetch` needs of a lower file being filled: its name and the
+/// lower directory it was found in (the same lower of its parent).
+fn hint(inode: &Inode) -> Option<Hint> {
+    let layer = inode.real.read().lowers.first()?.0;
+    let (parent, name) = {
+        let loc = inode.loc.read();
+        (loc.parent.clone()?, loc.name.clone())
+    };
+    let dir = parent
+        .real
+        .read()
+        .lowers
+        .iter()
+        .find(|(i, _)| *i == layer)?
+        .1
+        .clone();
+    Some(Hint {
+        dir_id: parent.id,
+        layer,
+        dir,
+        name: Some(name),
+    })
 }
 
 /// Whether the opened lower file is large enough to pass through.

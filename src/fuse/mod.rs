@@ -26,6 +26,7 @@ mod listing;
 mod long;
 mod open;
 mod ops;
+mod prefetch;
 mod record;
 mod reply;
 mod shared;

@@ -182,7 +182,7 @@ impl Shared {
             Ok(o) => {
                 let (fh, writable) = (o.fh, o.writable);
                 let Prepared { booked, writing } = prep;
-                let notifier = self.notifier.get();
+                let notifier = self.notifier.get().map(|n| (n, c.pid));
                 self.io.reply_open(
                     self.ov(),
                     ino.0,

@@ -572,6 +572,9 @@ impl fuser::Filesystem for LayerFs {
         offset: u64,
         reply: ReplyDirectory,
     ) {
+        if offset == 0 {
+            self.inner.io.listed(self.ov(), ino.0, req.pid());
+        }
         if offset == 0 && self.ov().lists_long(ino.0) {
             let inner = self.inner.clone();
             return self
@@ -591,6 +594,9 @@ impl fuser::Filesystem for LayerFs {
         reply: ReplyDirectoryPlus,
     ) {
         let c = ctx(req, 0);
+        if offset == 0 {
+            self.inner.io.listed(self.ov(), ino.0, c.pid);
+        }
         if offset == 0 && self.ov().lists_long(ino.0) {
             let inner = self.inner.clone();
             return self

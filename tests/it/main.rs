@@ -35,6 +35,7 @@ mod policy;
 mod policy_model;
 mod posix;
 mod powerloss;
+mod prefetch;
 mod quoting;
 mod robust;
 mod run;

@@ -561,39 +561,72 @@ pub fn read_open_dir(fd: &impl AsRawFd) -> io::Result<Vec<DirEntry>> {
 
 fn read_open_dir_with(raw: RawFd, buf: &mut [u8]) -> io::Result<Vec<DirEntry>> {
     let mut out = Vec::new();
-    loop {
-        // SAFETY: buf is writable for its length; getdents64 fills it with records.
-        let n = unsafe { libc::syscall(libc::SYS_getdents64, raw, buf.as_mut_ptr(), buf.len()) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 {
-            break;
-        }
-        let mut off = 0usize;
-        while off < n as usize {
-            // Record layout of linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name.
-            let rec = &buf[off..];
-            let ino = u64::from_ne_bytes(rec[0..8].try_into().expect("8 bytes"));
-            let reclen = u16::from_ne_bytes(rec[16..18].try_into().expect("2 bytes")) as usize;
-            let dtype = rec[18];
-            let name_bytes = &rec[19..reclen];
-            let len = name_bytes
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(name_bytes.len());
-            let name = &name_bytes[..len];
-            if name != b"." && name != b".." {
-                out.push(DirEntry {
-                    name: OsStr::from_bytes(name).to_os_string(),
-                    ino,
-                    dtype,
-                });
-            }
-            off += reclen;
-        }
-    }
+    while read_dir_into(raw, buf, &mut out)? {}
     Ok(out)
+}
+
+/// The next entries of a directory opened for reading, as many as one
+/// `getdents64` into `buf` returns (empty at its end): a listing read in
+/// steps, from where the fd's position is, holding one step at a time.
+pub fn read_dir_step(fd: &impl AsRawFd, buf: &mut [u8]) -> io::Result<Vec<DirEntry>> {
+    let mut out = Vec::new();
+    read_dir_into(fd.as_raw_fd(), buf, &mut out)?;
+    Ok(out)
+}
+
+/// One `getdents64` into `buf`, its entries (without `.` and `..`)
+/// pushed to `out`; false at the end of the directory.
+fn read_dir_into(raw: RawFd, buf: &mut [u8], out: &mut Vec<DirEntry>) -> io::Result<bool> {
+    // SAFETY: buf is writable for its length; getdents64 fills it with records.
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, raw, buf.as_mut_ptr(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n == 0 {
+        return Ok(false);
+    }
+    let mut off = 0usize;
+    while off < n as usize {
+        // Record layout of linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name.
+        let rec = &buf[off..];
+        let ino = u64::from_ne_bytes(rec[0..8].try_into().expect("8 bytes"));
+        let reclen = u16::from_ne_bytes(rec[16..18].try_into().expect("2 bytes")) as usize;
+        let dtype = rec[18];
+        let name_bytes = &rec[19..reclen];
+        let len = name_bytes
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(name_bytes.len());
+        let name = &name_bytes[..len];
+        if name != b"." && name != b".." {
+            out.push(DirEntry {
+                name: OsStr::from_bytes(name).to_os_string(),
+                ino,
+                dtype,
+            });
+        }
+        off += reclen;
+    }
+    Ok(true)
+}
+
+/// Asks the kernel to start reading the first `len` bytes of the file
+/// behind `fd` into its page cache (`POSIX_FADV_WILLNEED`) and returns
+/// without waiting for the disk: a hint, which changes no data.
+pub fn will_need(fd: &impl AsFd, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd we hold; no memory is passed.
+    let r = unsafe {
+        libc::posix_fadvise(
+            fd.as_fd().as_raw_fd(),
+            0,
+            len as libc::off_t,
+            libc::POSIX_FADV_WILLNEED,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
 }
 
 const MAX_HANDLE_SZ: usize = 128;
