@@ -422,6 +422,9 @@ impl uring::Fast for QueueAnswers {
                     if offset == 0 && fs.ov().lists_long(ino) {
                         return None;
                     }
+                    if offset == 0 {
+                        fs.inner.io.listed(fs.ov(), ino, c.pid);
+                    }
                     if plus {
                         fs.inner.readdirplus(&c, INodeNo(ino), offset, &mut list);
                     } else {
