@@ -689,29 +689,6 @@ pub fn list(ws: &Workspace) -> Result<Vec<Record>, StackError> {
         .collect()
 }
 
-/// Prepares a fork of the checkpoint `name` of `ws`: the new workspace's
-/// state dir (`new_state`) gets the checkpoint's stack and a hold on each
-/// layer. Returns the shared lowers to mount the fork with. No tree is
-/// read or copied.
-///
-/// The order is the fork's safety: the holds are made first, so a kill -9
-/// at any point leaves no stack (no fork; its holds are stale and
-/// `Store::users` drops them) or the whole fork; and they are durable
-/// before the stack is renamed into place, so after a power loss a stack
-/// never stands on a layer `checkpoint rm` or `squash` could remove. It
-/// costs one wait for the disk: the stack's content is synced first
-/// (on a journaling filesystem that commits the holds' links with it,
-/// so their directories' fsyncs right after find nothing left to write),
-/// and the rename is made durable by the mount that follows
-/// (`frozen::stage_new`). `stage_fork` and `StagedFork::place` are the
-/// same steps split at that wait, so the mount's daemon can wait for the
-/// disk while it starts (`fork_at_staged`).
-pub fn fork(ws: &Workspace, name: &str, new_state: SafeDir) -> Result<Vec<PathBuf>, StackError> {
-    let (staged, lowers) = stage_fork(ws, name, new_state)?;
-    staged.place()?;
-    Ok(lowers)
-}
-
 /// A fork whose holds are linked and whose stack is staged beside its
 /// place, neither yet durable (`stage_fork`). Until `place` has run the
 /// new workspace is no fork: it has no stack, and its holds are stale.
@@ -737,8 +714,23 @@ impl StagedFork {
     }
 }
 
-/// `fork` up to its wait for the disk: the holds linked, the stack staged
-/// (`frozen::stage_new`). Returns the staged fork and the shared lowers.
+/// Prepares a fork of the checkpoint `name` of `ws`: the new workspace's
+/// state dir (`new_state`) gets the checkpoint's stack and a hold on each
+/// layer, staged; `StagedFork::place` finishes it. Returns the staged
+/// fork and the shared lowers to mount it with. No tree is read or
+/// copied.
+///
+/// The order is the fork's safety: the holds are made first, so a kill -9
+/// at any point leaves no stack (no fork; its holds are stale and
+/// `Store::users` drops them) or the whole fork; and they are durable
+/// before the stack is renamed into place, so after a power loss a stack
+/// never stands on a layer `checkpoint rm` or `squash` could remove. It
+/// costs one wait for the disk, in `place`: the stack's content is synced
+/// first (on a journaling filesystem that commits the holds' links with
+/// it, so their directories' fsyncs right after find nothing left to
+/// write), and the rename is made durable by the mount that follows
+/// (`frozen::stage_new`). The `fork` command's daemon places it while it
+/// starts (`daemon::start_placing`); `fork_at` places it at once.
 pub fn stage_fork(
     ws: &Workspace,
     name: &str,
@@ -785,8 +777,9 @@ pub fn stage_fork(
 
 /// A new workspace at `upper` (missing or empty; created) forked from
 /// checkpoint `name` of `ws`: its default state dir gets the stack
-/// (`fork`). Returns the canonical upper, the shared lowers to mount it
-/// with and the frozen layers' paths (topmost first).
+/// (`stage_fork`, placed at once). Returns the canonical upper, the
+/// shared lowers to mount it with and the frozen layers' paths (topmost
+/// first).
 pub fn fork_at(
     ws: &Workspace,
     name: &str,
