@@ -18,7 +18,8 @@
 //! when the operation `OP` reaches the step `STEP`; the state commands
 //! arm it themselves (`init`) for their crash tests: `checkpoint`,
 //! `undo`, `squash` and `fork`, whose steps are named where they call
-//! `crash`.
+//! `crash`. Armed as `hold:OP:STEP`, such a step waits instead (as
+//! below), so a test can run a second command inside its window.
 //!
 //! `LAYERFS_FAILPOINT=hold:copy_chunk:NAME` instead holds every copy of
 //! an object named `NAME` before each chunk of its data for as long as
@@ -103,11 +104,22 @@ pub fn hit(op: &str, name: &OsStr) {
 }
 
 /// Ends the process at once (`abort`) if the failpoint for `op` at
-/// `step` is armed: a crash at that step, for the crash tests.
+/// `step` is armed: a crash at that step, for the crash tests. Armed as
+/// `hold:OP:STEP`, the step instead waits while the `LAYERFS_FAILPOINT_WHILE`
+/// file exists, so a test can run another command inside its window.
 pub fn crash(op: &str, step: &str) {
     if let Some(Some(fp)) = ARMED.get() {
-        if fp.action == Action::Abort && fp.op == op && fp.name == step {
-            std::process::abort();
+        if fp.op != op || fp.name != step {
+            return;
+        }
+        match &fp.action {
+            Action::Abort => std::process::abort(),
+            Action::Hold(path) => {
+                while path.exists() {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            Action::Panic => {}
         }
     }
 }

@@ -530,9 +530,7 @@ pub fn undo(
     crate::failpoint::crash("undo", "pending");
     finish_pending_live(&ws.dir, &ws.upper, &ws.work, live)?;
     for d in &dropped {
-        if store.users(d, Some(&ws.dir))?.is_empty() {
-            store.remove(d)?;
-        }
+        store.remove_unused(d, Some(&ws.dir))?;
     }
     Ok((landed, dropped.len()))
 }
@@ -655,7 +653,7 @@ pub fn remove(ws: &Workspace, name: &str) -> Result<(), StackError> {
             store.path().display()
         )));
     }
-    let users = store.users(name, None)?;
+    let users = store.remove_unused(name, None)?;
     if !users.is_empty() {
         return Err(StackError::Refused(format!(
             "checkpoint {name} is in use by {}; undo past it (layerfs undo --to) or remove \
@@ -663,7 +661,7 @@ pub fn remove(ws: &Workspace, name: &str) -> Result<(), StackError> {
             users.join(", ")
         )));
     }
-    store.remove(name)
+    Ok(())
 }
 
 /// The checkpoints `ws` stands on, topmost first.
@@ -696,6 +694,11 @@ pub struct StagedFork {
     state: SafeDir,
     holds: Vec<SafeDir>,
     layers: Vec<PathBuf>,
+    /// The store's lock, shared, from before the layers were looked up
+    /// until the stack is placed (`Store::lock_for_fork`). In the `fork`
+    /// command's daemon it is the inherited descriptor: the command's
+    /// copy closing does not release it.
+    _lock: frozen::StoreLock,
 }
 
 impl StagedFork {
@@ -705,8 +708,10 @@ impl StagedFork {
     }
 
     /// The stack's content synced, then the holds' directories, then the
-    /// stack renamed into place: the fork exists from here.
+    /// stack renamed into place: the fork exists from here, and the
+    /// store's lock is let go.
     pub fn place(self) -> Result<(), StackError> {
+        crate::failpoint::crash("fork", "placing");
         let holds = self.holds;
         frozen::place_new(&self.state, || holds.iter().try_for_each(SafeDir::sync))?;
         crate::failpoint::crash("fork", "stack");
@@ -738,6 +743,7 @@ pub fn stage_fork(
 ) -> Result<(StagedFork, Vec<PathBuf>), StackError> {
     crate::failpoint::init();
     let Layers { store, stack } = open(&ws.dir, None, false)?;
+    let lock = store.lock_for_fork()?;
     let record = store.checkpoint(name)?;
     if frozen::read(&new_state)?.is_some() {
         return Err(StackError::Refused(format!(
@@ -770,6 +776,7 @@ pub fn stage_fork(
             state: new_state,
             holds,
             layers: paths,
+            _lock: lock,
         },
         record.lowers,
     ))

@@ -268,7 +268,10 @@ pub fn squash(
             .map_err(|source| StackError::LiveSquashUnserved { source })?;
     }
     for l in &merged {
-        store.remove(l)?;
+        // A fork of a merged checkpoint made since the check above keeps
+        // it (and the layers below it): the next squash's `sweep` removes
+        // it once nothing stacks on it.
+        store.remove_unused(l, Some(&ws.dir))?;
         crate::failpoint::crash("squash", "remove");
     }
     Ok(Some(Squashed { name, merged }))
@@ -350,15 +353,15 @@ fn sweep(store: &frozen::Store, state: &SafeDir, upper: &Path) {
             }
         }
     }
-    let unused = |l: &str| store.taken(l) && store.users(l, None).is_ok_and(|u| u.is_empty());
-    for r in records {
-        if unused(&r.name) {
-            let _ = store.remove(&r.name);
+    let remove_unused = |l: &str| {
+        if store.taken(l) {
+            let _ = store.remove_unused(l, None);
         }
+    };
+    for r in records {
+        remove_unused(&r.name);
         for gone in &r.squashed {
-            if unused(gone) {
-                let _ = store.remove(gone);
-            }
+            remove_unused(gone);
         }
     }
 }

@@ -3,10 +3,12 @@
 //! after it and after a remount, kernel overlayfs given the same stack
 //! shows the same tree, forks are isolated, undo goes back exactly.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::crash::{tree_view, view_diff};
 use crate::harness::*;
@@ -622,6 +624,164 @@ fn a_crash_at_any_step_of_a_fork_leaves_no_fork_or_a_whole_one_its_base_held() {
             &format!("a fork after a crash at {step}"),
         );
         drop(guard);
+    }
+}
+
+/// `layerfs ARGS` started with the step `step` of `op` held
+/// (`hold:OP:STEP`) while the file `gate` exists.
+fn held_at(op: &str, step: &str, gate: &Path, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Spawned {
+    let child = Command::new(bin())
+        .args(args.iter().map(|a| a.as_ref()))
+        .env("LAYERFS_FAILPOINT", format!("hold:{op}:{step}"))
+        .env("LAYERFS_FAILPOINT_WHILE", gate)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    Spawned(child)
+}
+
+/// Waits up to `limit` for `p` to end; its status and output.
+fn ended(p: &mut Spawned, limit: Duration) -> std::process::Output {
+    use std::io::Read;
+    assert!(
+        eventually(limit, || matches!(p.0.try_wait(), Ok(Some(_)))),
+        "still running after {limit:?}"
+    );
+    let status = p.0.wait().unwrap();
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    if let Some(mut o) = p.0.stdout.take() {
+        o.read_to_end(&mut stdout).unwrap();
+    }
+    if let Some(mut e) = p.0.stderr.take() {
+        e.read_to_end(&mut stderr).unwrap();
+    }
+    std::process::Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+#[test]
+fn checkpoint_rm_during_a_fork_waits_for_its_stack_and_then_refuses() {
+    // Between a fork's holds and its stack's placing (in the command, and
+    // in the new daemon), its holds name a state dir with no stack: a
+    // removal that took them for stale would pull the layer from under
+    // the fork.
+    for step in ["holds", "placing"] {
+        let (ws, view) = changed_workspace();
+        // A checkpoint no workspace stacks on yet: an imported one.
+        ok(&[&"checkpoint", &ws.upper, &"c0"]);
+        let tar = ws.dir.path().join("c0.tar");
+        ok(&[&"checkpoint", &"export", &ws.upper, &"c0", &tar]);
+        ok(&[&"checkpoint", &"import", &ws.upper, &tar, &"c"]);
+        let base = ws.dir.path().join("fork1");
+        let (upper, mnt) = (base.join("upper"), base.join("mnt"));
+        fs::create_dir_all(&mnt).unwrap();
+        let guard = Fork(mnt.clone());
+        let gate = ws.dir.path().join("gate");
+        fs::write(&gate, "").unwrap();
+        let mut forking = held_at(
+            "fork",
+            step,
+            &gate,
+            &[&"fork", &ws.upper, &"c", &"--upper", &upper, &mnt],
+        );
+        let holds = layer(&ws, "c.holds");
+        assert!(
+            eventually(Duration::from_secs(20), || fs::read_dir(&holds)
+                .is_ok_and(|mut d| d.next().is_some())),
+            "step {step}: the fork made no hold"
+        );
+        let mut rm = Spawned(
+            Command::new(bin())
+                .args([OsStr::new("checkpoint"), OsStr::new("rm")])
+                .arg(&ws.upper)
+                .arg("c")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        std::thread::sleep(Duration::from_millis(700));
+        let early = rm.0.try_wait().unwrap();
+        fs::remove_file(&gate).unwrap();
+        let fork_out = ended(&mut forking, Duration::from_secs(30));
+        let rm_out = ended(&mut rm, Duration::from_secs(40));
+        assert!(
+            early.is_none(),
+            "step {step}: checkpoint rm finished while the fork was in progress: {rm_out:?}"
+        );
+        assert!(fork_out.status.success(), "step {step}: fork: {fork_out:?}");
+        assert!(
+            !rm_out.status.success(),
+            "step {step}: rm removed c under a fork"
+        );
+        let e = String::from_utf8_lossy(&rm_out.stderr);
+        assert!(e.contains("in use by workspace"), "step {step}: {e}");
+        assert!(layer(&ws, "c").exists(), "step {step}: the layer is gone");
+        assert_same(&view, &tree_view(&mnt), &format!("the fork held at {step}"));
+        drop(guard);
+    }
+}
+
+#[test]
+fn a_fork_made_while_a_squash_builds_keeps_the_checkpoints_it_stands_on() {
+    let (ws, _) = layered();
+    let at_c2 = fork_view(&ws, "c2", 1);
+    fs::remove_dir_all(ws.dir.path().join("fork1")).unwrap();
+    let gate = ws.dir.path().join("gate");
+    fs::write(&gate, "").unwrap();
+    // Held once its merged layer is in the store: past its check of who
+    // stands on what it merges, before it removes them.
+    let mut squash = held_at(
+        "squash",
+        "layer",
+        &gate,
+        &[&"squash", &ws.upper, &"--keep", &"1"],
+    );
+    let store = layer(&ws, "c1").parent().unwrap().to_path_buf();
+    let merged_placed = || {
+        fs::read_dir(&store)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                e.file_type().is_ok_and(|t| t.is_dir())
+                    && !n.starts_with('.')
+                    && !n.ends_with(".holds")
+                    && !["c1", "c2", "c3"].contains(&n.as_str())
+            })
+    };
+    assert!(
+        eventually(Duration::from_secs(30), merged_placed),
+        "the squash placed no merged layer"
+    );
+    let f = fork(&ws, "c2", 2);
+    fs::remove_file(&gate).unwrap();
+    let out = ended(&mut squash, Duration::from_secs(30));
+    assert!(out.status.success(), "squash: {out:?}");
+    for c in ["c2", "c1"] {
+        assert!(
+            layer(&ws, c).exists(),
+            "the squash removed {c} from under a fork"
+        );
+    }
+    assert_same(
+        &at_c2,
+        &tree_view(&f.0),
+        "the fork of c2 made during the squash",
+    );
+    drop(f);
+    // Once nothing stands on them, the next squash sweeps them away.
+    fs::remove_dir_all(ws.dir.path().join("fork2")).unwrap();
+    ok(&[&"checkpoint", &ws.upper, &"c4"]);
+    ok(&[&"squash", &ws.upper, &"--keep", &"1"]);
+    for c in ["c2", "c1"] {
+        assert!(!layer(&ws, c).exists(), "{c} outlived its last fork");
     }
 }
 
@@ -1607,7 +1767,7 @@ fn a_crash_at_any_step_of_a_squash_leaves_the_old_stack_or_the_new_one() {
         let left: Vec<String> = fs::read_dir(&store)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| !n.ends_with(".json") && !n.ends_with(".holds"))
+            .filter(|n| !n.ends_with(".json") && !n.ends_with(".holds") && n != ".lock")
             .collect();
         assert_eq!(left.len(), 1, "crash at {step}: the store keeps {left:?}");
     }

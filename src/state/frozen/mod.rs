@@ -12,8 +12,10 @@
 //!
 //! Invariants:
 //! - A layer directory in a store never changes after it is frozen:
-//!   nothing writes through a lower, and `Store::remove` is called only
-//!   for a layer nothing stacks on (`Store::users`).
+//!   nothing writes through a lower, and a layer is removed only when
+//!   nothing stacks on it, decided under the store's lock
+//!   (`Store::remove_unused`), which each fork holds until its stack is
+//!   placed (`Store::lock_for_fork`).
 //! - Every file here is replaced atomically (`SafeDir::replace_file`): a
 //!   reader sees the old stack or the new one.
 //! - Layer names passed `snapshot_id::validate`: one safe path segment,
@@ -329,4 +331,4 @@ pub fn frozen_paths(state: &SafeDir) -> Result<Vec<PathBuf>, StackError> {
 
 pub mod origins;
 mod store;
-pub use store::{Record, Store};
+pub use store::{Record, Store, StoreLock};

@@ -76,6 +76,20 @@ fn holds_dir(name: &str) -> String {
     format!("{name}.holds")
 }
 
+/// The store's lock file (`Store::lock_for_fork`, `Store::remove_unused`).
+const LOCK_FILE: &str = ".lock";
+
+/// How long a removal waits for the forks in progress to place their
+/// stacks (each takes milliseconds) before it gives up and says so.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A `flock` on the store's lock file, released when dropped (and when
+/// its process dies: a fork killed midway never holds the store). A fork
+/// holds it shared, a removal exclusive (see `Store::lock_for_fork`).
+pub struct StoreLock {
+    _file: std::fs::File,
+}
+
 /// The record of a checkpoint not yet on its workspace's stack.
 fn pending_file(name: &str) -> String {
     format!(".{name}.pending.json")
@@ -368,7 +382,9 @@ impl Store {
     /// Who stacks on `name`: the state dirs of the workspaces whose stack
     /// holds it (a hold whose workspace no longer stacks on it is
     /// removed), and the layers whose base holds it. `except` (a state
-    /// dir) is not counted.
+    /// dir) is not counted. A fork in progress has holds and no stack
+    /// yet: only under the store's lock taken exclusive
+    /// (`remove_unused`) are stale holds told from it.
     pub fn users(&self, name: &str, except: Option<&SafeDir>) -> Result<Vec<String>, StackError> {
         let mut users = Vec::new();
         if let Ok(Some(holds)) = self.dir.subdir(&holds_dir(name), Role::Layers, None) {
@@ -422,8 +438,71 @@ impl Store {
         Ok(users)
     }
 
+    /// Taken by a fork from before it looks up and holds its layers until
+    /// its stack is in place (`checkpoint::StagedFork::place`). Between
+    /// the two its holds name a state dir with no stack, which `users`
+    /// alone would take for a stale hold; and a layer it found may be
+    /// removed before its hold is made. Removals take the lock exclusive
+    /// (`remove_unused`), so they see no fork half made. Forks share it.
+    pub fn lock_for_fork(&self) -> Result<StoreLock, StackError> {
+        let file = self.lock_file()?;
+        crate::sys::flock(&file, libc::LOCK_SH).map_err(io_ctx(self.lock_what()))?;
+        Ok(StoreLock { _file: file })
+    }
+
+    /// Removes the layer `name` if nothing stacks on it; returns who does
+    /// otherwise (`users`, `except` not counted). Decided and done under
+    /// the store's lock taken exclusive (`lock_for_fork`): waits for the
+    /// forks in progress to place their stacks, up to `LOCK_WAIT`.
+    pub fn remove_unused(
+        &self,
+        name: &str,
+        except: Option<&SafeDir>,
+    ) -> Result<Vec<String>, StackError> {
+        let file = self.lock_file()?;
+        let start = std::time::Instant::now();
+        loop {
+            match crate::sys::flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+                Ok(()) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                    if start.elapsed() > LOCK_WAIT {
+                        return Err(StackError::Refused(format!(
+                            "cannot remove layer {name}: forks of the layer store {} are \
+                             still placing their stacks after {} s (a fork's daemon \
+                             stuck in its start?); try again once they are mounted",
+                            self.path().display(),
+                            LOCK_WAIT.as_secs()
+                        )));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e) => return Err(io_ctx(self.lock_what())(e)),
+            }
+        }
+        let users = self.users(name, except)?;
+        if users.is_empty() {
+            self.remove(name)?;
+        }
+        Ok(users)
+    }
+
+    fn lock_file(&self) -> Result<std::fs::File, StackError> {
+        self.dir
+            .open_file(
+                LOCK_FILE,
+                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+                0o600,
+            )
+            .map_err(io_ctx(self.lock_what()))
+    }
+
+    fn lock_what(&self) -> String {
+        format!("cannot lock {}", self.dir.shown(LOCK_FILE).display())
+    }
+
     /// Removes the layer `name`: its directory, record and holds (the
-    /// caller made sure nothing stacks on it). The record goes last, so
+    /// caller made sure nothing stacks on it, under the store's lock:
+    /// `remove_unused`; or made it and nobody could fork it yet). The record goes last, so
     /// an interrupted removal leaves the name taken and `rm` can finish it.
     pub fn remove(&self, name: &str) -> Result<(), StackError> {
         let gone = |r: io::Result<()>| match r {
