@@ -29,6 +29,7 @@ use nix::unistd::ForkResult;
 use crate::config::Config;
 use crate::fuse::{session_config, Contained, LayerFs};
 use crate::host::pidfile::PidFile;
+use crate::layer::safedir::SafeDir;
 use notify::SdNotify;
 
 /// Why the mount failed, or its serving ended in error.
@@ -227,25 +228,54 @@ fn background(
 
 /// `workspace.json` names the mountpoint while this lives, and no
 /// mountpoint once it is dropped (the daemon is done, whichever way).
-struct Described<'a>(&'a Config, &'a crate::layer::safedir::SafeDir);
+struct Described<'a>(&'a Config, &'a SafeDir);
+
+/// A description staged and durable, not yet in place
+/// (`Described::stage`): its wait for the disk overlaps a fork's placing.
+struct Staged<'a> {
+    cfg: &'a Config,
+    state: &'a SafeDir,
+    ok: bool,
+}
 
 impl<'a> Described<'a> {
-    fn new(cfg: &'a Config, state: &'a crate::layer::safedir::SafeDir) -> Described<'a> {
-        describe(cfg, state, true);
-        Described(cfg, state)
+    /// The mountpoint's description written aside and synced, and the
+    /// state dir recorded on the upper and the mountpoint.
+    fn stage(cfg: &'a Config, state: &'a SafeDir) -> Staged<'a> {
+        record_places(cfg);
+        let ok = crate::state::workspace::stage_description(state, &description(cfg, true))
+            .inspect_err(|e| undescribed(cfg, e))
+            .is_ok();
+        Staged { cfg, state, ok }
+    }
+}
+
+impl<'a> Staged<'a> {
+    /// The description put in place and the state dir synced.
+    fn place(self) -> Described<'a> {
+        if self.ok {
+            if let Err(e) = crate::state::workspace::place_description(self.state) {
+                undescribed(self.cfg, &e);
+            }
+        }
+        Described(self.cfg, self.state)
     }
 }
 
 impl Drop for Described<'_> {
     fn drop(&mut self) {
-        describe(self.0, self.1, false);
+        if let Err(e) =
+            crate::state::workspace::write_description(self.1, &description(self.0, false))
+        {
+            undescribed(self.0, &e);
+        }
     }
 }
 
-/// Writes the state dir's `workspace.json` (atomically), with the
-/// mountpoint while `mounted`. A failure is logged: the mount serves on.
-fn describe(cfg: &Config, state: &crate::layer::safedir::SafeDir, mounted: bool) {
-    let d = crate::state::workspace::Description {
+/// What the state dir's `workspace.json` says of this mount, naming the
+/// mountpoint while `mounted`.
+fn description(cfg: &Config, mounted: bool) -> crate::state::workspace::Description<'_> {
+    crate::state::workspace::Description {
         upper: &cfg.upper,
         lowers: &cfg.lowers,
         work: &cfg.work,
@@ -253,34 +283,38 @@ fn describe(cfg: &Config, state: &crate::layer::safedir::SafeDir, mounted: bool)
         last_mountpoint: Some(&cfg.mountpoint),
         policy: cfg.policy_file.as_deref(),
         scratch: &cfg.scratch,
-    };
-    if mounted {
-        // Before the mount covers the mountpoint: both directories say
-        // where the state is (`state::place`), for commands run later.
-        let unrecorded = |dir: &std::path::Path, e: std::io::Error| {
-            format!(
-                "cannot record the state dir on {}: {e}; once unmounted, state commands given \
-                 it need --state {}",
-                dir.display(),
-                cfg.state.display()
-            )
-        };
-        if let Err(e) = crate::state::place::record(&cfg.upper, &cfg.state) {
-            tracing::warn!("{}", unrecorded(&cfg.upper, e));
-        }
-        // A mountpoint may belong to someone else (or sit on a filesystem
-        // without xattrs): the upper's record is the one that matters.
-        if let Err(e) = crate::state::place::record(&cfg.mountpoint, &cfg.state) {
-            tracing::debug!("{}", unrecorded(&cfg.mountpoint, e));
-        }
     }
-    if let Err(e) = crate::state::workspace::write_description(state, &d) {
-        tracing::warn!(
-            "cannot write {}/workspace.json: {e}; state commands given the upper directory \
-             will not find this workspace",
+}
+
+/// Before the mount covers the mountpoint: both directories say where
+/// the state is (`state::place`), for commands run later.
+fn record_places(cfg: &Config) {
+    let unrecorded = |dir: &std::path::Path, e: std::io::Error| {
+        format!(
+            "cannot record the state dir on {}: {e}; once unmounted, state commands given \
+             it need --state {}",
+            dir.display(),
             cfg.state.display()
-        );
+        )
+    };
+    if let Err(e) = crate::state::place::record(&cfg.upper, &cfg.state) {
+        tracing::warn!("{}", unrecorded(&cfg.upper, e));
     }
+    // A mountpoint may belong to someone else (or sit on a filesystem
+    // without xattrs): the upper's record is the one that matters.
+    if let Err(e) = crate::state::place::record(&cfg.mountpoint, &cfg.state) {
+        tracing::debug!("{}", unrecorded(&cfg.mountpoint, e));
+    }
+}
+
+/// A description that could not be written is logged: the mount serves
+/// on.
+fn undescribed(cfg: &Config, e: &std::io::Error) {
+    tracing::warn!(
+        "cannot write {}/workspace.json: {e}; state commands given the upper directory \
+         will not find this workspace",
+        cfg.state.display()
+    );
 }
 
 /// Starts the io_uring queues when INIT agreed to them; otherwise says
@@ -376,6 +410,9 @@ fn serve(
         handle.set_journal(j.clone());
         j
     });
+    // Staged (and its wait for the disk taken) beside a fork's placing;
+    // in place only after it.
+    let describing = Described::stage(cfg, &state_dir);
     if let Some(p) = placing {
         p.join()
             .unwrap_or_else(|_| {
@@ -388,7 +425,7 @@ fn serve(
     // Described and registered before the mount appears, so a state
     // command run as soon as the mountpoint is live finds both; its
     // state dir fsync also makes a fork's stack rename durable.
-    let _described = Described::new(cfg, &state_dir);
+    let _described = describing.place();
     let pid_file = match PidFile::create(&cfg.mountpoint, &cfg.state) {
         Ok(p) => Some(p),
         Err(e) => {

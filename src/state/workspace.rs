@@ -123,9 +123,27 @@ struct Record {
 /// over the old one, and the directory fsynced. A reader sees the old or
 /// the new description, never a partial one.
 pub fn write_description(state: &SafeDir, d: &Description<'_>) -> io::Result<()> {
+    stage_description(state, d)?;
+    place_description(state)
+}
+
+/// The first half of `write_description`: the new content written aside
+/// and made durable; `workspace.json` is untouched. A daemon starting
+/// stages it while a fork's stack is placed (`daemon::serve`), so the two
+/// waits for the disk overlap.
+pub fn stage_description(state: &SafeDir, d: &Description<'_>) -> io::Result<()> {
     let mut text = serde_json::to_string_pretty(&d.record()).map_err(io::Error::other)?;
     text.push('\n');
-    state.replace_file(WORKSPACE_FILE, text.as_bytes())
+    state.stage_file(WORKSPACE_FILE, text.as_bytes())?;
+    state.sync_staged(WORKSPACE_FILE)
+}
+
+/// The second half: the staged description renamed into place, and the
+/// state dir synced (which makes every rename in it durable, a fork's
+/// stack included).
+pub fn place_description(state: &SafeDir) -> io::Result<()> {
+    state.rename_staged(WORKSPACE_FILE)?;
+    state.sync()
 }
 
 fn parse_description(state: Arc<SafeDir>, text: &str) -> Result<Workspace, WorkspaceError> {

@@ -534,10 +534,21 @@ impl SafeDir {
         name: &str,
         before_rename: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<()> {
-        let tmp = format!(".{name}.tmp");
-        self.open_file(&tmp, libc::O_RDONLY, 0)?.sync_all()?;
+        self.sync_staged(name)?;
         before_rename()?;
-        self.rename(&tmp, name, 0)
+        self.rename_staged(name)
+    }
+
+    /// The staged content of `name` (`stage_file`) made durable.
+    pub fn sync_staged(&self, name: &str) -> io::Result<()> {
+        self.open_file(format!(".{name}.tmp"), libc::O_RDONLY, 0)?
+            .sync_all()
+    }
+
+    /// The staged file renamed over `name`; durable once this directory
+    /// is next fsynced.
+    pub fn rename_staged(&self, name: &str) -> io::Result<()> {
+        self.rename(format!(".{name}.tmp"), name, 0)
     }
 
     /// `replace_file` without the fsyncs: atomic (a reader sees the old
