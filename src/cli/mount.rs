@@ -126,12 +126,13 @@ pub struct MountCmd {
     max_watches: Option<usize>,
 
     /// How far the kernel reads ahead of a sequential reader of a file on
-    /// the mount, e.g. 1M, 512K; 0 keeps the kernel's 128 KiB. Larger
-    /// readahead means fewer, larger READ requests for a cold read (up to
-    /// the largest READ the kernel sends, 1 MiB). Set as root through
-    /// /sys/class/bdi; a mount made by another user keeps the kernel's
-    /// value and says so in its log.
-    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = config::parse_size)]
+    /// the mount, e.g. 2M, 512K; 0 keeps the kernel's 128 KiB. A larger
+    /// readahead sends a cold read as fewer, larger READ requests (up to
+    /// 1 MiB each, the largest the kernel sends) and, beyond 1 MiB,
+    /// several of them at once. Set as root through /sys/class/bdi; a
+    /// mount made by another user keeps the kernel's value and says so in
+    /// its log.
+    #[arg(long, value_name = "SIZE", default_value = "2M", value_parser = config::parse_size)]
     readahead: u64,
 
     /// Write the daemon's log here instead of stderr (background: /dev/null).

@@ -87,9 +87,10 @@ pub struct Config {
 /// Default for `--lower-timeout`.
 pub const DEFAULT_LOWER_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Default for `--readahead`: the largest READ the kernel sends (256
-/// pages), so one readahead window is one READ (`daemon::readahead`).
-pub const DEFAULT_READAHEAD: u64 = 1 << 20;
+/// Default for `--readahead`: two of the largest READs the kernel sends
+/// (256 pages each), so each readahead window keeps two READs in flight
+/// (`daemon::readahead`).
+pub const DEFAULT_READAHEAD: u64 = 2 << 20;
 
 impl Config {
     /// What the overlay core needs of this config.

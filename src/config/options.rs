@@ -352,7 +352,7 @@ fn example_value(key: &str) -> &'static str {
         "threads" => "8",
         "lower_timeout" => "1s",
         "max_watches" => "1000",
-        "readahead" => "1M",
+        "readahead" => "2M",
         "journal_max_size" => "64M",
         "journal_max_age" => "30d",
         "scratch" => "target/**",

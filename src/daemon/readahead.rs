@@ -8,9 +8,10 @@
 //! READs of 128 KiB. Root can raise it afterwards through the mount's
 //! backing device info, `/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`, named
 //! by the connection's device number; the kernel then sends READs up to
-//! its largest (`max_pages`, 1 MiB here), 256 of them for that file. A
-//! file takes the value at its open, so it is set before the mount is
-//! announced ready. Anyone else (a user mount through fusermount3) cannot
+//! its largest (`max_pages`, 1 MiB here), 256 of them for that file, and
+//! with the default of 2 MiB two at a time, which two request threads
+//! serve at once. A file takes the value at its open, so it is set before
+//! the mount is announced ready. Anyone else (a user mount through fusermount3) cannot
 //! write there: the mount keeps the kernel's 128 KiB and says so in its
 //! log. Only how much is read ahead changes; what a program reads does
 //! not.

@@ -1,7 +1,7 @@
 //! The mount's readahead (`--readahead`, `daemon::readahead`): raised as
-//! root to 1 MiB after the INIT handshake, so a cold sequential read of a
-//! big lower file sends one READ per MiB instead of one per 128 KiB, with
-//! the same data.
+//! root to 2 MiB after the INIT handshake, so a cold sequential read of a
+//! big lower file sends one READ per MiB (the largest the kernel sends)
+//! instead of one per 128 KiB, with the same data.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -57,12 +57,12 @@ fn a_cold_read_of_a_big_lower_file_sends_one_read_per_mib() {
     fs::write(ws.lower().join("big.bin"), pattern().repeat(4)).unwrap();
 
     let m = ws.mount();
-    assert_eq!(readahead_kb(m.path()), 1024);
+    assert_eq!(readahead_kb(m.path()), 2048);
     let n = cold_read(&ws, &m);
-    // 8 windows of 1 MiB.
+    // 4 windows of 2 MiB, each sent as 2 READs of 1 MiB.
     assert!(
         (8..=10).contains(&n),
-        "{n} READs for 8 MiB at 1 MiB readahead"
+        "{n} READs for 8 MiB at 2 MiB readahead"
     );
     drop(m);
 
