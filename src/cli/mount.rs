@@ -125,6 +125,16 @@ pub struct MountCmd {
     #[arg(long, value_name = "N")]
     max_watches: Option<usize>,
 
+    /// How far the kernel reads ahead of a sequential reader of a file on
+    /// the mount, e.g. 2M, 512K; 0 keeps the kernel's 128 KiB. A larger
+    /// readahead sends a cold read as fewer, larger READ requests (up to
+    /// 1 MiB each, the largest the kernel sends) and, beyond 1 MiB,
+    /// several of them at once. Set as root through /sys/class/bdi; a
+    /// mount made by another user keeps the kernel's value and says so in
+    /// its log.
+    #[arg(long, value_name = "SIZE", default_value = "2M", value_parser = config::parse_size)]
+    readahead: u64,
+
     /// Write the daemon's log here instead of stderr (background: /dev/null).
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -133,7 +143,8 @@ pub struct MountCmd {
     /// lowerdir=A:B (first topmost), upperdir=DIR, workdir=DIR, and
     /// layerfs's own state=, policy=, scratch=, log_file=, threads=, io_uring,
     /// lower_passthrough,
-    /// lower_timeout=, max_watches=, journal_max_size=, journal_max_age=,
+    /// lower_timeout=, max_watches=, readahead=, journal_max_size=,
+    /// journal_max_age=,
     /// no_journal,
     /// allow_other, nonempty, ro, noexec (each as its long option); generic mount
     /// options (rw, nosuid, nodev, noatime, _netdev, nofail, user, x-*, …)
@@ -187,6 +198,7 @@ impl MountCmd {
             lower_passthrough: self.lower_passthrough,
             lower_timeout: Some(self.lower_timeout),
             max_watches: self.max_watches,
+            readahead: Some(self.readahead),
             log_file: self.log_file,
             options: self.options,
             scratch: self.scratch,

@@ -57,7 +57,8 @@ Examples:
 
 The options are those of `layerfs mount -o`: lowerdir=, upperdir=, workdir=,
 state=, policy=, scratch=, log_file=, threads=, lower_timeout=, max_watches=,
-journal_max_size=, journal_max_age=, no_journal, allow_other, nonempty, ro, noexec.
+readahead=, journal_max_size=, journal_max_age=, no_journal, allow_other,
+nonempty, ro, noexec.
 Generic options mount(8) passes on (rw, nosuid, nodev, noatime, _netdev,
 nofail, user, …) are ignored; any other option is refused.
 Exit status: 0 mounted, 1 bad invocation or options, 32 mount failed.";

@@ -30,6 +30,8 @@ pub struct MountArgs {
     pub lower_passthrough: bool,
     pub lower_timeout: Option<Duration>,
     pub max_watches: Option<usize>,
+    /// `--readahead` or `-o readahead=`, in bytes; 0 keeps the kernel's.
+    pub readahead: Option<u64>,
     pub log_file: Option<PathBuf>,
     /// Every `-o` value, in order (each a comma-separated list).
     pub options: Vec<String>,

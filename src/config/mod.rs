@@ -71,6 +71,9 @@ pub struct Config {
     /// `--max-watches`: the most inotify watches the mount holds on lower
     /// directories; `None` = `overlay::watch::default_cap()`.
     pub max_watches: Option<usize>,
+    /// `--readahead`: the mount's readahead in bytes, set as root after
+    /// the INIT handshake (`daemon::readahead`); 0 keeps the kernel's.
+    pub readahead: u64,
     /// Where the daemon logs (`--log-file`); `None` = stderr (foreground)
     /// or nowhere (background).
     pub log_file: Option<PathBuf>,
@@ -83,6 +86,11 @@ pub struct Config {
 
 /// Default for `--lower-timeout`.
 pub const DEFAULT_LOWER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Default for `--readahead`: two of the largest READs the kernel sends
+/// (256 pages each), so each readahead window keeps two READs in flight
+/// (`daemon::readahead`).
+pub const DEFAULT_READAHEAD: u64 = 2 << 20;
 
 impl Config {
     /// What the overlay core needs of this config.

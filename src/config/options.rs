@@ -82,7 +82,7 @@ pub const IGNORED_OPTIONS: [&str; 35] = [
 /// The mount options layerfs itself understands (`-o KEY=VALUE` or `-o
 /// FLAG`), as `(key, the value's name or None for a flag, meaning)`: one
 /// list for the parser's error message and the mount.fuse.layerfs man page.
-pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 20] = [
+pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 21] = [
     (
         "lowerdir",
         Some("DIR[:DIR…]"),
@@ -126,6 +126,11 @@ pub const LAYERFS_OPTIONS: [(&str, Option<&str>, &str); 20] = [
         "max_watches",
         Some("N"),
         "the most inotify watches on lower directories (as --max-watches)",
+    ),
+    (
+        "readahead",
+        Some("SIZE"),
+        "the mount's readahead, 0 for the kernel's (as --readahead)",
     ),
     (
         "journal_max_size",
@@ -248,6 +253,9 @@ pub fn apply_mount_options(args: &mut MountArgs) -> Result<(), ConfigError> {
                     .map_err(|_| bad(format!("`{v}` is not a number of watches")))?;
                 args.max_watches = Some(n);
             }
+            "readahead" => {
+                args.readahead = Some(parse_size(&need(value)?).map_err(|e| bad(e.to_string()))?);
+            }
             "journal_max_size" => {
                 let size = parse_size(&need(value)?).map_err(|e| bad(e.to_string()))?;
                 if let Some(j) = &mut args.journal {
@@ -344,6 +352,7 @@ fn example_value(key: &str) -> &'static str {
         "threads" => "8",
         "lower_timeout" => "1s",
         "max_watches" => "1000",
+        "readahead" => "2M",
         "journal_max_size" => "64M",
         "journal_max_age" => "30d",
         "scratch" => "target/**",

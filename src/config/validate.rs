@@ -10,6 +10,7 @@ use super::options::apply_mount_options;
 use super::paths::{absolute, existing_dir, is_within};
 use super::{
     default_threads, invalid, usage, Config, ConfigError, MountArgs, DEFAULT_LOWER_TIMEOUT,
+    DEFAULT_READAHEAD,
 };
 use crate::policy::Policy;
 
@@ -170,6 +171,7 @@ pub fn validate(mut args: MountArgs) -> Result<Config, ConfigError> {
         lower_passthrough: args.lower_passthrough,
         lower_timeout: args.lower_timeout.unwrap_or(DEFAULT_LOWER_TIMEOUT),
         max_watches: args.max_watches,
+        readahead: args.readahead.unwrap_or(DEFAULT_READAHEAD),
         log_file,
         created_work: created_work.keep(),
         scratch: args.scratch,

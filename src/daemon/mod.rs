@@ -13,6 +13,7 @@ mod layers;
 pub mod logging;
 pub mod mounts;
 pub mod notify;
+pub mod readahead;
 mod reset;
 pub mod restore;
 mod served;
@@ -461,6 +462,9 @@ fn serve(
         }
     };
     handle.set_notifier(session.notifier());
+    // After the INIT reply (which can only lower the readahead) and before
+    // the mount is announced: a file takes the value at its open.
+    readahead::apply(&cfg.mountpoint, cfg.readahead);
     let transport = dev.and_then(|dev| start_uring(&handle, &dev, acl, cfg.threads));
 
     let reloads = std::sync::Arc::new(signals::Reloads::default());

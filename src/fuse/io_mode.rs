@@ -689,8 +689,9 @@ const LOWER_PASSTHROUGH_MIN: i64 = 1 << 20;
 const LISTED_LOWERS: usize = 2;
 
 /// Lower files up to this size have their pages filled at their first
-/// open (`prefill`): the largest read the kernel's readahead asks for at
-/// once, so the whole of such a file arrives in one piece either way.
+/// open (`prefill`): the kernel's own readahead window (which the mount's
+/// `--readahead` only widens), so a first read of such a file would ask
+/// for all of it in one READ anyway.
 const PREFILL_MAX: i64 = 128 << 10;
 
 /// Whether an open may have its file's pages filled by `prefill`: a

@@ -21,6 +21,9 @@ pub const FUSERMOUNT: &str = "fusermount3";
 /// One line of /proc/self/mountinfo.
 #[derive(Debug, Clone)]
 pub struct MountEntry {
+    /// The device number of its superblock (`major:minor`), as `stat`
+    /// gives it for files on the mount: for FUSE, the connection's.
+    pub dev: (u32, u32),
     pub mount_point: PathBuf,
     pub fstype: String,
     pub source: String,
@@ -81,7 +84,9 @@ fn parse_line(line: &str) -> Option<MountEntry> {
     let fields: Vec<&str> = line.split(' ').collect();
     let sep = fields.iter().position(|f| *f == "-")?;
     let mount_point = PathBuf::from(std::ffi::OsStr::from_bytes(&unescape(fields.get(4)?)));
+    let (major, minor) = fields.get(2)?.split_once(':')?;
     Some(MountEntry {
+        dev: (major.parse().ok()?, minor.parse().ok()?),
         mount_point,
         fstype: fields.get(sep + 1)?.to_string(),
         source: String::from_utf8_lossy(&unescape(fields.get(sep + 2)?)).into_owned(),
@@ -176,5 +181,6 @@ mod tests {
         assert!(m.is_layerfs());
         assert_eq!(m.source, "layerfs");
         assert_eq!(m.owner_uid(), Some(0));
+        assert_eq!(m.dev, (0, 48));
     }
 }

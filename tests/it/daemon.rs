@@ -663,6 +663,9 @@ fn an_unprivileged_user_mounts_through_fusermount3() {
     );
     assert!(is_mounted(&ws.mnt));
     let pid = guard.pid();
+    // Only root may raise the mount's readahead: this mount keeps the
+    // kernel's and works all the same.
+    assert_eq!(crate::readahead::readahead_kb(&ws.mnt), 128);
 
     let script = format!(
         "set -e; cd {mnt}; echo made-by-nobody > new; cat new; cat shared; rm shared; \

@@ -16,14 +16,14 @@ use crate::harness::*;
 use crate::netlower::status_json;
 
 /// READ requests the daemon has served so far.
-fn reads(mnt: &Path) -> u64 {
+pub(crate) fn reads(mnt: &Path) -> u64 {
     status_json(mnt)["counters"]["by_op"]["read"]
         .as_u64()
         .unwrap_or(0)
 }
 
 /// 2 MiB of a pattern that differs at every 4 KiB page.
-fn pattern() -> Vec<u8> {
+pub(crate) fn pattern() -> Vec<u8> {
     (0..(2u32 << 20))
         .map(|i| (i / 4096 + i % 251) as u8)
         .collect()

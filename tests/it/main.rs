@@ -37,6 +37,7 @@ mod posix;
 mod powerloss;
 mod prefetch;
 mod quoting;
+mod readahead;
 mod robust;
 mod run;
 mod run_binds;
