@@ -36,6 +36,18 @@ pub fn apply(mountpoint: &Path, bytes: u64) {
 fn set(mountpoint: &Path, bytes: u64) -> Result<PathBuf, String> {
     let entry = crate::host::mounts::find(mountpoint)
         .ok_or_else(|| format!("{} is not in /proc/self/mountinfo", mountpoint.display()))?;
+    // Root writes a device's setting here: only ever this mount's own
+    // (a FUSE connection's device has major 0), never that of whatever
+    // else a race left on top of the mountpoint.
+    if !entry.is_layerfs() || entry.dev.0 != 0 {
+        return Err(format!(
+            "the mount on top of {} is not a layerfs mount ({} on {}:{})",
+            mountpoint.display(),
+            entry.fstype,
+            entry.dev.0,
+            entry.dev.1
+        ));
+    }
     let file = bdi_file(entry.dev);
     std::fs::write(&file, format!("{}\n", bytes >> 10))
         .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
