@@ -134,7 +134,6 @@ impl Queue {
                 return;
             }
         };
-        keep_workers_on(&ring, qid);
         match run.register(&mut ring) {
             Ok(()) => {
                 let _ = registered.send(Ok(()));
@@ -166,21 +165,6 @@ fn new_ring(depth: usize) -> io::Result<Ring> {
         .setup_single_issuer()
         .setup_defer_taskrun()
         .build((2 * depth + 4).next_power_of_two() as u32)
-}
-
-/// Confines the ring's io-wq workers (the threads that run its syncs,
-/// `Answer::Sync`) to the queue's CPU: a worker the scheduler put on
-/// another CPU would cost a wake-up of that CPU at each end of the sync,
-/// more than the sync of a small write takes.
-fn keep_workers_on(ring: &Ring, qid: u16) {
-    // SAFETY: `cpu_set_t` is a plain bit mask; all zeros is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET sets one bit of the mask by index (a CPU beyond
-    // it would panic, not write outside it).
-    unsafe { libc::CPU_SET(qid as usize, &mut set) };
-    if let Err(e) = ring.submitter().register_iowq_aff(&set) {
-        tracing::debug!("queue {qid}: its syncs may run on any CPU: {e}");
-    }
 }
 
 impl Run {
