@@ -2,17 +2,19 @@
 //! every frequent one, where on local layers it need not wait — GETATTR,
 //! GETXATTR, LISTXATTR, LOOKUP, OPEN, SETATTR, CREATE, READ, WRITE,
 //! RENAME, SETXATTR, REMOVEXATTR, MKDIR, MKNOD, SYMLINK, LINK, UNLINK,
-//! RMDIR, READLINK, READDIR, READDIRPLUS, STATFS, LSEEK, RELEASE, FLUSH
-//! and IOCTL — with the same handler code as through fuser (`Shared`'s
-//! bodies, the core's calls, `NO_FLUSH`, `NO_IOCTL`) and the same
-//! admission (`Contained::answer`). A request that would wait (a write
-//! pause, a long copy-up, a rename's walk, a long listing: see each arm)
-//! is declined, untouched, and goes to fuser. Only the request's
+//! RMDIR, READLINK, READDIR, READDIRPLUS, STATFS, LSEEK, RELEASE, FLUSH,
+//! IOCTL, FSYNC and FSYNCDIR — with the same handler code as through
+//! fuser (`Shared`'s bodies, the core's calls, `NO_FLUSH`, `NO_IOCTL`)
+//! and the same admission (`Contained::answer`). A sync is not waited
+//! for: the queue runs it on its ring (`uring::Answer::Sync`). A request
+//! that would wait (a write pause, a long copy-up, a rename's walk, a
+//! long listing: see each arm) is declined, untouched, and goes to
+//! fuser. Only the request's
 //! arguments are decoded and the reply encoded here (`Encoded`,
 //! `DirList`, `convert::*_out`).
 
 use std::ffi::OsStr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -133,6 +135,9 @@ fn offset_at(arg: &[u8], at: usize) -> Option<u64> {
     u64_at(arg, at).filter(|&o| o <= i64::MAX as u64)
 }
 
+/// `fuse_fsync_in.fsync_flags`: sync the data only (`fdatasync`).
+const FUSE_FSYNC_FDATASYNC: u32 = 1;
+
 /// `fuse_write_in.write_flags`: the caller lacks CAP_FSETID
 /// (`FUSE_WRITE_KILL_SUIDGID`).
 const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
@@ -145,7 +150,7 @@ impl uring::Fast for QueueAnswers {
         arg: &[u8],
         rest: &[u8],
         out: &mut [u8],
-    ) -> Option<Result<usize, i32>> {
+    ) -> Option<uring::Answer> {
         if !self.anyone && req.uid != self.owner {
             return None;
         }
@@ -441,13 +446,55 @@ impl uring::Fast for QueueAnswers {
                 }
                 self.fs.answer("ioctl", ino, |_| Some(Err(NO_IOCTL)))
             }
+            uring::FUSE_FSYNC | uring::FUSE_FSYNCDIR => {
+                // fuse_fsync_in: fh (u64), fsync_flags (u32), padding.
+                let fh = u64_at(arg, 0)?;
+                let datasync = u32_at(arg, 8)? & FUSE_FSYNC_FDATASYNC != 0;
+                let dir = req.opcode == uring::FUSE_FSYNCDIR;
+                return self.sync(dir, &c, ino, fh, datasync);
+            }
             _ => return None,
         };
-        r.map(|r| r.map_err(|e| e.code()))
+        r.map(|r| uring::Answer::Now(r.map_err(|e| e.code())))
     }
 }
 
 impl QueueAnswers {
+    /// FSYNC and FSYNCDIR: the same work up to the sync as through fuser
+    /// (`Shared::fsync_target`, `Overlay::fsyncdir_target`), then the
+    /// sync itself runs on the queue's ring, so the queue thread does not
+    /// wait for the disk. While writes are paused, left to fuser.
+    fn sync(&self, dir: bool, c: &Ctx, ino: u64, fh: u64, datasync: bool) -> Option<uring::Answer> {
+        let op = if dir { "fsyncdir" } else { "fsync" };
+        let target = self.fs.answer(op, ino, |fs| {
+            if fs.ov().gate().paused() {
+                return None;
+            }
+            let t = if dir {
+                fs.ov().fsyncdir_target(ino)
+            } else {
+                fs.inner.fsync_target(c, fh, datasync).map(Some)
+            };
+            Some(t.map_err(errno))
+        })?;
+        Some(match target {
+            Ok(Some(t)) => uring::Answer::Sync(uring::SyncOp {
+                fd: t.fd().as_raw_fd(),
+                datasync: t.datasync,
+                done: Box::new(move |res| {
+                    let r = match res {
+                        0.. => Ok(()),
+                        e => Err(std::io::Error::from_raw_os_error(-e)),
+                    };
+                    t.synced(r).map_err(|e| errno(e).code())
+                }),
+            }),
+            // Nothing to sync.
+            Ok(None) => uring::Answer::Now(Ok(0)),
+            Err(e) => uring::Answer::Now(Err(e.code())),
+        })
+    }
+
     /// The write gate's pass for a change that copies `ino` up, unless
     /// writes are paused or the copy would be long (then `None`: the
     /// request is left to fuser).

@@ -24,7 +24,7 @@ use crate::overlay::attr::SetAttr;
 use crate::overlay::copy_up::NoHalt;
 use crate::overlay::dir::NewKind;
 use crate::overlay::events::EvOp;
-use crate::overlay::file::LONG_COPY;
+use crate::overlay::file::{SyncTarget, LONG_COPY};
 use crate::overlay::Ctx;
 
 /// FLUSH's answer. Nothing is buffered in the daemon and locks live in
@@ -544,11 +544,8 @@ impl fuser::Filesystem for LayerFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.inner.rec.fsynced(self.ov(), fh.0, &ctx(req, 0));
-        match self.ov().fsync(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        let target = self.inner.fsync_target(&ctx(req, 0), fh.0, datasync);
+        reply::empty(target.and_then(SyncTarget::sync), reply);
     }
 
     /// Directories are opened without the daemon: ENOSYS here makes the
@@ -615,10 +612,11 @@ impl fuser::Filesystem for LayerFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.ov().fsyncdir(ino.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        let target = self.ov().fsyncdir_target(ino.0);
+        reply::empty(
+            target.and_then(|t| t.map_or(Ok(()), SyncTarget::sync)),
+            reply,
+        );
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

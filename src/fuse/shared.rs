@@ -15,6 +15,7 @@ use super::init::Negotiated;
 use super::reply::{errno, AttrReply, EntryReply};
 use super::{io_mode, long, record, uring};
 use crate::config::Config;
+use crate::overlay::file::SyncTarget;
 use crate::overlay::{Ctx, Entry, Overlay};
 
 /// Everything a request needs, shared with the daemon's handle and with
@@ -129,6 +130,19 @@ impl LayerFs {
 impl Shared {
     pub(super) fn ov(&self) -> &Overlay {
         &self.ov
+    }
+
+    /// FSYNC up to the sync itself, for the request threads and the
+    /// io_uring queue threads alike: the journal's row for the writes it
+    /// covers (`Recorder::fsynced`), then what to sync.
+    pub(super) fn fsync_target(
+        &self,
+        c: &Ctx,
+        fh: u64,
+        datasync: bool,
+    ) -> crate::overlay::Result<SyncTarget> {
+        self.rec.fsynced(&self.ov, fh, c);
+        self.ov.fsync_target(fh, datasync)
     }
 
     pub(super) fn ttl(&self, lower: bool) -> Duration {

@@ -49,6 +49,44 @@ pub enum Handle {
     File(FileHandle),
 }
 
+/// What an fsync or fsyncdir syncs (`Overlay::fsync_target`,
+/// `fsyncdir_target`), kept open until the sync has ended: the request
+/// threads sync it at once (`sync`), an io_uring queue thread submits the
+/// sync on its ring and hands its result to `synced`.
+pub struct SyncTarget {
+    fd: SyncFd,
+    /// `fdatasync` rather than `fsync`.
+    pub datasync: bool,
+    /// The handle the file was opened through, open while the sync runs.
+    _handle: Option<Arc<Handle>>,
+}
+
+enum SyncFd {
+    Shared(Arc<OwnedFd>),
+    Own(OwnedFd),
+}
+
+impl SyncTarget {
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        match &self.fd {
+            SyncFd::Shared(fd) => fd.as_fd(),
+            SyncFd::Own(fd) => fd.as_fd(),
+        }
+    }
+
+    /// Syncs now, on the calling thread.
+    pub fn sync(self) -> Result<()> {
+        let r = sys::fsync(&self.fd(), self.datasync);
+        self.synced(r)
+    }
+
+    /// The request's answer from the sync's result.
+    pub fn synced(self, r: std::io::Result<()>) -> Result<()> {
+        Ok(r?)
+    }
+}
+
 const SHARDS: usize = 32;
 
 /// Open handles by number.
@@ -365,9 +403,15 @@ impl Overlay {
         }
     }
 
-    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
-        let (_h, fd) = self.file(fh)?;
-        Ok(sys::fsync(fd.as_ref(), datasync)?)
+    /// What an fsync(2) of `fh` syncs: the handle's file (its upper copy
+    /// once there is one), `datasync` as asked.
+    pub fn fsync_target(&self, fh: u64, datasync: bool) -> Result<SyncTarget> {
+        let (h, fd) = self.file(fh)?;
+        Ok(SyncTarget {
+            fd: SyncFd::Shared(fd),
+            datasync,
+            _handle: Some(h),
+        })
     }
 
     pub fn fallocate(&self, fh: u64, mode: i32, off: u64, len: u64) -> Result<()> {
@@ -511,24 +555,29 @@ impl Overlay {
         Ok(list)
     }
 
-    /// fsync(2) of a directory (opened without the daemon: no handle).
+    /// What fsync(2) of a directory syncs (opened without the daemon: no
+    /// handle): its upper, opened anew.
     ///
     /// A directory removed since it was opened has nothing left to sync,
     /// and fsync of it succeeds, as on a local filesystem: its upper's
     /// cached fd was closed at the removal (`RealFd::release`) and its
     /// handle no longer opens (`ESTALE`), which is not an error here.
-    pub fn fsyncdir(&self, id: u64) -> Result<()> {
+    ///
+    /// `None`: nothing to sync (no upper, or removed), which succeeds.
+    /// A directory is always synced whole (`datasync` is not asked).
+    pub fn fsyncdir_target(&self, id: u64) -> Result<Option<SyncTarget>> {
         let inode = self.inode(id)?;
         let upper = match inode.upper_fd() {
             Ok(u) => u,
-            Err(e) if e.raw_os_error() == Some(libc::ESTALE) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ESTALE) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        if let Some(u) = upper {
-            let d = sys::open_dir(u.as_ref())?;
-            sys::fsync(&d, false)?;
-        }
-        Ok(())
+        let Some(u) = upper else { return Ok(None) };
+        Ok(Some(SyncTarget {
+            fd: SyncFd::Own(sys::open_dir(u.as_ref())?),
+            datasync: false,
+            _handle: None,
+        }))
     }
 
     pub fn readlink(&self, id: u64) -> Result<std::ffi::OsString> {

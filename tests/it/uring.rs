@@ -987,3 +987,136 @@ fn a_long_copy_up_is_left_to_the_request_threads() {
     );
     assert!(m.unmount(), "{}", ws.daemon_log());
 }
+
+/// Confines the calling thread to `cpu`.
+fn pin_to(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+}
+
+/// FSYNC and FSYNCDIR are answered by the queue threads (the sync runs
+/// on the queue's ring): none of them is handed on to the request
+/// threads; a lower directory (nothing in the upper to sync) and a new
+/// one both sync, and fdatasync too.
+#[test]
+fn fsyncs_are_answered_by_the_queue_threads() {
+    let ws = Workspace::new();
+    fs::create_dir(ws.lower().join("low")).unwrap();
+    fs::write(ws.lower().join("low/f"), "lower\n").unwrap();
+    let Some(m) = mount_uring(&ws, &[]) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    let handed_on = |m: &Mount| -> u64 {
+        ring_requests(m.path()).iter().sum::<u64>() - answered_total(m.path())
+    };
+    fs::create_dir(m.p("new")).unwrap();
+    let mut f = fs::File::create(m.p("new/db")).unwrap();
+    let lower = fs::File::open(m.p("low/f")).unwrap();
+    let (dir, low) = (
+        fs::File::open(m.p("new")).unwrap(),
+        fs::File::open(m.p("low")).unwrap(),
+    );
+    let before = (handed_on(&m), answered_total(m.path()));
+    for i in 0..50 {
+        std::io::Write::write_all(&mut f, format!("row {i}\n").as_bytes()).unwrap();
+        f.sync_all().unwrap();
+        f.sync_data().unwrap();
+        lower.sync_all().unwrap();
+        dir.sync_all().unwrap();
+        low.sync_all().unwrap();
+    }
+    let after = (handed_on(&m), answered_total(m.path()));
+    assert!(
+        after.0 - before.0 < 10,
+        "{} requests handed on to the request threads for 250 syncs",
+        after.0 - before.0
+    );
+    assert!(
+        after.1 - before.1 >= 250,
+        "{} requests answered by the queue threads for 250 syncs and 50 writes",
+        after.1 - before.1
+    );
+    drop((f, lower, dir, low));
+    let rows: String = (0..50).map(|i| format!("row {i}\n")).collect();
+    assert_eq!(fs::read_to_string(ws.upper.join("new/db")).unwrap(), rows);
+    assert!(m.unmount(), "{}", ws.daemon_log());
+}
+
+/// A slow fsync answered by a queue thread does not hold up the other
+/// requests of its CPU: while one thread on CPU 0 fsyncs a large dirty
+/// file, lookups from another thread on CPU 0 keep being answered. (A
+/// queue thread that synced in place would answer none of them until the
+/// sync ended.) The fsync is judged only once it took long enough to
+/// tell (a larger file is tried otherwise), and only lookups in its first
+/// half are counted, so that a late wake-up of the syncing thread cannot
+/// count as overlap.
+#[test]
+fn a_slow_fsync_does_not_hold_up_its_queue() {
+    let ws = Workspace::new();
+    let Some(m) = mount_uring(&ws, &[]) else {
+        panic!("this kernel has no {SWITCH}: FUSE over io_uring is not built in");
+    };
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut judged = None;
+    for (round, mib) in [256usize, 768, 2048].into_iter().enumerate() {
+        let path = m.p(&format!("big{round}"));
+        let sync = {
+            let (path, chunk) = (path.clone(), chunk.clone());
+            std::thread::spawn(move || {
+                pin_to(0);
+                let mut f = fs::File::create(&path).unwrap();
+                for _ in 0..mib {
+                    std::io::Write::write_all(&mut f, &chunk).unwrap();
+                }
+                // Closed and opened again: what the kernel still holds
+                // dirty goes to the daemon at the close, so the fsync is
+                // the daemon's sync of its upper file alone.
+                drop(f);
+                let f = fs::File::open(&path).unwrap();
+                let t0 = std::time::Instant::now();
+                f.sync_all().unwrap();
+                (t0, std::time::Instant::now())
+            })
+        };
+        let looker = {
+            let mnt = m.path().to_path_buf();
+            let sync_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let done = sync_done.clone();
+            let t = std::thread::spawn(move || {
+                pin_to(0);
+                let mut answered = Vec::new();
+                let mut i = 0u64;
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    // A name never looked up before: a LOOKUP each time.
+                    let r = fs::symlink_metadata(mnt.join(format!("nope-{round}-{i}")));
+                    assert!(r.is_err());
+                    answered.push(std::time::Instant::now());
+                    i += 1;
+                }
+                answered
+            });
+            (t, sync_done)
+        };
+        let (t0, t1) = sync.join().unwrap();
+        looker.1.store(true, std::sync::atomic::Ordering::Release);
+        let answered = looker.0.join().unwrap();
+        fs::remove_file(&path).unwrap();
+        let took = t1 - t0;
+        if took < Duration::from_millis(200) {
+            continue;
+        }
+        let half = t0 + took / 2;
+        let during = answered.iter().filter(|&&t| t > t0 && t < half).count();
+        judged = Some((mib, took, during));
+        break;
+    }
+    let Some((mib, took, during)) = judged else {
+        panic!("no fsync of up to 2 GiB took 200 ms here: cannot tell whether it blocks");
+    };
+    assert!(
+        during >= 5,
+        "{during} lookups on CPU 0 answered in the first half of a {took:?} fsync of {mib} MiB"
+    );
+    assert!(m.unmount(), "{}", ws.daemon_log());
+}

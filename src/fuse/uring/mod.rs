@@ -37,7 +37,7 @@ mod queue;
 
 pub use error::UringError;
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::AtomicU64;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -66,10 +66,11 @@ pub struct Req {
 /// request threads: the socket hop costs two thread switches, more than
 /// answering a GETATTR, LOOKUP or OPEN does. `answer` writes the reply's
 /// arguments into `out` (at least `SCRATCH` bytes) and returns their
-/// length, or an errno; `None` hands the request on as usual, untouched.
-/// Its answers must be the ones the filesystem gives through fuser (one
-/// implementation of the operation, two encodings of the reply). `side`
-/// is the queue the request came through.
+/// length, or an errno, or a sync for the queue to run on its ring;
+/// `None` hands the request on as usual, untouched. Its answers must be
+/// the ones the filesystem gives through fuser (one implementation of the
+/// operation, two encodings of the reply). `side` is the queue the
+/// request came through.
 pub trait Fast: Send + Sync {
     /// `arg` is the request's first argument, `rest` the others.
     fn answer(
@@ -79,7 +80,27 @@ pub trait Fast: Send + Sync {
         arg: &[u8],
         rest: &[u8],
         out: &mut [u8],
-    ) -> Option<Result<usize, i32>>;
+    ) -> Option<Answer>;
+}
+
+/// What `Fast` made of a request.
+pub enum Answer {
+    /// The reply's arguments (their length in `out`), or an errno.
+    Now(Result<usize, i32>),
+    /// An FSYNC or FSYNCDIR: the queue thread submits the sync on its own
+    /// ring (IORING_OP_FSYNC) and goes on serving; the request's entry
+    /// waits, uncommitted, for the sync's completion, whose result
+    /// `SyncOp::done` makes into the (empty) reply or its errno.
+    Sync(SyncOp),
+}
+
+pub struct SyncOp {
+    /// The descriptor to sync, open for as long as `done` is held.
+    pub fd: RawFd,
+    /// `fdatasync` rather than `fsync`.
+    pub datasync: bool,
+    /// Takes the sync's result (0 or -errno), gives the answer's.
+    pub done: Box<dyn FnOnce(i32) -> Result<(), i32> + Send>,
 }
 
 /// Room for a reply `Fast` writes: an xattr value is at most 64 KiB (a
@@ -104,12 +125,14 @@ pub const FUSE_READ: u32 = 15;
 pub const FUSE_WRITE: u32 = 16;
 pub const FUSE_STATFS: u32 = 17;
 pub const FUSE_RELEASE: u32 = 18;
+pub const FUSE_FSYNC: u32 = 20;
 pub const FUSE_SETXATTR: u32 = 21;
 pub const FUSE_GETXATTR: u32 = 22;
 pub const FUSE_LISTXATTR: u32 = 23;
 pub const FUSE_REMOVEXATTR: u32 = 24;
 pub const FUSE_FLUSH: u32 = 25;
 pub const FUSE_READDIR: u32 = 28;
+pub const FUSE_FSYNCDIR: u32 = 30;
 pub const FUSE_CREATE: u32 = 35;
 pub const FUSE_IOCTL: u32 = 39;
 pub const FUSE_READDIRPLUS: u32 = 44;

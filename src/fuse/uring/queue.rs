@@ -4,7 +4,10 @@
 //! kernel. A completed entry holds a request: the thread hands it, laid
 //! out as `/dev/fuse` would have delivered it, to this queue's request
 //! threads over a socket pair, and hands their reply back to the kernel
-//! with COMMIT_AND_FETCH, which also re-arms the entry.
+//! with COMMIT_AND_FETCH, which also re-arms the entry. A request `Fast`
+//! answers is committed at once, or, for a sync, once the sync it
+//! submitted on this ring has completed; the entry waits meanwhile while
+//! the others serve.
 //!
 //! Invariant: an entry is owned by the kernel from REGISTER or
 //! COMMIT_AND_FETCH until its completion, and by this thread from then
@@ -23,12 +26,14 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use nix::sys::socket::{sendmsg, MsgFlags};
 
 use super::abi::{self, OutHeader, ReqHeader};
-use super::{Fast, QueueSide, Req, Stats, UringError, SCRATCH};
+use super::{Answer, Fast, QueueSide, Req, Stats, UringError, SCRATCH};
 use zerocopy::FromZeros;
 
 /// `user_data` of the pending receive on the socket pair; entries use
-/// their index.
+/// their index, and the sync an entry's request waits for (`Answer::Sync`)
+/// the index with this bit set.
 const RECV: u64 = u64::MAX;
+const SYNC: u64 = 1 << 32;
 
 struct Entry {
     header: Box<ReqHeader>,
@@ -89,6 +94,15 @@ struct Run {
     live: usize,
     /// Where `Fast` writes a reply.
     scratch: Vec<u8>,
+    /// Per entry, the sync on the ring its request waits for: the
+    /// request's commit id and unique, and what makes the answer.
+    syncs: Vec<Option<Waiting>>,
+}
+
+struct Waiting {
+    commit_id: u64,
+    unique: u64,
+    done: Box<dyn FnOnce(i32) -> Result<(), i32> + Send>,
 }
 
 impl Queue {
@@ -100,6 +114,7 @@ impl Queue {
         let entries = (0..self.depth).map(|_| Entry::new(self.payload)).collect();
         let reply = vec![0u8; self.payload + 4096];
         let scratch = vec![0u8; SCRATCH.max(self.payload)];
+        let syncs = (0..self.depth).map(|_| None).collect();
         let mut run = Run {
             live: self.depth,
             q: self,
@@ -108,6 +123,7 @@ impl Queue {
             inflight: HashMap::new(),
             threads_gone: false,
             scratch,
+            syncs,
         };
         // Declared after `run`, so dropped before it: the buffers the
         // kernel may still write (a pending receive) outlive the ring.
@@ -201,7 +217,9 @@ impl Run {
         loop {
             // SAFETY: every buffer an entry points at (iovecs, header,
             // payload, the reply buffer) lives in `self` and outlives the
-            // ring, which `Queue::run` drops first (see the module note).
+            // ring, which `Queue::run` drops first (see the module note);
+            // a sync points at no memory, and its fd stays open until its
+            // completion (`Waiting::done` holds it).
             if unsafe { ring.submission().push(sqe) }.is_ok() {
                 return;
             }
@@ -247,6 +265,8 @@ impl Run {
             for &(ud, res) in &done {
                 if ud == RECV {
                     self.received(ring, res);
+                } else if ud & SYNC != 0 {
+                    self.synced(ring, (ud & !SYNC) as usize, res);
                 } else if res < 0 {
                     // The connection ended (ENOTCONN), the ring's thread
                     // is going (ECANCELED), or the kernel refused a
@@ -302,11 +322,14 @@ impl Run {
             };
             let arg = &h.op_in[..first];
             let rest = &e.payload[..psz];
-            if let Some(r) = fast.answer(&self.q.side, req, arg, rest, &mut self.scratch) {
+            if let Some(a) = fast.answer(&self.q.side, req, arg, rest, &mut self.scratch) {
                 if let Some(n) = self.q.stats.answered.get(self.q.qid as usize) {
                     n.fetch_add(1, Ordering::Relaxed);
                 }
-                return self.answered(ring, i, commit_id, unique, r);
+                return match a {
+                    Answer::Now(r) => self.answered(ring, i, commit_id, unique, r),
+                    Answer::Sync(s) => self.sync(ring, i, commit_id, unique, s),
+                };
             }
         }
         if self.threads_gone {
@@ -425,6 +448,38 @@ impl Run {
         e.header.set_reply(out, n);
         e.payload[..n].copy_from_slice(&self.scratch[..n]);
         self.commit_entry(ring, i, commit_id);
+    }
+
+    /// Submits entry `i`'s sync on the ring; its completion (`synced`)
+    /// answers the request. The entry stays this thread's, uncommitted,
+    /// meanwhile: the kernel serves the queue's other entries as usual.
+    fn sync(&mut self, ring: &mut Ring, i: usize, commit_id: u64, unique: u64, s: super::SyncOp) {
+        let flags = if s.datasync {
+            types::FsyncFlags::DATASYNC
+        } else {
+            types::FsyncFlags::empty()
+        };
+        let sqe = opcode::Fsync::new(types::Fd(s.fd))
+            .flags(flags)
+            .build()
+            .user_data(SYNC | i as u64);
+        self.syncs[i] = Some(Waiting {
+            commit_id,
+            unique,
+            done: s.done,
+        });
+        self.push(ring, &squeue::Entry128::from(sqe));
+    }
+
+    /// Entry `i`'s sync completed with `res`: answers its request.
+    fn synced(&mut self, ring: &mut Ring, i: usize, res: i32) {
+        let Some(w) = self.syncs.get_mut(i).and_then(Option::take) else {
+            return tracing::error!("queue {}: a sync no entry waits for", self.q.qid);
+        };
+        match (w.done)(res) {
+            Ok(()) => self.answered(ring, i, w.commit_id, w.unique, Ok(0)),
+            Err(errno) => self.fail(ring, i, w.commit_id, w.unique, errno),
+        }
     }
 
     /// Answers entry `i`'s request with `errno` and re-arms the entry.
