@@ -28,6 +28,11 @@
 //! waiting) and end them when it has seen what it wanted, with no clock
 //! involved. The held copy still answers its halt checks
 //! (`overlay::copy_up::Halt`) while it waits.
+//!
+//! `LAYERFS_FAILPOINT=hold:open_write:PATH` holds an open for writing (or
+//! a truncation) of the mount's `PATH` once `fuse::io_mode` has let it
+//! begin, before its policy check, and says so by creating
+//! `LAYERFS_FAILPOINT_WHILE`'s file with `.reached` appended.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -121,6 +126,34 @@ pub fn crash(op: &str, step: &str) {
             }
             Action::Panic => {}
         }
+    }
+}
+
+/// Whether a `hold` failpoint for `op` is armed: an io_uring queue thread
+/// hands such a request on rather than hold its whole queue.
+pub fn holds(op: &str) -> bool {
+    matches!(ARMED.get(), Some(Some(fp)) if fp.op == op && matches!(fp.action, Action::Hold(_)))
+}
+
+/// Waits while a `hold` failpoint for `op` is armed for the path `path()`
+/// (computed only then) and its file exists. On reaching the point it
+/// creates the file's sibling `FILE.reached`, so a test knows the request
+/// is held there.
+pub fn hold_at(op: &str, path: impl FnOnce() -> String) {
+    let Some(Some(fp)) = ARMED.get() else {
+        return;
+    };
+    let Action::Hold(gate) = &fp.action else {
+        return;
+    };
+    if fp.op != op || fp.name != OsStr::new(&path()) {
+        return;
+    }
+    let mut reached = gate.as_os_str().to_os_string();
+    reached.push(".reached");
+    let _ = std::fs::write(&reached, "");
+    while gate.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 

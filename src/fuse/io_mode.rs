@@ -244,6 +244,13 @@ impl OpenReply for ReplyOpen {
 pub enum Writing {
     Listed,
     Unlisted,
+    /// Listed, and let through only because the change is refused anyway
+    /// (a read-only mount, a `readonly` rule) while readers pass the
+    /// lower file through: the caller answers with that refusal
+    /// (`Overlay::guard_write`) and never makes the change, so a policy
+    /// reload lifting the rule meanwhile cannot bring a copy-up to those
+    /// readers' node (it gets `ETXTBSY`, as after the reload).
+    Refused,
 }
 
 /// How a request reached the daemon: `None` through `/dev/fuse`, or
@@ -307,10 +314,10 @@ impl IoModes {
     /// Where the change will be refused anyway (a read-only mount, a
     /// `readonly` rule: why those files were passed through), it is not
     /// held up: its refusal (`EROFS`, recorded as a denial) is the answer.
-    /// (A policy reload lifting the rule between this check and the guard
-    /// would let the copy-up meet the readers' lower backing, and the
-    /// kernel would fail that one open with `EIO`: a window of one request
-    /// at a reload.)
+    /// Such a change is `Writing::Refused`: its caller answers with the
+    /// refusal and makes no change, so a policy reload lifting the rule
+    /// between this check and the caller's never lets a copy-up meet the
+    /// readers' lower backing.
     ///
     /// Until the first lower passthrough open, no change of data takes the
     /// lock: it is counted in `unlisted_writes` instead of being listed
@@ -343,19 +350,24 @@ impl IoModes {
         }
         let mut st = self.state.lock();
         let deadline = std::time::Instant::now() + RELEASE_WAIT;
-        while st.lower_backed.contains(&id)
-            && st.backing.get(&id).and_then(Weak::upgrade).is_some()
-            && !no_copy_up(ov, id)
-        {
+        let writing = loop {
+            if !st.lower_backed.contains(&id)
+                || st.backing.get(&id).and_then(Weak::upgrade).is_none()
+            {
+                break Writing::Listed;
+            }
+            if no_copy_up(ov, id) {
+                break Writing::Refused;
+            }
             if !wait {
                 return None;
             }
             if self.released.wait_until(&mut st, deadline).timed_out() {
                 return Some(Err(libc::ETXTBSY));
             }
-        }
+        };
         *st.writing.entry(id).or_insert(0) += 1;
-        Some(Ok(Writing::Listed))
+        Some(Ok(writing))
     }
 
     /// Ends what `begin_write` began.

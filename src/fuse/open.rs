@@ -52,7 +52,7 @@ impl Shared {
             self.opened(c, ino, flags, (r, Prepared::default()), via, reply);
             return Ok(());
         }
-        if self.ov().open_copies_long(ino.0, flags.0) {
+        if self.ov().open_copies_long(ino.0, flags.0) || crate::failpoint::holds("open_write") {
             return Err(reply);
         }
         let Some(_pass) = self.ov.gate().try_enter() else {
@@ -91,8 +91,25 @@ impl Shared {
     ) -> (crate::overlay::Result<Opened>, Prepared) {
         // Before the copy-up: refused while the lower file is passed
         // through to readers (`io_mode`); ended when the open is decided.
+        crate::failpoint::hold_at("open_write", || {
+            self.ov()
+                .inode(ino.0)
+                .map(|i| self.ov().path_of(&i))
+                .unwrap_or_default()
+        });
+        let began = began.and_then(|w| match w {
+            io_mode::Writing::Refused => {
+                let refused = self.ov().guard_write(c, ino.0);
+                self.io.end_write(ino.0, w);
+                Err(refused.err().map_or(libc::ETXTBSY, |e| e.0))
+            }
+            w => Ok(w),
+        });
         let writing = match began {
             Ok(w) => w,
+            Err(e) if e != libc::ETXTBSY => {
+                return (Err(crate::overlay::Errno(e)), Prepared::default());
+            }
             Err(e) => {
                 let path = self.ov().inode(ino.0).map(|i| self.ov().path_of(&i));
                 tracing::info!(

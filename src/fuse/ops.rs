@@ -98,6 +98,9 @@ impl Shared {
         // A truncation by path changes the data: not while the lower
         // file is passed through to readers (`io_mode`).
         let truncates = a.size.is_some() && a.fh.is_none();
+        if truncates && !wait && crate::failpoint::holds("open_write") {
+            return Err(reply);
+        }
         let began = match (truncates, wait) {
             (false, _) => None,
             (true, true) => Some(self.io.begin_write(self.ov(), ino.0)),
@@ -106,8 +109,22 @@ impl Shared {
                 began => began,
             },
         };
+        if began.is_some() {
+            crate::failpoint::hold_at("open_write", || {
+                let ov = self.ov();
+                ov.inode(ino.0).map(|i| ov.path_of(&i)).unwrap_or_default()
+            });
+        }
         let writing = match began {
             Some(Err(e)) => {
+                reply.error(Errno::from_i32(e));
+                return Ok(());
+            }
+            Some(Ok(w @ super::io_mode::Writing::Refused)) => {
+                // Refused, never made (`io_mode::Writing::Refused`).
+                let refused = self.ov().guard_write(c, ino.0);
+                self.io.end_write(ino.0, w);
+                let e = refused.err().map_or(libc::ETXTBSY, |e| e.0);
                 reply.error(Errno::from_i32(e));
                 return Ok(());
             }

@@ -164,6 +164,13 @@ impl Overlay {
         Ok(())
     }
 
+    /// `guard_inode` of the object `id` for a change of its data: the
+    /// policy's answer now, recorded as any refusal is. For a change that
+    /// must be refused and never made (`fuse::io_mode`'s `Writing::Refused`).
+    pub fn guard_write(&self, ctx: &Ctx, id: u64) -> Result<()> {
+        self.guard_inode(ctx, Op::Write, &*self.inode(id)?)
+    }
+
     /// Whether `guard_inode` would refuse every change to the object `id`
     /// (a `readonly` or `hide` rule covers one of its names), without
     /// recording a denial: no copy-up of it can come through the mount

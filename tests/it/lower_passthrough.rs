@@ -217,6 +217,77 @@ fn without_lower_passthrough_a_reader_sees_the_copy_up() {
 }
 
 #[test]
+fn a_reload_lifting_readonly_while_a_write_is_decided_never_copies_up_under_readers() {
+    for how in ["truncate", "open"] {
+        reload_while_a_write_is_decided(how);
+    }
+}
+
+/// The change (`open` for writing, or `truncate` by path) is let through
+/// because the rule refuses it anyway, and held there; the reload lifts
+/// the rule before its policy check. It must be refused (busy), never
+/// copied up under the readers.
+fn reload_while_a_write_is_decided(how: &'static str) {
+    let ws = Workspace::new();
+    fs::create_dir(ws.lower().join("ro")).unwrap();
+    fs::write(ws.lower().join("ro/f.bin"), pattern()).unwrap();
+    let pf = policy_file(&ws, "readonly ro/**\n");
+    let gate = ws.dir.path().join("gate");
+    fs::write(&gate, "").unwrap();
+    let reached = ws.dir.path().join("gate.reached");
+    let m = ws.mount_env(
+        &["--policy", pf.to_str().unwrap()],
+        &[
+            ("LAYERFS_FAILPOINT", "hold:open_write:ro/f.bin"),
+            ("LAYERFS_FAILPOINT_WHILE", gate.to_str().unwrap()),
+        ],
+    );
+    let before = reads(m.path());
+    let mut reader = fs::File::open(m.p("ro/f.bin")).unwrap();
+    let target = m.p("ro/f.bin");
+    let writer = std::thread::spawn(move || {
+        if how == "open" {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(target)
+                .map(drop)
+                .map_err(|e| errno(&e))
+        } else {
+            nix::unistd::truncate(&target, 0).map_err(|e| e as i32)
+        }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || reached.exists()),
+        "the open for writing never reached the daemon's hold"
+    );
+    fs::write(&pf, "# no rules\n").unwrap();
+    // SAFETY: kill takes only integers and touches no memory; the pid (> 0) is the daemon's.
+    assert_eq!(
+        unsafe { libc::kill(m.pid() as libc::pid_t, libc::SIGHUP) },
+        0
+    );
+    // The reload is in force once another file under ro/ can be written.
+    fs::write(ws.lower().join("ro/g"), "g\n").unwrap();
+    assert!(eventually(Duration::from_secs(5), || fs::OpenOptions::new(
+    )
+    .append(true)
+    .open(m.p("ro/g"))
+    .is_ok()));
+    fs::remove_file(&gate).unwrap();
+    assert_eq!(writer.join().unwrap(), Err(libc::ETXTBSY), "{how}");
+    assert!(
+        !ws.upper.join("ro/f.bin").exists(),
+        "{how}: copied up under the readers"
+    );
+    let mut got = Vec::new();
+    reader.read_to_end(&mut got).unwrap();
+    assert!(got == pattern());
+    assert_eq!(reads(m.path()), before, "reads reached the daemon");
+    drop(reader);
+    drop(m);
+}
+
+#[test]
 fn a_reloaded_policy_that_lifts_readonly_refuses_writes_while_read_through() {
     let ws = Workspace::new();
     let data = pattern();
