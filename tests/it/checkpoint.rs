@@ -458,6 +458,82 @@ fn forks_are_isolated_from_each_other_and_from_the_checkpoint() {
     assert_eq!(fs::read_to_string(m.p("shared")).unwrap(), "shared\n");
 }
 
+/// A best-of-N runner starts its forks at once, while the workspace they
+/// come from is mounted and changing: every fork mounts, sees the
+/// checkpoint and only its own changes, and holds the checkpoint (its
+/// hold made beside the others', none lost).
+#[test]
+fn forks_started_together_all_mount_on_the_checkpoint_and_each_holds_it() {
+    const N: usize = 8;
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("shared"), "shared\n").unwrap();
+    let m = ws.mount();
+    fs::write(m.p("b"), "base\n").unwrap();
+    assert_eq!(ok(&[&"checkpoint", &m.path(), &"base"]).trim(), "base");
+
+    let mut guards = Vec::new();
+    let mut children = Vec::new();
+    for n in 0..N {
+        let base = ws.dir.path().join(format!("fork{n}"));
+        let mnt = base.join("mnt");
+        fs::create_dir_all(&mnt).unwrap();
+        guards.push(Fork(mnt.clone()));
+        children.push(
+            Command::new(bin())
+                .arg("fork")
+                .arg(m.path())
+                .arg("base")
+                .arg("--upper")
+                .arg(base.join("upper"))
+                .arg(&mnt)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    // The source goes on changing while its forks start.
+    fs::write(m.p("b"), "after\n").unwrap();
+    for (n, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "fork {n} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for (n, g) in guards.iter().enumerate() {
+        assert!(is_mounted(&g.0), "fork {n} is not mounted");
+        assert_eq!(fs::read_to_string(g.0.join("b")).unwrap(), "base\n");
+        assert_eq!(fs::read_to_string(g.0.join("shared")).unwrap(), "shared\n");
+        fs::write(g.0.join(format!("own{n}")), format!("{n}\n")).unwrap();
+    }
+    for (n, g) in guards.iter().enumerate() {
+        let d = ok(&[&"diff", &g.0]);
+        assert_eq!(
+            d.lines().collect::<Vec<_>>(),
+            [format!("A own{n}")],
+            "fork {n}"
+        );
+    }
+    assert_eq!(fs::read_to_string(m.p("b")).unwrap(), "after\n");
+    assert!(!m.p("own0").exists());
+
+    let e = refused(&[&"checkpoint", &"rm", &m.path(), &"base"]);
+    for n in 0..N {
+        assert!(
+            e.contains(&format!("fork{n}")),
+            "the refusal does not name fork {n}: {e}"
+        );
+    }
+    drop(guards);
+    let e = refused(&[&"checkpoint", &"rm", &m.path(), &"base"]);
+    assert!(
+        e.contains("fork0"),
+        "unmounted forks still stand on it: {e}"
+    );
+}
+
 #[test]
 fn undo_returns_the_upper_to_the_checkpoint_exactly_and_steps_back() {
     let ws = Workspace::new();
