@@ -325,3 +325,97 @@ fn a_power_cut_during_run_checkpoints_leaves_a_prefix_of_the_commands() {
     }
     eprintln!("powerloss of run checkpoints: {cuts} cuts ({mid} mid-way) clean, seed {seed}");
 }
+
+/// A new workspace's journal is made without waiting for the disk
+/// (`journal::schema::open_rw`). Workspaces are made one after another on
+/// an ext4 image, each mounted for the first time, written to and
+/// unmounted, while the image is captured at random moments: in every
+/// capture, every workspace there mounts again, and its journal records a
+/// new change (a journal lost or torn by the cut is started anew, never
+/// left refusing).
+#[test]
+fn a_power_cut_while_new_workspaces_make_their_journals_leaves_each_one_journaling() {
+    let cuts = env_u64("LAYERFS_POWERLOSS_CUTS", 2).max(2);
+    let seed = seed();
+    let ws = Workspace::new();
+    fs::write(ws.lower().join("shared"), "shared\n").unwrap();
+    let host = LoopFs::new(ws.dir.path(), "host", 1024, &["mkfs.btrfs", "-q"], "");
+    let up = LoopFs::new(&host.mnt, "up", 256, &["mkfs.ext4", "-q"], "");
+    run(Command::new("sync").arg("-f").arg(&up.mnt));
+    let made = 40;
+    let (lower, root, mnts) = (
+        ws.lower().to_path_buf(),
+        up.mnt.clone(),
+        ws.dir.path().join("mnts"),
+    );
+    let worker = std::thread::spawn(move || {
+        for i in 0..made {
+            let upper = root.join(format!("w{i}")).join("upper");
+            let mnt = mnts.join(format!("w{i}"));
+            fs::create_dir_all(&upper).unwrap();
+            fs::create_dir_all(&mnt).unwrap();
+            let guard = crate::checkpoint::Fork(mnt.clone());
+            crate::checkpoint::ok(&[&"mount", &"--lower", &lower, &"--upper", &upper, &mnt]);
+            fs::write(mnt.join("a"), "a\n").unwrap();
+            drop(guard);
+        }
+    });
+    let mut rng = Rng::new(seed);
+    eprintln!("powerloss of new journals: seed {seed}, {cuts} cuts");
+    let start = Instant::now();
+    let mut moments: Vec<u64> = (0..cuts).map(|_| rng.below(2_000_000)).collect();
+    moments.sort();
+    let mut taken = Vec::new();
+    for (i, at) in moments.iter().enumerate() {
+        if let Some(wait) = Duration::from_micros(*at).checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let img = host.mnt.join(format!("cut{i}.img"));
+        run(Command::new("cp")
+            .arg("--reflink=always")
+            .arg(&up.img)
+            .arg(&img));
+        taken.push(img);
+    }
+    worker.join().expect("making the workspaces failed");
+    up.umount();
+    let mut checked = 0;
+    for (i, img) in taken.iter().enumerate() {
+        let copy = LoopFs::attach(img, &up.mnt, "");
+        for w in 0..made {
+            let upper = up.mnt.join(format!("w{w}")).join("upper");
+            if !upper.is_dir() {
+                continue;
+            }
+            let mnt = ws.dir.path().join("again").join(format!("c{i}w{w}"));
+            fs::create_dir_all(&mnt).unwrap();
+            let guard = crate::checkpoint::Fork(mnt.clone());
+            let out = layerfs(&[
+                "mount".as_ref(),
+                "--lower".as_ref(),
+                ws.lower().as_os_str(),
+                "--upper".as_ref(),
+                upper.as_os_str(),
+                mnt.as_os_str(),
+            ]);
+            assert!(
+                out.status.success(),
+                "capture {i}, workspace {w}: mount: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            fs::write(mnt.join("after"), "after\n").unwrap();
+            crate::state::poll_log(&mnt, |rows| {
+                rows.iter()
+                    .any(|r| r["path"] == "after" && (r["op"] == "create" || r["op"] == "write"))
+            });
+            drop(guard);
+            checked += 1;
+        }
+        drop(copy);
+        let _ = fs::remove_file(img);
+    }
+    assert!(checked > 0, "no capture held a workspace");
+    eprintln!(
+        "powerloss of new journals: {cuts} cuts, {checked} workspaces journaling, seed {seed}"
+    );
+}

@@ -101,17 +101,21 @@ fn journal_mode(path: &Path) -> &'static str {
 pub fn open_rw(path: &Path) -> rusqlite::Result<Connection> {
     // Private whatever the daemon's umask (SQLite gives the -wal and -shm
     // files the database's mode); a failure here is SQLite's to report.
-    {
+    let fresh = {
         use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        let _ = fs::OpenOptions::new()
+        fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(path)
-            .and_then(|f| f.set_permissions(fs::Permissions::from_mode(0o600)));
-    }
+            .and_then(|f| {
+                f.set_permissions(fs::Permissions::from_mode(0o600))?;
+                Ok(f.metadata()?.len() == 0)
+            })
+            .unwrap_or(false)
+    };
     let c = open_db(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -119,9 +123,19 @@ pub fn open_rw(path: &Path) -> rusqlite::Result<Connection> {
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     c.busy_timeout(Duration::from_millis(500))?;
+    // A new, empty journal is made without waiting for the disk: the
+    // switch to WAL and the schema would otherwise sync four or five
+    // times, at the moment a new workspace's daemon syncs its description
+    // before mounting (a fork's too), and delay it. Losing them to a crash
+    // of the machine loses no row: the next open finds an empty file, or
+    // one SQLite calls corrupt, which the writer sets aside and makes anew
+    // (`Writer::open`).
+    if fresh {
+        c.pragma_update(None, "synchronous", "OFF")?;
+    }
     c.pragma_update(None, "journal_mode", journal_mode(path))?;
-    c.pragma_update(None, "synchronous", "NORMAL")?;
     c.execute_batch(SCHEMA)?;
+    c.pragma_update(None, "synchronous", "NORMAL")?;
     migrate(&c)?;
     Ok(c)
 }

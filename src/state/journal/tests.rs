@@ -342,3 +342,49 @@ fn a_one_off_row_waits_for_a_busy_writer() {
         .unwrap();
     assert_eq!(n, 1);
 }
+
+/// A new journal is made without syncs, then used as any other: its
+/// commits wait for the disk as `synchronous=NORMAL` says, in WAL mode;
+/// and an empty file (what a power cut during its making can leave) is
+/// made anew with its schema.
+#[test]
+fn a_new_journal_is_made_unsynced_and_then_commits_as_normal() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("journal.db");
+    let c = open_rw(&db).unwrap();
+    let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+    assert_eq!(
+        sync, 1,
+        "synchronous is not NORMAL after the journal was made"
+    );
+    let mode: String = c
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    drop(c);
+    // Torn to nothing, as a cut before any write-back leaves it.
+    fs::write(&db, b"").unwrap();
+    let _ = fs::remove_file(schema::wal_path(&db));
+    let c = open_rw(&db).unwrap();
+    assert_eq!(
+        columns(&c).unwrap().len(),
+        14,
+        "the schema was not made anew"
+    );
+    let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+    assert_eq!(sync, 1);
+    // An existing journal opens with its rows and NORMAL too.
+    c.execute(
+        "INSERT INTO events (time, op, path, result) VALUES (1, 'create', 'a', 'ok')",
+        [],
+    )
+    .unwrap();
+    drop(c);
+    let c = open_rw(&db).unwrap();
+    let n: i64 = c
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+    let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+    assert_eq!(sync, 1);
+}
