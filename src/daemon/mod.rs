@@ -407,7 +407,7 @@ fn serve(
     let fs = LayerFs::new(cfg).map_err(DaemonError::Filesystem)?;
     let handle = fs.handle();
     let journal = cfg.journal.clone().map(|opts| {
-        let j = crate::state::journal::Journal::start_in(state_dir.clone(), opts);
+        let j = crate::state::journal::Journal::start_in_later(state_dir.clone(), opts);
         handle.set_journal(j.clone());
         j
     });
@@ -502,6 +502,11 @@ fn serve(
         std::process::id()
     );
     on_ready();
+    // Opened only now: making, counting or trimming the database would
+    // otherwise compete with the description's syncs above.
+    if let Some(j) = &journal {
+        j.begin();
+    }
     notify.send(&format!(
         "READY=1\nSTATUS=serving {}\nMAINPID={}",
         cfg.mountpoint.display(),

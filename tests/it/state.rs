@@ -121,6 +121,25 @@ fn state_dir_is_created_private_and_describes_the_workspace() {
     assert!(desc["mountpoint"].is_null(), "{desc}");
 }
 
+/// A new workspace's journal is made once the mount is live, but its
+/// file is there from the start: `log` at once shows no rows (never "no
+/// journal"), it is private, and the first change is recorded.
+#[test]
+fn a_new_workspace_has_its_journal_from_the_first_moment_of_its_mount() {
+    let ws = Workspace::new();
+    let m = ws.mount();
+    let db = state_dir(&ws).join("journal.db");
+    let md = fs::symlink_metadata(&db).expect("no journal.db once the mount is live");
+    assert_eq!(md.permissions().mode() & 0o777, 0o600);
+    assert_eq!(log_rows(m.path(), &[]), Vec::<Value>::new());
+    fs::write(m.p("first"), "1\n").unwrap();
+    poll_log(m.path(), |rows| rows.iter().any(|r| r["path"] == "first"));
+    let s = layerfs_quiet(&["status", "--json", m.path().to_str().unwrap()]);
+    let v: Value = serde_json::from_slice(&s.stdout).unwrap();
+    assert!(v["journal"]["last_error"].is_null(), "{v}");
+    assert!(m.unmount());
+}
+
 #[test]
 fn state_dir_inside_the_layers_is_refused() {
     let ws = Workspace::new();

@@ -85,16 +85,37 @@ impl Journal {
     /// database that cannot be opened is retried, and events dropped
     /// meanwhile are counted.
     pub fn start(path: PathBuf, opts: Options) -> Arc<Journal> {
-        Self::start_with(path, None, opts)
+        let j = Self::start_with(path, None, opts);
+        j.begin();
+        j
     }
 
     /// Starts the writer for `journal.db` in the checked state dir `dir`,
     /// reached through its descriptor (kept open by the journal).
     pub fn start_in(dir: Arc<crate::layer::safedir::SafeDir>, opts: Options) -> Arc<Journal> {
+        let j = Self::start_in_later(dir, opts);
+        j.begin();
+        j
+    }
+
+    /// `start_in`, but the database is opened (made, counted, trimmed) only
+    /// at `begin` or at the first event: a daemon begins once its mount
+    /// is live, so that work never delays the mount.
+    pub fn start_in_later(dir: Arc<crate::layer::safedir::SafeDir>, opts: Options) -> Arc<Journal> {
         let path = dir.fd_path(crate::state::workspace::JOURNAL_FILE);
+        // The file exists from the start, so `log` run as soon as the
+        // mount is live shows no rows rather than a missing journal; a
+        // failure is the writer's to report when it opens the database.
+        let _ = super::schema::create_private(&path);
         Self::start_with(path, Some(dir), opts)
     }
 
+    /// Opens the database now if no event has (`start_in_later`).
+    pub fn begin(&self) {
+        self.idle.wake(&self.health);
+    }
+
+    /// The writer, parked until `begin` or the first event.
     fn start_with(
         path: PathBuf,
         dir: Option<Arc<crate::layer::safedir::SafeDir>>,
@@ -117,9 +138,8 @@ impl Journal {
             opts,
             _dir: dir,
         });
-        // The first run opens the database (and counts its rows for
-        // `status`) and applies retention, then goes idle.
-        j.idle.wake(&j.health);
+        // The first run (at `begin`) opens the database (and counts its
+        // rows for `status`) and applies retention, then goes idle.
         j
     }
 

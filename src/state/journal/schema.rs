@@ -96,26 +96,28 @@ fn journal_mode(path: &Path) -> &'static str {
     }
 }
 
+/// Creates the database file if it is missing, private whatever the
+/// daemon's umask (SQLite gives the -wal and -shm files the database's
+/// mode). Returns whether it is empty: a new journal, or one a power cut
+/// left with nothing written, which readers show as having no rows.
+pub fn create_private(path: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    f.set_permissions(fs::Permissions::from_mode(0o600))?;
+    Ok(f.metadata()?.len() == 0)
+}
+
 /// Opens (creating if needed) the journal database (WAL mode where the
 /// filesystem allows it, see `journal_mode`).
 pub fn open_rw(path: &Path) -> rusqlite::Result<Connection> {
-    // Private whatever the daemon's umask (SQLite gives the -wal and -shm
-    // files the database's mode); a failure here is SQLite's to report.
-    let fresh = {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .and_then(|f| {
-                f.set_permissions(fs::Permissions::from_mode(0o600))?;
-                Ok(f.metadata()?.len() == 0)
-            })
-            .unwrap_or(false)
-    };
+    // A failure here is SQLite's to report.
+    let fresh = create_private(path).unwrap_or(false);
     let c = open_db(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
