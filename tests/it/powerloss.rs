@@ -223,6 +223,38 @@ fn a_power_cut_mid_workload_leaves_a_consistent_upper_with_every_fsynced_write()
 /// stack names only layers it holds, its records read), and show the
 /// commands' files as a prefix of the commands: never a file of an
 /// earlier command lost while a later one's is there.
+/// Captures the image of `up` (which lives on `host`, a btrfs) `cuts`
+/// times, at moments drawn from `seed` within `span` of now, as a power
+/// cut would leave it (see the module comment); returns the captures in
+/// the order taken.
+fn capture_at_random(
+    host: &LoopFs,
+    up: &LoopFs,
+    cuts: u64,
+    seed: u64,
+    span: Duration,
+) -> Vec<PathBuf> {
+    let mut rng = Rng::new(seed);
+    let start = Instant::now();
+    let mut moments: Vec<u64> = (0..cuts)
+        .map(|_| rng.below(span.as_micros() as u64))
+        .collect();
+    moments.sort();
+    let mut taken = Vec::new();
+    for (i, at) in moments.iter().enumerate() {
+        if let Some(wait) = Duration::from_micros(*at).checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let img = host.mnt.join(format!("cut{i}.img"));
+        run(Command::new("cp")
+            .arg("--reflink=always")
+            .arg(&up.img)
+            .arg(&img));
+        taken.push(img);
+    }
+    taken
+}
+
 #[test]
 fn a_power_cut_during_run_checkpoints_leaves_a_prefix_of_the_commands() {
     let cuts = env_u64("LAYERFS_POWERLOSS_CUTS", 2).max(2);
@@ -261,23 +293,8 @@ fn a_power_cut_during_run_checkpoints_leaves_a_prefix_of_the_commands() {
             assert!(out.status.success(), "{}", crate::run::text(&out));
         }
     });
-    let mut rng = Rng::new(seed);
     eprintln!("powerloss of run checkpoints: seed {seed}, {cuts} cuts");
-    let start = Instant::now();
-    let mut moments: Vec<u64> = (0..cuts).map(|_| rng.below(3_000_000)).collect();
-    moments.sort();
-    let mut taken = Vec::new();
-    for (i, at) in moments.iter().enumerate() {
-        if let Some(wait) = Duration::from_micros(*at).checked_sub(start.elapsed()) {
-            std::thread::sleep(wait);
-        }
-        let img = host.mnt.join(format!("cut{i}.img"));
-        run(Command::new("cp")
-            .arg("--reflink=always")
-            .arg(&up.img)
-            .arg(&img));
-        taken.push(img);
-    }
+    let taken = capture_at_random(&host, &up, cuts, seed, Duration::from_secs(3));
     worker.join().expect("the commands failed");
     drop(m);
     up.umount();
@@ -360,23 +377,8 @@ fn a_power_cut_while_new_workspaces_make_their_journals_leaves_each_one_journali
             drop(guard);
         }
     });
-    let mut rng = Rng::new(seed);
     eprintln!("powerloss of new journals: seed {seed}, {cuts} cuts");
-    let start = Instant::now();
-    let mut moments: Vec<u64> = (0..cuts).map(|_| rng.below(2_000_000)).collect();
-    moments.sort();
-    let mut taken = Vec::new();
-    for (i, at) in moments.iter().enumerate() {
-        if let Some(wait) = Duration::from_micros(*at).checked_sub(start.elapsed()) {
-            std::thread::sleep(wait);
-        }
-        let img = host.mnt.join(format!("cut{i}.img"));
-        run(Command::new("cp")
-            .arg("--reflink=always")
-            .arg(&up.img)
-            .arg(&img));
-        taken.push(img);
-    }
+    let taken = capture_at_random(&host, &up, cuts, seed, Duration::from_secs(2));
     worker.join().expect("making the workspaces failed");
     up.umount();
     let mut checked = 0;
