@@ -131,7 +131,7 @@ pub fn open_rw(path: &Path) -> rusqlite::Result<Connection> {
     // before mounting (a fork's too), and delay it. Losing them to a crash
     // of the machine loses no row: the next open finds an empty file, or
     // one SQLite calls corrupt, which the writer sets aside and makes anew
-    // (`Writer::open`).
+    // (`Writer::ensure_open`).
     if fresh {
         c.pragma_update(None, "synchronous", "OFF")?;
     }
